@@ -1,0 +1,15 @@
+# The two set-up commands of the README: `make demo` and `make test`.
+.PHONY: setup demo test lint
+
+setup:
+	bash scripts/setup.sh
+
+demo: setup
+	bash scripts/demo.sh
+
+test: setup
+	.venv/bin/python -m ruff check .
+	.venv/bin/python -m pytest -q
+
+lint: setup
+	.venv/bin/python -m ruff check .

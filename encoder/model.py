@@ -1,0 +1,275 @@
+"""A BERT encoder written top-down: embeddings -> N post-LN transformer layers -> pooler.
+
+Module and parameter names follow HF `BertModel` exactly (``embeddings.word_embeddings``,
+``encoder.layer.{i}.attention.self.query`` ...), so a `state_dict` maps 1:1 onto
+`model.safetensors` of any BERT-family checkpoint.  Attention goes through
+`torch.nn.functional.scaled_dot_product_attention`, which picks a fused kernel
+on CPU and GPU alike.
+
+Attention masks (DESIGN.md):
+- padding keys are excluded; padding queries compute something finite but never
+  enter a loss or a pooling;
+- ``[MASK]`` is an ordinary token;
+- several independent samples packed into one row are isolated by a
+  block-diagonal mask built from ``document_ids`` (a [SEP] between them is not
+  isolation), and their position ids restart per sample.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from encoder.config import EncoderConfig
+
+_ACTIVATIONS = {
+    "gelu": lambda x: F.gelu(x),
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+    "silu": F.silu,
+    "swish": F.silu,
+}
+
+
+def activation(name: str):
+    if name not in _ACTIVATIONS:
+        raise ValueError(f"hidden_act={name!r} is not supported; choose one of {sorted(_ACTIVATIONS)}")
+    return _ACTIVATIONS[name]
+
+
+def packed_position_ids(document_ids: torch.Tensor) -> torch.Tensor:
+    """Positions that restart at 0 at every new document in a packed row.
+
+    document_ids: (B, T) int, equal ids are one sample (contiguous runs).
+    returns: (B, T) long
+    """
+    B, T = document_ids.shape
+    idx = torch.arange(T, device=document_ids.device).expand(B, T)
+    starts = torch.ones_like(document_ids, dtype=torch.bool)
+    starts[:, 1:] = document_ids[:, 1:] != document_ids[:, :-1]
+    # index of the most recent start at or before each position
+    start_idx = torch.where(starts, idx, torch.zeros_like(idx)).cummax(dim=1).values
+    return idx - start_idx
+
+
+def build_attention_mask(
+    attention_mask: torch.Tensor | None, document_ids: torch.Tensor | None
+) -> torch.Tensor | None:
+    """Boolean SDPA mask, True = may attend.
+
+    attention_mask: (B, T) 1 for real tokens, 0 for padding, or None (no padding)
+    document_ids:   (B, T) sample id per token for packed rows, or None
+    returns: None (attend everywhere: lets SDPA use its fastest kernel),
+             (B, 1, 1, T) key-padding mask, or (B, 1, T, T) block-diagonal mask.
+    """
+    if document_ids is None:
+        if attention_mask is None or bool(attention_mask.all()):
+            return None
+        return attention_mask.bool()[:, None, None, :]
+    same = document_ids[:, :, None] == document_ids[:, None, :]  # (B, T, T)
+    if attention_mask is not None:
+        same = same & attention_mask.bool()[:, None, :]
+    # A query always sees itself, so a padding row is never fully masked (which would give NaN).
+    same = same | torch.eye(same.shape[-1], dtype=torch.bool, device=same.device)
+    return same[:, None, :, :]
+
+
+class BertEmbeddings(nn.Module):
+    """token + segment + learned absolute position embedding, then LayerNorm and dropout."""
+
+    def __init__(self, config: EncoderConfig) -> None:
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, position_ids: torch.Tensor
+    ) -> torch.Tensor:
+        # (B, T) ids -> (B, T, H)
+        x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
+        x = x + self.position_embeddings(position_ids)
+        return self.dropout(self.LayerNorm(x))
+
+
+class BertSelfAttention(nn.Module):
+    def __init__(self, config: EncoderConfig) -> None:
+        super().__init__()
+        H, bias = config.hidden_size, config.use_bias
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.head_dim
+        self.query = nn.Linear(H, H, bias=bias)
+        self.key = nn.Linear(H, H, bias=bias)
+        self.value = nn.Linear(H, H, bias=bias)
+        self.dropout_p = config.attention_probs_dropout_prob
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        B, T, H = x.shape
+        # (B, T, H) -> (B, nh, T, hd)
+        q = self.query(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.key(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
+        v = self.value(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=self.dropout_p if self.training else 0.0
+        )  # (B, nh, T, hd)
+        return y.transpose(1, 2).reshape(B, T, H)
+
+
+class BertSelfOutput(nn.Module):
+    def __init__(self, config: EncoderConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=config.use_bias)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+
+class BertAttention(nn.Module):
+    def __init__(self, config: EncoderConfig) -> None:
+        super().__init__()
+        self.self = BertSelfAttention(config)
+        self.output = BertSelfOutput(config)
+
+
+class BertIntermediate(nn.Module):
+    def __init__(self, config: EncoderConfig) -> None:
+        super().__init__()
+        out = config.intermediate_size * (2 if config.ffn_type == "geglu" else 1)
+        self.dense = nn.Linear(config.hidden_size, out, bias=config.use_bias)
+        self.act = activation(config.hidden_act)
+        self.geglu = config.ffn_type == "geglu"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.dense(x)  # (B, T, I) or (B, T, 2I) for GeGLU
+        if self.geglu:
+            a, g = h.chunk(2, dim=-1)
+            return a * F.gelu(g)
+        return self.act(h)
+
+
+class BertOutput(nn.Module):
+    def __init__(self, config: EncoderConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.use_bias)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+
+class BertLayer(nn.Module):
+    """One transformer block. Post-LN (BERT) by default; pre-LN with `norm_first`."""
+
+    def __init__(self, config: EncoderConfig) -> None:
+        super().__init__()
+        self.attention = BertAttention(config)
+        self.intermediate = BertIntermediate(config)
+        self.output = BertOutput(config)
+        self.norm_first = config.norm_first
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        att, ffn = self.attention, self.output
+        if self.norm_first:
+            x = x + att.output.dropout(att.output.dense(att.self(att.output.LayerNorm(x), mask)))
+            return x + ffn.dropout(ffn.dense(self.intermediate(ffn.LayerNorm(x))))
+        x = att.output.LayerNorm(x + att.output.dropout(att.output.dense(att.self(x, mask))))
+        return ffn.LayerNorm(x + ffn.dropout(ffn.dense(self.intermediate(x))))
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, config: EncoderConfig) -> None:
+        super().__init__()
+        self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+
+
+class BertPooler(nn.Module):
+    """dense + tanh on the [CLS] hidden state (input of NSP and classification heads)."""
+
+    def __init__(self, config: EncoderConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.dense(hidden[:, 0]))  # (B, H)
+
+
+class BertModel(nn.Module):
+    """The encoder. `forward` returns (last_hidden_state (B, T, H), pooled (B, H))."""
+
+    def __init__(self, config: EncoderConfig, add_pooling_layer: bool = True) -> None:
+        super().__init__()
+        self.config = config
+        self.embeddings = BertEmbeddings(config)
+        self.encoder = BertEncoder(config)
+        self.pooler = BertPooler(config) if add_pooling_layer else None
+        # Pre-LN stacks end without a norm; add the final one they need.
+        self.final_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if config.norm_first else None
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """BERT's init: N(0, initializer_range) weights, zero biases, unit LayerNorm."""
+        std = self.config.initializer_range
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, std=std)
+            if module.padding_idx is not None:
+                with torch.no_grad():
+                    module.weight[module.padding_idx].zero_()
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        document_ids: torch.Tensor | None = None,
+        return_pooled: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Encode a batch.
+
+        input_ids:      (B, T) token ids
+        attention_mask: (B, T) 1 real / 0 padding (None: no padding)
+        token_type_ids: (B, T) segment ids (None: all 0)
+        position_ids:   (B, T) (None: 0..T-1, or restarting per sample when document_ids is given)
+        document_ids:   (B, T) packed-row sample ids -> block-diagonal attention
+        """
+        B, T = input_ids.shape
+        if T > self.config.max_position_embeddings:
+            raise ValueError(
+                f"sequence length {T} exceeds max_position_embeddings={self.config.max_position_embeddings}"
+            )
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        if position_ids is None:
+            if document_ids is not None:
+                position_ids = packed_position_ids(document_ids)
+            else:
+                position_ids = torch.arange(T, device=input_ids.device).expand(B, T)
+        mask = build_attention_mask(attention_mask, document_ids)
+        x = self.embeddings(input_ids, token_type_ids, position_ids)  # (B, T, H)
+        for layer in self.encoder.layer:
+            x = layer(x, mask)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        pooled = self.pooler(x) if (self.pooler is not None and return_pooled) else None
+        return x, pooled
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Forward FLOPs per token (2 per multiply-add): the dense layers plus attention scores."""
+        c = self.config
+        H, I, L = c.hidden_size, c.intermediate_size, c.num_hidden_layers
+        ffn_in = I * (2 if c.ffn_type == "geglu" else 1)
+        dense = 4 * H * H + H * ffn_in + I * H
+        attn = 2 * seq_len * H  # QK^T and AV
+        return 2.0 * L * (dense + attn)
+

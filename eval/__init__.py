@@ -1,0 +1,1 @@
+"""twotower.eval"""
