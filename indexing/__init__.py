@@ -1,1 +1,37 @@
-"""twotower.indexing"""
+"""twotower.indexing: vectors and documents at rest.
+
+* ``VectorIndex`` — FAISS index with string ids (Flat / HNSW / IVF / PQ, cosine / ip / l2),
+  tombstones for graph indexes, atomic single-file save, memory-mapped load.
+* ``DocStore`` — SQLite document store (id, title, text, JSON metadata).
+* ``BM25`` — lexical search (bm25s, Lucene variant, Snowball stemming) with lazy rebuild.
+* ``IndexStore`` — a directory tying the three together with crash-safe commits.
+* ``auto_factory`` — the index type chosen for a corpus size.
+"""
+
+from .bm25 import BM25, document_text
+from .docstore import DocStore, Document, as_document
+from .errors import IndexFormatError
+from .factory import auto_factory, index_kind
+from .ingest import IngestStats
+from .manifest import Manifest
+from .search_result import MISSING_ID, SearchResult
+from .store import IndexLockedError, IndexStore
+from .vector_index import VectorIndex
+
+__all__ = [
+    "BM25",
+    "DocStore",
+    "Document",
+    "IndexFormatError",
+    "IndexLockedError",
+    "IndexStore",
+    "IngestStats",
+    "MISSING_ID",
+    "Manifest",
+    "SearchResult",
+    "VectorIndex",
+    "as_document",
+    "auto_factory",
+    "document_text",
+    "index_kind",
+]

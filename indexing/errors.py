@@ -1,0 +1,18 @@
+"""Exceptions of the indexing package."""
+
+from __future__ import annotations
+
+import os
+
+
+class IndexFormatError(ValueError):
+    """A file on disk is not a (readable, supported) twotower index file.
+
+    Raised for a missing or corrupt manifest, a future format version, a vector file
+    without our trailer, or files that disagree with each other. The message always
+    names the offending file; ``path`` holds it too.
+    """
+
+    def __init__(self, path: str | os.PathLike, message: str) -> None:
+        self.path = os.fspath(path)
+        super().__init__(f"{self.path}: {message}")

@@ -1,0 +1,35 @@
+"""Shared data and reference implementations for the indexing tests."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def clustered(n: int, dim: int, *, clusters: int = 16, seed: int = 0, spread: float = 0.35) -> np.ndarray:
+    """Gaussian blobs (n, dim) float32: realistic for ANN (neighbours share a cluster)."""
+    rng = np.random.default_rng(seed)
+    centers = rng.normal(size=(clusters, dim))
+    labels = rng.integers(clusters, size=n)
+    return (centers[labels] + spread * rng.normal(size=(n, dim))).astype(np.float32)
+
+
+def brute_force(
+    data: np.ndarray, ids: list[str], queries: np.ndarray, k: int, metric: str
+) -> tuple[list[list[str]], np.ndarray]:
+    """Exact top-k with numpy, scores higher-is-better like VectorIndex."""
+    x = data.astype(np.float64)
+    q = queries.astype(np.float64)
+    if metric == "cosine":
+        x = x / np.linalg.norm(x, axis=1, keepdims=True)
+        q = q / np.linalg.norm(q, axis=1, keepdims=True)
+    if metric == "l2":
+        scores = -((q[:, None, :] - x[None, :, :]) ** 2).sum(-1)  # (Q, N)
+    else:
+        scores = q @ x.T  # (Q, N)
+    order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    return [[ids[j] for j in row] for row in order], np.take_along_axis(scores, order, 1)
+
+
+def recall_at_k(found: list[list[str]], truth: list[list[str]]) -> float:
+    hits = sum(len(set(f) & set(t)) for f, t in zip(found, truth))
+    return hits / sum(len(t) for t in truth)

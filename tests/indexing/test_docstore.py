@@ -1,0 +1,144 @@
+import sqlite3
+
+import pytest
+
+from indexing import DocStore, IndexFormatError, as_document
+
+
+def make(n, start=0):
+    return [
+        {"id": f"d{i}", "title": f"T{i}", "text": f"text {i}", "metadata": {"n": i}}
+        for i in range(start, start + n)
+    ]
+
+
+@pytest.fixture
+def store(tmp_path):
+    with DocStore(tmp_path / "docs.sqlite") as s:
+        yield s
+
+
+def test_add_get_preserves_order_and_reports_missing(store):
+    assert store.add(make(1200)) == 1200  # > one IN(...) chunk
+    ids = ["d1100", "nope", "d3", "d3", "d599"]
+    got = store.get(ids)
+    assert [g and g["id"] for g in got] == ["d1100", None, "d3", "d3", "d599"]
+    assert got[0] == {"id": "d1100", "title": "T1100", "text": "text 1100", "metadata": {"n": 1100}}
+    assert store.count() == len(store) == 1200
+    assert "d5" in store and "zz" not in store
+    assert store.contains_many(["d0", "x", "d1199"]) == [True, False, True]
+    assert store["d7"]["text"] == "text 7"
+    with pytest.raises(KeyError):
+        store["zz"]
+
+
+def test_beir_style_id_and_defaults(store):
+    store.add([{"_id": "b1", "text": "body"}])
+    assert store["b1"] == {"id": "b1", "title": "", "text": "body", "metadata": {}}
+
+
+def test_unicode_and_nested_metadata_round_trip(store):
+    doc = {
+        "id": "ü/1",
+        "title": "Café",
+        "text": "naïve 中文",
+        "metadata": {"tags": ["a", "β"], "x": {"y": 1.5}},
+    }
+    store.add([doc])
+    assert store["ü/1"] == doc
+
+
+def test_duplicate_policies_are_atomic(store):
+    store.add(make(3))
+    with pytest.raises(ValueError, match=r"already stored.*d1"):
+        store.add(make(2, start=1) + make(1, start=10))  # d1, d2 exist; d10 is new
+    assert "d10" not in store and store.count() == 3  # nothing of the refused batch landed
+    assert store.add(make(2, start=2), on_duplicate="skip") == 1  # d3 added, d2 kept
+    store.add([{"id": "d0", "title": "new", "text": "replaced"}], on_duplicate="replace")
+    assert store["d0"]["text"] == "replaced" and store.count() == 4
+    assert next(store.iter_ids()) == "d0"  # replace keeps the row (and its order)
+    with pytest.raises(ValueError, match="repeated id"):
+        store.add([{"id": "q", "text": ""}, {"id": "q", "text": ""}])
+
+
+def test_bad_documents_name_the_field(store):
+    with pytest.raises(ValueError, match=r"docs\[1\].*'text' must be a string"):
+        store.add([{"id": "a", "text": "ok"}, {"id": "b", "text": 3}])
+    with pytest.raises(ValueError, match=r"docs\[0\].*'id' must be a non-empty string"):
+        store.add([{"text": "no id"}])
+    with pytest.raises(ValueError, match=r"metadata is not JSON-serialisable"):
+        store.add([{"id": "m", "text": "", "metadata": {"f": object()}}])
+    with pytest.raises(ValueError, match="'metadata' must be an object"):
+        as_document({"id": "m", "text": "", "metadata": [1]})
+    assert store.count() == 0
+
+
+def test_delete_reports_missing(store):
+    store.add(make(5))
+    assert store.delete(["d1", "x", "d3", "d1"]) == ["x"]
+    assert store.contains_many(["d1", "d3", "d0"]) == [False, False, True]
+
+
+def test_iter_batches_is_bounded_and_complete(store):
+    store.add(make(25))
+    store.delete(["d4"])
+    batches = list(store.iter_batches(batch_size=7))
+    assert [len(b) for b in batches] == [7, 7, 7, 3]
+    assert [d["id"] for b in batches for d in b] == [f"d{i}" for i in range(25) if i != 4]
+    assert list(store.iter_ids(batch_size=4)) == [f"d{i}" for i in range(25) if i != 4]
+    with pytest.raises(ValueError):
+        next(store.iter_batches(0))
+
+
+def test_explicit_transaction_rollback_and_savepoint(store):
+    store.add(make(2))
+    store.begin()
+    store.add(make(2, start=5))
+    with pytest.raises(ValueError):
+        store.add(make(1, start=5))  # refused inside the transaction: only this op is undone
+    assert store.count() == 4
+    store.rollback()
+    assert store.count() == 2
+    with store.transaction():
+        store.add(make(1, start=9))
+    assert "d9" in store
+    with pytest.raises(RuntimeError), store.transaction():
+        store.add(make(1, start=11))
+        raise RuntimeError("boom")
+    assert "d11" not in store
+
+
+def test_wal_readers_see_committed_state_only(tmp_path):
+    path = tmp_path / "docs.sqlite"
+    writer = DocStore(path)
+    writer.add(make(2))
+    assert writer._conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    reader = DocStore(path, readonly=True)
+    writer.begin()
+    writer.add(make(3, start=10))
+    assert reader.count() == 2  # uncommitted rows invisible
+    reader.begin(write=False)  # pin snapshot
+    writer.commit()
+    assert reader.count() == 2  # still the pinned snapshot
+    reader.rollback()
+    assert reader.count() == 5
+    with pytest.raises(sqlite3.OperationalError):
+        reader.add(make(1, start=99))
+    reader.close()
+    writer.close()
+
+
+def test_meta_and_errors(tmp_path):
+    with DocStore(tmp_path / "a.sqlite") as s:
+        assert s.get_meta("generation") is None
+        s.set_meta("generation", "3")
+        assert s.get_meta("generation") == "3"
+    (tmp_path / "junk.sqlite").write_bytes(b"this is not a database" * 100)
+    with pytest.raises(IndexFormatError, match="junk.sqlite"):
+        DocStore(tmp_path / "junk.sqlite")
+    with pytest.raises(FileNotFoundError, match="missing.sqlite"):
+        DocStore(tmp_path / "missing.sqlite", readonly=True)
+    with DocStore(tmp_path / "future.sqlite") as s:
+        s.set_meta("docstore_schema", "99")
+    with pytest.raises(IndexFormatError, match="future.sqlite.*schema '99'"):
+        DocStore(tmp_path / "future.sqlite")

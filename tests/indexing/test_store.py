@@ -1,0 +1,272 @@
+"""IndexStore: staging, commit/rollback, manifest, readers, resumable ingest, BM25 integration."""
+
+import json
+
+import numpy as np
+import pytest
+
+from indexing import IndexFormatError, IndexLockedError, IndexStore
+from indexing.store import vectors_name
+
+from .helpers import clustered
+
+DIM = 12
+
+
+def docs(lo, hi):
+    return [
+        {"id": f"d{i}", "title": f"title {i}", "text": f"body word{i} shared", "metadata": {"i": i}}
+        for i in range(lo, hi)
+    ]
+
+
+@pytest.fixture(scope="module")
+def vecs():
+    return clustered(400, DIM, seed=5)
+
+
+def test_create_add_commit_reopen(tmp_path, vecs):
+    d = tmp_path / "idx"
+    store = IndexStore.create(d, DIM, "Flat", "cosine", extra={"encoder": "abc"})
+    assert store.generation == 0 and len(store) == 0
+    store.add(docs(0, 50), vecs[:50])
+    assert store.has_pending and len(store) == 50
+    assert store.commit() == 1
+    store.close()
+    again = IndexStore.open(d)
+    assert again.generation == 1 and len(again) == 50
+    assert again.get(["d3", "zz"])[0]["metadata"] == {"i": 3} and again.get(["zz"]) == [None]
+    res = again.search(vecs[7:8], 1)
+    assert res.ids == [["d7"]]
+    m = json.loads((d / "manifest.json").read_text())
+    assert m["counts"] == {"documents": 50, "vectors": 50, "tombstones": 0}
+    assert (m["dim"], m["metric"], m["factory"], m["format_version"]) == (DIM, "cosine", "Flat", 1)
+    assert m["extra"] == {"encoder": "abc"} and m["generation"] == 1
+    assert sorted(p.name for p in d.iterdir() if "sqlite" not in p.name) == [
+        "LOCK",
+        "manifest.json",
+        vectors_name(1),
+    ]
+    again.close()
+
+
+def test_auto_factory_and_vector_options_persist(tmp_path):
+    store = IndexStore.create(tmp_path / "a", DIM, expected_size=100_000, ef_search=99)
+    assert store.manifest.factory == "HNSW32" and store.vectors.ef_search == 99
+    store.close()
+    assert IndexStore.open(tmp_path / "a").vectors.ef_search == 99
+    with pytest.raises(ValueError, match="expected_size"):
+        IndexStore.create(tmp_path / "b", DIM)
+    assert not (tmp_path / "b").exists()  # a refused create leaves nothing behind
+
+
+def test_create_refuses_non_empty_dir(tmp_path):
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "file").write_text("hi")
+    with pytest.raises(FileExistsError, match="x"):
+        IndexStore.create(tmp_path / "x", DIM, "Flat")
+    (tmp_path / "empty").mkdir()
+    IndexStore.create(tmp_path / "empty", DIM, "Flat").close()  # an empty dir is fine
+
+
+def test_delete_reports_missing_and_rollback_restores(tmp_path, vecs):
+    with IndexStore.create(tmp_path / "i", DIM, "HNSW32", "l2") as store:
+        store.add(docs(0, 100), vecs[:100])
+    store = IndexStore.open(tmp_path / "i")
+    assert store.delete(["d1", "nope", "d2", "d1"]) == ["nope"]
+    assert len(store) == 98 and store.get(["d1"]) == [None]
+    store.rollback()
+    assert len(store) == 100 and store.get(["d1"])[0]["id"] == "d1"
+    assert store.search(vecs[1:2], 1).ids == [["d1"]]
+    store.delete(["d5"])
+    store.commit()
+    store.close()
+    store = IndexStore.open(tmp_path / "i")
+    assert len(store) == 99 and store.vectors.tombstone_count == 1 and "d5" not in store.vectors
+    assert store.manifest.counts["tombstones"] == 1
+    store.close()
+
+
+def test_add_is_all_or_nothing(tmp_path, vecs):
+    store = IndexStore.create(tmp_path / "i", DIM, "Flat")
+    store.add(docs(0, 10), vecs[:10])
+    with pytest.raises(ValueError, match=r"already stored.*d9"):
+        store.add(docs(9, 12), vecs[9:12])
+    with pytest.raises(ValueError, match=rf"dimension {DIM + 1} but this index holds dimension {DIM}"):
+        store.add(docs(20, 22), np.ones((2, DIM + 1), np.float32))
+    with pytest.raises(ValueError, match=r"shape \(2, D\)"):
+        store.add(docs(20, 22), vecs[:3])
+    assert len(store) == store.docstore.count() == 10
+    assert store.add(docs(9, 12), vecs[9:12], on_duplicate="skip") == 2
+    assert store.add(docs(0, 1), vecs[50:51], on_duplicate="replace") == 1
+    assert len(store) == store.docstore.count() == 12
+    assert store.search(vecs[50:51], 1).ids == [["d0"]]
+    store.close()
+
+
+def test_close_discards_uncommitted_and_context_manager_commits(tmp_path, vecs):
+    store = IndexStore.create(tmp_path / "i", DIM, "Flat")
+    store.add(docs(0, 5), vecs[:5])
+    store.close()
+    with IndexStore.open(tmp_path / "i") as s:
+        assert len(s) == 0
+        s.add(docs(0, 5), vecs[:5])
+    with pytest.raises(RuntimeError), IndexStore.open(tmp_path / "i") as s:
+        s.add(docs(5, 7), vecs[5:7])
+        raise RuntimeError("boom")
+    with IndexStore.open(tmp_path / "i", readonly=True) as s:
+        assert len(s) == 5
+
+
+def test_single_writer_lock_and_readers(tmp_path, vecs):
+    writer = IndexStore.create(tmp_path / "i", DIM, "Flat")
+    with pytest.raises(IndexLockedError, match="open for writing"):
+        IndexStore.open(tmp_path / "i")
+    writer.add(docs(0, 5), vecs[:5])
+    writer.commit()
+    reader = IndexStore.open(tmp_path / "i", readonly=True)
+    assert len(reader) == 5
+    writer.add(docs(5, 9), vecs[5:9])
+    writer.delete(["d0"])
+    writer.commit()  # the reader's generation file is deleted; its mmap keeps working
+    assert len(reader) == 5 and reader.get(["d0"])[0] is not None  # pinned snapshot
+    assert reader.search(vecs[0:1], 1).ids == [["d0"]]
+    with pytest.raises(ValueError, match="read-only"):
+        reader.add(docs(50, 51), vecs[:1])
+    assert reader.refresh() is True
+    assert len(reader) == 8 and reader.get(["d0"]) == [None] and reader.generation == 2
+    writer.close()
+    IndexStore.open(tmp_path / "i").close()  # lock released by close
+    reader.close()
+
+
+def test_open_removes_stray_files(tmp_path, vecs):
+    with IndexStore.create(tmp_path / "i", DIM, "Flat") as s:
+        s.add(docs(0, 5), vecs[:5])
+    d = tmp_path / "i"
+    (d / vectors_name(7)).write_bytes(b"half-written")
+    (d / "vectors-00000002.faiss.tmp-abc").write_bytes(b"x")
+    (d / "bm25-00000009.npz").write_bytes(b"x")
+    with IndexStore.open(d) as s:
+        assert len(s) == 5
+    names = {p.name for p in d.iterdir()}
+    assert vectors_name(1) in names and vectors_name(7) not in names
+    assert not any("tmp" in n or n.startswith("bm25") for n in names)
+
+
+@pytest.mark.parametrize(
+    "content,message",
+    [
+        ("{not json", "corrupt manifest JSON"),
+        ('["a list"]', "must be a JSON object"),
+        (None, "manifest not found"),
+    ],
+)
+def test_bad_manifest_is_a_clear_error(tmp_path, content, message):
+    IndexStore.create(tmp_path / "i", DIM, "Flat").close()
+    path = tmp_path / "i" / "manifest.json"
+    if content is None:
+        path.unlink()
+    else:
+        path.write_text(content)
+    with pytest.raises(IndexFormatError, match=rf"manifest.json: .*{message}"):
+        IndexStore.open(tmp_path / "i")
+
+
+@pytest.mark.parametrize(
+    "field,value,message",
+    [
+        ("format_version", 2, "newer than this code supports"),
+        ("format", "other", "field 'format'"),
+        ("dim", "twelve", "field 'dim'"),
+        ("metric", "hamming", "field 'metric'"),
+        ("dim", DIM + 1, "manifest says dim=13"),
+    ],
+)
+def test_manifest_fields_are_validated(tmp_path, field, value, message):
+    IndexStore.create(tmp_path / "i", DIM, "Flat").close()
+    path = tmp_path / "i" / "manifest.json"
+    m = json.loads(path.read_text())
+    m[field] = value
+    path.write_text(json.dumps(m))
+    with pytest.raises(IndexFormatError, match=message):
+        IndexStore.open(tmp_path / "i")
+
+
+def test_documents_and_vectors_disagreeing_is_detected(tmp_path, vecs):
+    with IndexStore.create(tmp_path / "i", DIM, "Flat") as s:
+        s.add(docs(0, 5), vecs[:5])
+    from indexing import DocStore
+
+    with DocStore(tmp_path / "i" / "docs.sqlite") as ds:
+        ds.delete(["d0"])
+    with pytest.raises(IndexFormatError, match="holds 5 vectors but docs.sqlite holds 4 documents"):
+        IndexStore.open(tmp_path / "i")
+
+
+def test_set_extra_is_written_at_commit(tmp_path):
+    with IndexStore.create(tmp_path / "i", DIM, "Flat") as s:
+        s.set_extra(encoder={"name": "minilm", "sha": "123"}, pooling="mean")
+    m = IndexStore.open(tmp_path / "i", readonly=True).manifest
+    assert m.extra == {"encoder": {"name": "minilm", "sha": "123"}, "pooling": "mean"}
+
+
+def test_ingest_skips_present_ids_and_commits_in_batches(tmp_path, vecs):
+    calls = []
+
+    def embed(batch):
+        calls.extend(d["id"] for d in batch)
+        return vecs[[int(d["id"][1:]) for d in batch]]
+
+    store = IndexStore.create(tmp_path / "i", DIM, "Flat")
+    stats = store.ingest(docs(0, 60), embed, batch_size=16, commit_every=32)
+    assert (stats.added, stats.skipped, stats.commits) == (60, 0, 2)
+    assert store.generation == 2
+    calls.clear()
+    stats = store.ingest(docs(0, 100), embed, batch_size=16, commit_every=1000)
+    assert (stats.added, stats.skipped, stats.commits) == (40, 60, 1)
+    assert calls == [f"d{i}" for i in range(60, 100)]  # only unseen documents were encoded
+    assert len(store) == 100 and store.search(vecs[77:78], 1).ids == [["d77"]]
+    store.close()
+
+
+def test_ingest_trains_ivf_on_buffered_batches(tmp_path):
+    x = clustered(900, DIM, seed=9)
+    store = IndexStore.create(tmp_path / "i", DIM, "IVF8,Flat", "l2", nprobe=8, train_sample=400)
+    stats = store.ingest(
+        docs(0, 900), lambda b: x[[int(d["id"][1:]) for d in b]], batch_size=100, commit_every=500
+    )
+    assert stats.added == 900 and store.vectors.is_trained
+    assert store.search(x[123:124], 1).ids == [["d123"]]
+    store.close()
+    assert len(IndexStore.open(tmp_path / "i", readonly=True)) == 900
+
+
+def test_bm25_follows_the_documents(tmp_path, vecs):
+    d = tmp_path / "i"
+    with IndexStore.create(d, DIM, "Flat", bm25={"k1": 1.2, "b": 0.75}) as s:
+        s.add(docs(0, 30), vecs[:30])
+    s = IndexStore.open(d)
+    assert s.bm25.k1 == 1.2
+    assert s.search_bm25(["word7"], 2).ids == [["d7", ""]]  # rebuilt from docs (no file yet)
+    s.add(docs(30, 31), vecs[30:31])
+    s.delete(["d7"])
+    assert s.search_bm25(["word7 word30"], 2).ids == [["d30", ""]]  # staged changes visible
+    s.commit()
+    assert (d / "bm25-00000002.npz").exists()
+    s.close()
+    r = IndexStore.open(d, readonly=True)
+    assert r.search_bm25(["title word30"], 1).ids == [["d30"]]
+    r.close()
+    with IndexStore.create(tmp_path / "nobm", DIM, "Flat") as s2:
+        assert s2.bm25 is None
+        with pytest.raises(ValueError, match="without BM25"):
+            s2.search_bm25(["x"], 1)
+
+
+def test_info_is_json_serialisable(tmp_path, vecs):
+    with IndexStore.create(tmp_path / "i", DIM, "Flat", bm25=True) as s:
+        s.add(docs(0, 3), vecs[:3])
+        info = s.info()
+    json.dumps(info)
+    assert info["documents"] == info["vectors"] == 3 and info["bm25"] == {}

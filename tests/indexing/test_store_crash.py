@@ -1,0 +1,160 @@
+"""Crash safety: SIGKILL a real writer process at each step of a commit, then reopen.
+
+The child commits batch 1 (d0..d99), then stages batch 2 (d100..d199 added, d0 deleted)
+and commits it. A hook in ``IndexStore.commit`` (``indexing.store.CRASH_HOOK``) writes a
+signal file at the chosen step and sleeps; the parent SIGKILLs it there. Before the
+SQLite commit point the directory must hold exactly batch 1; after it, exactly batch 2.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from indexing import IndexStore
+
+REPO = Path(__file__).resolve().parents[2]
+
+CHILD = textwrap.dedent(
+    """
+    import sys, time
+    sys.path.insert(0, {repo!r})
+    import faiss, numpy as np
+    faiss.omp_set_num_threads(1)
+    import indexing.store as st
+    from indexing import IndexStore
+
+    directory, stage, signal_file, factory = sys.argv[1:]
+    x = np.random.default_rng(0).normal(size=(200, 8)).astype("float32")
+    docs = lambda lo, hi: [{{"id": f"d{{i}}", "title": "t", "text": f"word{{i}}"}} for i in range(lo, hi)]
+
+    def stop_here(name):
+        with open(signal_file, "w") as f:
+            f.write(name)
+        time.sleep(120)  # the parent kills us here
+
+    store = IndexStore.create(directory, 8, factory, "cosine", bm25=True)
+    store.add(docs(0, 100), x[:100])
+    store.commit()
+    store.search_bm25(["word1"], 1)  # load BM25 so commits also write it
+    st.CRASH_HOOK = lambda name: stop_here(name) if name == stage else None
+    store.add(docs(100, 200), x[100:200])
+    store.delete(["d0"])
+    if stage == "staged":
+        stop_here(stage)
+    store.commit()
+    stop_here("done")
+    """
+)
+
+X = np.random.default_rng(0).normal(size=(200, 8)).astype("float32")  # same as the child's
+
+
+def run_and_kill(tmp_path: Path, stage: str, factory: str) -> Path:
+    script = tmp_path / "child.py"
+    script.write_text(CHILD.format(repo=str(REPO)))
+    directory, flag = tmp_path / "idx", tmp_path / "signal"
+    proc = subprocess.Popen([sys.executable, str(script), str(directory), stage, str(flag), factory])
+    try:
+        deadline = time.monotonic() + 60
+        while not flag.exists():
+            if proc.poll() is not None:
+                pytest.fail(f"child exited early with code {proc.returncode}")
+            if time.monotonic() > deadline:
+                pytest.fail("child never reached the crash point")
+            time.sleep(0.02)
+        assert flag.read_text() == stage
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    return directory
+
+
+@pytest.mark.parametrize(
+    "stage,committed",
+    [
+        ("staged", False),  # documents staged in SQLite, vectors in memory
+        ("before_vectors", False),  # commit() entered
+        ("vectors_written", False),  # vectors-2.faiss renamed into place, SQLite not committed
+        ("sqlite_committed", True),  # the commit point passed; old files and manifest not tidied
+        ("manifest_written", True),  # everything but the BM25 cache
+    ],
+)
+@pytest.mark.parametrize("factory", ["Flat", "HNSW32"])
+def test_sigkill_during_commit_leaves_last_commit(tmp_path, stage, committed, factory):
+    directory = run_and_kill(tmp_path, stage, factory)
+    want = [f"d{i}" for i in (range(1, 200) if committed else range(100))]
+    with IndexStore.open(directory) as store:
+        assert store.generation == (2 if committed else 1)
+        assert list(store.docstore.iter_ids()) == want
+        assert sorted(store.vectors.ids()) == sorted(want) and len(store.vectors) == len(want)
+        assert store.manifest.counts["documents"] == len(want)  # repaired if stale
+        probe = 150 if committed else 5
+        assert store.search(X[probe : probe + 1], 1).ids == [[f"d{probe}"]]
+        assert store.search_bm25([f"word{probe}"], 1).ids == [[f"d{probe}"]]
+        assert ("d0" in store.vectors) is not committed
+    names = sorted(p.name for p in directory.iterdir())
+    gen = 2 if committed else 1
+    assert [n for n in names if n.startswith("vectors-")] == [f"vectors-{gen:08d}.faiss"]
+    assert not [n for n in names if ".tmp-" in n]
+
+
+def test_sigkill_mid_ingest_then_resume(tmp_path):
+    """Kill a bulk build at an arbitrary moment; reopen holds whole commits; resuming finishes it."""
+    script = tmp_path / "child.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import sys, time
+            sys.path.insert(0, {str(REPO)!r})
+            import faiss, numpy as np
+            faiss.omp_set_num_threads(1)
+            from indexing import IndexStore
+            x = np.random.default_rng(1).normal(size=(600, 8)).astype("float32")
+            store = IndexStore.create(sys.argv[1], 8, "HNSW32")
+            def embed(batch):
+                if int(batch[0]["id"][1:]) >= 150:
+                    open(sys.argv[2], "a").close()  # two commits are done: tell the parent
+                time.sleep(0.01)
+                return x[[int(d["id"][1:]) for d in batch]]
+            docs = ({{"id": f"d{{i}}", "text": "t"}} for i in range(600))
+            store.ingest(docs, embed, batch_size=25, commit_every=50)
+            time.sleep(120)
+            """
+        )
+    )
+    directory, flag = tmp_path / "idx", tmp_path / "signal"
+    proc = subprocess.Popen([sys.executable, str(script), str(directory), str(flag)])
+    try:
+        deadline = time.monotonic() + 60
+        while not flag.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(float(np.random.default_rng().uniform(0, 0.3)))  # somewhere in the next batches
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    x = np.random.default_rng(1).normal(size=(600, 8)).astype("float32")
+    with IndexStore.open(directory) as store:
+        n = len(store)
+        assert n >= 150 and n % 50 == 0 and n < 600  # whole commits only
+        assert list(store.docstore.iter_ids()) == [f"d{i}" for i in range(n)]
+        assert sorted(store.vectors.ids()) == sorted(f"d{i}" for i in range(n))
+        encoded = []
+
+        def embed(batch):
+            encoded.extend(d["id"] for d in batch)
+            return x[[int(d["id"][1:]) for d in batch]]
+
+        stats = store.ingest(({"id": f"d{i}", "text": "t"} for i in range(600)), embed, batch_size=25)
+        assert (stats.added, stats.skipped) == (600 - n, n)
+        assert encoded == [f"d{i}" for i in range(n, 600)]
+        assert len(store) == 600 and store.search(x[599:600], 1).ids == [["d599"]]
