@@ -1,0 +1,33 @@
+"""The one error type for bad evaluation data.
+
+Why a dedicated class: a user who points ``twotower eval`` at a malformed run
+or qrels file needs to know *where* it is broken, not just that a ``float()``
+failed somewhere.  ``DataError`` always renders as ``path:line: message`` (or
+``path: message`` when no line applies, e.g. a JSON field), and it subclasses
+``ValueError`` so the CLI's generic handler reports it and exits 2.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+class DataError(ValueError):
+    """Malformed input data, located by file and (1-based) line or field.
+
+    Args:
+        path: the offending file.
+        line: 1-based line number, or ``None`` when the problem is not tied to a line.
+        message: what is wrong, phrased for the user.
+
+    Example:
+        >>> str(DataError("run.trec", 3, "expected 6 columns, got 5"))
+        'run.trec:3: expected 6 columns, got 5'
+    """
+
+    def __init__(self, path: str | os.PathLike[str], line: int | None, message: str) -> None:
+        self.path = os.fspath(path)
+        self.line = line
+        self.message = message
+        where = self.path if line is None else f"{self.path}:{line}"
+        super().__init__(f"{where}: {message}")

@@ -1,0 +1,67 @@
+"""Readers and writers for evaluation data; every malformed line raises ``DataError`` naming ``path:line``."""
+
+from .atomic import atomic_open, atomic_write_bytes, atomic_write_text
+from .beir import (
+    BeirDataset,
+    BeirDocument,
+    available_splits,
+    iter_beir_corpus,
+    load_beir,
+    read_beir_corpus,
+    read_beir_qrels,
+    read_beir_queries,
+    write_beir_corpus,
+    write_beir_qrels,
+    write_beir_queries,
+)
+from .conll import TaggedSentence, read_conll, write_conll
+from .msmarco import (
+    iter_msmarco_triples,
+    read_id_text_tsv,
+    read_msmarco_qrels,
+    read_msmarco_run,
+    write_msmarco_run,
+)
+from .qrels import detect_qrels_format, read_qrels
+from .squad import SquadExample, read_squad, read_squad_predictions, squad_references, write_squad_predictions
+from .trec import read_trec_qrels, read_trec_run, write_trec_qrels, write_trec_run
+from .tsv import LabeledExample, read_classification_tsv, write_classification_tsv
+
+__all__ = [
+    "BeirDataset",
+    "BeirDocument",
+    "LabeledExample",
+    "SquadExample",
+    "TaggedSentence",
+    "atomic_open",
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "available_splits",
+    "detect_qrels_format",
+    "iter_beir_corpus",
+    "iter_msmarco_triples",
+    "load_beir",
+    "read_beir_corpus",
+    "read_beir_qrels",
+    "read_beir_queries",
+    "read_classification_tsv",
+    "read_conll",
+    "read_id_text_tsv",
+    "read_msmarco_qrels",
+    "read_msmarco_run",
+    "read_qrels",
+    "read_squad",
+    "read_squad_predictions",
+    "read_trec_qrels",
+    "read_trec_run",
+    "squad_references",
+    "write_beir_corpus",
+    "write_beir_qrels",
+    "write_beir_queries",
+    "write_classification_tsv",
+    "write_conll",
+    "write_msmarco_run",
+    "write_squad_predictions",
+    "write_trec_qrels",
+    "write_trec_run",
+]

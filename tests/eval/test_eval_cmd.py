@@ -1,0 +1,303 @@
+"""`twotower eval`, run in-process through retrieval.cli.main."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from eval import (
+    evaluate,
+    read_trec_run,
+    write_beir_qrels,
+    write_beir_queries,
+    write_trec_qrels,
+    write_trec_run,
+)
+from retrieval.cli import main
+
+
+@pytest.fixture
+def files(tmp_path):
+    qrels = {"1": {"a": 2, "b": 1}, "2": {"c": 1}, "3": {"z": 1}}
+    run = {"1": {"b": 3.0, "a": 1.0, "x": 2.0}, "2": {"c": 1.0, "2": 9.0}, "99": {"a": 1.0}}
+    write_trec_run(run, tmp_path / "run.trec")
+    write_beir_qrels(qrels, tmp_path / "qrels.tsv")
+    write_trec_qrels(qrels, tmp_path / "qrels.trec")
+    return tmp_path, run, qrels
+
+
+def _json(capsys, argv):
+    assert main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_json_output_keys_and_values(files, capsys):
+    tmp, run, qrels = files
+    metrics = "NDCG@10,mrr@10,recall@100,map,p@1,rprec"
+    out = _json(
+        capsys,
+        [
+            "eval",
+            "--run",
+            str(tmp / "run.trec"),
+            "--qrels",
+            str(tmp / "qrels.tsv"),
+            "--metrics",
+            metrics,
+            "--json",
+        ],
+    )
+    expected = evaluate(run, qrels, metrics)
+    for label in metrics.split(","):
+        assert out[label] == pytest.approx(expected.means[label])
+    assert out["num_queries"] == 3 and out["skipped_unjudged"] == 1 and out["missing_from_run"] == 1
+    assert out["drop_self_hits"] is False
+    assert list(out["per_query"]) == ["1", "2", "3"]
+    for qid, values in expected.per_query.items():
+        assert out["per_query"][qid] == pytest.approx(values)
+    assert out["mrr@10"] == pytest.approx((1.0 + 0.5 + 0.0) / 3)
+
+
+def test_trec_qrels_give_the_same_numbers(files, capsys):
+    tmp, _, _ = files
+    args = ["eval", "--run", str(tmp / "run.trec"), "--json"]
+    beir = _json(capsys, [*args, "--qrels", str(tmp / "qrels.tsv")])
+    trec = _json(capsys, [*args, "--qrels", str(tmp / "qrels.trec")])
+    assert beir == trec
+
+
+def test_drop_self_hits_flag(files, capsys):
+    tmp, _, _ = files
+    args = [
+        "eval",
+        "--run",
+        str(tmp / "run.trec"),
+        "--qrels",
+        str(tmp / "qrels.tsv"),
+        "--metrics",
+        "mrr@10",
+        "--json",
+    ]
+    kept = _json(capsys, args)
+    dropped = _json(capsys, [*args, "--drop-self-hits"])
+    assert kept["per_query"]["2"]["mrr@10"] == 0.5  # document "2" is first for query "2"
+    assert dropped["per_query"]["2"]["mrr@10"] == 1.0 and dropped["drop_self_hits"] is True
+
+
+def test_table_output_and_per_query(files, capsys):
+    tmp, _, _ = files
+    assert (
+        main(["eval", "--run", str(tmp / "run.trec"), "--qrels", str(tmp / "qrels.tsv"), "--per-query"]) == 0
+    )
+    text = capsys.readouterr().out
+    for label in ("ndcg@10", "mrr@10", "recall@100", "map"):
+        assert label in text
+    assert "3 judged (1 absent from the run, scored 0)" in text and "drop_self_hits=off" in text
+    assert any(line.split()[0] == "3" for line in text.splitlines() if line.strip())
+
+
+def test_out_writes_a_report(files, capsys):
+    tmp, _, _ = files
+    assert (
+        main(
+            [
+                "eval",
+                "--run",
+                str(tmp / "run.trec"),
+                "--qrels",
+                str(tmp / "qrels.tsv"),
+                "--out",
+                str(tmp / "rep"),
+            ]
+        )
+        == 0
+    )
+    assert (tmp / "rep" / "report.md").is_file() and (tmp / "rep" / "recall_at_k.png").is_file()
+    assert (tmp / "rep" / "runs" / "run.trec").is_file()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["eval"], "nothing to do"),
+        (["eval", "--run", "RUN"], "--run needs --qrels"),
+        (["eval", "--run", "RUN", "--index", "IDX"], "not both"),
+        (["eval", "--index", "IDX"], "--index needs --dataset and --out"),
+        (["eval", "--run", "RUN", "--qrels", "QRELS", "--metrics", "ndcg@10,bleu"], "unknown metric 'bleu'"),
+        (["eval", "--run", "missing.trec", "--qrels", "QRELS"], "missing.trec"),
+    ],
+)
+def test_bad_input_exits_2_with_a_message(files, capsys, argv, message):
+    tmp, _, _ = files
+    argv = [a.replace("RUN", str(tmp / "run.trec")).replace("QRELS", str(tmp / "qrels.tsv")) for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("twotower eval: error: ") and message in err
+
+
+def test_malformed_run_names_file_and_line(tmp_path, files, capsys):
+    tmp, _, _ = files
+    bad = tmp_path / "bad.trec"
+    bad.write_text("1 Q0 a 1 1.0 t\n1 Q0 b 2\n")
+    assert main(["eval", "--run", str(bad), "--qrels", str(tmp / "qrels.tsv")]) == 2
+    assert f"{bad}:2: expected 6 columns" in capsys.readouterr().err
+
+
+# --- --index mode with a stand-in pipeline ------------------------------------------------------
+
+
+class _Hit:
+    def __init__(self, doc_id, score):
+        self.id, self.score = doc_id, score  # retrieval.hit.Hit names the document id `id`
+
+
+class _FakePipeline:
+    """Scores documents by a fixed table; the reranker puts the relevant document first."""
+
+    calls: list = []
+
+    def __init__(self, reranker):
+        self.reranker = reranker
+        self.closed = False
+
+    @classmethod
+    def load(cls, directory, model=None, reranker=None, *, use_default_reranker=True):
+        cls.calls.append(("load", directory, reranker, use_default_reranker))
+        cls.instance = cls(reranker)
+        return cls.instance
+
+    def search(self, queries, k=10, recall_k=100, rerank=True, hybrid=False, *, fetch_documents=True):
+        self.calls.append(("search", len(queries), k, recall_k, rerank, hybrid, fetch_documents))
+        out = []
+        for q in queries:
+            target = "d" + q.split()[-1]  # query "find 3" -> relevant doc "d3"
+            docs = [f"d{i}" for i in range(k)]
+            scores = {d: 1.0 / (i + 1) for i, d in enumerate(docs)}
+            if rerank:
+                scores[target] = 10.0
+            elif hybrid:
+                scores[target] = 0.75
+            out.append([_Hit(d, s) for d, s in sorted(scores.items(), key=lambda kv: -kv[1])[:k]])
+        return out
+
+    def close(self):
+        self.closed = True
+
+
+@pytest.fixture
+def beir_dir(tmp_path):
+    root = tmp_path / "beir"
+    queries = {str(i): f"find {i + 3}" for i in range(7)}
+    write_beir_queries({**queries, "extra": "not judged"}, root / "queries.jsonl")
+    (root / "corpus.jsonl").write_text('{"_id": "d0", "text": "x"}\n')
+    write_beir_qrels({str(i): {f"d{i + 3}": 1} for i in range(7)}, root / "qrels" / "test.tsv")
+    return root
+
+
+def test_index_mode_writes_a_comparison_report(tmp_path, beir_dir, monkeypatch, capsys):
+    module = types.ModuleType("retrieval.pipeline")
+    module.SearchPipeline = _FakePipeline
+    monkeypatch.setitem(sys.modules, "retrieval.pipeline", module)
+    _FakePipeline.calls = []
+    (tmp_path / "idx").mkdir()
+    argv = [
+        "eval",
+        "--index",
+        str(tmp_path / "idx"),
+        "--dataset",
+        str(beir_dir),
+        "--reranker",
+        "CE",
+        "--hybrid",
+        "--out",
+        str(tmp_path / "rep"),
+        "--batch-size",
+        "3",
+        "-k",
+        "20",
+        "--no-progress",
+        "--json",
+    ]
+    assert main(argv) == 0
+    means = json.loads(capsys.readouterr().out)
+    assert list(means) == ["dense", "hybrid", "hybrid+rerank"]
+    assert means["hybrid+rerank"]["mrr@10"] == 1.0
+    assert means["hybrid"]["mrr@10"] == 0.5  # 0.75 ranks second after d0 (score 1.0)
+    assert means["dense"]["mrr@10"] == pytest.approx(np.mean([1 / (i + 4) for i in range(7)]))
+    assert _FakePipeline.calls[0] == ("load", str(tmp_path / "idx"), "CE", True)
+    searches = [c for c in _FakePipeline.calls if c[0] == "search"]
+    assert [c[1] for c in searches] == [3, 3, 1] * 3  # 7 judged queries in batches of 3, per system
+    assert all(c[2:4] == (20, 100) and c[6] is False for c in searches)
+    assert _FakePipeline.instance.closed
+    report = json.loads((tmp_path / "rep" / "metrics.json").read_text())
+    assert report["settings"]["split"] == "test" and report["settings"]["reranker"] == "CE"
+    assert set(report["significance"]) == {"hybrid", "hybrid+rerank"}
+    assert read_trec_run(tmp_path / "rep" / "runs" / "dense.trec")["0"]["d3"] == pytest.approx(1 / 4)
+
+
+def test_index_mode_without_reranker_does_not_load_the_default_one(tmp_path, beir_dir, monkeypatch, capsys):
+    module = types.ModuleType("retrieval.pipeline")
+    module.SearchPipeline = _FakePipeline
+    monkeypatch.setitem(sys.modules, "retrieval.pipeline", module)
+    _FakePipeline.calls = []
+    (tmp_path / "idx").mkdir()
+    argv = [
+        "eval",
+        "--index",
+        str(tmp_path / "idx"),
+        "--dataset",
+        str(beir_dir),
+        "--out",
+        str(tmp_path / "r"),
+        "--no-progress",
+    ]
+    assert main(argv) == 0
+    assert _FakePipeline.calls[0][2:] == (None, False)
+    assert "== dense" in capsys.readouterr().out
+
+
+def test_index_mode_reports_a_missing_pipeline(tmp_path, beir_dir, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "retrieval.pipeline", None)  # import now raises ImportError
+    (tmp_path / "idx").mkdir()
+    argv = [
+        "eval",
+        "--index",
+        str(tmp_path / "idx"),
+        "--dataset",
+        str(beir_dir),
+        "--out",
+        str(tmp_path / "r"),
+    ]
+    assert main(argv) == 2
+    assert "the search pipeline is unavailable" in capsys.readouterr().err
+
+
+def test_index_mode_checks_paths_first(tmp_path, beir_dir, capsys):
+    argv = [
+        "eval",
+        "--index",
+        str(tmp_path / "nope"),
+        "--dataset",
+        str(beir_dir),
+        "--out",
+        str(tmp_path / "r"),
+    ]
+    assert main(argv) == 2
+    assert "no such index directory" in capsys.readouterr().err
+    argv = [
+        "eval",
+        "--index",
+        str(tmp_path),
+        "--dataset",
+        str(beir_dir),
+        "--split",
+        "dev",
+        "--out",
+        str(tmp_path / "r"),
+    ]
+    assert main(argv) == 2
+    assert "splits found: test" in capsys.readouterr().err
