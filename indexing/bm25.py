@@ -166,7 +166,7 @@ class BM25:
     def search(self, queries: Sequence[str], k: int = 10) -> SearchResult:
         """Top-``k`` documents per query; only documents sharing a term score (> 0).
 
-        Ties are broken by document id (ascending), as trec_eval does for equal scores.
+        Ties are broken by document id (descending), as trec_eval orders equal scores.
         Rows with fewer matches are padded with ``""`` / ``-inf``.
         """
         if isinstance(queries, str):
@@ -193,7 +193,7 @@ class BM25:
                 hits = hits[np.argpartition(-scores[hits], k - 1)[:k]]
                 cut = scores[hits].min()  # keep every doc tied with the k-th for the id tie-break
                 hits = np.flatnonzero(scores >= cut)
-            order = sorted(hits.tolist(), key=lambda d: (-scores[d], self._built_ids[d]))[:k]
+            order = sorted(hits.tolist(), key=lambda d: (scores[d], self._built_ids[d]), reverse=True)[:k]
             result.ids[qi][: len(order)] = doc_ids[order].tolist()
             result.scores[qi, : len(order)] = scores[order]
         return result
