@@ -3,19 +3,31 @@
 from encoder.checkpoint import load_encoder, save_encoder, save_pretrained
 from encoder.config import EncoderConfig
 from encoder.device import autocast, bf16_supported, default_device, resolve_bf16
+from encoder.encode import SentenceEncoder, encode_texts
 from encoder.model import BertModel
+from encoder.pooling import cls_pool, max_pool, mean_pool, pool
+from encoder.sentence_config import SentenceConfig, read_sentence_config, write_sentence_config
 from encoder.tokenizer import Batch, Tokenizer
 
 __all__ = [
     "Batch",
     "BertModel",
     "EncoderConfig",
+    "SentenceConfig",
+    "SentenceEncoder",
     "Tokenizer",
     "autocast",
     "bf16_supported",
+    "cls_pool",
     "default_device",
+    "encode_texts",
     "load_encoder",
+    "max_pool",
+    "mean_pool",
+    "pool",
+    "read_sentence_config",
     "resolve_bf16",
     "save_encoder",
     "save_pretrained",
+    "write_sentence_config",
 ]

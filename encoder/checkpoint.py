@@ -96,6 +96,8 @@ def load_encoder(
     has_pooler = add_pooling_layer and any(k.startswith("pooler.") for k in enc_state)
     if add_pooling_layer and not has_pooler:
         logger.info("%s: no pooler weights; loading without a pooler", directory)
+    if not has_pooler:  # a pooler the caller did not ask for is expected, not "unexpected"
+        enc_state = {k: v for k, v in enc_state.items() if not k.startswith("pooler.")}
     model = BertModel(config, add_pooling_layer=has_pooler)
     load_into(model, enc_state, source=os.path.join(directory, WEIGHTS_NAME))
     return model.to(device).eval(), tokenizer

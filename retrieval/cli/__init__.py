@@ -22,6 +22,7 @@ _COMMAND_MODULES = [
     "finetune_cmd",
     "index_cmd",
     "search_cmd",
+    "answer_cmd",
     "eval_cmd",
 ]
 

@@ -1,0 +1,226 @@
+"""ANN benchmark: the automatically chosen FAISS index vs exact (Flat) search on real sentence embeddings.
+
+Data: English sentences (6-60 words) split from the Project Gutenberg paragraphs in
+``gutenberg-en-mlm/train.txt.gz`` (public domain); a seeded random sample of up to
+200,000 is the corpus, 1,000 sentences from ``valid.txt.gz`` (other books) are the
+queries.  Both are encoded once with all-MiniLM-L6-v2 through our `DualEncoder`
+(mean pooling, normalised, max 128 tokens) and cached under ``--cache``
+(``runs/ann`` by default; gitignored); encoding is resumable chunk by chunk.
+
+For each corpus size (default 50k, 100k, 200k) the script builds
+``indexing.VectorIndex`` with ``factory=None`` (= ``auto_factory(n, dim)``) and with
+``"Flat"``, and reports: factory, build seconds, resident memory growth during the
+build, serialized size, queries/s (1,000 queries, k=10, batch search, best of
+``--repeats``) and recall@10 of the auto index against Flat's top 10.
+
+    .venv/bin/python benchmarks/ann_recall.py encode            # ~1-2 h on 2 busy CPU cores
+    .venv/bin/python benchmarks/ann_recall.py run --sizes 50000,100000,200000
+    .venv/bin/python benchmarks/ann_recall.py pipeline-index --n 200000   # for pipeline_overhead.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import random
+import re
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+DATA = os.path.join(REPO, "..", "shared", "data", "gutenberg-en-mlm")
+_SPLIT = re.compile(r'(?<=[.!?])["\')\]]?\s+(?=["\'(\[]?[A-Z])')
+CHUNK = 10_000
+
+
+def sentences(path: str, lo: int = 6, hi: int = 60) -> list[str]:
+    """Sentences of lo..hi words from a one-paragraph-per-line .txt.gz, in file order, de-duplicated."""
+    out, seen = [], set()
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        for line in f:
+            for s in _SPLIT.split(line.strip()):
+                if lo <= len(s.split()) <= hi and s not in seen:
+                    seen.add(s)
+                    out.append(s)
+    return out
+
+
+def rss_mb() -> float:
+    """Current resident set size (MB) from /proc (Linux)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def cmd_encode(args: argparse.Namespace) -> None:
+    from retrieval import DualEncoder
+    from retrieval.manifest import default_model_dir
+
+    os.makedirs(os.path.join(args.cache, "chunks"), exist_ok=True)
+    corpus = sentences(os.path.join(args.data, "train.txt.gz"))
+    random.Random(0).shuffle(corpus)
+    corpus = corpus[: args.n]
+    queries = sentences(os.path.join(args.data, "valid.txt.gz"))
+    random.Random(1).shuffle(queries)
+    queries = queries[: args.queries]
+    print(f"{len(corpus)} corpus sentences, {len(queries)} queries", flush=True)
+    with open(os.path.join(args.cache, "meta.json"), "w") as f:
+        json.dump({"n": len(corpus), "queries": len(queries), "max_length": args.max_length,
+                   "model": "all-MiniLM-L6-v2"}, f)
+    de = DualEncoder.from_pretrained(default_model_dir(), max_length=args.max_length)
+    qpath = os.path.join(args.cache, "queries.npy")
+    if not os.path.isfile(qpath):
+        np.save(qpath, de.encode_queries(queries, batch_size=128))
+    t0 = time.time()
+    for c, start in enumerate(range(0, len(corpus), CHUNK)):
+        path = os.path.join(args.cache, "chunks", f"chunk-{c:04d}.npy")
+        if os.path.isfile(path):
+            continue
+        vecs = de.encode_documents(corpus[start:start + CHUNK], batch_size=128)
+        tmp = path + ".tmp"
+        with open(tmp, "wb") as f:
+            np.save(f, vecs)
+        os.replace(tmp, path)
+        print(f"chunk {c}: {start + len(vecs)} / {len(corpus)} encoded ({time.time() - t0:.0f}s)", flush=True)
+
+
+def load_corpus(cache: str, n: int) -> np.ndarray:
+    chunks = sorted(os.listdir(os.path.join(cache, "chunks")))
+    parts, have = [], 0
+    for name in chunks:
+        if have >= n:
+            break
+        parts.append(np.load(os.path.join(cache, "chunks", name)))
+        have += len(parts[-1])
+    if have < n:
+        raise SystemExit(f"only {have} vectors encoded in {cache}; run `encode` first (wanted {n})")
+    return np.concatenate(parts)[:n]
+
+
+def _qps(index, queries: np.ndarray, k: int, repeats: int) -> tuple[float, list[list[str]]]:
+    best, res = float("inf"), None
+    for _ in range(repeats):
+        t = time.perf_counter()
+        res = index.search(queries, k)
+        best = min(best, time.perf_counter() - t)
+    return len(queries) / best, res.ids
+
+
+def cmd_run(args: argparse.Namespace) -> None:
+    import faiss
+
+    from indexing import VectorIndex
+
+    faiss.omp_set_num_threads(args.threads)
+    queries = np.load(os.path.join(args.cache, "queries.npy"))
+    sizes = [int(s) for s in args.sizes.split(",")]
+    all_vecs = load_corpus(args.cache, max(sizes))
+    ids_all = [f"s{i}" for i in range(len(all_vecs))]
+    rows = []
+    for n in sizes:
+        vecs, ids = all_vecs[:n], ids_all[:n]
+        out = {"n": n}
+        for name, factory in (("flat", "Flat"), ("auto", None)):
+            before = rss_mb()
+            t = time.perf_counter()
+            index = VectorIndex.build(ids, vecs, factory=factory, metric="cosine")
+            build_s = time.perf_counter() - t
+            mem = rss_mb() - before
+            with tempfile.TemporaryDirectory() as tmp:
+                path = os.path.join(tmp, "v.faiss")
+                index.save(path)
+                size_mb = os.path.getsize(path) / 2**20
+            qps, found = _qps(index, queries, args.k, args.repeats)
+            out[name] = {"factory": index.factory, "build_s": round(build_s, 2), "rss_growth_mb": round(mem, 1),
+                         "size_mb": round(size_mb, 1), "qps": round(qps, 1), "ids": found}
+            del index
+        exact = out["flat"].pop("ids")
+        approx = out["auto"].pop("ids")
+        recall = np.mean([len(set(a) & set(e)) / len(e) for a, e in zip(approx, exact)])
+        out["recall_at_10"] = round(float(recall), 4)
+        out["speedup"] = round(out["auto"]["qps"] / out["flat"]["qps"], 2)
+        rows.append(out)
+        print(json.dumps(out), flush=True)
+    print()
+    print(f"| n | index | build s | RSS growth MB | file MB | QPS (k={args.k}, {len(queries)} q, {args.threads} thr) "
+          "| recall@10 vs Flat | speed-up |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        for name in ("flat", "auto"):
+            x = r[name]
+            rec = "1.0 (exact)" if name == "flat" else f"{r['recall_at_10']:.4f}"
+            sp = "1.0" if name == "flat" else f"{r['speedup']:.2f}x"
+            print(f"| {r['n']:,} | {name}: {x['factory']} | {x['build_s']} | {x['rss_growth_mb']} | {x['size_mb']} "
+                  f"| {x['qps']:,} | {rec} | {sp} |")
+
+
+def cmd_pipeline_index(args: argparse.Namespace) -> None:
+    """A SearchPipeline index over the first --n encoded sentences, reusing the cached embeddings.
+
+    The cached chunks are exactly the shards a build would write (same model, same
+    corpus order, 10k per shard), so they are placed in the build's work directory
+    with a matching plan and the build *resumes* instead of re-encoding.  This gives
+    `pipeline_overhead.py` a realistic 200k HNSW index.
+    """
+    import shutil
+
+    from retrieval import DualEncoder, SearchPipeline
+    from retrieval.build import BuildPlan, file_sha256, prepare_work_dir, shard_path
+    from retrieval.manifest import default_model_dir
+
+    corpus = sentences(os.path.join(args.data, "train.txt.gz"))
+    random.Random(0).shuffle(corpus)
+    corpus = corpus[: args.n]
+    path = os.path.join(args.cache, f"corpus-{args.n}.jsonl")
+    with open(path, "w", encoding="utf-8") as f:
+        for i, text in enumerate(corpus):
+            f.write(json.dumps({"_id": f"s{i}", "title": "", "text": text}) + "\n")
+    de = DualEncoder.from_pretrained(default_model_dir(), max_length=128)
+    plan = BuildPlan(corpus_sha256=file_sha256(path), on_duplicate="error", shard_size=CHUNK,
+                     encoder_fingerprint=de.fingerprint(), num_documents=len(corpus), dim=de.dim)
+    out = os.path.join(args.cache, f"pipeline-{args.n}")
+    prepare_work_dir(out + ".build", plan)
+    for c in range(plan.num_shards):
+        src = os.path.join(args.cache, "chunks", f"chunk-{c:04d}.npy")
+        arr = np.load(src, mmap_mode="r")
+        if arr.shape[0] < plan.shard_rows(c):
+            raise SystemExit(f"{src} holds {arr.shape[0]} rows, need {plan.shard_rows(c)}: encode more first")
+        np.save(shard_path(out + ".build", c), np.asarray(arr[: plan.shard_rows(c)]))
+    shutil.rmtree(out, ignore_errors=True)
+    t = time.perf_counter()
+    SearchPipeline.build(path, out, de, shard_size=CHUNK).close()
+    print(f"{out}: built from cached shards in {time.perf_counter() - t:.1f}s")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    e = sub.add_parser("encode", help="encode the Gutenberg sentences and queries (cached, resumable)")
+    e.add_argument("--n", type=int, default=200_000)
+    e.add_argument("--queries", type=int, default=1000)
+    e.add_argument("--max-length", type=int, default=128)
+    r = sub.add_parser("run", help="build Flat and auto indexes and compare")
+    r.add_argument("--sizes", default="50000,100000,200000")
+    r.add_argument("--k", type=int, default=10)
+    r.add_argument("--repeats", type=int, default=3)
+    r.add_argument("--threads", type=int, default=2)
+    pi = sub.add_parser("pipeline-index", help="a SearchPipeline index over the cached embeddings")
+    pi.add_argument("--n", type=int, default=200_000)
+    for p in (e, r, pi):
+        p.add_argument("--data", default=DATA, help="gutenberg-en-mlm directory")
+        p.add_argument("--cache", default=os.path.join(REPO, "runs", "ann"), help="embedding cache directory")
+    args = ap.parse_args()
+    {"encode": cmd_encode, "run": cmd_run, "pipeline-index": cmd_pipeline_index}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    main()

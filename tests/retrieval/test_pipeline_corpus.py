@@ -1,0 +1,90 @@
+"""Corpus reading for index builds: chunking, duplicate policies and errors that name file and line."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+from retrieval.corpus import iter_chunks, iter_documents, validate_corpus
+
+
+def _write(tmp_path, lines: list[str], name: str = "corpus.jsonl") -> str:
+    p = tmp_path / name
+    p.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return str(p)
+
+
+def _doc(i, text="some text", **kw) -> str:
+    return json.dumps({"_id": i, "text": text, **kw})
+
+
+def test_reads_documents_and_chunks_in_order(tmp_path):
+    path = _write(tmp_path, [_doc(f"d{i}", f"text {i}", title=f"t{i}") for i in range(7)] + [""])
+    docs = [d for _, d in iter_documents(path)]
+    assert [d["id"] for d in docs] == [f"d{i}" for i in range(7)]
+    assert docs[3] == {"id": "d3", "title": "t3", "text": "text 3", "metadata": {}}
+    chunks = list(iter_chunks(path, 3))
+    assert [len(c) for c in chunks] == [3, 3, 1]
+    assert [d["id"] for c in chunks for d in c] == [f"d{i}" for i in range(7)]
+
+
+def test_gzip_corpus_and_integer_ids(tmp_path):
+    p = tmp_path / "c.jsonl.gz"
+    with gzip.open(p, "wt", encoding="utf-8") as f:
+        f.write(json.dumps({"_id": 12, "text": "x"}) + "\n")
+    assert [d["id"] for _, d in iter_documents(str(p))] == ["12"]
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("{not json", "not valid JSON"),
+        ('["a list"]', "expected a JSON object"),
+        ('{"text": "no id"}', "missing field '_id'"),
+        ('{"_id": "x"}', "missing string field 'text'"),
+        ('{"_id": "x", "text": 3}', "missing string field 'text'"),
+        ('{"_id": "", "text": "t"}', "non-empty string"),
+        ('{"_id": "x", "text": "t", "title": 5}', "'title' must be a string"),
+        ('{"_id": "x", "text": "  ", "title": ""}', "empty 'text' and 'title'"),
+    ],
+)
+def test_bad_line_names_file_and_line(tmp_path, line, message):
+    path = _write(tmp_path, [_doc("a"), "", line, _doc("b")])
+    with pytest.raises(ValueError, match=message) as info:
+        validate_corpus(path)
+    assert f"{path}:3:" in str(info.value)
+
+
+def test_empty_corpus_and_missing_file(tmp_path):
+    with pytest.raises(ValueError, match="corpus is empty"):
+        validate_corpus(_write(tmp_path, ["", "   "]))
+    with pytest.raises(FileNotFoundError, match="corpus file not found"):
+        validate_corpus(str(tmp_path / "nope.jsonl"))
+
+
+def test_duplicate_policies(tmp_path):
+    path = _write(tmp_path, [_doc("a", "first a"), _doc("b"), _doc("a", "second a"), _doc("c")])
+    with pytest.raises(ValueError, match=r":3: duplicate document id 'a' \(already in line 1\)"):
+        validate_corpus(path)
+    skip = validate_corpus(path, "skip")
+    assert (skip.num_documents, skip.num_duplicates, skip.skip_lines) == (3, 1, {3})
+    kept = [d for c in iter_chunks(path, 10, skip.skip_lines) for d in c]
+    assert [(d["id"], d["text"]) for d in kept] == [("a", "first a"), ("b", "some text"), ("c", "some text")]
+    replace = validate_corpus(path, "replace")
+    assert replace.skip_lines == {1}
+    kept = [d for c in iter_chunks(path, 10, replace.skip_lines) for d in c]
+    assert [(d["id"], d["text"]) for d in kept] == [("b", "some text"), ("a", "second a"), ("c", "some text")]
+    with pytest.raises(ValueError, match="on_duplicate"):
+        validate_corpus(path, "merge")
+
+
+def test_duplicates_against_existing_index_ids(tmp_path):
+    path = _write(tmp_path, [_doc("a"), _doc("new")])
+    with pytest.raises(ValueError, match="already in the index"):
+        validate_corpus(path, existing_ids={"a"})
+    plan = validate_corpus(path, "skip", existing_ids={"a"})
+    assert plan.num_documents == 1 and plan.skip_lines == {1}
+    plan = validate_corpus(path, "replace", existing_ids={"a"})
+    assert plan.num_documents == 2 and plan.skip_lines == set()

@@ -1,0 +1,99 @@
+"""The QA reader behind `answer`: spans from passages, explicit "no answer", hit labels, the CLI end to end."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from encoder.task_model import TaskModel
+from encoder.tasks import TaskInfo
+from retrieval.hit import Hit
+from retrieval.reader import Answer, label_hits, read_answers
+from tests.encoder import task_fixtures
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return task_fixtures.tiny_encoder(tmp_path_factory)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    with task_fixtures.one_thread():
+        yield
+
+
+@pytest.fixture(scope="module")
+def reader(tiny_dir):
+    return TaskModel.from_encoder(tiny_dir, TaskInfo("qa", max_length=24, doc_stride=6, max_answer_length=4),
+                                  seed=3)
+
+
+PASSAGES = [
+    {"id": "p1", "title": "Tower", "text": "the tower was built in 1889 for the world fair in paris ."},
+    {"id": "p2", "text": "paris is the capital of france and the river flows north through the city ."},
+    {"id": "p3", "text": "many people live in the city"},
+]
+
+
+def test_answers_are_spans_of_their_passages_best_first(reader):
+    reader.info.null_threshold = None  # never abstain
+    hits = [Hit(p["id"], p.get("title", ""), p["text"], i + 1, 1.0, 1.0, i + 1) for i, p in enumerate(PASSAGES)]
+    answers = read_answers(reader, "when was the tower built", hits, max_answers=3)
+    assert len(answers) == 3 and len({a.passage_id for a in answers}) == 3
+    assert [a.score for a in answers] == sorted((a.score for a in answers), reverse=True)
+    by_id = {p["id"]: p["text"] for p in PASSAGES}
+    for a in answers:
+        assert not a.no_answer and by_id[a.passage_id][a.start:a.end] == a.text and a.text
+        assert a.passage_rank == int(a.passage_id[1])
+    # the same answers from plain mappings; top_passages limits what is read
+    assert [a.passage_id for a in read_answers(reader, "when was the tower built", PASSAGES)] == \
+        [a.passage_id for a in answers]
+    (only,) = read_answers(reader, "when was the tower built", PASSAGES, top_passages=1)
+    assert only.passage_id == "p1" and only.title == "Tower"
+
+
+def test_explicit_no_answer_below_the_threshold(reader):
+    reader.info.null_threshold = -1e9  # every passage's [CLS] score wins
+    (a,) = read_answers(reader, "who wrote the book", PASSAGES)
+    assert a == Answer("", None, None, None, a.score, a.null_score, no_answer=True)
+    reader.info.null_threshold = None
+    assert read_answers(reader, "who", [])[0].no_answer
+
+
+def test_reader_rejects_bad_input(reader, tiny_dir):
+    with pytest.raises(ValueError, match="question is empty"):
+        read_answers(reader, "  ", PASSAGES)
+    with pytest.raises(ValueError, match="hit 1 has no passage text"):
+        read_answers(reader, "who", [{"id": "x"}])
+    clf = TaskModel.from_encoder(tiny_dir, TaskInfo("classify", ["neg", "pos"]))
+    with pytest.raises(ValueError, match="must be a fine-tuned QA model"):
+        read_answers(clf, "who", PASSAGES)
+    labels = label_hits(clf, PASSAGES + [{"id": "e", "text": ""}])
+    assert [lab["label"] in ("neg", "pos") for lab in labels[:3]] == [True] * 3 and labels[3]["label"] is None
+
+
+def test_answer_cli_end_to_end(reader, tiny_dir, tmp_path, capsys):
+    from retrieval.cli import main
+    from retrieval.pipeline import SearchPipeline
+    from tests.retrieval.pipeline_fixtures import tiny_model_dir, write_corpus
+
+    corpus = write_corpus(str(tmp_path / "c.jsonl"), [{"_id": p["id"], "title": p.get("title", ""),
+                                                       "text": p["text"]} for p in PASSAGES])
+    SearchPipeline.build(corpus, tmp_path / "idx", tiny_model_dir(), progress=False, bf16=False).close()
+    reader.info.null_threshold = None
+    reader.save(str(tmp_path / "reader"))
+    clf = TaskModel.from_encoder(tiny_dir, TaskInfo("classify", ["neg", "pos"]))
+    clf.save(str(tmp_path / "clf"))
+    rc = main(["answer", "--index", str(tmp_path / "idx"), "--reader", str(tmp_path / "reader"), "-k", "2",
+               "--classifier", str(tmp_path / "clf"), "--json", "when was the tower built"])
+    assert rc == 0
+    (out,) = json.loads(capsys.readouterr().out)
+    assert out["question"] == "when was the tower built" and len(out["hits"]) == 2
+    assert 1 <= len(out["answers"]) <= 2 and all(h["label"]["label"] in ("neg", "pos") for h in out["hits"])
+    texts = {p["id"]: p["text"] for p in PASSAGES}
+    for a in out["answers"]:
+        assert texts[a["passage_id"]][a["start"]:a["end"]] == a["text"]
+    assert main(["answer", "--index", str(tmp_path / "idx"), "--reader", str(tmp_path / "clf"), "who"]) == 2
+    assert "needs a QA model" in capsys.readouterr().err
