@@ -86,9 +86,10 @@ def main() -> None:
     ap.add_argument("--epochs", type=float, default=2.0)
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--batch-size", type=int, default=4)
-    ap.add_argument("--lr", type=float, default=3e-5)
+    ap.add_argument("--lr", type=float, default=2e-4)
+    ap.add_argument("--head-lr-scale", type=float, default=10.0)
     ap.add_argument("--max-length", type=int, default=256)
-    ap.add_argument("--dev-rerank-k", type=int, default=30, help="first-stage depth reranked at dev evaluations")
+    ap.add_argument("--dev-rerank-k", type=int, default=20, help="first-stage depth reranked at dev evaluations")
     ap.add_argument("--final-k", type=int, default=100, help="first-stage depth reranked for the reported runs")
     ap.add_argument("--skip-train", action="store_true")
     args = ap.parse_args()
@@ -116,6 +117,7 @@ def main() -> None:
             model=args.model or minilm_path(), pairs=args.data, out=args.out, negatives=negatives, mine=mine,
             mine_ranks=(1, 100), first_stage=os.path.join(runs_dir, f"dev_{first_name}.trec"), loss="listwise",
             group_size=args.group_size, batch_size=args.batch_size, max_length=args.max_length, lr=args.lr,
+            head_lr_scale=args.head_lr_scale,
             epochs=args.epochs, time_budget=args.time_budget, eval_interval_s=args.eval_interval,
             dev_rerank_k=args.dev_rerank_k, eval_at_start=False, progress=True,
         )

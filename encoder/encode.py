@@ -13,6 +13,11 @@ Where the time goes when encoding a corpus on a CPU, and what we do about it:
   and residuals in fp32 instead, for a little more accuracy.  Both are
   measured in ``benchmarks/embed_speed.py``.  ``bf16=False`` (or
   ``TWOTOWER_BF16=0``) switches it off.
+- Parallelism. On a CPU, batches run concurrently, one per core, each
+  single-threaded, instead of splitting every op of one batch across the
+  cores: an encoder the size of MiniLM has matmuls too small to split well,
+  and one thread per batch has no per-op barriers for a busy neighbour on a
+  shared machine to stall.
 - Overhead. ``torch.inference_mode``, no pooler, no per-batch tokenizer
   calls, Q/K/V fused into one matmul in the inference copy; rows are
   scattered back into input order in one preallocated array.
@@ -24,6 +29,7 @@ import copy
 import logging
 import weakref
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -33,12 +39,22 @@ from torch import nn
 from encoder.device import resolve_bf16
 from encoder.model import BertModel, BertSelfAttention
 from encoder.pooling import POOLING_MODES, pool
-from encoder.sentence_config import SentenceConfig, read_sentence_config, write_sentence_config
+from encoder.sentence_config import (
+    SentenceConfig,
+    read_sentence_config,
+    transformer_dir,
+    write_sentence_config,
+)
 from encoder.tokenizer import Batch, Tokenizer
 
 logger = logging.getLogger(__name__)
 
 BF16_MODES = ("weights", "autocast")
+# Padded tokens per batch when no batch size is given.  On CPU a 4096-token batch keeps MiniLM's
+# activations near the cache; measured 8-16 texts of 256 tokens beat 64 or 128 (docs/benchmarks/embed.md).
+CPU_BATCH_TOKENS = 4096
+GPU_BATCH_TOKENS = 65536
+MAX_BATCH_TEXTS = 1024
 
 # model -> (signature of its parameters, dtype, device, inference copy)
 _COPIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -77,6 +93,23 @@ def inference_copy(model: BertModel, dtype: torch.dtype, device: torch.device) -
     return clone
 
 
+def batch_spans(sorted_lengths: np.ndarray, batch_size: int | None, batch_tokens: int | None) -> list[tuple[int, int]]:
+    """[start, end) spans over length-sorted (longest first) texts.
+
+    A fixed `batch_size`, or else as many texts as keep ``texts x longest``
+    within `batch_tokens` (at least one text, at most MAX_BATCH_TEXTS).
+    """
+    n = len(sorted_lengths)
+    if batch_size is not None:
+        return [(s, min(s + batch_size, n)) for s in range(0, n, batch_size)]
+    spans, s = [], 0
+    while s < n:
+        size = max(1, min(MAX_BATCH_TEXTS, batch_tokens // max(1, int(sorted_lengths[s]))))
+        spans.append((s, min(s + size, n)))
+        s += size
+    return spans
+
+
 def _check_texts(texts: Sequence[str]) -> list[str]:
     if isinstance(texts, str):
         raise TypeError("texts must be a list of strings; wrap a single text in a list")
@@ -95,7 +128,7 @@ def encode_texts(
     model: BertModel,
     tokenizer: Tokenizer,
     texts: Sequence[str],
-    batch_size: int = 64,
+    batch_size: int | None = None,
     max_length: int | None = None,
     pooling: str = "mean",
     normalize: bool = False,
@@ -104,13 +137,16 @@ def encode_texts(
     device: torch.device | str | None = None,
     bf16_mode: str = "weights",
     out: np.ndarray | None = None,
+    workers: int | None = None,
+    batch_tokens: int | None = None,
 ) -> np.ndarray:
     """Encode `texts` into one float32 vector each, rows in input order.
 
     Args:
         model, tokenizer: an encoder and its tokenizer (e.g. from `load_encoder`).
         texts: N strings.
-        batch_size: texts per forward pass.
+        batch_size: texts per forward pass; None -> as many as fit in
+            `batch_tokens` (so short texts go in big batches, long in small).
         max_length: token cap including [CLS]/[SEP]; None -> the tokenizer's
             `model_max_length`, never more than the model's position table.
         pooling: "mean" (over real tokens), "cls" or "max".
@@ -121,6 +157,11 @@ def encode_texts(
         bf16_mode: "weights" (cast a cached copy of the weights to bf16) or
             "autocast" (fp32 weights, bf16 matmuls).
         out: optional preallocated (N, H) array (e.g. an `np.memmap`) to fill.
+        workers: batches run concurrently, each on one thread; None -> one
+            per torch thread on CPU, 1 on GPU.  1 -> batches one after the
+            other with torch's intra-op threads.
+        batch_tokens: padded tokens per batch when `batch_size` is None;
+            None -> 4096 on CPU (small batches stay in cache), 65536 on GPU.
 
     Returns:
         (N, H) float32 array (`out` when given).
@@ -135,8 +176,10 @@ def encode_texts(
         raise ValueError(f"pooling={pooling!r}; choose one of {POOLING_MODES}")
     if bf16_mode not in BF16_MODES:
         raise ValueError(f"bf16_mode={bf16_mode!r}; choose one of {BF16_MODES}")
-    if batch_size < 1:
+    if batch_size is not None and batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if batch_tokens is not None and batch_tokens < 1:
+        raise ValueError(f"batch_tokens must be >= 1, got {batch_tokens}")
     N, H = len(texts), model.config.hidden_size
     if out is None:
         out = np.empty((N, H), dtype=np.float32)
@@ -156,30 +199,51 @@ def encode_texts(
 
     weights_bf16 = use_bf16 and bf16_mode == "weights"
     net = inference_copy(model, torch.bfloat16 if weights_bf16 else torch.float32, device)
-    was_training = net.training
-    net.eval()
-    autocast = (torch.autocast(device_type=device.type, dtype=torch.bfloat16) if use_bf16 and not weights_bf16
-                else torch.autocast(device_type=device.type, enabled=False))
-    starts = range(0, N, batch_size)
+    use_autocast = use_bf16 and not weights_bf16
+    if batch_size is None and batch_tokens is None:
+        batch_tokens = CPU_BATCH_TOKENS if device.type == "cpu" else GPU_BATCH_TOKENS
+    spans = batch_spans(lengths[order], batch_size, batch_tokens)
+    if workers is None:
+        workers = torch.get_num_threads() if device.type == "cpu" else 1
+    workers = max(1, min(workers, len(spans)))
+
+    def run_batch(span: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+        idx = order[span[0]:span[1]]
+        batch = tokenizer.pad([ids[i] for i in idx])
+        # inference_mode and autocast are thread-local: enter them in the thread that runs the batch.
+        with torch.inference_mode(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_autocast):
+            mask = batch.attention_mask.to(device, non_blocking=True)  # (b, T)
+            hidden, _ = net(batch.input_ids.to(device, non_blocking=True), mask, return_pooled=False)  # (b, T, H)
+            vecs = pool(hidden, mask, pooling)  # (b, H) float32
+            if normalize:
+                vecs = F.normalize(vecs, dim=-1)
+            return idx, vecs.float().cpu().numpy()
+
     bar = None
-    if progress and len(starts) > 1:
+    if progress and len(spans) > 1:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=N, desc="encode", unit="text")
+    was_training, threads = net.training, torch.get_num_threads()
+    executor = None
+    net.eval()
     try:
-        with torch.inference_mode(), autocast:
-            for s in starts:
-                idx = order[s:s + batch_size]
-                batch = tokenizer.pad([ids[i] for i in idx])
-                mask = batch.attention_mask.to(device, non_blocking=True)  # (b, T)
-                hidden, _ = net(batch.input_ids.to(device, non_blocking=True), mask, return_pooled=False)  # (b, T, H)
-                vecs = pool(hidden, mask, pooling)  # (b, H) float32
-                if normalize:
-                    vecs = F.normalize(vecs, dim=-1)
-                out[idx] = vecs.float().cpu().numpy()
-                if bar is not None:
-                    bar.update(len(idx))
+        if workers == 1:
+            results = map(run_batch, spans)
+        else:
+            # One batch per core, each single-threaded: no per-op thread barriers (MiniLM-sized
+            # matmuls are too small to split well) and robust when other processes share the cores.
+            torch.set_num_threads(1)  # process-wide; restored below
+            executor = ThreadPoolExecutor(workers, thread_name_prefix="encode")
+            results = executor.map(run_batch, spans)
+        for idx, vecs in results:
+            out[idx] = vecs
+            if bar is not None:
+                bar.update(len(idx))
     finally:
+        if executor is not None:
+            executor.shutdown(wait=True, cancel_futures=True)
+            torch.set_num_threads(threads)
         if bar is not None:
             bar.close()
         net.train(was_training)
@@ -255,7 +319,7 @@ class SentenceEncoder(nn.Module):
         """
         from encoder.checkpoint import load_encoder
 
-        model, tokenizer = load_encoder(directory, device=device, add_pooling_layer=False)
+        model, tokenizer = load_encoder(transformer_dir(directory), device=device, add_pooling_layer=False)
         st = read_sentence_config(directory) or SentenceConfig()
         return cls(
             model,
@@ -289,14 +353,16 @@ class SentenceEncoder(nn.Module):
     def encode(
         self,
         texts: Sequence[str],
-        batch_size: int = 64,
+        batch_size: int | None = None,
         progress: bool = True,
         bf16: bool | str | None = None,
         out: np.ndarray | None = None,
+        batch_tokens: int | None = None,
+        workers: int | None = None,
     ) -> np.ndarray:
-        """Fast no-grad encoding: (N,) texts -> (N, H) float32, rows in input order."""
+        """Fast no-grad encoding: (N,) texts -> (N, H) float32, rows in input order (see `encode_texts`)."""
         return encode_texts(
             self.model, self.tokenizer, texts, batch_size=batch_size, max_length=self.max_length,
             pooling=self.pooling, normalize=self.normalize, bf16=self.bf16 if bf16 is None else bf16,
-            progress=progress, out=out,
+            progress=progress, out=out, batch_tokens=batch_tokens, workers=workers,
         )

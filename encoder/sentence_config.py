@@ -82,7 +82,9 @@ def read_sentence_config(directory: str) -> SentenceConfig | None:
     if pooling is None:
         raise ValueError(f"{modules_path}: no Pooling module, so this directory does not define sentence vectors")
     max_length = None
-    st_path = os.path.join(directory, ST_CONFIG_NAME)
+    st_path = os.path.join(transformer_dir(directory), ST_CONFIG_NAME)
+    if not os.path.isfile(st_path):
+        st_path = os.path.join(directory, ST_CONFIG_NAME)
     if os.path.isfile(st_path):
         value = _read_json(st_path).get("max_seq_length")
         if value is not None:
@@ -90,6 +92,19 @@ def read_sentence_config(directory: str) -> SentenceConfig | None:
                 raise ValueError(f"{st_path}: max_seq_length must be an integer >= 2, got {value!r}")
             max_length = value
     return SentenceConfig(pooling=pooling, normalize=normalize, max_length=max_length)
+
+
+def transformer_dir(directory: str) -> str:
+    """Where the BERT files are: `directory` itself, or the Transformer module's folder in older
+    sentence-transformers layouts (``0_Transformer/``)."""
+    modules_path = os.path.join(directory, MODULES_NAME)
+    if not os.path.isfile(modules_path):
+        return directory
+    modules = _read_json(modules_path)
+    for m in modules if isinstance(modules, list) else []:
+        if isinstance(m, dict) and m.get("type", "").removeprefix(_ST_MODULE) == "Transformer":
+            return os.path.join(directory, m.get("path") or "")
+    return directory
 
 
 def _read_pooling(path: str) -> str:

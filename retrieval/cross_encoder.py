@@ -64,7 +64,9 @@ class _Scorer(nn.Module):
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None) -> torch.Tensor:
         _, pooled = self.bert(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)  # (B, H)
-        return self.classifier(self.dropout(pooled)).squeeze(-1)  # (B,)
+        # The head runs in its own dtype: fp32 even in the bf16 inference copy, because bf16's 8-bit
+        # mantissa would quantise logits (steps of ~0.02 at 5.0) and tie close candidates.
+        return self.classifier(self.dropout(pooled).to(self.classifier.weight.dtype)).squeeze(-1)  # (B,)
 
 
 class CrossEncoder(nn.Module):
@@ -246,6 +248,7 @@ class CrossEncoder(nn.Module):
             from encoder.encode import inference_copy
 
             net = inference_copy(self._scorer, torch.bfloat16, self.device)
+            net.classifier.float()  # idempotent on the cached copy; see _Scorer.forward
         scores = np.empty(len(pairs), dtype=np.float32)
         bar = None
         if progress:

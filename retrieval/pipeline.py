@@ -340,7 +340,12 @@ class SearchPipeline:
         """Dense-only search with query vectors encoded elsewhere: (Q, D) -> Q lists of k Hits."""
         if not isinstance(k, int) or k < 1:
             raise ValueError(f"k must be a positive int, got {k!r}")
-        return self._hits(_first_stage(self.store.search(np.asarray(query_vectors), k)), k, None, fetch_documents)
+        res = self.store.search(np.asarray(query_vectors), k)
+        if fetch_documents:
+            return self._hits(_first_stage(res), k, None, True)
+        # The lean path (ids and scores only): Hits straight from the result arrays, no intermediate tuples.
+        return [[Hit(d, None, None, r, s, s, r) for r, (d, s) in enumerate(zip(ids, scores), start=1)
+                 if d != MISSING_ID] for ids, scores in zip(res.ids, res.scores.tolist())]
 
     def _warn_long(self, queries: list[str]) -> None:
         cap = self.encoder.query_max_length

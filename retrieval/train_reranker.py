@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from encoder.device import autocast, default_device
-from encoder.optim import lr_factor, make_optimizer, set_lr
+from encoder.optim import lr_factor, param_groups
 from retrieval.cross_encoder import CrossEncoder
 from retrieval.export import write_training_args
 from retrieval.losses.listwise import listwise_ce
@@ -72,6 +72,9 @@ class RerankerTrainConfig:
         None = BM25 over the corpus.
     loss: "listwise" (group_size = 1 positive + group_size-1 negatives) or "pointwise" (BCE on pairs).
     batch_size: groups per step (listwise) or pairs per step (pointwise).
+    head_lr_scale: learning-rate multiplier for the fresh head (pooler + classifier). A new head on an
+        encoder whose [CLS] barely varies starts with near-constant scores; at the encoder's learning rate
+        it takes hundreds of steps to move, which a CPU budget cannot spare.
     dev_rerank_k: first-stage depth reranked at dev evaluation (100 as at test time; lower is cheaper).
     eval_at_start: evaluate the untrained model too (a fresh head ranks at random: skip it to save time).
     collapse_std: stop when the standard deviation of scores falls below this.
@@ -91,6 +94,7 @@ class RerankerTrainConfig:
     batch_size: int = 4
     max_length: int = 256
     lr: float = 3e-5
+    head_lr_scale: float = 20.0
     warmup: float = 0.1
     weight_decay: float = 0.01
     max_grad_norm: float = 1.0
@@ -235,6 +239,22 @@ def pointwise_batches(pairs: Sequence[LabeledPair], batch_size: int, rng: random
             yield [pairs[i] for i in order[s:s + batch_size]]
 
 
+def make_head_optimizer(model: CrossEncoder, lr: float, weight_decay: float, head_scale: float):
+    """AdamW (no decay on biases / norms, as `encoder.optim`) with the head (pooler + classifier) at head_scale x lr."""
+    head = torch.nn.ModuleList([model.bert.pooler, model.classifier])
+    head_ids = {id(p) for p in head.parameters()}
+    body = [(n, p) for n, p in model.named_parameters() if id(p) not in head_ids]
+    groups = []
+    for scale, named in ((1.0, body), (head_scale, list(head.named_parameters()))):
+        holder = torch.nn.Module()
+        for i, (name, p) in enumerate(named):
+            holder.register_parameter(f"p{i}_{name.replace('.', '_')}", p)
+        for g in param_groups(holder, weight_decay):
+            if g["params"]:
+                groups.append({**g, "lr": lr * scale, "lr_scale": scale})
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), eps=1e-6)
+
+
 # ---- the loop ----------------------------------------------------------------------------------------
 def load_reranker(cfg: RerankerTrainConfig, device: torch.device) -> CrossEncoder:
     """Continue a reranker directory (it has a classifier head) or start a fresh head on an encoder."""
@@ -290,7 +310,7 @@ def train_reranker(cfg: RerankerTrainConfig) -> RerankerTrainResult:
     first_score = ndcg_at_10(first, dev_qrels)["ndcg@10"]
     run.log("first_stage", source=cfg.first_stage or "bm25", dev_ndcg10=first_score)
 
-    opt = make_optimizer(model, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    opt = make_head_optimizer(model, cfg.lr, cfg.weight_decay, cfg.head_lr_scale)
     params = [p for p in model.parameters() if p.requires_grad]
     if cfg.loss == "listwise":
         per_epoch = max(1, sum(len(e.positives) for e in train) // cfg.batch_size)
@@ -355,7 +375,8 @@ def train_reranker(cfg: RerankerTrainConfig) -> RerankerTrainResult:
             enc = model.encode_pairs(queries, texts).model_inputs(device)
             progress = max(step / total, run.elapsed / cfg.time_budget if cfg.time_budget else 0.0)
             factor = lr_factor(progress, warmup=cfg.warmup)
-            set_lr(opt, cfg.lr, factor)
+            for group in opt.param_groups:
+                group["lr"] = cfg.lr * factor * group["lr_scale"]
             with autocast(device, model.bf16):
                 logits = model(**enc).float()  # (N,)
             if labels is None:

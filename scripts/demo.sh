@@ -16,7 +16,7 @@ RERANKER=${RERANKER:-}
 if [ -f "$IDX/manifest.json" ]; then
   echo "== using the cached index $IDX (delete it to rebuild)"
 else
-  echo "== building $IDX from $CORPUS (all-MiniLM-L6-v2 + BM25; about a minute on 2 CPU cores)"
+  echo "== building $IDX from $CORPUS (all-MiniLM-L6-v2 + BM25; a few minutes on 2 CPU cores)"
   mkdir -p "$(dirname "$IDX")"
   "$PY" -m retrieval index build --corpus "$CORPUS" --out "$IDX" --bm25
 fi
@@ -44,6 +44,7 @@ found = 0
 for r in results:
     ranks = [h["rank"] for h in r["hits"] if h["id"] in relevant[r["qid"]]]
     found += bool(ranks)
-    print(f"claim {r[\"qid\"]:>5}: evidence abstract at rank {ranks[0] if ranks else \"> 3\"}")
-print(f"{found} of {len(results)} claims have an evidence abstract in the top 3")
+    where = ranks[0] if ranks else "> 3"
+    print("claim %5s: evidence abstract at rank %s" % (r["qid"], where))
+print("%d of %d claims have an evidence abstract in the top 3" % (found, len(results)))
 ' "$QUERIES"

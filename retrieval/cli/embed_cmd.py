@@ -30,7 +30,10 @@ def register(subparsers) -> None:
                    help="default: the model's 1_Pooling/config.json, else mean")
     p.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None,
                    help="L2-normalise (default: whether modules.json has a Normalize module)")
-    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="texts per batch (default: as many as fit in --batch-tokens)")
+    p.add_argument("--batch-tokens", type=int, default=None,
+                   help="padded tokens per batch when --batch-size is not given (default: 4096 CPU, 65536 GPU)")
     p.add_argument("--max-length", type=int, default=None,
                    help="token cap (default: sentence_bert_config.json max_seq_length, else the tokenizer's)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1")
@@ -81,8 +84,10 @@ def read_texts(path: str) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from retrieval.cli import CLIError
 
-    if args.batch_size < 1:
-        raise CLIError(f"--batch-size must be >= 1, got {args.batch_size}")
+    for flag in ("batch_size", "batch_tokens"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise CLIError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
     if args.max_length is not None and args.max_length < 2:
         raise CLIError(f"--max-length must be >= 2, got {args.max_length}")
     out_dir = os.path.dirname(os.path.abspath(args.out))
@@ -99,7 +104,8 @@ def run(args: argparse.Namespace) -> int:
     enc = SentenceEncoder.from_pretrained(model_dir, pooling=args.pooling, normalize=args.normalize,
                                           max_length=args.max_length, bf16=False if args.no_bf16 else "auto",
                                           device=args.device)
-    vecs = enc.encode(texts, batch_size=args.batch_size, progress=not args.no_progress)
+    vecs = enc.encode(texts, batch_size=args.batch_size, batch_tokens=args.batch_tokens,
+                      progress=not args.no_progress)
     with atomic_path(args.out) as tmp, open(tmp, "wb") as f:
         np.save(f, vecs)
     print(f"wrote {args.out}: {vecs.shape[0]} x {vecs.shape[1]} float32 (pooling={enc.pooling}, "

@@ -87,11 +87,10 @@ def _table(query: str, hits: list, reranked: bool, width: int = 100) -> str:
     lines = [f"query: {query}"]
     if not hits:
         return lines[0] + "\n  (no results)"
-    head = f"{'rank':>4}  {'score':>8}  {'recall':>11}  id"
-    lines.append(head)
+    lines.append(f"{'rank':>4}  {'score':>8}  {'recall':>11}  id" if reranked else f"{'rank':>4}  {'score':>8}  id")
     for h in hits:
-        recall = f"#{h.first_stage_rank} {h.first_stage_score:.3f}" if reranked else f"{h.first_stage_score:.3f}"
-        lines.append(f"{h.rank:>4}  {h.score:>8.3f}  {recall:>11}  {h.id}")
+        recall = f"  {f'#{h.first_stage_rank} {h.first_stage_score:.3f}':>11}" if reranked else ""
+        lines.append(f"{h.rank:>4}  {h.score:>8.3f}{recall}  {h.id}")
         body = f"{h.title} — {h.text}" if h.title else h.text
         lines.append(textwrap.shorten(body, width=width - 6, placeholder=" ...").join(["      ", ""]))
     return "\n".join(lines)

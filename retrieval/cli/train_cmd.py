@@ -138,7 +138,8 @@ def register(subparsers) -> None:
     p.add_argument("--model", default=None, metavar="DIR", help="default: all-MiniLM-L6-v2")
     p.add_argument("--corpus", default=None, metavar="FILE", help="default: the bundled SciFact sample")
     p.add_argument("--steps", type=int, default=None)
-    p.add_argument("--layers", type=int, default=None, help="keep only the first N encoder layers")
+    p.add_argument("--layers", type=int, default=None, help="keep only the first N encoder layers (default 3)")
+    p.add_argument("--lr", type=float, default=None, help="learning rate (default 3e-4)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run_demo)
@@ -265,7 +266,7 @@ def run_demo(args) -> int:
     _check_out(args.out)
     from retrieval.demo_reranker import train_demo_reranker
 
-    kw = {k: v for k, v in (("steps", args.steps), ("layers", args.layers)) if v is not None}
+    kw = {k: v for k, v in (("steps", args.steps), ("layers", args.layers), ("lr", args.lr)) if v is not None}
     path = train_demo_reranker(args.out, model=args.model, corpus=args.corpus, seed=args.seed,
                                progress=not args.no_progress, **kw)
     print(json.dumps({"reranker": path}))

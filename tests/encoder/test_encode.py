@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from encoder.device import bf16_supported
-from encoder.encode import SentenceEncoder, encode_texts, inference_copy
+from encoder.encode import SentenceEncoder, batch_spans, encode_texts, inference_copy
 from encoder.pooling import cls_pool, max_pool, mean_pool, pool
 from encoder.sentence_config import SentenceConfig, read_sentence_config, write_sentence_config
 from retrieval.cli import main
@@ -57,10 +57,21 @@ def _one_by_one(model, tok, texts, pooling="mean", max_length=None):
 def test_encode_texts_rows_in_input_order_and_batch_invariant(tiny_model, pooling):
     model, tok = tiny_model
     want = _one_by_one(model, tok, TEXTS, pooling)
-    for bs in (1, 3, 64):
-        got = encode_texts(model, tok, TEXTS, batch_size=bs, pooling=pooling, bf16=False, progress=False)
+    threads = torch.get_num_threads()
+    for bs, workers in ((1, 1), (3, 2), (3, 3), (64, None), (None, None)):
+        got = encode_texts(model, tok, TEXTS, batch_size=bs, pooling=pooling, bf16=False, progress=False,
+                           workers=workers)
         assert got.dtype == np.float32 and got.shape == (len(TEXTS), 36)
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+        assert torch.get_num_threads() == threads  # concurrent batches restore torch's thread count
+
+
+def test_batch_spans_fixed_size_or_token_budget():
+    lengths = np.array([600, 256, 256, 100, 30, 10])  # sorted longest first
+    assert batch_spans(lengths, 4, None) == [(0, 4), (4, 6)]
+    # 512 tokens: the 600-token text alone, then 2 x 256, then the rest (5 x 100 fits).
+    assert batch_spans(lengths, None, 512) == [(0, 1), (1, 3), (3, 6)]
+    assert batch_spans(np.array([], dtype=int), None, 512) == []
 
 
 def test_encode_texts_normalize_truncation_and_empty(tiny_model):
@@ -156,6 +167,24 @@ def test_sentence_encoder_save_loads_in_sentence_transformers(tiny_model, tmp_pa
     b = again.tokenize(TEXTS)
     with torch.no_grad():
         np.testing.assert_allclose(again(b.input_ids, b.attention_mask).numpy(), want, atol=1e-5)
+
+
+def test_sentence_encoder_loads_older_layout_with_0_transformer_folder(tiny_model, tmp_path):
+    st = pytest.importorskip("sentence_transformers")
+    model, tok = tiny_model
+    SentenceEncoder(model, tok, pooling="max", max_length=24).save_pretrained(str(tmp_path / "flat"))
+    root = tmp_path / "old"
+    os.makedirs(root / "1_Pooling")
+    os.rename(tmp_path / "flat" / "1_Pooling" / "config.json", root / "1_Pooling" / "config.json")
+    modules = json.loads((tmp_path / "flat" / "modules.json").read_text())
+    modules[0]["path"] = "0_Transformer"
+    (root / "modules.json").write_text(json.dumps(modules))
+    os.remove(tmp_path / "flat" / "modules.json")
+    os.rename(tmp_path / "flat", root / "0_Transformer")  # sentence_bert_config.json moves with the weights
+    enc = SentenceEncoder.from_pretrained(str(root), bf16=False)
+    assert (enc.pooling, enc.max_length) == ("max", 24)
+    want = st.SentenceTransformer(str(root), device="cpu").encode(TEXTS)
+    np.testing.assert_allclose(enc.encode(TEXTS, progress=False), want, atol=1e-5)
 
 
 def test_sentence_encoder_defaults_without_st_files(tiny_model_dir):

@@ -81,7 +81,7 @@ def test_windows_overlap_by_doc_stride_and_map_back_to_the_context(tok):
         spans.append((full.index(ctx[0]), full.index(ctx[0]) + len(ctx)))
         assert sum(o is None for o in w.context_offsets) - 1 == q_len
     assert spans[0][0] == 0 and spans[-1][1] == len(full)
-    for (a0, a1), (b0, _) in zip(spans, spans[1:]):
+    for (_, a1), (b0, _) in zip(spans, spans[1:]):
         assert a1 - b0 == 6  # consecutive windows share doc_stride tokens
     # targets: windows holding the whole answer point at it, the others at [CLS]
     hits = [w for w in windows if w.start > 0]

@@ -95,5 +95,15 @@ def test_answer_cli_end_to_end(reader, tiny_dir, tmp_path, capsys):
     texts = {p["id"]: p["text"] for p in PASSAGES}
     for a in out["answers"]:
         assert texts[a["passage_id"]][a["start"]:a["end"]] == a["text"]
+    # the table for a person; an explicit "no answer" when the threshold rejects every passage
+    assert main(["answer", "--index", str(tmp_path / "idx"), "--reader", str(tmp_path / "reader"), "-k", "1",
+                 "when was the tower built"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "Q: when was the tower built" and "passage p" in lines[1] and "chars" in lines[1]
+    reader.info.null_threshold = -1e9
+    reader.save(str(tmp_path / "reader"))
+    assert main(["answer", "--index", str(tmp_path / "idx"), "--reader", str(tmp_path / "reader"), "who"]) == 0
+    assert capsys.readouterr().out.splitlines()[1] == "  no answer in the top passages"
+    reader.info.null_threshold = None
     assert main(["answer", "--index", str(tmp_path / "idx"), "--reader", str(tmp_path / "clf"), "who"]) == 2
     assert "needs a QA model" in capsys.readouterr().err
