@@ -26,7 +26,7 @@ _HF_IGNORED_KEYS = {
     "pooler_type", "tokenizer_class", "finetuning_task", "problem_type", "task_specific_params",
     "num_labels", "id2label", "label2id", "prefix", "decoder_start_token_id", "embedding_size",
     "is_encoder_decoder", "pruned_heads", "tie_encoder_decoder", "cross_attention_hidden_size",
-    "output_scores", "return_dict_in_generate", "pad_token_id",
+    "output_scores", "return_dict_in_generate", "sentence_transformers", "pad_token_id",
 }
 
 _REQUIRED_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")

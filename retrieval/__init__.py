@@ -3,6 +3,8 @@
 * ``DualEncoder`` — query and document towers (shared or separate), prefixes, fingerprint.
 * ``SearchPipeline`` — build / load an index directory, ``search`` (dense or hybrid recall,
   cross-encoder rerank) returning ``Hit``s, ``add`` / ``delete`` / ``save``.
+* ``CrossEncoder`` — (query, document) scoring in one input; ``train_reranker``, ``train_dual``,
+  ``mine_hard_negatives`` and the sentence-transformers exports train and ship the towers.
 * ``reciprocal_rank_fusion``, ``score_fusion`` — hybrid-search fusion, pure functions.
 
 Exports are imported lazily (PEP 562) so that ``twotower --help`` and the CLI's
@@ -15,6 +17,16 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
+    "CrossEncoder": "retrieval.cross_encoder",
+    "DualTrainConfig": "retrieval.train_dual",
+    "train_dual": "retrieval.train_dual",
+    "RerankerTrainConfig": "retrieval.train_reranker",
+    "train_reranker": "retrieval.train_reranker",
+    "mine_hard_negatives": "retrieval.mining",
+    "independent_crops": "retrieval.self_supervised",
+    "inverse_cloze": "retrieval.self_supervised",
+    "export_dual_encoder": "retrieval.export",
+    "export_reranker": "retrieval.export",
     "DualEncoder": "retrieval.dual_encoder",
     "EncoderMismatchError": "retrieval.manifest",
     "Hit": "retrieval.hit",
@@ -26,6 +38,16 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "CrossEncoder",
+    "DualTrainConfig",
+    "train_dual",
+    "RerankerTrainConfig",
+    "train_reranker",
+    "mine_hard_negatives",
+    "independent_crops",
+    "inverse_cloze",
+    "export_dual_encoder",
+    "export_reranker",
     "RRF_K",
     "DualEncoder",
     "EncoderMismatchError",

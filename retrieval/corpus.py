@@ -12,7 +12,8 @@ from __future__ import annotations
 import gzip
 import json
 import os
-from collections.abc import Iterable, Iterator
+import tempfile
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -146,3 +147,51 @@ def iter_chunks(path: str, chunk_size: int, skip_lines: set[int] | None = None) 
             chunk = []
     if chunk:
         yield chunk
+
+
+def resolve_duplicates(rows: list[Document], on_duplicate: str, existing: set[str] | frozenset[str]) -> list[Document]:
+    """Apply the duplicate policy to documents in memory (the same rules as `validate_corpus`).
+
+    "error" raises naming both positions; "skip" keeps the first copy (and what the index
+    holds); "replace" keeps the last copy (the caller replaces what the index holds).
+    """
+    if on_duplicate not in DUPLICATE_POLICIES:
+        raise ValueError(f"on_duplicate={on_duplicate!r}; choose one of {DUPLICATE_POLICIES}")
+    seen: dict[str, int] = {}
+    out: list[Document | None] = []
+    for i, d in enumerate(rows):
+        doc_id = d["id"]
+        if doc_id in seen or doc_id in existing:
+            if on_duplicate == "error":
+                where = f"docs[{seen[doc_id]}]" if doc_id in seen else "the index"
+                raise ValueError(f"docs[{i}]: duplicate document id {doc_id!r} (already in {where})")
+            if on_duplicate == "skip":
+                continue
+            if doc_id in seen:  # replace: the later copy wins
+                out[seen[doc_id]] = None
+        seen[doc_id] = len(out)
+        out.append(d)
+    return [d for d in out if d is not None]
+
+
+def write_corpus_file(docs: Iterable[Mapping[str, Any]], directory: str) -> str:
+    """Validate in-memory documents (errors name ``docs[i]``) and write them to a temp JSONL in `directory`.
+
+    Builds always read a file, twice (validate, then encode in chunks); this lets a
+    list of dicts take the same path.  The caller deletes the file.
+    """
+    os.makedirs(directory, exist_ok=True)
+    fd, path = tempfile.mkstemp(prefix=".corpus-", suffix=".jsonl", dir=directory)
+    try:
+        n = 0
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            for n, d in enumerate(docs, start=1):
+                doc = parse_document(d, f"docs[{n - 1}]")
+                f.write(json.dumps({"_id": doc["id"], "title": doc["title"], "text": doc["text"],
+                                    "metadata": doc["metadata"]}, ensure_ascii=False) + "\n")
+        if n == 0:
+            raise ValueError("no documents given (empty corpus)")
+    except BaseException:
+        os.unlink(path)
+        raise
+    return path

@@ -24,7 +24,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import tempfile
 import uuid
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
@@ -36,7 +35,14 @@ from encoder.atomic import fsync_dir
 from indexing import MISSING_ID, IndexStore, SearchResult, document_text
 from indexing.manifest import MANIFEST_NAME
 from retrieval.build import DEFAULT_SHARD_SIZE, build_index
-from retrieval.corpus import DUPLICATE_POLICIES, parse_document, validate_corpus
+from retrieval.corpus import (
+    DUPLICATE_POLICIES,
+    iter_chunks,
+    parse_document,
+    resolve_duplicates,
+    validate_corpus,
+    write_corpus_file,
+)
 from retrieval.dual_encoder import DualEncoder
 from retrieval.fusion import RRF_K, reciprocal_rank_fusion, score_fusion
 from retrieval.hit import Hit
@@ -146,17 +152,8 @@ class SearchPipeline:
         encoder = _load_encoder(model, bf16, device)
         model_dir = encoder.source
         tmp_corpus = None
-        if not isinstance(corpus, (str, os.PathLike)):
-            parent = os.path.dirname(os.path.abspath(directory))
-            os.makedirs(parent, exist_ok=True)
-            fd, tmp_corpus = tempfile.mkstemp(prefix=".corpus-", suffix=".jsonl", dir=parent)
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                import json
-
-                for i, d in enumerate(corpus):
-                    if not isinstance(d, Mapping):
-                        raise ValueError(f"docs[{i}]: expected a mapping with _id/text, got {type(d).__name__}")
-                    f.write(json.dumps(dict(d), ensure_ascii=False) + "\n")
+        if not isinstance(corpus, (str, os.PathLike)):  # documents in memory: validated, then spooled to disk
+            tmp_corpus = write_corpus_file(corpus, os.path.dirname(os.path.abspath(directory)))
             corpus_path = tmp_corpus
         else:
             corpus_path = os.fspath(corpus)
@@ -242,14 +239,12 @@ class SearchPipeline:
             raise ValueError(f"on_duplicate={on_duplicate!r}; choose one of {DUPLICATE_POLICIES}")
         existing = set(self.store.vectors.ids())
         if isinstance(docs, (str, os.PathLike)):
-            from retrieval.corpus import iter_chunks
-
             path = os.fspath(docs)
             plan = validate_corpus(path, on_duplicate, existing_ids=existing)
             chunks: Iterable[list] = iter_chunks(path, 4096, plan.skip_lines)
         else:
             rows = [parse_document(d, f"docs[{i}]") for i, d in enumerate(docs)]
-            rows = _resolve_duplicates(rows, on_duplicate, existing)
+            rows = resolve_duplicates(rows, on_duplicate, existing)
             chunks = [rows[s:s + 4096] for s in range(0, len(rows), 4096)]
         added = 0
         try:
@@ -480,25 +475,6 @@ def _fuse(
     else:
         fused = score_fusion([d_score, b_score], weights=weights, normalization=fusion, limit=limit)
     return [(d, float(s), r, d_score.get(d), b_score.get(d)) for r, (d, s) in enumerate(fused, start=1)]
-
-
-def _resolve_duplicates(rows: list, on_duplicate: str, existing: set[str]) -> list:
-    """Apply the duplicate policy to in-memory documents (same rules as `validate_corpus`)."""
-    seen: dict[str, int] = {}
-    out: list = []
-    for i, d in enumerate(rows):
-        doc_id = d["id"]
-        if doc_id in seen or doc_id in existing:
-            if on_duplicate == "error":
-                where = f"docs[{seen[doc_id]}]" if doc_id in seen else "the index"
-                raise ValueError(f"docs[{i}]: duplicate document id {doc_id!r} (already in {where})")
-            if on_duplicate == "skip":
-                continue
-            if doc_id in seen:  # replace: the later copy wins
-                out[seen[doc_id]] = None
-        seen[doc_id] = len(out)
-        out.append(d)
-    return [d for d in out if d is not None]
 
 
 def _copy_generation(store: IndexStore, target: str) -> None:

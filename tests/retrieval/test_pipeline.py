@@ -254,6 +254,14 @@ def test_build_from_documents_and_ivf(tmp_path, encoder):
     assert not list(tmp_path.glob(".corpus-*"))  # the temporary corpus file is gone
 
 
+def test_bad_in_memory_documents_are_named_by_position(tmp_path, encoder):
+    with pytest.raises(ValueError, match=r"docs\[1\]: missing string field 'text'"):
+        SearchPipeline.build([{"_id": "a", "text": "tea"}, {"_id": "b"}], tmp_path / "idx", encoder, progress=False)
+    with pytest.raises(ValueError, match="no documents given"):
+        SearchPipeline.build([], tmp_path / "idx", encoder, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
 def test_build_refuses_existing_directory(tmp_path, encoder, docs):
     out = tmp_path / "idx"
     out.mkdir()

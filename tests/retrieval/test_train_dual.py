@@ -58,14 +58,30 @@ def _cfg(tmp_path, **kw):
     return DualTrainConfig(**{**base, **kw})
 
 
+def _full_batch_loss(model_dir: str) -> float:
+    """InfoNCE of every training query against every training positive (fixed, deterministic)."""
+    import torch
+
+    from retrieval.dual_encoder import DualEncoder
+    from retrieval.losses import info_nce
+    from retrieval.training_data import read_beir_training
+
+    data = read_beir_training(tiny_beir_dir(), "train")
+    dual = DualEncoder.from_pretrained(model_dir, bf16=False, normalize=True)
+    q = torch.from_numpy(dual.encode_queries([e.query for e in data.examples]))
+    d = torch.from_numpy(dual.encode_documents([data.corpus[e.positives[0]] for e in data.examples]))
+    return float(info_nce(q, d, temperature=0.05))
+
+
 def test_training_reduces_the_loss_and_writes_the_run(tmp_path):
-    res = train_dual(_cfg(tmp_path, max_steps=16, eval_every=8, mine="bm25", symmetric=True, doc_max_length=32))
+    res = train_dual(_cfg(tmp_path, max_steps=16, eval_every=8, mine="bm25", symmetric=True, doc_max_length=32,
+                          normalize=True, save_last=True))
     out = str(tmp_path / "run")
     records = [json.loads(x) for x in open(os.path.join(out, "train_log.jsonl"))]
-    losses = [r["loss"] for r in records if r["event"] == "step"]
-    assert len(losses) == 16
-    assert sum(losses[-4:]) / 4 < sum(losses[:4]) / 4
+    assert len([r for r in records if r["event"] == "step"]) == 16
     assert [r["step"] for r in records if r["event"] == "eval"] == [0, 8, 16]
+    # per-step losses are too noisy on a random tiny model; the loss over all training pairs is not
+    assert _full_batch_loss(os.path.join(out, "last")) < 0.9 * _full_batch_loss(tiny_model_dir())
     for name in ("dev_ndcg.png", "summary.json", "negatives.jsonl", "best/modules.json"):
         assert os.path.exists(os.path.join(out, name)), name
     summary = json.load(open(os.path.join(out, "summary.json")))
