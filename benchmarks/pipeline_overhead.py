@@ -1,8 +1,9 @@
 """Search overhead of SearchPipeline (dense only) over raw FAISS on the same index, queries pre-encoded.
 
 Both sides search the same vector file: "raw" is ``faiss.read_index`` on it
-(stock FAISS reads our file; the id trailer is ignored) and one batched
-``index.search(queries, k)``; "pipeline" is ``SearchPipeline.search_vectors``,
+(stock FAISS reads our file; the id trailer is ignored), opened memory-mapped as
+the pipeline opens it, and one batched ``index.search(queries, k)`` (a plain
+heap-loaded copy is timed too, ``raw_faiss_heap_ms``); "pipeline" is ``SearchPipeline.search_vectors``,
 which adds the string-id mapping and `Hit` construction, measured twice: with
 ``fetch_documents=False`` (ids and scores, what evaluation runs need: the
 like-for-like comparison with FAISS, which returns only labels and scores) and
@@ -12,8 +13,13 @@ sides (pre-encoded, normalised).  Best of ``--repeats`` timings, same thread cou
     .venv/bin/python benchmarks/pipeline_overhead.py --index runs/scifact-minilm --queries 1000
 
 The queries are the first 1,000 SciFact queries (train + test) encoded with the
-index's own model; with ``--random-queries`` they are random unit vectors instead
-(for indexes without a natural query set).
+index's own model; ``--query-vectors FILE.npy`` takes pre-encoded ones instead (e.g.
+the Gutenberg queries of ``ann_recall.py`` for its 200k index), ``--random-queries``
+random unit vectors.
+
+    .venv/bin/python benchmarks/ann_recall.py pipeline-index --n 200000
+    .venv/bin/python benchmarks/pipeline_overhead.py --index runs/ann/pipeline-200000 \
+        --query-vectors runs/ann/queries.npy --threads 1 --clock cpu
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ def main() -> None:
     ap.add_argument("--data", default=os.path.join(REPO, "..", "shared", "data", "beir-scifact"))
     ap.add_argument("--queries", type=int, default=1000)
     ap.add_argument("--random-queries", action="store_true")
+    ap.add_argument("--query-vectors", help="pre-encoded queries (.npy, (Q, D)) instead of SciFact queries")
     ap.add_argument("-k", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--threads", type=int, default=2)
@@ -64,7 +71,9 @@ def main() -> None:
 
     faiss.omp_set_num_threads(args.threads)
     with SearchPipeline.load(args.index, use_default_reranker=False) as pipe:
-        if args.random_queries:
+        if args.query_vectors:
+            q = np.load(args.query_vectors)[: args.queries]
+        elif args.random_queries:
             q = np.random.default_rng(0).standard_normal((args.queries, pipe.encoder.dim)).astype(np.float32)
         else:
             with open(os.path.join(args.data, "queries.jsonl"), encoding="utf-8") as f:
@@ -72,10 +81,13 @@ def main() -> None:
             q = pipe.encoder.encode_queries(texts, batch_size=128)  # (Q, D)
         q = np.ascontiguousarray(q, dtype=np.float32)
         faiss.normalize_L2(q)
-        raw = faiss.read_index(os.path.join(pipe.directory, vectors_name(pipe.store.generation)))
-        if hasattr(faiss.downcast_index(raw), "hnsw"):
-            faiss.downcast_index(raw).hnsw.efSearch = max(128, args.k)
+        # Raw FAISS opens the file the way the pipeline does (memory-mapped storage), so both search the
+        # same bytes the same way; the default efSearch stored in the file (128) applies to both.
+        path = os.path.join(pipe.directory, vectors_name(pipe.store.generation))
+        raw = faiss.read_index(path, faiss.IO_FLAG_MMAP_IFC if pipe.store.vectors.is_mmapped else 0)
         raw_s = best_of(lambda: raw.search(q, args.k), args.repeats)
+        raw_heap = faiss.read_index(path)
+        raw_heap_s = best_of(lambda: raw_heap.search(q, args.k), args.repeats)
         pipe_s = best_of(lambda: pipe.search_vectors(q, k=args.k, fetch_documents=False), args.repeats)
         docs_s = best_of(lambda: pipe.search_vectors(q, k=args.k), args.repeats)
         # Where the pipeline's time goes: the vector search alone (string ids) and the document fetch.
@@ -87,6 +99,7 @@ def main() -> None:
     out = {
         "index": info["factory"], "documents": info["documents"], "queries": len(q), "k": args.k,
         "threads": args.threads, "clock": args.clock, "raw_faiss_ms": round(raw_s * 1e3, 2),
+        "raw_faiss_heap_ms": round(raw_heap_s * 1e3, 2),
         "pipeline_ids_scores_ms": round(pipe_s * 1e3, 2), "overhead_pct": round(100 * (pipe_s / raw_s - 1), 1),
         "pipeline_with_documents_ms": round(docs_s * 1e3, 2),
         "overhead_with_documents_pct": round(100 * (docs_s / raw_s - 1), 1),
