@@ -146,7 +146,7 @@ def cmd_run(args: argparse.Namespace) -> None:
     for n in sizes:
         vecs, ids = all_vecs[:n], ids_all[:n]
         out: dict = {"n": n}
-        for name, factory in (("flat", "Flat"), ("auto", None)):
+        for name, factory in (("flat", "Flat"), ("auto", args.factory)):
             before = rss_mb()
             t = time.perf_counter()
             index = VectorIndex.build(ids, vecs, factory=factory, metric="cosine")
@@ -161,11 +161,13 @@ def cmd_run(args: argparse.Namespace) -> None:
             out[name] = {"factory": index.factory, "build_s": round(build_s, 2), "rss_growth_mb": round(mem, 1),
                          "size_mb": round(size_mb, 1), "qps_batch": round(qps_b, 1), "qps_single": round(qps_s, 1),
                          "ids": found, "ids_single": found_s}
-            if name == "auto" and index.kind == "hnsw":
-                for ef in [int(e) for e in args.ef.split(",")]:
-                    qb, got = _qps(index, queries, args.k, args.repeats, single=False, ef_search=ef)
-                    qs, _ = _qps(index, queries, args.k, args.single_repeats, single=True, ef_search=ef)
-                    sweeps.append({"n": n, "ef_search": ef, "recall_at_10": round(_recall(got, out["flat"]["ids"]), 4),
+            if name == "auto" and index.kind in ("hnsw", "ivf"):
+                knob = "ef_search" if index.kind == "hnsw" else "nprobe"
+                for ef in [int(e) for e in (args.ef if index.kind == "hnsw" else args.nprobe).split(",")]:
+                    qb, got = _qps(index, queries, args.k, args.repeats, single=False, **{knob: ef})
+                    qs, _ = _qps(index, queries, args.k, args.single_repeats, single=True, **{knob: ef})
+                    sweeps.append({"n": n, "factory": index.factory, knob: ef,
+                                   "recall_at_10": round(_recall(got, out["flat"]["ids"]), 4),
                                    "qps_batch": round(qb, 1), "speedup_batch": round(qb / out["flat"]["qps_batch"], 2),
                                    "qps_single": round(qs, 1),
                                    "speedup_single": round(qs / out["flat"]["qps_single"], 2)})
@@ -198,10 +200,12 @@ def cmd_run(args: argparse.Namespace) -> None:
                   f"| {x['qps_batch']:,} | {x['qps_single']:,} | {rec} | {sb} | {ss} |")
     if sweeps:
         print()
-        print("| n | efSearch | recall@10 vs Flat | QPS batch | speed-up batch | QPS single | speed-up single |")
-        print("|---|---|---|---|---|---|---|")
+        print("| n | index | efSearch / nprobe | recall@10 vs Flat | QPS batch | speed-up batch | QPS single "
+              "| speed-up single |")
+        print("|---|---|---|---|---|---|---|---|")
         for w in sweeps:
-            print(f"| {w['n']:,} | {w['ef_search']} | {w['recall_at_10']:.4f} | {w['qps_batch']:,} "
+            knob = w.get("ef_search", w.get("nprobe"))
+            print(f"| {w['n']:,} | {w['factory']} | {knob} | {w['recall_at_10']:.4f} | {w['qps_batch']:,} "
                   f"| {w['speedup_batch']:.2f}x | {w['qps_single']:,} | {w['speedup_single']:.2f}x |")
 
 
@@ -259,6 +263,9 @@ def main() -> None:
     r.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                    help="time QPS by wall clock or by this process's CPU seconds (steadier on a shared machine)")
     r.add_argument("--ef", default="32,64,128,256", help="efSearch values to sweep for an HNSW auto index")
+    r.add_argument("--factory", default=None,
+                   help="compare this factory string instead of the automatic choice (e.g. IVF2048,Flat)")
+    r.add_argument("--nprobe", default="8,16,32,64", help="nprobe values to sweep for an IVF index")
     pi = sub.add_parser("pipeline-index", help="a SearchPipeline index over the cached embeddings")
     pi.add_argument("--n", type=int, default=200_000)
     for p in (e, r, pi):

@@ -36,6 +36,22 @@ from .search_result import SearchResult, empty_result
 if TYPE_CHECKING:  # bm25s pulls in scipy (~1 s): imported on first use, not with the package
     import bm25s
 
+
+def _import_bm25s():
+    """Import bm25s and undo its logger's hard-coded DEBUG level, so its per-call debug lines stay quiet.
+
+    (bm25s sets ``logging.getLogger("bm25s").setLevel(DEBUG)`` at import; with any root handler
+    configured, e.g. by our CLI, every search then printed "Building index from IDs".)
+    """
+    import logging
+
+    import bm25s
+
+    log = logging.getLogger("bm25s")
+    if log.level == logging.DEBUG:
+        log.setLevel(logging.NOTSET)  # inherit the application's level
+    return bm25s
+
 FORMAT_NAME = "twotower-bm25"
 FORMAT_VERSION = 1
 
@@ -84,8 +100,9 @@ class BM25:
         self._built_ids: list[str] = []
 
     def _make_tokenizer(self) -> bm25s.tokenization.Tokenizer:
-        import bm25s
         import Stemmer
+
+        bm25s = _import_bm25s()
 
         stem = Stemmer.Stemmer(self.stemmer) if self.stemmer else None
         return bm25s.tokenization.Tokenizer(lower=True, stopwords=self.stopwords or [], stemmer=stem)
@@ -151,8 +168,7 @@ class BM25:
 
     def _ensure_built(self) -> bm25s.BM25:
         if self._retriever is None:
-            import bm25s
-
+            bm25s = _import_bm25s()
             self._compact()
             retriever = bm25s.BM25(k1=self.k1, b=self.b, method=self.method)
             vocab = dict(self._tokenizer.get_vocab_dict())  # token -> id, ids 0..V-1

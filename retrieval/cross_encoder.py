@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from encoder.atomic import atomic_write_text
 from encoder.checkpoint import (
     CONFIG_NAME,
     WEIGHTS_NAME,
@@ -45,6 +46,7 @@ from encoder.config import EncoderConfig
 from encoder.device import default_device, resolve_bf16
 from encoder.model import BertModel, BertPooler
 from encoder.tokenizer import Tokenizer
+from retrieval.interpolation import ALPHA_FILE, read_alpha
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +95,9 @@ class CrossEncoder(nn.Module):
         nn.init.normal_(self.classifier.weight, std=config.initializer_range)
         nn.init.zeros_(self.classifier.bias)
         self.tokenizer = tokenizer
+        # The dev-chosen weight of this reranker's scores against the first stage's (retrieval.interpolation);
+        # None = pure reranking. Loaded from / saved to ALPHA_FILE next to the weights.
+        self.interpolation: float | None = None
         # Not a registered submodule (it shares the parameters above); the key of the bf16 inference copy.
         object.__setattr__(self, "_scorer", _Scorer(self.bert, self.dropout, self.classifier))
         cap = config.max_position_embeddings
@@ -150,6 +155,7 @@ class CrossEncoder(nn.Module):
         model = cls(bert, tokenizer, max_length=max_length, device="cpu", bf16=False)
         head = {"weight": rest["classifier.weight"], "bias": rest["classifier.bias"]}
         load_into(model.classifier, head, source=os.path.join(directory, WEIGHTS_NAME))
+        model.interpolation = read_alpha(directory)
         return model._place(device, bf16)
 
     @classmethod
@@ -316,6 +322,8 @@ class CrossEncoder(nn.Module):
             )
         finally:
             tok.model_max_length = saved_max
+        if self.interpolation is not None:
+            atomic_write_text(os.path.join(directory, ALPHA_FILE), json.dumps({"alpha": self.interpolation}) + "\n")
 
 
 def _num_labels(config: EncoderConfig) -> int | None:

@@ -46,6 +46,7 @@ from retrieval.corpus import (
 from retrieval.dual_encoder import DualEncoder
 from retrieval.fusion import RRF_K, reciprocal_rank_fusion, score_fusion
 from retrieval.hit import Hit
+from retrieval.interpolation import interpolate
 from retrieval.manifest import (
     PIPELINE_FORMAT,
     PIPELINE_KEY,
@@ -289,6 +290,7 @@ class SearchPipeline:
         batch_size: int = 64,
         progress: bool = False,
         fetch_documents: bool = True,
+        rerank_alpha: float | None = None,
     ) -> list[Hit] | list[list[Hit]]:
         """Top-`k` hits for one query (a list of Hit) or for each of several (a list of lists).
 
@@ -301,6 +303,9 @@ class SearchPipeline:
                 normalised score fusion; `weights` are (dense, bm25).
             fetch_documents: attach title and text (False: they are None; for runs that
                 only need ids and scores, e.g. evaluation, this skips the SQLite reads).
+            rerank_alpha: final = alpha * z(rerank) + (1 - alpha) * z(first stage) per query
+                (`retrieval.interpolation`); None = the weight chosen on dev and stored with
+                the reranker, else 1.0 (pure reranking). Hit.rerank_score stays the raw score.
         Queries longer than the query encoder's maximum are truncated, with a warning.
         """
         single = isinstance(query, str)
@@ -323,10 +328,12 @@ class SearchPipeline:
             ]
         else:
             candidates = _first_stage(dense)
-        rerank_scores = None
+        rerank_scores = final_scores = None
         if rerank and self.reranker is not None:
-            candidates, rerank_scores = self._rerank(queries, candidates, k, batch_size, progress)
-        hits = self._hits(candidates, k, rerank_scores, fetch_documents)
+            alpha = self.rerank_alpha(rerank_alpha)
+            candidates, rerank_scores, final_scores = self._rerank(queries, candidates, k, batch_size, progress,
+                                                                   alpha)
+        hits = self._hits(candidates, k, rerank_scores, fetch_documents, final_scores)
         return hits[0] if single else hits
 
     def search_vectors(
@@ -356,11 +363,14 @@ class SearchPipeline:
             )
 
     def _rerank(
-        self, queries: list[str], candidates: list[list[tuple]], k: int, batch_size: int, progress: bool
-    ) -> tuple[list[list[tuple]], list[list[float]]]:
+        self, queries: list[str], candidates: list[list[tuple]], k: int, batch_size: int, progress: bool,
+        alpha: float = 1.0,
+    ) -> tuple[list[list[tuple]], list[list[float]], list[list[float]]]:
         """Score every (query, candidate) pair with the cross-encoder; keep the best k per query.
 
-        Ties in the rerank score keep the first-stage order.
+        Returns (candidates, cross-encoder scores, final scores).  With ``alpha < 1`` the final score
+        mixes the z-normalised cross-encoder and first-stage scores (`retrieval.interpolation`).
+        Ties keep the first-stage order.
         """
         wanted = list(dict.fromkeys(c[0] for cands in candidates for c in cands))
         docs = dict(zip(wanted, self.store.get(wanted)))
@@ -368,14 +378,24 @@ class SearchPipeline:
         scores = np.asarray(self.reranker.predict(pairs, batch_size=batch_size, progress=progress), dtype=np.float64)
         if scores.shape != (len(pairs),):
             raise ValueError(f"reranker returned {scores.shape} scores for {len(pairs)} pairs")
-        out_c, out_s, pos = [], [], 0
+        out_c, out_s, out_f, pos = [], [], [], 0
         for cands in candidates:
             s = scores[pos:pos + len(cands)]
             pos += len(cands)
-            order = sorted(range(len(cands)), key=lambda j: (-s[j], cands[j][2]))[:k]
+            final = s if alpha == 1.0 else interpolate(s, np.array([c[1] for c in cands]), alpha)
+            order = sorted(range(len(cands)), key=lambda j: (-final[j], cands[j][2]))[:k]
             out_c.append([cands[j] for j in order])
             out_s.append([float(s[j]) for j in order])
-        return out_c, out_s
+            out_f.append([float(final[j]) for j in order])
+        return out_c, out_s, out_f
+
+    def rerank_alpha(self, override: float | None = None) -> float:
+        """The interpolation weight a search uses: `override`, else the reranker's stored one, else 1.0."""
+        alpha = override if override is not None else getattr(self.reranker, "interpolation", None)
+        alpha = 1.0 if alpha is None else float(alpha)
+        if not 0.0 <= alpha <= 1.0:
+            raise ValueError(f"rerank_alpha must be in [0, 1], got {alpha}")
+        return alpha
 
     def _hits(
         self,
@@ -383,6 +403,7 @@ class SearchPipeline:
         k: int,
         rerank_scores: list[list[float]] | None,
         fetch_documents: bool,
+        final_scores: list[list[float]] | None = None,
     ) -> list[list[Hit]]:
         """Cut each list to k and turn (id, score, rank, dense, bm25) candidates into Hits with their documents."""
         candidates = [cands[:k] for cands in candidates]
@@ -393,12 +414,13 @@ class SearchPipeline:
         out: list[list[Hit]] = []
         for qi, cands in enumerate(candidates):
             rr = rerank_scores[qi] if rerank_scores is not None else None
+            ff = final_scores[qi] if final_scores is not None else rr
             hits = []
             for j, (doc_id, score, rank, dense, bm25) in enumerate(cands):
                 d = docs.get(doc_id)
                 r = rr[j] if rr is not None else None
                 hits.append(Hit(doc_id, d["title"] if d else None, d["text"] if d else None, j + 1,
-                                r if r is not None else score, score, rank, r, dense, bm25))
+                                ff[j] if ff is not None else score, score, rank, r, dense, bm25))
             out.append(hits)
         return out
 

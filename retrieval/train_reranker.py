@@ -23,6 +23,7 @@ and the summary says why.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -34,10 +35,12 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
+from encoder.atomic import atomic_write_text
 from encoder.device import autocast, default_device
 from encoder.optim import lr_factor, param_groups
 from retrieval.cross_encoder import CrossEncoder
 from retrieval.export import write_training_args
+from retrieval.interpolation import ALPHA_FILE, choose_alpha
 from retrieval.losses.listwise import listwise_ce
 from retrieval.losses.pointwise import pointwise_bce
 from retrieval.training_data import (
@@ -328,7 +331,10 @@ def train_reranker(cfg: RerankerTrainConfig) -> RerankerTrainResult:
                                       batch_size=cfg.eval_batch_size, progress=cfg.progress)
         metrics = ndcg_at_10(reranked, dev_qrels)
         spread = float(np.std(scores)) if len(scores) else 0.0
-        run.log("eval", step=step, score_std=spread, rerank_k=cfg.dev_rerank_k, **metrics)
+        alpha, curve = choose_alpha(reranked, first, dev_qrels)
+        last_alpha.update(alpha=alpha, curve=curve)
+        run.log("eval", step=step, score_std=spread, rerank_k=cfg.dev_rerank_k, **metrics,
+                interpolation_alpha=alpha, interpolated_ndcg10=curve[alpha])
         run.plot(title=f"reranker: dev nDCG@10 of first-stage top-{cfg.dev_rerank_k} ({len(dev)} queries)")
         model.train()
         if step > 0 and spread < cfg.collapse_std:
@@ -337,12 +343,18 @@ def train_reranker(cfg: RerankerTrainConfig) -> RerankerTrainResult:
         return metrics["ndcg@10"]
 
     best = {"score": -1.0, "step": -1, "dir": None}
+    last_alpha: dict = {}
 
     def consider(step: int, score: float) -> None:
         if score > best["score"]:
             def save(directory: str) -> None:
                 model.save_pretrained(directory)
                 write_training_args(directory, {**asdict(cfg), "step": step, "dev_ndcg@10": score})
+                # The rerank/first-stage mix that was best on dev for *this* checkpoint (retrieval.interpolation).
+                atomic_write_text(os.path.join(directory, ALPHA_FILE), json.dumps({
+                    "alpha": last_alpha["alpha"], "chosen_on": f"dev nDCG@10 of the first stage's top-"
+                    f"{cfg.dev_rerank_k} ({len(dev)} queries, first stage {cfg.first_stage or 'bm25'})",
+                    "dev_ndcg@10_by_alpha": {str(a): v for a, v in last_alpha["curve"].items()}}, indent=2) + "\n")
 
             best.update(score=score, step=step, dir=run.save_checkpoint("best", save))
 

@@ -21,6 +21,7 @@ the trainers log and report; malformed input raises with ``file:line``.
 from __future__ import annotations
 
 import csv
+import gzip
 import hashlib
 import json
 import math
@@ -129,7 +130,8 @@ def read_corpus(path: str) -> dict[str, str]:
 def _json_lines(path: str) -> Iterator[tuple[int, dict]]:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"training file not found: {path}")
-    with open(path, encoding="utf-8") as f:
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -261,8 +263,8 @@ def read_training(source: str, split: str = "train", corpus_path: str | None = N
         return read_beir_training(source, split=split, corpus=corpus)
     if not os.path.exists(source):
         raise FileNotFoundError(f"training data not found: {source}")
-    if not source.endswith((".jsonl", ".json")):
-        raise ValueError(f"{source}: expected a BEIR directory or a .jsonl file of {{query, pos, neg}}")
+    if not source.endswith((".jsonl", ".json", ".jsonl.gz")):
+        raise ValueError(f"{source}: expected a BEIR directory or a .jsonl(.gz) file of {{query, pos, neg}}")
     return read_jsonl_training(source, corpus=read_corpus(corpus_path) if corpus_path else None)
 
 

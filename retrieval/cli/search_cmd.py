@@ -33,6 +33,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--fusion", choices=["rrf", "minmax", "zscore"], default="rrf",
                    help="hybrid fusion: reciprocal rank (default, k=60) or normalised score sum")
     p.add_argument("--no-rerank", action="store_true", help="first-stage results only")
+    p.add_argument("--rerank-alpha", type=float, default=None, metavar="A",
+                   help="final = A * z(rerank) + (1 - A) * z(first stage) per query; default: the weight chosen "
+                        "on dev and stored with the reranker, else 1 (pure reranking)")
     p.add_argument("--json", action="store_true", help="print a JSON list: one {query, hits} object per query")
     p.add_argument("--queries", dest="queries_file", metavar="FILE",
                    help="queries.jsonl ({_id, text}) or .tsv (qid<TAB>text)")
@@ -129,7 +132,8 @@ def run_search(args: argparse.Namespace) -> int:
         for s in tqdm(range(0, len(items), QUERY_BATCH), desc="search", unit="batch", disable=not show):
             batch = [text for _, text in items[s:s + QUERY_BATCH]]
             results += pipe.search(batch, k=args.k, recall_k=args.recall_k, rerank=not args.no_rerank,
-                                   hybrid=args.hybrid, fusion=args.fusion, batch_size=args.batch_size)
+                                   hybrid=args.hybrid, fusion=args.fusion, batch_size=args.batch_size,
+                                   rerank_alpha=args.rerank_alpha)
     if args.run:
         from encoder.atomic import atomic_write_text
 

@@ -137,9 +137,12 @@ def register(subparsers) -> None:
     p.add_argument("--out", required=True, metavar="DIR")
     p.add_argument("--model", default=None, metavar="DIR", help="default: all-MiniLM-L6-v2")
     p.add_argument("--corpus", default=None, metavar="FILE", help="default: the bundled SciFact sample")
+    p.add_argument("--claims", default="bundled", metavar="FILE",
+                   help="{query, pos: [doc ids]} JSONL over --corpus; 'bundled' = SciFact train claims for the "
+                        "bundled sample; 'none' = self-supervised title/text pairs")
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--layers", type=int, default=None, help="keep only the first N encoder layers (default 3)")
-    p.add_argument("--lr", type=float, default=None, help="learning rate (default 3e-4)")
+    p.add_argument("--lr", type=float, default=None, help="learning rate (default 1e-4)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run_demo)
@@ -267,7 +270,8 @@ def run_demo(args) -> int:
     from retrieval.demo_reranker import train_demo_reranker
 
     kw = {k: v for k, v in (("steps", args.steps), ("layers", args.layers), ("lr", args.lr)) if v is not None}
-    path = train_demo_reranker(args.out, model=args.model, corpus=args.corpus, seed=args.seed,
+    claims = None if args.claims.lower() == "none" else args.claims
+    path = train_demo_reranker(args.out, model=args.model, corpus=args.corpus, claims=claims, seed=args.seed,
                                progress=not args.no_progress, **kw)
     print(json.dumps({"reranker": path}))
     return 0

@@ -167,3 +167,26 @@ def test_torchrun_two_processes_build_the_same_index(tmp_path):
     ids_one, vec_one = _vectors(tmp_path / "one")
     assert ids_two == ids_one == [f"d{i}" for i in range(70)]
     np.testing.assert_allclose(vec_two, vec_one, atol=1e-5)
+
+
+def test_search_rerank_alpha(built, tmp_path, capsys):
+    """--rerank-alpha 0 keeps the recall order under a reranker; out-of-range values are a clear error."""
+    import torch
+
+    from retrieval.cross_encoder import CrossEncoder
+
+    from .pipeline_fixtures import tiny_model_dir
+
+    ce = CrossEncoder.from_encoder(tiny_model_dir(), bf16=False, device="cpu")
+    with torch.no_grad():
+        torch.manual_seed(3)
+        ce.classifier.weight.normal_(0, 1.0)
+    ce.save_pretrained(str(tmp_path / "ce"))
+    base = ["search", "--index", str(built / "idx"), "-k", "8", "--recall-k", "8", "--json", "tea coffee milk"]
+    rc, out, _ = _run(capsys, *base, "--no-rerank")
+    recall = [h["id"] for h in json.loads(out)[0]["hits"]]
+    rc, out, _ = _run(capsys, *base, "--reranker", str(tmp_path / "ce"), "--rerank-alpha", "0")
+    hits = json.loads(out)[0]["hits"]
+    assert rc == 0 and [h["id"] for h in hits] == recall and all(h["rerank_score"] is not None for h in hits)
+    rc, _, err = _run(capsys, *base, "--reranker", str(tmp_path / "ce"), "--rerank-alpha", "2")
+    assert rc == 2 and "rerank_alpha" in err

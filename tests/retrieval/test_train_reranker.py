@@ -110,6 +110,48 @@ def test_demo_reranker_trains_once_then_is_cached(tmp_path, monkeypatch):
                                              progress=False) == path
 
 
+def test_demo_reranker_trains_on_labeled_claims(tmp_path):
+    """With a claims file the demo reranker learns from (claim, evidence id) pairs, negatives mined by BM25."""
+    import gzip
+
+    from retrieval import demo_reranker
+
+    corpus = _titled_corpus(tmp_path)
+    docs = [json.loads(x) for x in open(corpus)]
+    claims = tmp_path / "claims.jsonl.gz"
+    with gzip.open(claims, "wt", encoding="utf-8") as f:
+        for d in docs[:40]:
+            f.write(json.dumps({"query_id": f"q{d['_id']}", "query": d["title"], "pos": [d["_id"]]}) + "\n")
+    out = str(tmp_path / "demo")
+    path = demo_reranker.train_demo_reranker(out, model=tiny_model_dir(0.2), corpus=corpus, claims=str(claims),
+                                             steps=2, layers=2, progress=False)
+    assert os.path.isfile(os.path.join(path, "model.safetensors"))
+    # The trainer stores the rerank/first-stage weight it chose on dev with the checkpoint, and loading uses it.
+    from retrieval.cross_encoder import CrossEncoder
+    from retrieval.interpolation import ALPHA_GRID, read_alpha
+
+    alpha = read_alpha(path)
+    assert alpha in ALPHA_GRID and CrossEncoder.from_pretrained(path, bf16=False).interpolation == alpha
+    evals = [e for e in (json.loads(x) for x in open(os.path.join(out, "train_log.jsonl"))) if e["event"] == "eval"]
+    assert evals and all(e["interpolation_alpha"] in ALPHA_GRID for e in evals)
+    marker = json.load(open(os.path.join(out, demo_reranker.MARKER)))
+    assert marker["settings"]["claims"] == str(claims) and marker["settings"]["steps"] == 2
+    assert not os.path.exists(os.path.join(out, "title_abstract_pairs.jsonl"))
+    log = [json.loads(x) for x in open(os.path.join(out, "train_log.jsonl"))]
+    data = next(e for e in log if e["event"] == "data")
+    assert data["train_queries"] + data["dev_queries"] == 40
+
+
+def test_bundled_claims_point_into_the_bundled_sample():
+    """Every evidence id of the shipped train claims is a document of the shipped sample (nothing skipped)."""
+    from retrieval.demo_reranker import BUNDLED_CLAIMS, BUNDLED_CORPUS
+    from retrieval.training_data import read_training
+
+    data = read_training(BUNDLED_CLAIMS, corpus_path=BUNDLED_CORPUS)
+    assert len(data.examples) == 809 and not data.skipped
+    assert all(e.positives for e in data.examples)
+
+
 def test_cli_reranker_and_pairs(tmp_path, capsys):
     from retrieval.cli import main
 

@@ -1,0 +1,102 @@
+"""Rerank / first-stage score interpolation: the formula, the dev choice, storage, and the pipeline using it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from retrieval.interpolation import (
+    ALPHA_FILE,
+    choose_alpha,
+    interpolate,
+    interpolate_run,
+    read_alpha,
+    zscores,
+)
+
+
+def test_interpolate_matches_the_formula_by_hand():
+    r, f = np.array([3.0, 1.0, 2.0]), np.array([0.1, 0.3, 0.2])
+    zr = (r - 2.0) / np.sqrt(2.0 / 3.0)  # mean 2, population std sqrt(2/3)
+    zf = (f - 0.2) / np.sqrt(0.02 / 3.0)
+    np.testing.assert_allclose(interpolate(r, f, 0.3), 0.3 * zr + 0.7 * zf, atol=1e-12)
+    np.testing.assert_array_equal(interpolate(r, f, 1.0), r)  # pure reranking keeps the raw scores
+    assert list(np.argsort(-interpolate(r, f, 0.0))) == [1, 2, 0]  # alpha 0 = first-stage order
+    np.testing.assert_array_equal(zscores(np.array([5.0, 5.0])), [0.0, 0.0])  # constant: no information
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        interpolate(r, f, 1.5)
+
+
+def test_choose_alpha_follows_the_better_ranker():
+    qrels = {f"q{i}": {f"d{i}": 1} for i in range(6)}
+    docs = [f"d{i}" for i in range(6)]
+    good = {q: {d: (1.0 if d == next(iter(qrels[q])) else 0.1 * j) for j, d in enumerate(docs)} for q in qrels}
+    bad = {q: {d: -s for d, s in good[q].items()} for q in qrels}
+    alpha, curve = choose_alpha(good, bad, qrels)  # reranker right, first stage wrong
+    assert alpha == 1.0 and curve[1.0] == pytest.approx(1.0) and curve[0.0] < 0.5
+    alpha, curve = choose_alpha(bad, good, qrels)  # the other way round
+    assert alpha < 0.5 and curve[0.0] == pytest.approx(1.0)
+    assert interpolate_run({"q": {}}, {"q": {}}, 0.5) == {"q": {}}
+
+
+def test_read_alpha(tmp_path):
+    assert read_alpha(str(tmp_path)) is None
+    (tmp_path / ALPHA_FILE).write_text(json.dumps({"alpha": 0.4}))
+    assert read_alpha(str(tmp_path)) == 0.4
+    (tmp_path / ALPHA_FILE).write_text(json.dumps({"alpha": 2}))
+    with pytest.raises(ValueError, match=ALPHA_FILE):
+        read_alpha(str(tmp_path))
+    (tmp_path / ALPHA_FILE).write_text("not json")
+    with pytest.raises(ValueError, match=ALPHA_FILE):
+        read_alpha(str(tmp_path))
+
+
+def test_pipeline_applies_the_stored_alpha(tmp_path):
+    from indexing import document_text
+    from retrieval import SearchPipeline
+    from retrieval.cross_encoder import CrossEncoder
+
+    from .pipeline_fixtures import sentences, tiny_model_dir, write_corpus
+
+    docs = [{"_id": f"d{i}", "title": "", "text": t} for i, t in enumerate(sentences(30, seed=5))]
+    ce = CrossEncoder.from_encoder(tiny_model_dir(), bf16=False, device="cpu")
+    with torch.no_grad():
+        torch.manual_seed(3)
+        ce.classifier.weight.normal_(0, 1.0)
+    plain = str(tmp_path / "ce")
+    ce.save_pretrained(plain)
+    assert not os.path.exists(os.path.join(plain, ALPHA_FILE))
+    mixed = str(tmp_path / "ce-mixed")
+    shutil.copytree(plain, mixed)
+    (tmp_path / "ce-mixed" / ALPHA_FILE).write_text(json.dumps({"alpha": 0.0}))
+    loaded = CrossEncoder.from_pretrained(mixed, bf16=False, device="cpu")
+    assert loaded.interpolation == 0.0
+    loaded.save_pretrained(str(tmp_path / "ce-copy"))  # the weight travels with the checkpoint
+    assert read_alpha(str(tmp_path / "ce-copy")) == 0.0
+
+    corpus = write_corpus(str(tmp_path / "c.jsonl"), docs)
+    query = "coffee cup hot milk sugar"
+    SearchPipeline.build(corpus, tmp_path / "idx", tiny_model_dir(), progress=False).close()
+    with SearchPipeline.load(tmp_path / "idx", tiny_model_dir(), reranker=mixed, bf16=False) as pipe:
+        recall = pipe.search(query, k=10, recall_k=10, rerank=False)
+        assert pipe.rerank_alpha() == 0.0
+        kept = pipe.search(query, k=10, recall_k=10)  # stored alpha 0: the first-stage order, reranker scores kept
+        assert [h.id for h in kept] == [h.id for h in recall]
+        scores = ce.predict([(query, document_text({"title": h.title, "text": h.text})) for h in recall])
+        for h, s in zip(kept, scores):
+            assert h.rerank_score == pytest.approx(float(s), abs=1e-4)
+        pure = pipe.search(query, k=10, recall_k=10, rerank_alpha=1.0)  # an explicit override wins
+        assert [h.id for h in pure] == [recall[i].id for i in np.argsort(-scores, kind="stable")]
+        assert all(h.score == h.rerank_score for h in pure)
+        half = pipe.search(query, k=10, recall_k=10, rerank_alpha=0.5)
+        raw = {h.id: h.rerank_score for h in pure}  # the pipeline's own cross-encoder scores
+        want = interpolate(np.array([raw[h.id] for h in recall]), np.array([h.score for h in recall]), 0.5)
+        assert [h.id for h in half] == [recall[i].id for i in np.argsort(-want, kind="stable")]
+        assert [h.score for h in half] == pytest.approx(sorted(want.tolist(), reverse=True))
+        with pytest.raises(ValueError, match="rerank_alpha"):
+            pipe.search(query, rerank_alpha=-0.1)
