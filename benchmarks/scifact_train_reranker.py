@@ -23,7 +23,6 @@ import json
 import os
 import time
 
-import numpy as np
 from scifact_train_common import (
     DEFAULT_DATA,
     REPO,
@@ -60,20 +59,6 @@ def mine_from_run(run: dict, train_q: dict, train_qrels: dict, out: str, num: in
     return out
 
 
-def zscore(scores: dict) -> dict:
-    v = np.array(list(scores.values()), dtype=np.float64)
-    sd = v.std() or 1.0
-    return {d: (s - v.mean()) / sd for d, s in scores.items()}
-
-
-def interpolate(rerank: dict, first: dict, a: float) -> dict:
-    out = {}
-    for q, docs in rerank.items():
-        zr, zf = zscore(docs), zscore({d: first[q][d] for d in docs})
-        out[q] = {d: a * zr[d] + (1 - a) * zf[d] for d in docs}
-    return out
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default=DEFAULT_DATA)
@@ -96,6 +81,7 @@ def main() -> None:
 
     from retrieval.cross_encoder import CrossEncoder
     from retrieval.dev_eval import rerank_run
+    from retrieval.interpolation import choose_alpha, interpolate_run
     from retrieval.train_reranker import RerankerTrainConfig, train_reranker
 
     with open(os.path.join(args.dual_out, "results.json"), encoding="utf-8") as f:
@@ -140,12 +126,10 @@ def main() -> None:
         table[f"{split}/{first_name}"] = evaluate(first, qrels)
         table[f"{split}/rerank"] = evaluate(run, qrels)
         reranked[split], firsts[split] = run, first
-    grid = [round(a, 2) for a in np.arange(0.0, 1.01, 0.1)]
-    dev_curve = {a: evaluate(interpolate(reranked["dev"], firsts["dev"], a), dev_qrels)["ndcg@10"] for a in grid}
-    best_a = max(grid, key=lambda a: (dev_curve[a], a))
+    best_a, dev_curve = choose_alpha(reranked["dev"], firsts["dev"], dev_qrels)  # dev only, never test
     results["interpolation"] = {"dev_ndcg@10_by_a": dev_curve, "chosen_a": best_a}
     for split, qrels in (("dev", dev_qrels), ("test", test_qrels)):
-        run = interpolate(reranked[split], firsts[split], best_a)
+        run = interpolate_run(reranked[split], firsts[split], best_a)
         write_run(run, os.path.join(args.out, "runs", f"{split}_interpolated.trec"), tag="interp")
         table[f"{split}/interpolated"] = evaluate(run, qrels)
     results["metrics"] = table

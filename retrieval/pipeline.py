@@ -382,7 +382,7 @@ class SearchPipeline:
         for cands in candidates:
             s = scores[pos:pos + len(cands)]
             pos += len(cands)
-            final = s if alpha == 1.0 else interpolate(s, np.array([c[1] for c in cands]), alpha)
+            final = interpolate(s, np.array([c[1] for c in cands]), alpha)  # alpha 1: s itself
             order = sorted(range(len(cands)), key=lambda j: (-final[j], cands[j][2]))[:k]
             out_c.append([cands[j] for j in order])
             out_s.append([float(s[j]) for j in order])
@@ -414,7 +414,7 @@ class SearchPipeline:
         out: list[list[Hit]] = []
         for qi, cands in enumerate(candidates):
             rr = rerank_scores[qi] if rerank_scores is not None else None
-            ff = final_scores[qi] if final_scores is not None else rr
+            ff = final_scores[qi] if final_scores is not None else None  # set together with rr
             hits = []
             for j, (doc_id, score, rank, dense, bm25) in enumerate(cands):
                 d = docs.get(doc_id)

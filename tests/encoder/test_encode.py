@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 
@@ -15,6 +14,8 @@ from encoder.encode import SentenceEncoder, batch_spans, encode_texts, inference
 from encoder.pooling import cls_pool, max_pool, mean_pool, pool
 from encoder.sentence_config import SentenceConfig, read_sentence_config, write_sentence_config
 from retrieval.cli import main
+
+from .task_fixtures import one_thread
 
 TEXTS = ["the tea is cold", "hot", "", "paris is the capital of france and berlin is the capital of germany",
          "who wrote the book", "the quick brown fox jumps over the lazy dog " * 2, "cats", "the tower"]
@@ -44,21 +45,10 @@ def test_pooling_matches_sentence_transformers():
 
 
 # ---- encode_texts --------------------------------------------------------------------------------------
-@contextlib.contextmanager
-def _one_thread():
-    """Tiny forwards on one thread: on a busy shared machine two-thread barriers make them 100x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
 def _one_by_one(model, tok, texts, poolings=("mean",), max_length=None):
     """The obvious reference: each text alone, no padding, no sorting, no bf16. -> {pooling: (N, H)}"""
     rows = {p: [] for p in poolings}
-    with torch.no_grad(), _one_thread():
+    with torch.no_grad(), one_thread():
         for t in texts:
             b = tok.encode([t], max_length=max_length)
             h, _ = model(b.input_ids, b.attention_mask, return_pooled=False)
