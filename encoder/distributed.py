@@ -7,6 +7,7 @@ here is a no-op, so the same loop runs alone or replicated.
 
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 
@@ -58,5 +59,15 @@ def all_reduce_sum(values: list[float], info: DistInfo, device: torch.device | s
 
 
 def cleanup(info: DistInfo) -> None:
+    """Leave the process group so that gloo's worker threads are joined before the interpreter exits.
+
+    Why this order: a gloo worker thread drops its last reference to a finished collective's output tensors
+    after the caller has already returned; if that happens while Python is finalising, the thread cannot take
+    the GIL and the process aborts ("terminate called without an active exception", SIGABRT) although the work
+    succeeded. Autograd graphs that went through a differentiable all_gather keep the group alive, so they are
+    collected first; the barrier lets every rank finish its last collective before anyone tears down.
+    """
     if info.enabled and dist.is_initialized():
+        gc.collect()
+        dist.barrier()
         dist.destroy_process_group()

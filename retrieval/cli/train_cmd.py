@@ -157,22 +157,12 @@ def _budget(args) -> dict:
     return {"time_budget": parse_duration(args.time_budget), "eval_interval_s": parse_duration(args.eval_interval)}
 
 
-def _init_distributed() -> None:
-    """Join the process group when launched by torchrun (WORLD_SIZE > 1)."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        return
-    import torch
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-
-
 def run_dual(args) -> int:
     _check_out(args.out)
+    from encoder.distributed import cleanup, init_distributed
     from retrieval.train_dual import DualTrainConfig, train_dual
 
-    _init_distributed()
+    info = init_distributed()  # joins torchrun's group when WORLD_SIZE > 1
     cfg = DualTrainConfig(
         model=args.model, data=args.data, out=args.out, split=args.split, corpus=args.corpus,
         negatives=args.negatives, mine=None if (args.negatives or args.mine == "none") else args.mine,
@@ -189,6 +179,7 @@ def run_dual(args) -> int:
         dry_run=args.dry_run, **_budget(args),
     )
     res = train_dual(cfg)
+    cleanup(info)  # success path only: a barrier after one rank failed would just hang
     print(json.dumps({"best": res.best_dir, "best_step": res.best_step, "best_dev_ndcg@10": round(res.best_score, 4),
                       "initial_dev_ndcg@10": res.initial_score, "steps": res.steps, "skipped": res.skipped}))
     return 0

@@ -176,6 +176,7 @@ def test_gradcache_without_replay_would_differ(monkeypatch):
 def _worker(rank_id: int, world: int, init_file: str, out_dir: str) -> None:
     import torch.distributed as dist
 
+    from encoder.distributed import DistInfo, cleanup
     from retrieval.train_dual import contrastive_loss
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank_id, world_size=world)
@@ -189,7 +190,8 @@ def _worker(rank_id: int, world: int, init_file: str, out_dir: str) -> None:
     loss.backward()
     torch.save({"loss": loss.detach(), "grads": [t.grad / world for t in mine]},
                os.path.join(out_dir, f"rank{rank_id}.pt"))
-    dist.destroy_process_group()
+    del loss, mine  # the autograd graph holds the group; see encoder.distributed.cleanup
+    cleanup(DistInfo(world, rank_id, rank_id))
 
 
 def test_gathered_loss_equals_single_process_loss():
