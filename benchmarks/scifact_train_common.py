@@ -105,6 +105,24 @@ def rrf_run(a: dict, b: dict, k: int = 100) -> dict:
     return out
 
 
+def weighted_fusion_run(dense: dict, lexical: dict, w: float, k: int = 100) -> dict:
+    """Score fusion ``w * z(dense) + (1 - w) * z(BM25)`` per query over the union of both top-k lists."""
+    from retrieval.fusion import score_fusion
+
+    return {q: dict(score_fusion([dense[q], lexical.get(q, {})], weights=[w, 1.0 - w], normalization="zscore",
+                                 limit=k)) for q in dense}
+
+
+def choose_fusion_weight(dense: dict, lexical: dict, qrels: dict) -> tuple[float, dict[float, float]]:
+    """The dense weight (grid 0, 0.1, ..., 1) with the best nDCG@10 on the given (dev) queries; ties: less dense."""
+    curve = {}
+    for i in range(11):
+        w = i / 10
+        curve[w] = evaluate(weighted_fusion_run(dense, lexical, w), qrels)["ndcg@10"]
+    best = max(curve, key=lambda w: (curve[w], -w))
+    return best, curve
+
+
 def write_run(run: dict, path: str, tag: str) -> None:
     from eval.io.trec import write_trec_run
 

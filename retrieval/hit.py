@@ -6,13 +6,34 @@ cross-encoder lifted it to 1) and what lets evaluation compare recall-only and
 reranked runs from one search.
 
 A plain slotted dataclass (not frozen): a search builds thousands of these, and
-frozen dataclasses cost about three times as much to construct.
+frozen dataclasses cost about three times as much to construct.  `gc_paused`
+exists for the same reason: building 10,000 hits in a loop triggers dozens of
+young-generation collections that find nothing to free (~30 % of the cost).
 """
 
 from __future__ import annotations
 
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Suspend the cyclic garbage collector while a block allocates many short, acyclic objects.
+
+    Reference counting still frees everything as usual; only the cycle detector waits, and it
+    is re-enabled (if it was enabled) even when the block raises.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 @dataclass(slots=True)

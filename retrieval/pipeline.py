@@ -45,7 +45,7 @@ from retrieval.corpus import (
 )
 from retrieval.dual_encoder import DualEncoder
 from retrieval.fusion import RRF_K, reciprocal_rank_fusion, score_fusion
-from retrieval.hit import Hit
+from retrieval.hit import Hit, gc_paused
 from retrieval.interpolation import interpolate
 from retrieval.manifest import (
     PIPELINE_FORMAT,
@@ -346,8 +346,10 @@ class SearchPipeline:
         if fetch_documents:
             return self._hits(_first_stage(res), k, None, True)
         # The lean path (ids and scores only): Hits straight from the result arrays, no intermediate tuples.
-        return [[Hit(d, None, None, r, s, s, r) for r, (d, s) in enumerate(zip(ids, scores), start=1)
-                 if d != MISSING_ID] for ids, scores in zip(res.ids, res.scores.tolist())]
+        ranks = range(1, k + 1)
+        with gc_paused():
+            return [[Hit(d, None, None, r, s, s, r) for r, d, s in zip(ranks, ids, scores) if d != MISSING_ID]
+                    for ids, scores in zip(res.ids, res.scores.tolist())]
 
     def _warn_long(self, queries: list[str]) -> None:
         cap = self.encoder.query_max_length
@@ -411,6 +413,12 @@ class SearchPipeline:
         if fetch_documents:
             wanted = list(dict.fromkeys(c[0] for cands in candidates for c in cands))
             docs = dict(zip(wanted, self.store.get(wanted)))
+        with gc_paused():
+            return self._build_hits(candidates, docs, rerank_scores, final_scores)
+
+    @staticmethod
+    def _build_hits(candidates: list[list[tuple]], docs: dict[str, Any], rerank_scores: list[list[float]] | None,
+                    final_scores: list[list[float]] | None) -> list[list[Hit]]:
         out: list[list[Hit]] = []
         for qi, cands in enumerate(candidates):
             rr = rerank_scores[qi] if rerank_scores is not None else None

@@ -1,0 +1,46 @@
+"""SciFact test split by whether a claim's evidence was already a positive in train: how much of a gain is memory?
+
+181 of the 283 abstracts cited by test claims are also cited by train claims (196 of 300 test claims have
+at least one such abstract).  A model fine-tuned on train can therefore gain on test partly by learning
+*which documents* tend to be relevant, not only how to match claims to abstracts.  This script scores saved
+TREC runs separately on the two groups of test claims, so that the gain on claims with unseen evidence is
+visible on its own:
+
+    .venv/bin/python benchmarks/scifact_seen_evidence.py runs/scifact_dual_frozen_idle/runs/test_dense_base.trec \\
+        runs/scifact_dual_frozen_idle/runs/test_dense.trec
+
+Nothing here makes a choice; it only splits a report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from scifact_train_common import DEFAULT_DATA, evaluate, read_run
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("runs", nargs="+", help="TREC run files over the SciFact test claims")
+    ap.add_argument("--data", default=DEFAULT_DATA)
+    args = ap.parse_args()
+
+    from eval.io.beir import read_beir_qrels as read_qrels
+
+    train = read_qrels(os.path.join(args.data, "qrels", "train.tsv"))
+    test = read_qrels(os.path.join(args.data, "qrels", "test.tsv"))
+    seen_docs = {d for docs in train.values() for d, r in docs.items() if r > 0}
+    seen = {q: v for q, v in test.items() if any(d in seen_docs for d, r in v.items() if r > 0)}
+    unseen = {q: v for q, v in test.items() if q not in seen}
+    print(f"test claims: {len(test)}; evidence seen in train: {len(seen)}; unseen: {len(unseen)}")
+    print("| run | all | seen evidence | unseen evidence |")
+    print("|---|---|---|---|")
+    for path in args.runs:
+        run = read_run(path)
+        cells = [evaluate({q: run.get(q, {}) for q in group}, group)["ndcg@10"] for group in (test, seen, unseen)]
+        print(f"| {path} | " + " | ".join(f"{c:.4f}" for c in cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
