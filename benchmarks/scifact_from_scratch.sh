@@ -23,8 +23,8 @@ if [ ! -f "$OUT/tokenizer/tokenizer.json" ]; then
       --vocab-size 16000 --out "$OUT/tokenizer" --no-progress
 fi
 
-# 2. MLM pretraining from random weights (mini: 4 layers, hidden 256). The SciFact abstracts (~2M tokens) are
-#    listed twice next to Gutenberg (~15M tokens) so that about a fifth of the rows are in-domain.
+# 2. MLM pretraining from random weights (mini: 4 layers, hidden 256). The SciFact abstracts (1.7M tokens) are
+#    listed twice next to Gutenberg (14.5M tokens) so that about a fifth of the tokens are in-domain.
 if [ ! -f "$OUT/mlm/model.safetensors" ]; then
   stamp "mlm pretraining ${MLM_BUDGET:-25m}"
   $PY -m retrieval pretrain --corpus "$GUTENBERG/train.txt.gz" "$DATA/corpus.jsonl" "$DATA/corpus.jsonl" \
