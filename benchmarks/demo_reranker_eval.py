@@ -9,33 +9,31 @@ interpolation weight chosen on held-out train claims.
 """
 
 import argparse
-import csv
-import json
 import os
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from eval.io.beir import read_beir_qrels, read_beir_queries  # noqa: E402
 from eval.metrics import evaluate  # noqa: E402
 from retrieval import SearchPipeline  # noqa: E402
+from retrieval.interpolation import read_alpha  # noqa: E402
 
 ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 ap.add_argument("--data", default=os.path.join(REPO, "..", "shared", "data", "beir-scifact"))
 ap.add_argument("--index", default=os.path.join(REPO, ".cache", "demo-index"))
 ap.add_argument("--reranker", default=os.path.join(REPO, ".cache", "demo-reranker", "best"))
 args = ap.parse_args()
-data = args.data
-qs = {q["_id"]: q["text"] for q in map(json.loads, open(f"{data}/queries.jsonl"))}
-qrels = {}
-for r in csv.DictReader(open(f"{data}/qrels/test.tsv"), delimiter="\t"):
-    qrels.setdefault(r["query-id"], {})[r["corpus-id"]] = int(r["score"])
+qs = read_beir_queries(os.path.join(args.data, "queries.jsonl"))
+qrels = read_beir_qrels(os.path.join(args.data, "qrels", "test.tsv"))
 qids = sorted(qrels)
 texts = [qs[q] for q in qids]
+stored = read_alpha(args.reranker)  # the dev-chosen weight the demo applies by default
 out = {}
 with SearchPipeline.load(args.index, reranker=args.reranker) as pipe:
     for name, kw in (("dense", dict(rerank=False)), ("hybrid", dict(rerank=False, hybrid=True)),
-                     ("dense+rerank(alpha 0.3)", dict()), ("dense+rerank(alpha 1)", dict(rerank_alpha=1.0))):
+                     (f"dense+rerank(alpha {stored}, stored)", dict()), ("dense+rerank(alpha 1)", dict(rerank_alpha=1.0))):
         hits = pipe.search(texts, k=10, recall_k=100, fetch_documents=False, **kw)
         run = {q: {h.id: h.score for h in row} for q, row in zip(qids, hits)}
         out[name] = evaluate(run, qrels, ["ndcg@10", "recall@10"]).means

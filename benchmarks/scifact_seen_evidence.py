@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from scifact_train_common import DEFAULT_DATA, evaluate, read_run
+from scifact_train_common import DEFAULT_DATA, evaluate, load_splits, read_run
 
 
 def main() -> None:
@@ -33,7 +33,15 @@ def main() -> None:
     seen_docs = {d for docs in train.values() for d, r in docs.items() if r > 0}
     seen = {q: v for q, v in test.items() if any(d in seen_docs for d, r in v.items() if r > 0)}
     unseen = {q: v for q, v in test.items() if q not in seen}
+    test_docs = {d for v in test.values() for d, r in v.items() if r > 0}
+    print(f"abstracts cited by test claims: {len(test_docs)}, of them cited by train claims: "
+          f"{len(test_docs & seen_docs)}")
     print(f"test claims: {len(test)}; evidence seen in train: {len(seen)}; unseen: {len(unseen)}")
+    # The dev split the benchmarks carve out of train (seed 0) against the train claims that remain.
+    _, _, dev_qrels, _, _, _, rest = load_splits(args.data, with_train=True)
+    rest_docs = {d for v in rest.values() for d, r in v.items() if r > 0}
+    dev_seen = sum(any(d in rest_docs for d, r in v.items() if r > 0) for v in dev_qrels.values())
+    print(f"dev claims: {len(dev_qrels)}; evidence seen in the other {len(rest)} train claims: {dev_seen}")
     print("| run | all | seen evidence | unseen evidence |")
     print("|---|---|---|---|")
     for path in args.runs:

@@ -115,10 +115,9 @@ def weighted_fusion_run(dense: dict, lexical: dict, w: float, k: int = 100) -> d
 
 def choose_fusion_weight(dense: dict, lexical: dict, qrels: dict) -> tuple[float, dict[float, float]]:
     """The dense weight (grid 0, 0.1, ..., 1) with the best nDCG@10 on the given (dev) queries; ties: less dense."""
-    curve = {}
-    for i in range(11):
-        w = i / 10
-        curve[w] = evaluate(weighted_fusion_run(dense, lexical, w), qrels)["ndcg@10"]
+    from retrieval.interpolation import ALPHA_GRID
+
+    curve = {float(w): evaluate(weighted_fusion_run(dense, lexical, float(w)), qrels)["ndcg@10"] for w in ALPHA_GRID}
     best = max(curve, key=lambda w: (curve[w], -w))
     return best, curve
 

@@ -33,7 +33,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from encoder.atomic import atomic_write_text
 from encoder.checkpoint import (
     CONFIG_NAME,
     WEIGHTS_NAME,
@@ -46,7 +45,7 @@ from encoder.config import EncoderConfig
 from encoder.device import default_device, resolve_bf16
 from encoder.model import BertModel, BertPooler
 from encoder.tokenizer import Tokenizer
-from retrieval.interpolation import ALPHA_FILE, read_alpha
+from retrieval.interpolation import read_alpha, write_alpha
 
 logger = logging.getLogger(__name__)
 
@@ -323,7 +322,7 @@ class CrossEncoder(nn.Module):
         finally:
             tok.model_max_length = saved_max
         if self.interpolation is not None:
-            atomic_write_text(os.path.join(directory, ALPHA_FILE), json.dumps({"alpha": self.interpolation}) + "\n")
+            write_alpha(directory, self.interpolation)
 
 
 def _num_labels(config: EncoderConfig) -> int | None:

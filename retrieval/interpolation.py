@@ -73,6 +73,15 @@ def choose_alpha(rerank: Mapping[str, Mapping[str, float]], first: Mapping[str, 
     return best, curve
 
 
+def write_alpha(directory: str, alpha: float, **details) -> None:
+    """Store `alpha` (and optional JSON-ready details of how it was chosen) next to a reranker checkpoint."""
+    from encoder.atomic import atomic_write_text
+
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"interpolation weight alpha must be in [0, 1], got {alpha}")
+    atomic_write_text(os.path.join(directory, ALPHA_FILE), json.dumps({"alpha": alpha, **details}, indent=2) + "\n")
+
+
 def read_alpha(directory: str) -> float | None:
     """The dev-chosen alpha stored with a reranker checkpoint, or None when there is none."""
     path = os.path.join(directory, ALPHA_FILE)

@@ -35,12 +35,11 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from encoder.atomic import atomic_write_text
 from encoder.device import autocast, default_device
 from encoder.optim import lr_factor, param_groups
 from retrieval.cross_encoder import CrossEncoder
 from retrieval.export import write_training_args
-from retrieval.interpolation import ALPHA_FILE, choose_alpha
+from retrieval.interpolation import choose_alpha, write_alpha
 from retrieval.losses.listwise import listwise_ce
 from retrieval.losses.pointwise import pointwise_bce
 from retrieval.training_data import (
@@ -157,7 +156,6 @@ def load_reranker_data(cfg: RerankerTrainConfig) -> tuple[TrainingSet, PairSet |
 
 
 def _looks_like_pairs(path: str) -> bool:
-    import json
 
     with open(path, encoding="utf-8") as f:
         for line in f:
@@ -351,10 +349,10 @@ def train_reranker(cfg: RerankerTrainConfig) -> RerankerTrainResult:
                 model.save_pretrained(directory)
                 write_training_args(directory, {**asdict(cfg), "step": step, "dev_ndcg@10": score})
                 # The rerank/first-stage mix that was best on dev for *this* checkpoint (retrieval.interpolation).
-                atomic_write_text(os.path.join(directory, ALPHA_FILE), json.dumps({
-                    "alpha": last_alpha["alpha"], "chosen_on": f"dev nDCG@10 of the first stage's top-"
-                    f"{cfg.dev_rerank_k} ({len(dev)} queries, first stage {cfg.first_stage or 'bm25'})",
-                    "dev_ndcg@10_by_alpha": {str(a): v for a, v in last_alpha["curve"].items()}}, indent=2) + "\n")
+                write_alpha(directory, last_alpha["alpha"],
+                            chosen_on=f"dev nDCG@10 of the first stage's top-{cfg.dev_rerank_k} ({len(dev)} "
+                                      f"queries, first stage {cfg.first_stage or 'bm25'})",
+                            **{"dev_ndcg@10_by_alpha": {str(a): v for a, v in last_alpha["curve"].items()}})
 
             best.update(score=score, step=step, dir=run.save_checkpoint("best", save))
 

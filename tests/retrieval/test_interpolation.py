@@ -16,6 +16,7 @@ from retrieval.interpolation import (
     interpolate,
     interpolate_run,
     read_alpha,
+    write_alpha,
     zscores,
 )
 
@@ -54,6 +55,15 @@ def test_read_alpha(tmp_path):
     (tmp_path / ALPHA_FILE).write_text("not json")
     with pytest.raises(ValueError, match=ALPHA_FILE):
         read_alpha(str(tmp_path))
+
+
+def test_write_alpha_round_trips_with_details(tmp_path):
+    write_alpha(str(tmp_path), 0.3, chosen_on="dev")
+    assert read_alpha(str(tmp_path)) == 0.3
+    assert json.loads((tmp_path / ALPHA_FILE).read_text())["chosen_on"] == "dev"
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        write_alpha(str(tmp_path), -0.1)
+    assert read_alpha(str(tmp_path)) == 0.3  # the refused write left the stored value alone
 
 
 def test_pipeline_applies_the_stored_alpha(tmp_path):
