@@ -13,24 +13,15 @@ import gc
 import os
 import sys
 import time
-from typing import NamedTuple
+from collections import namedtuple
+from dataclasses import fields
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from retrieval.hit import Hit, gc_paused  # noqa: E402
 
-
-class HitTuple(NamedTuple):
-    id: str
-    title: str | None
-    text: str | None
-    rank: int
-    score: float
-    first_stage_score: float
-    first_stage_rank: int
-    rerank_score: float | None = None
-    dense_score: float | None = None
-    bm25_score: float | None = None
+# The same fields as Hit, as a tuple (derived, so the comparison stays like for like if Hit changes).
+HitTuple = namedtuple("HitTuple", [f.name for f in fields(Hit)], defaults=(None, None, None))
 
 
 def timed_ms(fn, repeats: int) -> tuple[float, float]:
