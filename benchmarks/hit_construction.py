@@ -14,14 +14,15 @@ import os
 import sys
 import time
 from collections import namedtuple
-from dataclasses import fields
+from dataclasses import MISSING, fields
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from retrieval.hit import Hit, gc_paused  # noqa: E402
 
 # The same fields as Hit, as a tuple (derived, so the comparison stays like for like if Hit changes).
-HitTuple = namedtuple("HitTuple", [f.name for f in fields(Hit)], defaults=(None, None, None))
+HitTuple = namedtuple("HitTuple", [f.name for f in fields(Hit)],
+                      defaults=[f.default for f in fields(Hit) if f.default is not MISSING])
 
 
 def timed_ms(fn, repeats: int) -> tuple[float, float]:

@@ -52,6 +52,8 @@ class Hit:
         rerank_score: cross-encoder score, or None when not reranked.
         dense_score: the dense similarity when hybrid search retrieved it densely, else None.
         bm25_score: the BM25 score when hybrid search retrieved it lexically, else None.
+        label: the class a classification head gave the document (search with ``classifier=``), else None.
+        label_score: that head's probability for ``label``, else None.
     """
 
     id: str
@@ -64,6 +66,8 @@ class Hit:
     rerank_score: float | None = None
     dense_score: float | None = None
     bm25_score: float | None = None
+    label: str | None = None
+    label_score: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (the `twotower search --json` record)."""

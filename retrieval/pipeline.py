@@ -57,6 +57,7 @@ from retrieval.manifest import (
     pipeline_block,
     resolve_model_source,
 )
+from retrieval.reader import AnswerResult, label_hits, read_answers
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +110,7 @@ class SearchPipeline:
         self.store = store
         self.encoder = encoder
         self.reranker = reranker
+        self._task_models: dict[str, Any] = {}  # reader / classifier directories, loaded once
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -291,6 +293,7 @@ class SearchPipeline:
         progress: bool = False,
         fetch_documents: bool = True,
         rerank_alpha: float | None = None,
+        classifier: Any = None,
     ) -> list[Hit] | list[list[Hit]]:
         """Top-`k` hits for one query (a list of Hit) or for each of several (a list of lists).
 
@@ -306,6 +309,9 @@ class SearchPipeline:
             rerank_alpha: final = alpha * z(rerank) + (1 - alpha) * z(first stage) per query
                 (`retrieval.interpolation`); None = the weight chosen on dev and stored with
                 the reranker, else 1.0 (pure reranking). Hit.rerank_score stays the raw score.
+            classifier: a classification model (`twotower finetune classify` directory or
+                `encoder.TaskModel`): each returned hit gets ``label`` / ``label_score`` from
+                its text; run only on the k returned hits, never on the recall candidates.
         Queries longer than the query encoder's maximum are truncated, with a warning.
         """
         single = isinstance(query, str)
@@ -334,7 +340,72 @@ class SearchPipeline:
             candidates, rerank_scores, final_scores = self._rerank(queries, candidates, k, batch_size, progress,
                                                                    alpha)
         hits = self._hits(candidates, k, rerank_scores, fetch_documents, final_scores)
+        if classifier is not None:
+            self._label(hits, classifier, batch_size)
         return hits[0] if single else hits
+
+    def answer(
+        self,
+        question: str | Sequence[str],
+        reader: Any,
+        k: int = 3,
+        *,
+        recall_k: int = 100,
+        rerank: bool = True,
+        hybrid: bool = False,
+        max_answers: int = 3,
+        retrieval_weight: float = 0.0,
+        classifier: Any = None,
+        batch_size: int = 16,
+    ) -> AnswerResult | list[AnswerResult]:
+        """Retrieve, rerank, then read answer spans from the top `k` passages (retrieve-then-read).
+
+        Args:
+            reader: an extractive-QA model (`twotower finetune qa` directory or `encoder.TaskModel`).
+                Its "no answer" threshold (chosen on dev) decides when a passage holds no answer;
+                when none does, the result's only answer is an explicit ``no_answer=True``.
+            k: passages read per question (the hits returned with the answers).
+            max_answers: at most this many answers per question, from distinct passages.
+            retrieval_weight: rank answers by span score + this * the passage's hit score
+                (BERTserini); 0 ranks by the reader alone. Choose it on dev for the index and
+                reader at hand (`retrieval.reader`).
+            classifier: optional classification model; labels the k hits (`search`).
+        Returns:
+            One `AnswerResult` (question, answers with passage id and character offsets, hits),
+            or a list of them for a list of questions.
+        """
+        single = isinstance(question, str)
+        questions = check_queries([question] if single else list(question))
+        qa = self._task_model(reader, "qa", "reader")
+        hits = self.search(questions, k=k, recall_k=max(recall_k, k), rerank=rerank, hybrid=hybrid,
+                           classifier=classifier)
+        results = [AnswerResult(q, read_answers(qa, q, h, max_answers=max_answers, batch_size=batch_size,
+                                                retrieval_weight=retrieval_weight), h)
+                   for q, h in zip(questions, hits)]
+        return results[0] if single else results
+
+    def _task_model(self, model: Any, head: str, role: str) -> Any:
+        """A fine-tuned task model from a directory (loaded once per pipeline) or as given; its head is checked."""
+        if isinstance(model, (str, os.PathLike)):
+            key = os.path.abspath(os.fspath(model))
+            if key not in self._task_models:
+                from encoder.task_model import TaskModel
+
+                self._task_models[key] = TaskModel.from_pretrained(key, device=self.encoder.query_tower.device)
+            model = self._task_models[key]
+        got = getattr(getattr(model, "info", None), "head", None)
+        if got != head:
+            raise ValueError(f"the {role} must be a fine-tuned {head!r} model, got a {got!r} head")
+        return model
+
+    def _label(self, hits: list[list[Hit]], classifier: Any, batch_size: int) -> None:
+        """Set label / label_score on every hit, in one batched pass over all queries' hits."""
+        clf = self._task_model(classifier, "classify", "classifier")
+        flat = [h for row in hits for h in row]
+        if any(h.text is None for h in flat):
+            raise ValueError("labelling hits needs their text: search with fetch_documents=True")
+        for h, lab in zip(flat, label_hits(clf, flat, batch_size=batch_size)):
+            h.label, h.label_score = lab["label"], lab["score"]
 
     def search_vectors(
         self, query_vectors: np.ndarray, k: int = 10, fetch_documents: bool = True

@@ -28,6 +28,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--recall-k", type=int, default=100, help="first-stage candidates (default 100)")
     p.add_argument("--answers", type=int, default=3, help="answers shown per question (default 3)")
     p.add_argument("--classifier", help="classification model directory: label each passage read")
+    p.add_argument("--retrieval-weight", type=float, default=0.0,
+                   help="rank answers by span score + this * passage score (BERTserini; choose on dev; default 0)")
     p.add_argument("--json", action="store_true", help="print JSON: one {question, answers, hits} per question")
     p.add_argument("--device", default="cpu")
     p.set_defaults(func=run_answer)
@@ -36,9 +38,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_answer(args: argparse.Namespace) -> int:
     if args.passages < 1 or args.answers < 1:
         raise CLIError("--passages and --answers must be >= 1")
+    if args.retrieval_weight < 0:
+        raise CLIError("--retrieval-weight must be >= 0")
     from encoder.task_model import TaskModel
     from retrieval.pipeline import SearchPipeline
-    from retrieval.reader import label_hits, read_answers
 
     reader = TaskModel.from_pretrained(args.reader, device=args.device)
     if reader.info.head != "qa":
@@ -46,35 +49,32 @@ def run_answer(args: argparse.Namespace) -> int:
     classifier = TaskModel.from_pretrained(args.classifier, device=args.device) if args.classifier else None
     if classifier is not None and classifier.info.head != "classify":
         raise CLIError(f"{args.classifier} holds a {classifier.info.head!r} head; --classifier needs 'classify'")
-    results = []
+    if any(not q.strip() for q in args.questions):
+        raise CLIError("a question is empty")
     with SearchPipeline.load(args.index, reranker=args.reranker, use_default_reranker=not args.no_rerank,
                              device=args.device) as pipe:
-        for question in args.questions:
-            if not question.strip():
-                raise CLIError("a question is empty")
-            hits = pipe.search(question, k=args.passages, recall_k=max(args.recall_k, args.passages),
-                               rerank=not args.no_rerank, hybrid=args.hybrid)
-            answers = read_answers(reader, question, hits, max_answers=args.answers)
-            labels = label_hits(classifier, hits) if classifier is not None else None
-            results.append((question, answers, hits, labels))
+        results = pipe.answer(args.questions, reader, k=args.passages, recall_k=args.recall_k,
+                              rerank=not args.no_rerank, hybrid=args.hybrid, max_answers=args.answers,
+                              retrieval_weight=args.retrieval_weight, classifier=classifier)
     if args.json:
-        out = [{"question": q, "answers": [a.to_dict() for a in answers],
-                "hits": [{"id": h.id, "rank": h.rank, "score": h.score, **({"label": lab} if labels else {})}
-                         for h, lab in zip(hits, labels or [None] * len(hits))]}
-               for q, answers, hits, labels in results]
+        out = [{"question": r.question, "answers": [a.to_dict() for a in r.answers],
+                "hits": [{"id": h.id, "rank": h.rank, "score": h.score,
+                          **({"label": {"label": h.label, "score": h.label_score}} if classifier else {})}
+                         for h in r.hits]}
+               for r in results]
         json.dump(out, sys.stdout, ensure_ascii=False, indent=1)
         sys.stdout.write("\n")
         return 0
-    for q, answers, hits, labels in results:
-        print(f"Q: {q}")
-        for a in answers:
+    for r in results:
+        print(f"Q: {r.question}")
+        for a in r.answers:
             if a.no_answer:
                 print("  no answer in the top passages")
             else:
                 print(f"  {a.text!r}  passage {a.passage_id} (rank {a.passage_rank}) chars {a.start}-{a.end}"
                       f"  score {a.score:.3f}")
-        if labels:
-            for h, lab in zip(hits, labels):
-                print(f"    hit {h.rank} {h.id}: {lab['label']} ({lab['score']:.3f})" if lab["label"] is not None
+        if classifier is not None:
+            for h in r.hits:
+                print(f"    hit {h.rank} {h.id}: {h.label} ({h.label_score:.3f})" if h.label is not None
                       else f"    hit {h.rank} {h.id}: -")
     return 0

@@ -9,7 +9,7 @@ import pytest
 from encoder.task_model import TaskModel
 from encoder.tasks import TaskInfo
 from retrieval.hit import Hit
-from retrieval.reader import Answer, label_hits, read_answers
+from retrieval.reader import Answer, AnswerResult, label_hits, rank_answers, read_answers
 from tests.encoder import task_fixtures
 
 
@@ -74,19 +74,85 @@ def test_reader_rejects_bad_input(reader, tiny_dir):
     assert [lab["label"] in ("neg", "pos") for lab in labels[:3]] == [True] * 3 and labels[3]["label"] is None
 
 
-def test_answer_cli_end_to_end(reader, tiny_dir, tmp_path, capsys):
-    from retrieval.cli import main
+def test_retrieval_weight_ranks_by_span_plus_passage_score(reader):
+    reader.info.null_threshold = None
+    hits = [Hit(p["id"], p.get("title", ""), p["text"], i + 1, s, s, i + 1)
+            for i, (p, s) in enumerate(zip(PASSAGES, (0.1, 0.5, 0.9)))]
+    q = "when was the tower built"
+    plain = read_answers(reader, q, hits, max_answers=3)
+    assert [a.rank_score for a in plain] == [a.score for a in plain]
+    assert [a.retrieval_score for a in plain] == [hits[a.passage_rank - 1].score for a in plain]
+    mixed = read_answers(reader, q, hits, max_answers=3, retrieval_weight=2.5)
+    assert {(a.passage_id, a.score) for a in mixed} == {(a.passage_id, a.score) for a in plain}  # same spans
+    for a in mixed:
+        assert a.rank_score == pytest.approx(a.score + 2.5 * a.retrieval_score)
+    assert [a.rank_score for a in mixed] == sorted((a.rank_score for a in mixed), reverse=True)
+    assert rank_answers(plain, 2.5) == mixed  # re-weighting read answers == reading again with the weight
+    # a weight that dwarfs the span logits orders the answers as the retriever ordered the passages
+    assert [a.passage_id for a in read_answers(reader, q, hits, max_answers=3, retrieval_weight=1e6)] == \
+        ["p3", "p2", "p1"]
+    with pytest.raises(ValueError, match="hit 1 has no score"):
+        read_answers(reader, q, PASSAGES, retrieval_weight=1.0)
+    with pytest.raises(ValueError, match="retrieval_weight must be >= 0"):
+        read_answers(reader, q, hits, retrieval_weight=-1.0)
+
+
+@pytest.fixture()
+def index_dir(tmp_path):
     from retrieval.pipeline import SearchPipeline
     from tests.retrieval.pipeline_fixtures import tiny_model_dir, write_corpus
 
     corpus = write_corpus(str(tmp_path / "c.jsonl"), [{"_id": p["id"], "title": p.get("title", ""),
                                                        "text": p["text"]} for p in PASSAGES])
     SearchPipeline.build(corpus, tmp_path / "idx", tiny_model_dir(), progress=False, bf16=False).close()
+    return tmp_path / "idx"
+
+
+def test_pipeline_answer_reads_the_hits_it_returns(reader, tiny_dir, index_dir, tmp_path):
+    from retrieval.pipeline import SearchPipeline
+
+    reader.info.null_threshold = None
+    reader.save(str(tmp_path / "reader"))
+    clf = TaskModel.from_encoder(tiny_dir, TaskInfo("classify", ["neg", "pos"]))
+    q = "when was the tower built"
+    with SearchPipeline.load(index_dir) as pipe:
+        r = pipe.answer(q, reader, k=2)
+        assert isinstance(r, AnswerResult) and r.question == q
+        assert [h.id for h in r.hits] == [h.id for h in pipe.search(q, k=2)]
+        assert r.answers == read_answers(reader, q, r.hits) and r.best == r.answers[0]
+        texts = {p["id"]: p["text"] for p in PASSAGES}
+        assert all(texts[a.passage_id][a.start:a.end] == a.text for a in r.answers)
+        # a reader directory is loaded (once) and answers the same
+        by_path = pipe.answer(q, str(tmp_path / "reader"), k=2)
+        assert [(a.passage_id, a.text) for a in by_path.answers] == [(a.passage_id, a.text) for a in r.answers]
+        assert len(pipe._task_models) == 1
+        many = pipe.answer([q, "who lives in the city"], reader, k=1, max_answers=1)
+        assert [m.question for m in many] == [q, "who lives in the city"] and all(len(m.hits) == 1 for m in many)
+        # labels on hits come from the classification head, for the returned hits only
+        labelled = pipe.search(q, k=3, classifier=clf)
+        assert [(h.label, h.label_score) for h in labelled] == \
+            [(lab["label"], lab["score"]) for lab in label_hits(clf, labelled)]
+        assert all(h.label in ("neg", "pos") and 0.5 <= h.label_score <= 1.0 for h in labelled)
+        assert all(h.label is None for h in pipe.search(q, k=3))
+        assert all(h.label is not None for h in pipe.answer(q, reader, k=2, classifier=clf).hits)
+        with pytest.raises(ValueError, match="reader must be a fine-tuned 'qa' model"):
+            pipe.answer(q, clf)
+        with pytest.raises(ValueError, match="classifier must be a fine-tuned 'classify' model"):
+            pipe.search(q, classifier=reader)
+        with pytest.raises(ValueError, match="needs their text"):
+            pipe.search(q, classifier=clf, fetch_documents=False)
+        with pytest.raises(ValueError, match="query is empty"):
+            pipe.answer(" ", reader)
+
+
+def test_answer_cli_end_to_end(reader, tiny_dir, index_dir, tmp_path, capsys):
+    from retrieval.cli import main
+
     reader.info.null_threshold = None
     reader.save(str(tmp_path / "reader"))
     clf = TaskModel.from_encoder(tiny_dir, TaskInfo("classify", ["neg", "pos"]))
     clf.save(str(tmp_path / "clf"))
-    rc = main(["answer", "--index", str(tmp_path / "idx"), "--reader", str(tmp_path / "reader"), "-k", "2",
+    rc = main(["answer", "--index", str(index_dir), "--reader", str(tmp_path / "reader"), "-k", "2",
                "--classifier", str(tmp_path / "clf"), "--json", "when was the tower built"])
     assert rc == 0
     (out,) = json.loads(capsys.readouterr().out)
@@ -96,14 +162,14 @@ def test_answer_cli_end_to_end(reader, tiny_dir, tmp_path, capsys):
     for a in out["answers"]:
         assert texts[a["passage_id"]][a["start"]:a["end"]] == a["text"]
     # the table for a person; an explicit "no answer" when the threshold rejects every passage
-    assert main(["answer", "--index", str(tmp_path / "idx"), "--reader", str(tmp_path / "reader"), "-k", "1",
+    assert main(["answer", "--index", str(index_dir), "--reader", str(tmp_path / "reader"), "-k", "1",
                  "when was the tower built"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "Q: when was the tower built" and "passage p" in lines[1] and "chars" in lines[1]
     reader.info.null_threshold = -1e9
     reader.save(str(tmp_path / "reader"))
-    assert main(["answer", "--index", str(tmp_path / "idx"), "--reader", str(tmp_path / "reader"), "who"]) == 0
+    assert main(["answer", "--index", str(index_dir), "--reader", str(tmp_path / "reader"), "who"]) == 0
     assert capsys.readouterr().out.splitlines()[1] == "  no answer in the top passages"
     reader.info.null_threshold = None
-    assert main(["answer", "--index", str(tmp_path / "idx"), "--reader", str(tmp_path / "clf"), "who"]) == 2
+    assert main(["answer", "--index", str(index_dir), "--reader", str(tmp_path / "clf"), "who"]) == 2
     assert "needs a QA model" in capsys.readouterr().err
