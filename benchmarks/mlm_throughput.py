@@ -62,6 +62,40 @@ def hf_blocks(corpus, tok: Tokenizer, seq_len: int, max_lines_tokens: int) -> np
     return np.asarray(stream[: n * seq_len], dtype=np.int64).reshape(n, seq_len)
 
 
+# Buckets of self CPU time (torch.profiler op names), to see what a training step spends outside matmuls.
+BUCKETS = (
+    ("fused attention", ("flash_attention",)),
+    ("matmul", ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")),
+    ("dropout RNG", ("bernoulli", "native_dropout")),
+    ("copies and dtype casts", ("aten::copy_", "aten::_to_copy")),
+    ("softmax / loss", ("softmax", "nll_loss", "cross_entropy")),
+)
+
+
+def bucket_of(name: str) -> str:
+    for bucket, keys in BUCKETS:
+        if any(name == k or (not k.startswith("aten::") and k in name) for k in keys):
+            return bucket
+    return "other (element-wise, norms, indexing)"
+
+
+def profile_steps(step, indices) -> dict:
+    """Self CPU time per bucket over some training steps (ms per step)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    indices = list(indices)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for i in indices:
+            step(i)
+    ms: dict[str, float] = {}
+    for ev in prof.key_averages():
+        b = bucket_of(ev.key)
+        ms[b] = ms.get(b, 0.0) + ev.self_cpu_time_total / 1000 / len(indices)
+    total = sum(ms.values())
+    return {"total_ms": total, "ms": dict(sorted(ms.items(), key=lambda kv: -kv[1])),
+            "share": {k: v / total for k, v in sorted(ms.items(), key=lambda kv: -kv[1])}}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default=DATA)
@@ -77,6 +111,8 @@ def main() -> None:
     ap.add_argument("--valid-rows", type=int, default=256)
     ap.add_argument("--cache-dir", default="runs/.cache")
     ap.add_argument("--out", default=None, help="write the result JSON here")
+    ap.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                    help="after timing, profile STEPS more steps per side and report where the time goes")
     args = ap.parse_args()
 
     from transformers import (
@@ -114,7 +150,7 @@ def main() -> None:
                                      mask_token="[MASK]")
     collator = DataCollatorForLanguageModeling(tokenizer=hf_tok, mlm_probability=0.15, return_tensors="pt")
     total = args.steps + args.warmup_steps
-    blocks = hf_blocks(corpus, tok, args.seq_len, (total * args.batch_size + 1) * args.seq_len)
+    blocks = hf_blocks(corpus, tok, args.seq_len, ((total + args.profile) * args.batch_size + 1) * args.seq_len)
     perm = np.random.default_rng(0).permutation(len(blocks))
 
     stats = {"ours": {"time": 0.0, "tokens": 0, "steps": 0}, "peer": {"time": 0.0, "tokens": 0, "steps": 0}}
@@ -200,6 +236,15 @@ def main() -> None:
         "ours_valid": evaluate(ours_logits), "peer_valid": evaluate(peer_logits),
     }
     result["ratio"] = result["ours_tok_s"] / result["peer_tok_s"]
+    if args.profile:  # after timing and validation, so neither sees these steps
+        ours.train()
+        peer.train()
+        prof = {"ours": profile_steps(ours_step, range(total, total + args.profile)),
+                "peer": profile_steps(peer_step, range(total, total + args.profile))}
+        # The ratio if every op of ours except its matmuls and fused attention cost nothing.
+        gemm = sum(prof["ours"]["ms"].get(b, 0.0) for b in ("matmul", "fused attention"))
+        prof["ceiling_ratio_ours_gemm_only"] = prof["peer"]["total_ms"] / max(gemm, 1e-9)
+        result["profile"] = prof
     print(json.dumps(result, indent=2))
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:

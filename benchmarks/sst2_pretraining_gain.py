@@ -7,6 +7,8 @@ chosen lr is then run with the remaining seeds and test (GLUE dev, 872 sentences
 over all seeds.  Splits, subsampling and everything else are those of ``tasks_sst2.py`` (full fine-tuning).
 
     .venv/bin/python benchmarks/sst2_pretraining_gain.py --model runs/mlm-mini-2h --out runs/tasks/sst2-gain-2h
+
+The random side reads only the checkpoint's config and tokenizer; ``--sides random`` runs it alone.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-length", type=int, default=64)
     p.add_argument("--evals-per-epoch", type=int, default=2)
+    p.add_argument("--sides", default="pretrained,random",
+                   help="run only some sides; each lands in <out>/<side>.json and the gain is computed "
+                        "once both are there (so the random side can run before the checkpoint exists)")
     args = p.parse_args()
     if args.model == "minilm":
         p.error("--model must be our pretrained checkpoint directory")
@@ -42,6 +47,8 @@ def main() -> None:
     test = read_text_examples(os.path.join(d, "test.tsv"))
     seeds = seeds_of(args.seeds)
     lrs = [float(x) for x in args.lrs.split(",")]
+    with open(os.path.join(args.model, "config.json"), encoding="utf-8") as f:
+        architecture = {k: v for k, v in json.load(f).items() if k != "architectures"}  # both sides: the same
 
     def one(init: str, lr: float, run_seeds: tuple[int, ...], name: str) -> dict:
         cfg = FinetuneConfig(epochs=args.epochs, batch_size=args.batch_size, lr=lr, max_length=args.max_length,
@@ -50,8 +57,9 @@ def main() -> None:
         ns = argparse.Namespace(**{**vars(args), "init": init})
         return run(name, "classify", ns, train, dev, test, cfg, classify_metrics)
 
-    sides = {}
-    for init in ("pretrained", "random"):
+    for init in args.sides.split(","):
+        if init not in ("pretrained", "random"):
+            p.error(f"--sides: unknown side {init!r}")
         sweep = {lr: one(init, lr, seeds[:1], f"{init}-lr{lr:g}") for lr in lrs}
         dev_acc = {lr: r["per_seed"][0]["dev"]["accuracy"] for lr, r in sweep.items()}
         lr = max(lrs, key=lambda x: dev_acc[x])  # first of equals: the grid's order
@@ -59,20 +67,34 @@ def main() -> None:
         if len(seeds) > 1:
             per_seed += one(init, lr, seeds[1:], f"{init}-lr{lr:g}-seeds")["per_seed"]
         test_acc = [s["test"]["accuracy"] for s in per_seed]
-        sides[init] = {
+        side = {
+            "model": args.model, "counts": {"train": len(train), "dev": len(dev), "test": len(test)},
+            "epochs": args.epochs, "lrs": lrs, "seeds": list(seeds), "batch_size": args.batch_size,
+            "max_length": args.max_length, "evals_per_epoch": args.evals_per_epoch, "architecture": architecture,
             "dev_accuracy_by_lr": {f"{k:g}": v for k, v in dev_acc.items()}, "chosen_lr": lr,
             "test_accuracy_per_seed": test_acc, "dev_accuracy_per_seed": [s["dev"]["accuracy"] for s in per_seed],
             "test_mean": statistics.mean(test_acc),
             "test_std": statistics.stdev(test_acc) if len(test_acc) > 1 else 0.0,
         }
-    gain = sides["pretrained"]["test_mean"] - sides["random"]["test_mean"]
-    result = {"model": args.model, "counts": {"train": len(train), "dev": len(dev), "test": len(test)},
-              "epochs": args.epochs, "lrs": lrs, "seeds": list(seeds), **sides, "gain_points": 100 * gain}
-    atomic_write_text(os.path.join(args.out, "gain.json"), json.dumps(result, indent=2) + "\n")
+        atomic_write_text(os.path.join(args.out, f"{init}.json"), json.dumps(side, indent=2) + "\n")
+    sides = {}
+    for init in ("pretrained", "random"):
+        path = os.path.join(args.out, f"{init}.json")
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as f:
+                sides[init] = json.load(f)
     for init, s in sides.items():
         dev_by_lr = ", ".join(f"{k}: {v:.4f}" for k, v in s["dev_accuracy_by_lr"].items())
         print(f"| {init} | dev (seed 0) {dev_by_lr} | lr {s['chosen_lr']:g} | "
               f"test {s['test_mean']:.4f} ± {s['test_std']:.4f} ({len(s['test_accuracy_per_seed'])} seeds) |")
+    if len(sides) < 2:
+        return
+    setting = ("counts", "epochs", "lrs", "seeds", "batch_size", "max_length", "evals_per_epoch", "architecture")
+    if any(sides["pretrained"][k] != sides["random"][k] for k in setting):
+        raise SystemExit(f"the two sides in {args.out} ran with different settings ({', '.join(setting)})")
+    gain = sides["pretrained"]["test_mean"] - sides["random"]["test_mean"]
+    result = {**sides, "gain_points": 100 * gain}
+    atomic_write_text(os.path.join(args.out, "gain.json"), json.dumps(result, indent=2) + "\n")
     print(f"pretrained - random: {100 * gain:+.2f} points  ({os.path.relpath(args.out, REPO)}/gain.json)")
 
 

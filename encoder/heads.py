@@ -45,6 +45,9 @@ class _Head(nn.Module):
     """Shared plumbing: ``forward = head(encode(...))`` and BERT's init for the new linear layer."""
 
     head_type = ""
+    # True when the encoder came without pooler weights (an MLM checkpoint): the pooler is then part of
+    # the fresh head, re-drawn by reset_head(seed) like the classifier, so a seed fixes all of it.
+    fresh_pooler = False
 
     def _init_linear(self, linear: nn.Linear, std: float, generator: torch.Generator | None = None) -> None:
         with torch.no_grad():
@@ -94,7 +97,10 @@ class BertForSequenceClassification(_Head):
         return self.classifier(self.dropout(features))  # (B, H) -> (B, C)
 
     def reset_head(self, seed: int) -> None:
-        self._init_linear(self.classifier, self.config.initializer_range, torch.Generator().manual_seed(seed))
+        g = torch.Generator().manual_seed(seed)
+        self._init_linear(self.classifier, self.config.initializer_range, g)
+        if self.fresh_pooler and self.bert.pooler is not None:
+            self._init_linear(self.bert.pooler.dense, self.config.initializer_range, g)
 
 
 class BertForTokenClassification(_Head):

@@ -142,13 +142,14 @@ class TaskModel:
         tokenizer = Tokenizer.from_pretrained(directory)
         num_labels = 2 if info.head == "qa" else len(info.labels)
         model = build_head(info.head, config, num_labels, dropout)
-        model.reset_head(seed)
         enc, _ = split_prefix(read_weights(directory))
         own = model.bert.state_dict()
         if "pooler.dense.weight" in own and "pooler.dense.weight" not in enc:
             logger.warning("%s has no pooler weights: the classification pooler starts random", directory)
+            model.fresh_pooler = True  # drawn with the head from `seed`, not from the global RNG
         load_into(model.bert, {k: v for k, v in enc.items() if k in own}, os.path.join(directory, WEIGHTS_NAME),
                   allow_missing=("pooler.",))
+        model.reset_head(seed)
         return cls(model, tokenizer, info, device)
 
     @classmethod

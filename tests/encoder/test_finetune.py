@@ -134,3 +134,36 @@ def test_bad_input_names_the_example(tiny_dir, tmp_path):
     with pytest.raises(ValueError, match="needs training and dev examples"):
         finetune("classify", tiny_dir, TRAIN, [], str(tmp_path / "x"))
     assert not os.path.exists(tmp_path / "x")
+
+
+def test_an_encoder_without_pooler_gets_a_seeded_one(tiny_dir, tmp_path):
+    """An MLM checkpoint has no pooler: the classification pooler is part of the fresh head, drawn from the seed,
+    so a run repeats exactly whatever the global RNG holds, and different seeds draw different poolers."""
+    from encoder import BertModel, Tokenizer
+    from encoder.checkpoint import save_encoder
+    from encoder.task_model import read_config
+
+    config, _, _ = read_config(tiny_dir)
+    bare = str(tmp_path / "mlm-like")
+    save_encoder(BertModel(config, add_pooling_layer=False), Tokenizer.from_pretrained(tiny_dir), bare)
+    assert not any(k.startswith("pooler.") for k in split_prefix(read_weights(bare))[0])
+    cfg = FinetuneConfig(epochs=1, batch_size=8, lr=1e-3, seeds=(3,), progress=False)
+    runs = []
+    for name, global_seed in (("a", 1), ("b", 2)):
+        torch.manual_seed(global_seed)  # must not matter
+        rep = finetune("classify", bare, TRAIN, DEV, str(tmp_path / name), cfg)
+        runs.append((rep.seeds[0].history, read_weights(str(tmp_path / name))))
+    assert runs[0][0] == runs[1][0]
+    assert all(torch.equal(runs[0][1][k], runs[1][1][k]) for k in runs[0][1])
+    from encoder.tasks import TaskInfo
+
+    m3 = TaskModel.from_encoder(bare, TaskInfo("classify", ["neg", "pos"]), seed=3).model
+    m4 = TaskModel.from_encoder(bare, TaskInfo("classify", ["neg", "pos"]), seed=4).model
+    assert m3.fresh_pooler and not torch.equal(m3.bert.pooler.dense.weight, m4.bert.pooler.dense.weight)
+    m4.reset_head(3)
+    assert torch.equal(m3.bert.pooler.dense.weight, m4.bert.pooler.dense.weight)
+    # an encoder that has a pooler keeps it: reset_head touches only the classifier
+    with_pooler = TaskModel.from_encoder(tiny_dir, TaskInfo("classify", ["neg", "pos"]), seed=3).model
+    saved = split_prefix(read_weights(tiny_dir))[0]["pooler.dense.weight"]
+    with_pooler.reset_head(4)
+    assert not with_pooler.fresh_pooler and torch.equal(with_pooler.bert.pooler.dense.weight, saved)
