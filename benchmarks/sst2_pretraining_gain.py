@@ -14,6 +14,7 @@ The random side reads only the checkpoint's config and tokenizer; ``--sides rand
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -23,7 +24,7 @@ from tasks_common import REPO, base_parser, run, seeds_of, subsample
 
 def main() -> None:
     p = base_parser(__doc__.splitlines()[0], "sst2-gain")
-    p.add_argument("--lrs", default="3e-5,1e-4,3e-4", help="the grid each side chooses from on dev")
+    p.add_argument("--lrs", default="3e-5,1e-4,3e-4,1e-3", help="the grid each side chooses from on dev")
     p.add_argument("--max-train", type=int, default=20000)
     p.add_argument("--max-dev", type=int, default=2000)
     p.add_argument("--epochs", type=int, default=1)
@@ -54,6 +55,16 @@ def main() -> None:
         cfg = FinetuneConfig(epochs=args.epochs, batch_size=args.batch_size, lr=lr, max_length=args.max_length,
                              seeds=run_seeds, evals_per_epoch=args.evals_per_epoch, metric="accuracy",
                              progress=not args.no_progress)
+        done = os.path.join(args.out, name, "results.json")
+        if os.path.isfile(done):  # runs are deterministic: reuse one made with the same settings and data
+            with open(done, encoding="utf-8") as f:
+                old = json.load(f)
+            want = json.loads(json.dumps(dataclasses.asdict(cfg)))  # tuples -> lists, as stored
+            same = all(old["config"].get(k) == v for k, v in want.items() if k not in ("progress", "bf16"))
+            if same and old["counts"] == {"train": len(train), "dev": len(dev), "test": len(test),
+                                          "train_rows": len(train)} and old["model"] == args.model:
+                print(f"reusing {done}")
+                return old
         ns = argparse.Namespace(**{**vars(args), "init": init})
         return run(name, "classify", ns, train, dev, test, cfg, classify_metrics)
 

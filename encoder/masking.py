@@ -226,5 +226,7 @@ def masked_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     n = int(keep.sum())
     if n == 0:
         raise ValueError("MLM batch has zero target positions (every label is -100); nothing to predict")
-    flat_logits = logits.reshape(-1, logits.shape[-1])[keep]
-    return torch.nn.functional.cross_entropy(flat_logits.float(), flat_labels[keep], reduction="mean")
+    flat_logits = logits.reshape(-1, logits.shape[-1])
+    if n < flat_labels.numel():  # logits at all positions: select the targets (gathered logits need no copy)
+        flat_logits, flat_labels = flat_logits[keep], flat_labels[keep]
+    return torch.nn.functional.cross_entropy(flat_logits.float(), flat_labels, reduction="mean")

@@ -322,6 +322,9 @@ class SearchPipeline:
             raise ValueError(f"recall_k ({recall_k}) must be >= k ({k})")
         if fusion not in FUSIONS:
             raise ValueError(f"fusion={fusion!r}; choose one of {FUSIONS}")
+        clf = self._task_model(classifier, "classify", "classifier") if classifier is not None else None
+        if clf is not None and not fetch_documents:
+            raise ValueError("labelling hits needs their text: search with fetch_documents=True")
         if not queries:
             return []
         self._warn_long(queries)
@@ -340,8 +343,8 @@ class SearchPipeline:
             candidates, rerank_scores, final_scores = self._rerank(queries, candidates, k, batch_size, progress,
                                                                    alpha)
         hits = self._hits(candidates, k, rerank_scores, fetch_documents, final_scores)
-        if classifier is not None:
-            self._label(hits, classifier, batch_size)
+        if clf is not None:
+            self._label(hits, clf, batch_size)
         return hits[0] if single else hits
 
     def answer(
@@ -398,12 +401,10 @@ class SearchPipeline:
             raise ValueError(f"the {role} must be a fine-tuned {head!r} model, got a {got!r} head")
         return model
 
-    def _label(self, hits: list[list[Hit]], classifier: Any, batch_size: int) -> None:
+    @staticmethod
+    def _label(hits: list[list[Hit]], clf: Any, batch_size: int) -> None:
         """Set label / label_score on every hit, in one batched pass over all queries' hits."""
-        clf = self._task_model(classifier, "classify", "classifier")
         flat = [h for row in hits for h in row]
-        if any(h.text is None for h in flat):
-            raise ValueError("labelling hits needs their text: search with fetch_documents=True")
         for h, lab in zip(flat, label_hits(clf, flat, batch_size=batch_size)):
             h.label, h.label_score = lab["label"], lab["score"]
 
