@@ -30,6 +30,8 @@ _EXPORTS = {
     "DualEncoder": "retrieval.dual_encoder",
     "EncoderMismatchError": "retrieval.manifest",
     "Hit": "retrieval.hit",
+    "Answer": "retrieval.reader",
+    "AnswerResult": "retrieval.reader",
     "RRF_K": "retrieval.fusion",
     "SearchPipeline": "retrieval.pipeline",
     "normalize_scores": "retrieval.fusion",
@@ -52,6 +54,8 @@ __all__ = [
     "DualEncoder",
     "EncoderMismatchError",
     "Hit",
+    "Answer",
+    "AnswerResult",
     "SearchPipeline",
     "normalize_scores",
     "reciprocal_rank_fusion",
@@ -64,6 +68,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from retrieval.hit import Hit
     from retrieval.manifest import EncoderMismatchError
     from retrieval.pipeline import SearchPipeline
+    from retrieval.reader import Answer, AnswerResult
 
 
 def __getattr__(name: str) -> Any:
