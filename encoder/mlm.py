@@ -118,8 +118,8 @@ class BertForPreTraining(nn.Module):
         h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, idx)  # (N, H): gather first ...
         logits = self.cls.predictions(h)  # (N, V) ... then transform + tied decoder
         targets = flat_labels.index_select(0, idx)
-        # One fp32 copy serves the loss and the accuracy: argmax over bf16 rows is ~4x slower on CPU than
-        # over fp32 (and the bf16 -> fp32 cast is exact, so ties and the chosen index are unchanged).
+        # One fp32 copy serves the loss and the accuracy: argmax over bf16 rows is slower on CPU than over
+        # fp32 (and the bf16 -> fp32 cast is exact, so ties and the chosen index are unchanged).
         logits32 = logits.float()  # (N, V)
         mlm_loss = masked_lm_loss(logits32, targets)
         correct = (logits32.detach().argmax(-1) == targets).sum()
