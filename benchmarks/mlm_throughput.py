@@ -7,7 +7,9 @@ blocks (ours, peer, ours, ...) so that load from other processes on a shared mac
 
 Ours:  `encoder.mlm.BertForPreTraining` on packed rows ([CLS] piece [SEP], block-diagonal attention only
        in batches that hold a document boundary), dynamic masking, sparse MLM head (gather the ~15%
-       targets, then transform + tied decoder), SDPA, bf16 autocast when `--bf16` says so.
+       targets, then transform + tied decoder), bf16 autocast when `--bf16` says so; in training on CPU
+       one fused QKV projection, explicit attention with cheap dropout masks (encoder/dropout.py) and
+       the few-pass cross-entropy of encoder/fused_cross_entropy.py (SDPA serves inference).
 Peer:  `transformers.BertForMaskedLM` fed exactly as `run_mlm.py` does by default: the tokenized lines
        ([CLS] line [SEP]) concatenated and cut into 128-token blocks (group_texts, so no padding either),
        `DataCollatorForLanguageModeling(mlm_probability=0.15)`, fp32 (what HF Trainer does on a CPU without
@@ -66,7 +68,7 @@ def hf_blocks(corpus, tok: Tokenizer, seq_len: int, max_lines_tokens: int) -> np
 BUCKETS = (
     ("fused attention", ("flash_attention",)),
     ("matmul", ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")),
-    ("dropout RNG", ("bernoulli", "native_dropout")),
+    ("dropout RNG", ("bernoulli", "native_dropout", "aten::random_")),
     ("copies and dtype casts", ("aten::copy_", "aten::_to_copy")),
     ("softmax / loss", ("softmax", "nll_loss", "cross_entropy")),
 )

@@ -21,7 +21,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from encoder.config import EncoderConfig
-from encoder.masking import IGNORE_INDEX, masked_lm_loss
+from encoder.fused_cross_entropy import cross_entropy_with_correct
+from encoder.masking import IGNORE_INDEX
 from encoder.model import BertModel, activation
 
 
@@ -118,11 +119,8 @@ class BertForPreTraining(nn.Module):
         h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, idx)  # (N, H): gather first ...
         logits = self.cls.predictions(h)  # (N, V) ... then transform + tied decoder
         targets = flat_labels.index_select(0, idx)
-        # One fp32 copy serves the loss and the accuracy: argmax over bf16 rows is slower on CPU than over
-        # fp32 (and the bf16 -> fp32 cast is exact, so ties and the chosen index are unchanged).
-        logits32 = logits.float()  # (N, V)
-        mlm_loss = masked_lm_loss(logits32, targets)
-        correct = (logits32.detach().argmax(-1) == targets).sum()
+        # Loss and accuracy from one fp32 log-softmax (encoder/fused_cross_entropy.py).
+        mlm_loss, correct = cross_entropy_with_correct(logits, targets)
         loss, nsp_loss, nsp_correct = mlm_loss, None, None
         if self.nsp:
             if next_sentence_label is None:

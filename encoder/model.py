@@ -4,7 +4,8 @@ Module and parameter names follow HF `BertModel` exactly (``embeddings.word_embe
 ``encoder.layer.{i}.attention.self.query`` ...), so a `state_dict` maps 1:1 onto
 `model.safetensors` of any BERT-family checkpoint.  Attention goes through
 `torch.nn.functional.scaled_dot_product_attention`, which picks a fused kernel
-on CPU and GPU alike.
+on CPU and GPU alike, except when training on CPU (`explicit_attention`: faster
+there, forward and backward).
 
 Attention masks (DESIGN.md):
 - padding keys are excluded; padding queries compute something finite but never
@@ -22,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from encoder.config import EncoderConfig
+from encoder.dropout import Dropout, dropout
 
 _ACTIVATIONS = {
     "gelu": lambda x: F.gelu(x),
@@ -85,7 +87,7 @@ class BertEmbeddings(nn.Module):
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(
         self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, position_ids: torch.Tensor
@@ -125,17 +127,47 @@ class BertSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         B, T, H = x.shape
         if self.fused_qkv is not None:
-            qkv = F.linear(x, *self.fused_qkv).view(B, T, 3, self.num_heads, self.head_dim)  # (B, T, 3, nh, hd)
-            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, nh, T, hd)
+            w, b = self.fused_qkv
         else:
-            # (B, T, H) -> (B, nh, T, hd)
-            q = self.query(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
-            k = self.key(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
-            v = self.value(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=self.dropout_p if self.training else 0.0
-        )  # (B, nh, T, hd)
+            # One (3H, H) projection instead of three: one GEMM, and under autocast one bf16 cast of x
+            # (forward and backward) instead of three.  Gradients flow back through the cat to the
+            # query / key / value parameters, whose names stay HF's.
+            w = torch.cat([self.query.weight, self.key.weight, self.value.weight])  # (3H, H)
+            b = None
+            if self.query.bias is not None:
+                b = torch.cat([self.query.bias, self.key.bias, self.value.bias])  # (3H,)
+        qkv = F.linear(x, w, b).view(B, T, 3, self.num_heads, self.head_dim)  # (B, T, 3, nh, hd)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, nh, T, hd)
+        # Training mode decides, not grad mode alone: a training-mode forward must draw the same dropout
+        # with or without a graph (GradCache replays a no-grad pass with grad).
+        if x.device.type == "cpu" and (self.training or torch.is_grad_enabled()):
+            y = explicit_attention(q, k, v, mask, self.dropout_p if self.training else 0.0)
+        else:
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=self.dropout_p if self.training else 0.0
+            )  # (B, nh, T, hd)
         return y.transpose(1, 2).reshape(B, T, H)
+
+
+def explicit_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, dropout_p: float
+) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d) + mask) v with dropout on the probabilities, as three plain ops.
+
+    Used for training on CPU, where it beats SDPA both ways (`benchmarks/cpu_train_kernels.py`,
+    forward + backward, T = 128..512): with dropout SDPA falls back to its math path and draws the
+    mask with `bernoulli_` (see encoder/dropout.py); without dropout its fused CPU kernel is slower
+    too (about 2x at T = 128).  It keeps the (B, nh, T, T) probabilities for the backward, as SDPA's
+    math path does.  Inference (eval mode, no grad) keeps SDPA, which needs no such buffer.
+
+    q, k, v: (B, nh, T, hd); mask: None or bool (B, 1, 1|T, T), True = may attend.
+    returns: (B, nh, T, hd)
+    """
+    scores = torch.matmul(q * q.shape[-1] ** -0.5, k.transpose(-1, -2))  # (B, nh, T, T)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    probs = dropout(torch.softmax(scores, dim=-1), dropout_p, dropout_p > 0.0)  # (B, nh, T, T)
+    return torch.matmul(probs, v)
 
 
 class BertSelfOutput(nn.Module):
@@ -143,7 +175,7 @@ class BertSelfOutput(nn.Module):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=config.use_bias)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
 
 
 class BertAttention(nn.Module):
@@ -174,7 +206,7 @@ class BertOutput(nn.Module):
         super().__init__()
         self.dense = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.use_bias)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
 
 
 class BertLayer(nn.Module):

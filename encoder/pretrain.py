@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from encoder.budget import Budget, Clock
-from encoder.checkpoint import save_pretrained
+from encoder.checkpoint import CONFIG_NAME, WEIGHTS_NAME, load_into, read_weights, save_pretrained
 from encoder.config import EncoderConfig
 from encoder.corpus import check_corpus_files, tokenize_corpus
 from encoder.device import autocast, default_device, resolve_bf16
@@ -54,6 +54,7 @@ class PretrainArgs:
     out: str
     size: str = "mini"
     config: str | None = None  # EncoderConfig JSON; overrides size
+    init_from: str | None = None  # start from this checkpoint's weights and config (continued pretraining)
     budget: str | None = None  # wall clock, e.g. "30m"
     tokens: str | None = None  # e.g. "20M"
     steps: int | None = None
@@ -100,7 +101,17 @@ def load_tokenizer(directory: str) -> Tokenizer:
 
 
 def resolve_config(args: PretrainArgs, tokenizer: Tokenizer) -> EncoderConfig:
-    if args.config:
+    if args.init_from:
+        if args.config:
+            raise ValueError("--init-from takes the architecture from the checkpoint; drop --config")
+        path = os.path.join(args.init_from, CONFIG_NAME)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"--init-from: no {CONFIG_NAME} in {args.init_from}")
+        config = EncoderConfig.load(path)
+        if config.vocab_size != tokenizer.vocab_size:
+            raise ValueError(f"--init-from {args.init_from}: vocab_size={config.vocab_size} but the tokenizer "
+                             f"{args.tokenizer} has {tokenizer.vocab_size} tokens; use the checkpoint's tokenizer")
+    elif args.config:
         config = EncoderConfig.load(args.config)
         if config.vocab_size != tokenizer.vocab_size:
             raise ValueError(f"{args.config}: vocab_size={config.vocab_size} but the tokenizer has "
@@ -185,6 +196,30 @@ def evaluate(model, batches: list[PretrainBatch], device: torch.device, bf16: bo
             "targets": int(count)}
 
 
+def load_initial_weights(model: BertForPreTraining, directory: str) -> None:
+    """Continued (domain- or task-adaptive) pretraining: copy a checkpoint's weights into `model`.
+
+    An MLM checkpoint (ours or HF `BertForMaskedLM` / `BertForPreTraining`) supplies encoder and MLM head;
+    a bare encoder (e.g. a sentence-transformers model) supplies the encoder and the head starts fresh.
+    Heads the new run does not have (a pooler, an NSP classifier) are dropped; the optimizer, schedule and
+    data order start fresh, as for any new run.
+    """
+    state = read_weights(directory)
+    if not any(k.startswith("bert.") for k in state):  # a bare BertModel checkpoint
+        state = {f"bert.{k}": v for k, v in state.items()}
+    own = model.state_dict()
+    state = {k: v for k, v in state.items() if k in own or not k.startswith(("bert.pooler.", "cls.seq_relationship."))}
+    state = {k: v for k, v in state.items() if not k.startswith("cls.predictions.decoder")}  # tied to embeddings
+    state.pop("bert.embeddings.position_ids", None)
+    has_head = any(k.startswith("cls.predictions.") for k in state)
+    if not has_head:
+        logger.info("%s has no MLM head; it starts fresh", directory)
+    fresh = ("cls.",) if not has_head else ()
+    if model.nsp and not any(k.startswith(("bert.pooler.", "cls.seq_relationship.")) for k in state):
+        fresh += ("bert.pooler.", "cls.seq_relationship.")
+    load_into(model, state, source=os.path.join(directory, WEIGHTS_NAME), allow_missing=fresh)
+
+
 def write_checkpoint(args: PretrainArgs, model: BertForPreTraining, optimizer, tokenizer: Tokenizer,
                      order: RowOrder, counters: dict) -> None:
     """trainer_state/ first (atomic as a whole), then the HF export at the top of the output directory."""
@@ -226,7 +261,10 @@ def _pretrain(args: PretrainArgs, info: DistInfo) -> dict:
         valid = validation_batches(vrows, space, args.batch_size, max_rows=args.valid_rows)
 
     torch.manual_seed(args.seed)
-    model = BertForPreTraining(config, nsp=args.nsp).to(device)
+    model = BertForPreTraining(config, nsp=args.nsp)
+    if args.init_from and not args.resume:
+        load_initial_weights(model, args.init_from)
+    model = model.to(device)
     optimizer = make_optimizer(model, args.lr, weight_decay=args.weight_decay)
     order = RowOrder(len(rows), args.seed, info.world_size, info.rank)
     counters = {"step": 0, "tokens": 0, "elapsed": 0.0, "next_eval": 1}

@@ -25,6 +25,9 @@ def register(subparsers) -> None:
     budget.add_argument("--budget", metavar="TIME", help="wall-clock budget, e.g. 30m, 2h, 1h30m")
     budget.add_argument("--tokens", metavar="N", help="token budget, e.g. 20M")
     budget.add_argument("--steps", type=int, metavar="N", help="optimizer-step budget")
+    p.add_argument("--init-from", metavar="DIR",
+                   help="start from this checkpoint's weights and architecture (continued / domain-adaptive "
+                        "pretraining on new text; pass its tokenizer too); optimizer and schedule start fresh")
     p.add_argument("--resume", action="store_true", help="continue the run in --out exactly")
     p.add_argument("--overwrite", action="store_true", help="replace whatever --out holds")
     p.add_argument("--valid", nargs="+", default=[], metavar="FILE", help="validation files (separate text)")
@@ -65,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     from encoder.pretrain import PretrainArgs, pretrain
 
     pargs = PretrainArgs(
-        corpus=args.corpus, tokenizer=args.tokenizer, out=args.out, size=args.size, config=args.config,
+        corpus=args.corpus, tokenizer=args.tokenizer, out=args.out, size=args.size, config=args.config, init_from=args.init_from,
         budget=args.budget, tokens=args.tokens, steps=args.steps, seq_len=args.seq_len,
         batch_size=args.batch_size, grad_accum=args.grad_accum, lr=args.lr, warmup=args.warmup,
         decay=args.decay, weight_decay=args.weight_decay, clip=args.clip, dropout=args.dropout, wwm=args.wwm,

@@ -172,3 +172,56 @@ def test_fused_qkv_gives_the_same_output_and_keeps_hf_names(reference_pair):
         want, _ = ours(ids, mask, types)
         got, _ = fused(ids, mask, types)
     torch.testing.assert_close(got[mask.bool()], want[mask.bool()], atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "padding", "block"])
+def test_explicit_attention_equals_sdpa_forward_and_backward(mask_kind):
+    """The CPU training path (three plain ops) computes what SDPA computes, gradients included."""
+    import torch.nn.functional as F
+
+    from encoder.model import explicit_attention
+
+    g = torch.Generator().manual_seed(0)
+    B, nh, T, hd = 3, 2, 7, 8
+    q, k, v = (torch.randn(B, nh, T, hd, generator=g) for _ in range(3))
+    real = torch.tensor([[1] * 7, [1] * 4 + [0] * 3, [1] * 6 + [0]])
+    docs = torch.tensor([[0] * 3 + [1] * 4, [0] * 7, [0, 0, 1, 1, 2, 2, 2]])
+    mask = {"none": None, "padding": build_attention_mask(real, None),
+            "block": build_attention_mask(real, docs)}[mask_kind]
+    a = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    b = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    ya = explicit_attention(*a, mask, 0.0)
+    yb = F.scaled_dot_product_attention(*b, attn_mask=mask)
+    torch.testing.assert_close(ya, yb, atol=1e-5, rtol=1e-5)
+    w = torch.randn(ya.shape, generator=g)
+    (ya * w).sum().backward()
+    (yb * w).sum().backward()
+    for x, y in zip(a, b):
+        torch.testing.assert_close(x.grad, y.grad, atol=1e-5, rtol=1e-5)
+
+
+def test_training_path_equals_inference_path_without_dropout(reference_pair):
+    """With grad enabled on CPU the layers use explicit attention; the output equals the no-grad (SDPA) one."""
+    _, ours = reference_pair
+    ids = torch.randint(5, 90, (2, 11), generator=torch.Generator().manual_seed(1))
+    am = torch.ones_like(ids)
+    am[1, 8:] = 0
+    ours.eval()
+    with torch.no_grad():
+        ref, _ = ours(ids, attention_mask=am)
+    out, _ = ours(ids, attention_mask=am)
+    assert out.requires_grad
+    real = am.bool()
+    torch.testing.assert_close(out[real].detach(), ref[real], atol=1e-5, rtol=1e-5)
+
+
+def test_training_mode_draws_the_same_dropout_with_and_without_grad():
+    """GradCache replays a no-grad training-mode pass with grad: both must take the same path and masks."""
+    m = BertModel(_config(hidden_dropout_prob=0.3, attention_probs_dropout_prob=0.3)).train()
+    ids = torch.randint(5, V, (4, 9), generator=torch.Generator().manual_seed(2))
+    torch.manual_seed(7)
+    with torch.no_grad():
+        a, _ = m(ids)
+    torch.manual_seed(7)
+    b, _ = m(ids)
+    torch.testing.assert_close(a, b.detach())

@@ -202,3 +202,47 @@ def test_nsp_and_whole_word_masking_train_and_load_as_bert_for_pretraining(setup
     state = read_weights(out)
     assert "cls.seq_relationship.weight" in state and "bert.pooler.dense.weight" in state
     torch.testing.assert_close(hf.cls.seq_relationship.weight.detach(), state["cls.seq_relationship.weight"])
+
+
+def test_init_from_continues_from_a_checkpoints_weights(setup, tiny_tokenizer_dir, capsys):
+    """--init-from: a new run (fresh optimizer and schedule) that starts from another run's weights."""
+    from encoder.checkpoint import read_weights
+
+    first = str(setup["tmp"] / "first")
+    assert main(_args(setup, tiny_tokenizer_dir, first, "--steps", "3", "--lr", "3e-3")) == 0
+    second = str(setup["tmp"] / "second")
+    base = [a for a in _args(setup, tiny_tokenizer_dir, second, "--steps", "1", "--lr", "0")]
+    i = base.index("--config")
+    del base[i:i + 2]  # the architecture comes from the checkpoint
+    assert main([*base, "--init-from", first]) == 0
+    # lr 0 for the single step: the saved weights are exactly the initial ones
+    w1, w2 = read_weights(first), read_weights(second)
+    assert set(w1) == set(w2)
+    for k in w1:
+        assert torch.equal(w1[k], w2[k]), k
+    with open(os.path.join(second, "run.json"), encoding="utf-8") as f:
+        assert json.load(f)["args"]["init_from"] == first
+    # errors name the problem: --config together with --init-from, a directory without a checkpoint
+    assert main([*base, "--init-from", first, "--overwrite", "--config", setup["config"]]) == 2
+    assert "--init-from takes the architecture from the checkpoint" in capsys.readouterr().err
+    assert main([*base, "--init-from", str(setup["tmp"]), "--overwrite"]) == 2
+    assert "no config.json" in capsys.readouterr().err
+
+
+def test_init_from_a_bare_encoder_starts_a_fresh_head(setup, tiny_tokenizer_dir):
+    from encoder.checkpoint import read_weights, save_encoder
+    from encoder.model import BertModel
+    from encoder.tokenizer import Tokenizer
+
+    torch.manual_seed(5)
+    enc = BertModel(EncoderConfig.load(setup["config"]))  # with a pooler, which MLM does not use
+    src = str(setup["tmp"] / "encoder")
+    save_encoder(enc, Tokenizer.from_pretrained(tiny_tokenizer_dir), src)
+    out = str(setup["tmp"] / "mlm")
+    args = _args(setup, tiny_tokenizer_dir, out, "--steps", "1", "--lr", "0")
+    i = args.index("--config")
+    del args[i:i + 2]
+    assert main([*args, "--init-from", src]) == 0
+    w = read_weights(out)
+    assert torch.equal(w["bert.encoder.layer.1.output.dense.weight"], enc.encoder.layer[1].output.dense.weight)
+    assert "cls.predictions.bias" in w and not any(k.startswith("bert.pooler") for k in w)

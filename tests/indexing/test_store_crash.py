@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 CHILD = textwrap.dedent(
     """
-    import sys, time
+    import os, sys, time
     sys.path.insert(0, {repo!r})
     import faiss, numpy as np
     faiss.omp_set_num_threads(1)
@@ -35,8 +35,10 @@ CHILD = textwrap.dedent(
     docs = lambda lo, hi: [{{"id": f"d{{i}}", "title": "t", "text": f"word{{i}}"}} for i in range(lo, hi)]
 
     def stop_here(name):
-        with open(signal_file, "w") as f:
+        # write, then rename: the parent polls for the file and must never read it half-written
+        with open(signal_file + ".tmp", "w") as f:
             f.write(name)
+        os.replace(signal_file + ".tmp", signal_file)
         time.sleep(120)  # the parent kills us here
 
     store = IndexStore.create(directory, 8, factory, "cosine", bm25=True)

@@ -1,0 +1,99 @@
+"""The kernels behind our CPU training step, timed against what they replace (same process, same shapes).
+
+- dropout mask of a (64·128, 256) bf16 activation: `bernoulli_` (nn.Dropout / SDPA) vs encoder.dropout.keep_mask
+- attention forward + backward, bf16, at (B, heads, T, 64) for T = 128 / 256 / 512 with B·T = 8192 tokens:
+  `F.scaled_dot_product_attention` vs `encoder.model.explicit_attention`, dropout 0 and 0.1
+- cross-entropy forward + backward over gathered MLM logits (1216 × 16000, bf16):
+  `F.cross_entropy(logits.float())` + argmax vs `encoder.fused_cross_entropy.cross_entropy_with_correct`
+
+    .venv/bin/python benchmarks/cpu_train_kernels.py --out runs/cpu_train_kernels.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from encoder.dropout import keep_mask  # noqa: E402
+from encoder.fused_cross_entropy import cross_entropy_with_correct  # noqa: E402
+from encoder.model import explicit_attention  # noqa: E402
+
+
+def ms(fn, repeats: int) -> float:
+    """Median wall time of `fn` in ms, after one untimed call."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return 1000 * sorted(times)[len(times) // 2]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    r = args.repeats
+    res: dict = {"threads": torch.get_num_threads(), "torch": torch.__version__}
+
+    shape = (64 * 128, 256)
+    res["dropout_mask_ms"] = {
+        "bernoulli_": ms(lambda: torch.empty(shape, dtype=torch.bfloat16).bernoulli_(0.9), r),
+        "keep_mask": ms(lambda: keep_mask(shape, 0.1, torch.bfloat16), r),
+    }
+
+    res["attention_fwd_bwd_ms"] = {}
+    for T in (128, 256, 512):
+        B = 8192 // T
+        q, k, v = (torch.randn(B, args.heads, T, 64, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+
+        def step(fn, p, qkv=(q, k, v)):
+            fn(*qkv, p).sum().backward()
+
+        def sdpa(a, b, c, d):
+            return F.scaled_dot_product_attention(a, b, c, dropout_p=d)
+
+        def explicit(a, b, c, d):
+            return explicit_attention(a, b, c, None, d)
+
+        row = {}
+        for p in (0.0, 0.1):
+            row[f"sdpa_p{p}"] = ms(lambda p=p: step(sdpa, p), r)
+            row[f"explicit_p{p}"] = ms(lambda p=p: step(explicit, p), r)
+        res["attention_fwd_bwd_ms"][f"T{T}_B{B}"] = row
+
+    N, V = 1216, 16000
+    logits = (torch.randn(N, V) * 3).to(torch.bfloat16)
+    targets = torch.randint(0, V, (N,))
+
+    def plain():
+        x = logits.clone().requires_grad_(True)
+        x32 = x.float()
+        F.cross_entropy(x32, targets).backward()
+        (x32.detach().argmax(-1) == targets).sum()
+
+    def fused():
+        x = logits.clone().requires_grad_(True)
+        cross_entropy_with_correct(x, targets)[0].backward()
+
+    res["cross_entropy_fwd_bwd_ms"] = {"plain": ms(plain, r), "fused": ms(fused, r)}
+    print(json.dumps(res, indent=2))
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump(res, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
