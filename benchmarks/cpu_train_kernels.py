@@ -4,7 +4,8 @@
 - attention forward + backward, bf16, at (B, heads, T, 64) for T = 128 / 256 / 512 with B·T = 8192 tokens:
   `F.scaled_dot_product_attention` vs `encoder.model.explicit_attention`, dropout 0 and 0.1
 - cross-entropy forward + backward over gathered MLM logits (1216 × 16000, bf16):
-  `F.cross_entropy(logits.float())` + argmax vs `encoder.fused_cross_entropy.cross_entropy_with_correct`
+  `F.cross_entropy(logits.float())` + argmax vs `encoder.fused_cross_entropy.cross_entropy_with_correct`,
+  and the fp32 copy of those logits into a fresh array vs into a reused one (first-touch page faults)
 
     .venv/bin/python benchmarks/cpu_train_kernels.py --out runs/cpu_train_kernels.json
 """
@@ -89,6 +90,10 @@ def main() -> None:
         cross_entropy_with_correct(x, targets)[0].backward()
 
     res["cross_entropy_fwd_bwd_ms"] = {"plain": ms(plain, r), "fused": ms(fused, r)}
+    # why the fused route keeps a scratch: the same fp32 copy into a fresh array vs into a reused one
+    scratch = torch.empty(N, V)
+    res["logits_fp32_copy_ms"] = {"fresh_array": ms(lambda: logits.float(), r),
+                                  "reused_array": ms(lambda: scratch.copy_(logits), r)}
     print(json.dumps(res, indent=2))
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:

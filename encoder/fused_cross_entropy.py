@@ -4,8 +4,9 @@ The sparse MLM head's (N, V) logits are the largest tensor of a small model's st
 targets x 16k vocabulary = 20M values).  The plain route, `F.cross_entropy(logits.float(), t)`,
 walks that array six or seven times: the fp32 copy, log-softmax, the zero-filled gradient of the
 NLL, log-softmax's backward, the cast of the gradient back to bf16, an argmax for the accuracy,
-each into a freshly allocated 40-80 MB buffer.  On a 2-core CPU that was ~15% of a `mini`
-pretraining step (docs/benchmarks/mlm.md).  Here the forward pass computes log-softmax once (in
+each into a freshly allocated 40-80 MB buffer whose first touch (page faults) costs more than the
+arithmetic done in it.  For one `mini` step's logits (1216 x 16000 bf16) this route takes about half
+the time of that one, forward and backward, on a 2-core CPU (`benchmarks/cpu_train_kernels.py`).  Here the forward pass computes log-softmax once (in
 fp32, whatever the logits' dtype), reads the loss and the argmax from it, and, when a gradient is
 needed, turns the same buffer into softmax - one_hot and stores it in the logits' dtype, scaled by
 1/N; the backward pass only multiplies by the incoming scalar.

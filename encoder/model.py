@@ -140,12 +140,11 @@ class BertSelfAttention(nn.Module):
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, nh, T, hd)
         # Training mode decides, not grad mode alone: a training-mode forward must draw the same dropout
         # with or without a graph (GradCache replays a no-grad pass with grad).
+        p = self.dropout_p if self.training else 0.0
         if x.device.type == "cpu" and (self.training or torch.is_grad_enabled()):
-            y = explicit_attention(q, k, v, mask, self.dropout_p if self.training else 0.0)
+            y = explicit_attention(q, k, v, mask, p)
         else:
-            y = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, dropout_p=self.dropout_p if self.training else 0.0
-            )  # (B, nh, T, hd)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)  # (B, nh, T, hd)
         return y.transpose(1, 2).reshape(B, T, H)
 
 
@@ -157,7 +156,7 @@ def explicit_attention(
     Used for training on CPU, where it beats SDPA both ways (`benchmarks/cpu_train_kernels.py`,
     forward + backward, T = 128..512): with dropout SDPA falls back to its math path and draws the
     mask with `bernoulli_` (see encoder/dropout.py); without dropout its fused CPU kernel is slower
-    too (about 2x at T = 128).  It keeps the (B, nh, T, T) probabilities for the backward, as SDPA's
+    too (2x or more at T = 128).  It keeps the (B, nh, T, T) probabilities for the backward, as SDPA's
     math path does.  Inference (eval mode, no grad) keeps SDPA, which needs no such buffer.
 
     q, k, v: (B, nh, T, hd); mask: None or bool (B, 1, 1|T, T), True = may attend.
@@ -166,7 +165,7 @@ def explicit_attention(
     scores = torch.matmul(q * q.shape[-1] ** -0.5, k.transpose(-1, -2))  # (B, nh, T, T)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
-    probs = dropout(torch.softmax(scores, dim=-1), dropout_p, dropout_p > 0.0)  # (B, nh, T, T)
+    probs = dropout(torch.softmax(scores, dim=-1), dropout_p, True)  # (B, nh, T, T); p == 0: identity
     return torch.matmul(probs, v)
 
 

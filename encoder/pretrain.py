@@ -25,7 +25,14 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from encoder.budget import Budget, Clock
-from encoder.checkpoint import CONFIG_NAME, WEIGHTS_NAME, load_into, read_weights, save_pretrained
+from encoder.checkpoint import (
+    CONFIG_NAME,
+    WEIGHTS_NAME,
+    load_into,
+    read_weights,
+    save_pretrained,
+    split_prefix,
+)
 from encoder.config import EncoderConfig
 from encoder.corpus import check_corpus_files, tokenize_corpus
 from encoder.device import autocast, default_device, resolve_bf16
@@ -204,13 +211,11 @@ def load_initial_weights(model: BertForPreTraining, directory: str) -> None:
     Heads the new run does not have (a pooler, an NSP classifier) are dropped; the optimizer, schedule and
     data order start fresh, as for any new run.
     """
-    state = read_weights(directory)
-    if not any(k.startswith("bert.") for k in state):  # a bare BertModel checkpoint
-        state = {f"bert.{k}": v for k, v in state.items()}
+    enc, rest = split_prefix(read_weights(directory))  # a bare encoder has no ``bert.`` prefix: same result
+    state = {f"bert.{k}": v for k, v in enc.items()}
+    state.update({k: v for k, v in rest.items() if not k.startswith("cls.predictions.decoder")})  # tied
     own = model.state_dict()
     state = {k: v for k, v in state.items() if k in own or not k.startswith(("bert.pooler.", "cls.seq_relationship."))}
-    state = {k: v for k, v in state.items() if not k.startswith("cls.predictions.decoder")}  # tied to embeddings
-    state.pop("bert.embeddings.position_ids", None)
     has_head = any(k.startswith("cls.predictions.") for k in state)
     if not has_head:
         logger.info("%s has no MLM head; it starts fresh", directory)
