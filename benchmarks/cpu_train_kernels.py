@@ -3,7 +3,7 @@
 - dropout mask of a (64·128, 256) bf16 activation: `bernoulli_` (nn.Dropout / SDPA) vs encoder.dropout.keep_mask
 - attention forward + backward, bf16, at (B, heads, T, 64) for T = 128 / 256 / 512 with B·T = 8192 tokens:
   `F.scaled_dot_product_attention` vs `encoder.model.explicit_attention`, dropout 0 and 0.1
-- cross-entropy forward + backward over gathered MLM logits (1216 × 16000, bf16):
+- cross-entropy forward + backward over gathered MLM logits (1216 × 16000, bf16, and fp32):
   `F.cross_entropy(logits.float())` + argmax vs `encoder.fused_cross_entropy.cross_entropy_with_correct`,
   and the fp32 copy of those logits into a fresh array vs into a reused one (first-touch page faults)
 
@@ -90,6 +90,18 @@ def main() -> None:
         cross_entropy_with_correct(x, targets)[0].backward()
 
     res["cross_entropy_fwd_bwd_ms"] = {"plain": ms(plain, r), "fused": ms(fused, r)}
+    logits32 = logits.float()  # the same with fp32 logits (CPUs without native bf16 train in fp32)
+
+    def plain32():
+        x = logits32.clone().requires_grad_(True)
+        F.cross_entropy(x, targets).backward()
+        (x.detach().argmax(-1) == targets).sum()
+
+    def fused32():
+        x = logits32.clone().requires_grad_(True)
+        cross_entropy_with_correct(x, targets)[0].backward()
+
+    res["cross_entropy_fp32_fwd_bwd_ms"] = {"plain": ms(plain32, r), "fused": ms(fused32, r)}
     # why the fused route keeps a scratch: the same fp32 copy into a fresh array vs into a reused one
     scratch = torch.empty(N, V)
     res["logits_fp32_copy_ms"] = {"fresh_array": ms(lambda: logits.float(), r),

@@ -17,6 +17,13 @@ Peer:  `transformers.BertForMaskedLM` fed exactly as `run_mlm.py` does by defaul
 
 Quality: after the same number of training tokens both models are evaluated on one fixed validation set
 (our packed validation rows masked once at 15% with seed 0; both see input_ids + attention_mask).
+Each side draws from its own copy of torch's global generator (dropout, the collator's masks), so
+neither side's random stream depends on how many numbers the other drew; `--seed` changes the model
+inits, data orders, masks and dropout of both sides.
+
+Allocator (`--malloc`, encoder/malloc.py): `ours` (default) runs each side as it ships — our steps
+with the heap retaining freed blocks, as `twotower pretrain` sets it, the peer's with glibc's usual
+thresholds; `retain` gives both sides our setting; `default` never touches the allocator.
 
     .venv/bin/python benchmarks/mlm_throughput.py --steps 40 --block 5
 """
@@ -37,6 +44,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from encoder.config import EncoderConfig  # noqa: E402
 from encoder.corpus import tokenize_corpus  # noqa: E402
 from encoder.device import autocast, resolve_bf16  # noqa: E402
+from encoder.malloc import retain_freed_memory  # noqa: E402
 from encoder.masking import MaskingSpec, TokenSpace  # noqa: E402
 from encoder.mlm import BertForPreTraining  # noqa: E402
 from encoder.optim import lr_factor, make_optimizer, set_lr  # noqa: E402
@@ -90,12 +98,15 @@ def profile_steps(step, indices) -> dict:
         for i in indices:
             step(i)
     ms: dict[str, float] = {}
+    ops: dict[str, float] = {}
     for ev in prof.key_averages():
         b = bucket_of(ev.key)
         ms[b] = ms.get(b, 0.0) + ev.self_cpu_time_total / 1000 / len(indices)
+        ops[ev.key] = ev.self_cpu_time_total / 1000 / len(indices)
     total = sum(ms.values())
     return {"total_ms": total, "ms": dict(sorted(ms.items(), key=lambda kv: -kv[1])),
-            "share": {k: v / total for k, v in sorted(ms.items(), key=lambda kv: -kv[1])}}
+            "share": {k: v / total for k, v in sorted(ms.items(), key=lambda kv: -kv[1])},
+            "top_ops_ms": dict(sorted(ops.items(), key=lambda kv: -kv[1])[:15])}
 
 
 def main() -> None:
@@ -113,6 +124,9 @@ def main() -> None:
     ap.add_argument("--valid-rows", type=int, default=256)
     ap.add_argument("--cache-dir", default="runs/.cache")
     ap.add_argument("--out", default=None, help="write the result JSON here")
+    ap.add_argument("--seed", type=int, default=0, help="model init, data order, masks and dropout of both sides")
+    ap.add_argument("--malloc", default="ours", choices=["ours", "retain", "default"],
+                    help="allocator per side (see the module docstring)")
     ap.add_argument("--profile", type=int, default=0, metavar="STEPS",
                     help="after timing, profile STEPS more steps per side and report where the time goes")
     args = ap.parse_args()
@@ -124,7 +138,7 @@ def main() -> None:
         PreTrainedTokenizerFast,
     )
 
-    torch.manual_seed(0)
+    torch.manual_seed(args.seed)
     train_file = os.path.join(args.data, "gutenberg-en-mlm", "train.txt.gz")
     valid_file = os.path.join(args.data, "gutenberg-en-mlm", "valid.txt.gz")
     tok = Tokenizer.from_pretrained(args.tokenizer)
@@ -132,8 +146,8 @@ def main() -> None:
     corpus.meta_paths = [train_file]
     rows = PackedRows(corpus, args.seq_len, tok)
     space = TokenSpace.from_tokenizer(tok)
-    maker = BatchMaker(rows, space, MaskingSpec(), seed=0)
-    order = RowOrder(len(rows), seed=0)
+    maker = BatchMaker(rows, space, MaskingSpec(), seed=args.seed)
+    order = RowOrder(len(rows), seed=args.seed)
     vcorpus = tokenize_corpus([valid_file], tok, args.cache_dir)
     valid = validation_batches(PackedRows(vcorpus, args.seq_len, tok), space, args.batch_size, args.valid_rows)
 
@@ -153,7 +167,7 @@ def main() -> None:
     collator = DataCollatorForLanguageModeling(tokenizer=hf_tok, mlm_probability=0.15, return_tensors="pt")
     total = args.steps + args.warmup_steps
     blocks = hf_blocks(corpus, tok, args.seq_len, ((total + args.profile) * args.batch_size + 1) * args.seq_len)
-    perm = np.random.default_rng(0).permutation(len(blocks))
+    perm = np.random.default_rng(args.seed).permutation(len(blocks))
 
     stats = {"ours": {"time": 0.0, "tokens": 0, "steps": 0}, "peer": {"time": 0.0, "tokens": 0, "steps": 0}}
 
@@ -188,18 +202,35 @@ def main() -> None:
             stats["peer"]["tokens"] += int(batch["input_ids"].numel())
             stats["peer"]["steps"] += 1
 
+    rng = {"ours": torch.get_rng_state(), "peer": torch.get_rng_state()}  # one stream per side
+    malloc_retain = {"ours": args.malloc != "default", "peer": args.malloc == "retain"}
+
+    def as_side(side: str):
+        """Enter `side`'s random stream and allocator setting; returns the function that leaves it."""
+        torch.set_rng_state(rng[side])
+        if args.malloc != "default":
+            retain_freed_memory(malloc_retain[side])
+
+        def leave() -> None:
+            rng[side] = torch.get_rng_state()
+        return leave
+
     ours.train()
     peer.train()
     i_ours = i_peer = 0
     while i_ours < total or i_peer < total:
+        leave = as_side("ours")
         for _ in range(args.block):
             if i_ours < total:
                 ours_step(i_ours)
                 i_ours += 1
+        leave()
+        leave = as_side("peer")
         for _ in range(args.block):
             if i_peer < total:
                 peer_step(i_peer)
                 i_peer += 1
+        leave()
         print(f"step {i_ours}/{total}  ours {stats['ours']['tokens'] / max(stats['ours']['time'], 1e-9):,.0f} tok/s"
               f"  peer {stats['peer']['tokens'] / max(stats['peer']['time'], 1e-9):,.0f} tok/s", flush=True)
 
@@ -231,6 +262,7 @@ def main() -> None:
     result = {
         "config": {"size": args.size, "vocab": tok.vocab_size, "seq_len": args.seq_len, "batch": args.batch_size,
                    "steps_timed": args.steps, "threads": torch.get_num_threads(), "ours_bf16": bf16,
+                   "seed": args.seed, "malloc": args.malloc,
                    "peer_attn": getattr(peer.config, "_attn_implementation", "?"), "torch": torch.__version__},
         "ours_tok_s": stats["ours"]["tokens"] / stats["ours"]["time"],
         "peer_tok_s": stats["peer"]["tokens"] / stats["peer"]["time"],
@@ -241,8 +273,11 @@ def main() -> None:
     if args.profile:  # after timing and validation, so neither sees these steps
         ours.train()
         peer.train()
-        prof = {"ours": profile_steps(ours_step, range(total, total + args.profile)),
-                "peer": profile_steps(peer_step, range(total, total + args.profile))}
+        prof = {}
+        for side, step in (("ours", ours_step), ("peer", peer_step)):
+            leave = as_side(side)
+            prof[side] = profile_steps(step, range(total, total + args.profile))
+            leave()
         # The ratio if every op of ours except its matmuls and fused attention cost nothing.
         gemm = sum(prof["ours"]["ms"].get(b, 0.0) for b in ("matmul", "fused attention"))
         prof["ceiling_ratio_ours_gemm_only"] = prof["peer"]["total_ms"] / max(gemm, 1e-9)

@@ -45,8 +45,14 @@ class _CrossEntropy(torch.autograd.Function):
     def forward(ctx, logits: torch.Tensor, targets: torch.Tensor):  # type: ignore[override]
         # logits (N, V) any float dtype; targets (N,) long, all valid class ids
         n = logits.shape[0]
-        lsm = _workspace(logits.shape, logits.device).copy_(logits)  # (N, V) fp32
-        torch.log_softmax(lsm, dim=-1, out=lsm)
+        # fp32 logits with a gradient to come: log-softmax straight into a fresh array that then becomes
+        # the saved gradient (one read of the logits, no scratch copy in and none out).
+        own = logits.dtype == torch.float32 and ctx.needs_input_grad[0]
+        if own:
+            lsm = torch.log_softmax(logits, dim=-1)  # (N, V) fp32
+        else:
+            lsm = _workspace(logits.shape, logits.device).copy_(logits)  # (N, V) fp32
+            torch.log_softmax(lsm, dim=-1, out=lsm)
         picked = lsm.gather(1, targets[:, None]).squeeze(1)  # (N,)
         loss = -picked.sum() / n
         correct = (lsm.argmax(-1) == targets).sum()
@@ -54,8 +60,8 @@ class _CrossEntropy(torch.autograd.Function):
             lsm.exp_()  # softmax
             lsm[torch.arange(n, device=lsm.device), targets] -= 1.0
             lsm.mul_(1.0 / n)
-            # d loss / d logits, always a copy: the scratch is overwritten by the next call's forward
-            ctx.save_for_backward(lsm.to(logits.dtype, copy=True))
+            # d loss / d logits; from the scratch always a copy: the next call's forward overwrites it
+            ctx.save_for_backward(lsm if own else lsm.to(logits.dtype, copy=True))
         ctx.mark_non_differentiable(correct)
         return loss, correct
 

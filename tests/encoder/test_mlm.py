@@ -88,3 +88,50 @@ def test_zero_targets_raise():
     ids, attn, _, _ = _batch()
     with pytest.raises(ValueError, match="zero target"):
         m(ids, torch.full_like(ids, IGNORE_INDEX))
+
+
+def test_target_slots_lay_each_rows_targets_out_in_order():
+    from encoder.mlm import target_slots
+
+    labels = torch.full((3, 6), IGNORE_INDEX)
+    labels[0, [1, 4]] = 7
+    labels[2, [0, 2, 3, 5]] = 7  # row 1 has no target at all
+    idx = (labels.reshape(-1) != IGNORE_INDEX).nonzero().squeeze(1)
+    pos, slot = target_slots(idx, 3, 6, lead_cls=False)
+    assert pos.tolist() == [[1, 4, 0, 0], [0, 0, 0, 0], [0, 2, 3, 5]]
+    assert slot.tolist() == [0, 1, 8, 9, 10, 11]
+    assert (pos.reshape(-1)[slot] == idx % 6).all()
+    pos, slot = target_slots(idx, 3, 6, lead_cls=True)  # NSP: [CLS] first in every row, for the pooler
+    assert pos[:, 0].tolist() == [0, 0, 0] and pos[2].tolist() == [0, 0, 2, 3, 5]
+    assert (pos.reshape(-1)[slot] == idx % 6).all()
+
+
+@pytest.mark.parametrize("nsp", [False, True])
+@pytest.mark.parametrize("kw", [{}, {"norm_first": True}])
+def test_sparse_last_layer_equals_the_dense_one_in_loss_and_every_gradient(nsp, kw):
+    """Training step of a packed batch (block-diagonal documents, padding, uneven targets per row, one row
+    without any): the sparse last layer gives the dense layer's loss, logits and parameter gradients."""
+    torch.manual_seed(2)
+    config = EncoderConfig(**{**CFG, "num_hidden_layers": 3, **kw})
+    dense = BertForPreTraining(config, nsp=nsp, sparse_last_layer=False).train()
+    sparse = BertForPreTraining(config, nsp=nsp).train()
+    sparse.load_state_dict(dense.state_dict())
+    ids, attn, labels, types = _batch(seed=5)
+    labels[3] = IGNORE_INDEX
+    labels[4, :] = ids[4, :]  # a row that is all targets
+    docs = torch.zeros_like(ids)
+    docs[:, 4:] = 1
+    docs[0, 5:] = torch.tensor([2, 3])
+    nsl = torch.randint(0, 2, (13,), generator=torch.Generator().manual_seed(1)) if nsp else None
+    outs = []
+    for m in (dense, sparse):
+        out = m(ids, labels, attention_mask=attn, token_type_ids=types, document_ids=docs, next_sentence_label=nsl)
+        out.loss.backward()
+        outs.append(out)
+    torch.testing.assert_close(outs[1].logits, outs[0].logits, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(outs[1].loss, outs[0].loss, atol=1e-6, rtol=1e-5)
+    assert int(outs[1].mlm_correct) == int(outs[0].mlm_correct)
+    grads = dict(dense.named_parameters())
+    for name, p in sparse.named_parameters():
+        assert p.grad is not None, name
+        torch.testing.assert_close(p.grad, grads[name].grad, atol=1e-6, rtol=1e-4, msg=name)

@@ -225,3 +225,31 @@ def test_training_mode_draws_the_same_dropout_with_and_without_grad():
     torch.manual_seed(7)
     b, _ = m(ids)
     torch.testing.assert_close(a, b.detach())
+
+
+@pytest.mark.parametrize("kw", [{}, {"norm_first": True}, {"ffn_type": "geglu", "use_bias": False}])
+@pytest.mark.parametrize("grad", [False, True])
+def test_query_positions_equal_the_full_last_layer_at_those_positions(kw, grad):
+    """The last layer at M chosen positions per row is the full computation gathered there: with padding,
+    block-diagonal packing, repeated and out-of-order positions, on the SDPA (no grad) and explicit paths."""
+    torch.manual_seed(3)
+    model = BertModel(_config(**kw)).eval()
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(5, V, (B, T), generator=g)
+    am = torch.ones(B, T, dtype=torch.long)
+    am[2, 5:] = 0
+    docs = torch.zeros(B, T, dtype=torch.long)
+    docs[:, 3:] = 1
+    docs[2, 5:] = torch.tensor([2, 3])  # padding slots: their own documents, as PackedRows lays them
+    pos = torch.randint(0, T, (B, 4), generator=g)
+    pos[:, 0] = 0
+    pos[0] = torch.tensor([0, 6, 6, 2])
+    with torch.set_grad_enabled(grad):
+        full, pooled_full = model(ids, am, document_ids=docs)
+        part, pooled_part = model(ids, am, document_ids=docs, query_positions=pos)
+    assert part.shape == (B, 4, H)
+    want = full.gather(1, pos[..., None].expand(-1, -1, H))
+    torch.testing.assert_close(part, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(pooled_part, pooled_full, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match=r"query_positions\[:, 0\] == 0"):
+        model(ids, am, query_positions=pos.roll(1, dims=1).clamp(min=1))

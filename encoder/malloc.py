@@ -1,0 +1,69 @@
+"""Keep freed large blocks in the process heap, so a training step stops page-faulting its own arrays.
+
+PyTorch's CPU tensors come from the C allocator.  glibc serves every block above its mmap
+threshold (32 MiB at most) with a fresh ``mmap`` and gives it back with ``munmap`` when freed, so
+each step of a training loop touches its large activations and gradients (a ``mini`` step has
+dozens of 8-80 MB arrays) as brand-new pages: one page fault per 4 KiB, which on a small CPU costs
+a tenth of the step (`benchmarks/mlm_throughput.py --malloc`, docs/benchmarks/mlm.md).  GPU
+frameworks avoid this with a caching allocator; here the same effect comes from two ``mallopt``
+settings: no mmap for large blocks (they come from the heap) and no trimming of the heap's top, so
+freed memory is reused by the next step instead of returned to the kernel.
+
+The price is that the process keeps its peak heap size until it exits — what a training process
+does anyway.  Applied by the training loops (pretraining, fine-tuning), never at import;
+``TWOTOWER_MALLOC=default`` leaves the allocator alone.  A no-op where the C library is not glibc.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import logging
+import os
+
+logger = logging.getLogger(__name__)
+
+_M_TRIM_THRESHOLD = -1  # <malloc.h>
+_M_MMAP_THRESHOLD = -3
+_M_MMAP_MAX = -4
+_DEFAULT_MMAP_MAX = 65536  # glibc's default number of mmapped blocks
+# Where glibc's dynamic thresholds settle in a loop that frees large arrays: the mmap threshold rises
+# to the largest freed mmapped block, at most 32 MiB, and the trim threshold to twice that.
+_STEADY_MMAP_THRESHOLD = 32 * 1024 * 1024
+
+
+@functools.cache
+def _glibc() -> ctypes.CDLL | None:
+    name = ctypes.util.find_library("c")
+    if not name:
+        return None
+    try:
+        libc = ctypes.CDLL(name)
+    except OSError:
+        return None
+    return libc if hasattr(libc, "gnu_get_libc_version") else None  # glibc only: musl and others lack it
+
+
+def retain_freed_memory(enable: bool = True) -> bool:
+    """Make glibc keep freed large blocks for reuse (``enable``) or go back to its usual behaviour.
+
+    ``enable=False`` sets the values glibc's own dynamic thresholds reach in a training loop (mmap
+    above 32 MiB, trim above 64 MiB): after any ``mallopt`` call glibc stops adapting them, so this
+    is the closest one can come to never having called it (a benchmark uses it to give a peer the
+    allocator it would have had).  Returns True when applied (glibc present, and for ``enable`` not
+    switched off by ``TWOTOWER_MALLOC=default``).  Idempotent; process-wide.
+    """
+    if enable and os.environ.get("TWOTOWER_MALLOC", "retain") == "default":
+        return False
+    libc = _glibc()
+    if libc is None:
+        return False
+    if enable:
+        settings = ((_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, 2**31 - 1))
+    else:
+        settings = ((_M_MMAP_MAX, _DEFAULT_MMAP_MAX), (_M_MMAP_THRESHOLD, _STEADY_MMAP_THRESHOLD),
+                    (_M_TRIM_THRESHOLD, 2 * _STEADY_MMAP_THRESHOLD))
+    ok = all([bool(libc.mallopt(param, value)) for param, value in settings])
+    logger.debug("mallopt retain=%s applied=%s", enable, ok)
+    return ok
