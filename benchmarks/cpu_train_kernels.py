@@ -79,29 +79,19 @@ def main() -> None:
     logits = (torch.randn(N, V) * 3).to(torch.bfloat16)
     targets = torch.randint(0, V, (N,))
 
-    def plain():
-        x = logits.clone().requires_grad_(True)
+    def plain(src: torch.Tensor) -> None:
+        x = src.clone().requires_grad_(True)
         x32 = x.float()
         F.cross_entropy(x32, targets).backward()
         (x32.detach().argmax(-1) == targets).sum()
 
-    def fused():
-        x = logits.clone().requires_grad_(True)
+    def fused(src: torch.Tensor) -> None:
+        x = src.clone().requires_grad_(True)
         cross_entropy_with_correct(x, targets)[0].backward()
 
-    res["cross_entropy_fwd_bwd_ms"] = {"plain": ms(plain, r), "fused": ms(fused, r)}
-    logits32 = logits.float()  # the same with fp32 logits (CPUs without native bf16 train in fp32)
-
-    def plain32():
-        x = logits32.clone().requires_grad_(True)
-        F.cross_entropy(x, targets).backward()
-        (x.detach().argmax(-1) == targets).sum()
-
-    def fused32():
-        x = logits32.clone().requires_grad_(True)
-        cross_entropy_with_correct(x, targets)[0].backward()
-
-    res["cross_entropy_fp32_fwd_bwd_ms"] = {"plain": ms(plain32, r), "fused": ms(fused32, r)}
+    # bf16 logits (autocast on CPUs with native bf16), then fp32 (CPUs without it train in fp32)
+    for key, src in (("cross_entropy_fwd_bwd_ms", logits), ("cross_entropy_fp32_fwd_bwd_ms", logits.float())):
+        res[key] = {"plain": ms(lambda src=src: plain(src), r), "fused": ms(lambda src=src: fused(src), r)}
     # why the fused route keeps a scratch: the same fp32 copy into a fresh array vs into a reused one
     scratch = torch.empty(N, V)
     res["logits_fp32_copy_ms"] = {"fresh_array": ms(lambda: logits.float(), r),

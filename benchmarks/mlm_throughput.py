@@ -43,7 +43,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from encoder.config import EncoderConfig  # noqa: E402
 from encoder.corpus import tokenize_corpus  # noqa: E402
-from encoder.device import autocast, resolve_bf16  # noqa: E402
+from encoder.device import autocast, cpu_description, resolve_bf16  # noqa: E402
 from encoder.malloc import retain_freed_memory  # noqa: E402
 from encoder.masking import MaskingSpec, TokenSpace  # noqa: E402
 from encoder.mlm import BertForPreTraining  # noqa: E402
@@ -262,7 +262,7 @@ def main() -> None:
     result = {
         "config": {"size": args.size, "vocab": tok.vocab_size, "seq_len": args.seq_len, "batch": args.batch_size,
                    "steps_timed": args.steps, "threads": torch.get_num_threads(), "ours_bf16": bf16,
-                   "seed": args.seed, "malloc": args.malloc,
+                   "seed": args.seed, "malloc": args.malloc, "cpu": cpu_description(),
                    "peer_attn": getattr(peer.config, "_attn_implementation", "?"), "torch": torch.__version__},
         "ours_tok_s": stats["ours"]["tokens"] / stats["ours"]["time"],
         "peer_tok_s": stats["peer"]["tokens"] / stats["peer"]["time"],
