@@ -1,5 +1,6 @@
 """The kernels behind our CPU training step, timed against what they replace (same process, same shapes).
 
+- one 8192 × 256 × 1024 matmul in fp32 and bf16 (is bf16 worth anything on this CPU?)
 - dropout mask of a (64·128, 256) bf16 activation: `bernoulli_` (nn.Dropout / SDPA) vs encoder.dropout.keep_mask
 - attention forward + backward, bf16, at (B, heads, T, 64) for T = 128 / 256 / 512 with B·T = 8192 tokens:
   `F.scaled_dot_product_attention` vs `encoder.model.explicit_attention`, dropout 0 and 0.1
@@ -23,6 +24,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from encoder.device import cpu_bf16_supported, cpu_description  # noqa: E402
 from encoder.dropout import keep_mask  # noqa: E402
 from encoder.fused_cross_entropy import cross_entropy_with_correct  # noqa: E402
 from encoder.model import explicit_attention  # noqa: E402
@@ -74,6 +76,14 @@ def main() -> None:
             row[f"sdpa_p{p}"] = ms(lambda p=p: step(sdpa, p), r)
             row[f"explicit_p{p}"] = ms(lambda p=p: step(explicit, p), r)
         res["attention_fwd_bwd_ms"][f"T{T}_B{B}"] = row
+
+    # What bf16 is worth on this CPU: one (8192 x 256) x (256 x 1024) matmul per dtype (without native bf16
+    # oneDNN has no fast kernel and bf16 is ~100x slower; with AVX512-BF16 / AMX it is faster than fp32).
+    a, b = torch.randn(8192, 256), torch.randn(256, 1024)
+    res["matmul_8192x256x1024_ms"] = {"fp32": ms(lambda: a @ b, r)}
+    a16, b16 = a.bfloat16(), b.bfloat16()
+    res["matmul_8192x256x1024_ms"]["bf16"] = ms(lambda: a16 @ b16, 1 if not cpu_bf16_supported() else r)
+    res["cpu"] = cpu_description()
 
     N, V = 1216, 16000
     logits = (torch.randn(N, V) * 3).to(torch.bfloat16)
