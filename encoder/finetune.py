@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 
 from encoder.atomic import atomic_write_text
 from encoder.device import autocast, default_device, resolve_bf16
-from encoder.malloc import retain_freed_memory
+from encoder.malloc import retain_freed_memory_for
 from encoder.optim import lr_factor, make_optimizer, set_lr
 from encoder.qa_decode import choose_null_threshold
 from encoder.task_examples import build_label_map
@@ -170,8 +170,7 @@ def finetune(
     info = TaskInfo(head, label_map, cfg.max_length, cfg.doc_stride, cfg.max_query_length, cfg.max_answer_length)
     device = torch.device(cfg.device) if cfg.device else default_device()
     bf16 = resolve_bf16(cfg.bf16, device)
-    if device.type == "cpu":
-        retain_freed_memory()  # reuse freed activation memory across steps (encoder/malloc.py)
+    retain_freed_memory_for(device)  # reuse freed activation memory across steps (encoder/malloc.py)
     metric = cfg.metric or task.main_metric
     score = metric_fn or task.score
 

@@ -3,14 +3,16 @@
 PyTorch's CPU tensors come from the C allocator.  glibc serves every block above its mmap
 threshold (32 MiB at most) with a fresh ``mmap`` and gives it back with ``munmap`` when freed, so
 each step of a training loop touches its large activations and gradients (a ``mini`` step has
-dozens of 8-80 MB arrays) as brand-new pages: one page fault per 4 KiB, which on a small CPU costs
-a tenth of the step (`benchmarks/mlm_throughput.py --malloc`, docs/benchmarks/mlm.md).  GPU
+dozens of 8-80 MB arrays) as brand-new pages: one page fault per 4 KiB, about 5 % of a `mini`
+step on a 2-core CPU (`benchmarks/mlm_throughput.py --malloc default` vs `ours`: 5,880 vs 6,200
+tokens/s; docs/benchmarks/mlm.md).  GPU
 frameworks avoid this with a caching allocator; here the same effect comes from two ``mallopt``
 settings: no mmap for large blocks (they come from the heap) and no trimming of the heap's top, so
 freed memory is reused by the next step instead of returned to the kernel.
 
 The price is that the process keeps its peak heap size until it exits — what a training process
-does anyway.  Applied by the training loops (pretraining, fine-tuning), never at import;
+does anyway.  Applied by the CPU training loops (pretraining, fine-tuning, dual-encoder and reranker
+training) through `retain_freed_memory_for(device)`, never at import;
 ``TWOTOWER_MALLOC=default`` leaves the allocator alone.  A no-op where the C library is not glibc.
 """
 
@@ -21,6 +23,8 @@ import ctypes.util
 import functools
 import logging
 import os
+
+import torch
 
 logger = logging.getLogger(__name__)
 
@@ -67,3 +71,8 @@ def retain_freed_memory(enable: bool = True) -> bool:
     ok = all([bool(libc.mallopt(param, value)) for param, value in settings])
     logger.debug("mallopt retain=%s applied=%s", enable, ok)
     return ok
+
+
+def retain_freed_memory_for(device: torch.device) -> bool:
+    """What a training loop calls: retain freed blocks when it trains on the CPU (GPU memory has its own cache)."""
+    return device.type == "cpu" and retain_freed_memory()

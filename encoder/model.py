@@ -250,23 +250,20 @@ class BertLayer(nn.Module):
         """x: (B, T, H) -> (B, T, H), or (B, M, H) at `query_positions` (B, M) when given: every position
         still serves as key and value, but attention output, residuals and FFN run at the M queries only."""
         att, ffn = self.attention, self.output
-        if query_positions is not None:
-            return self._forward_at(x, mask, query_positions)
-        if self.norm_first:
-            x = x + att.output.dropout(att.output.dense(att.self(att.output.LayerNorm(x), mask)))
-            return x + ffn.dropout(ffn.dense(self.intermediate(ffn.LayerNorm(x))))
-        x = att.output.LayerNorm(x + att.output.dropout(att.output.dense(att.self(x, mask))))
-        return ffn.LayerNorm(x + ffn.dropout(ffn.dense(self.intermediate(x))))
+        pos = query_positions
+        index = None if pos is None else pos[..., None].expand(-1, -1, x.shape[-1])  # (B, M, H)
 
-    def _forward_at(self, x: torch.Tensor, mask: torch.Tensor | None, pos: torch.Tensor) -> torch.Tensor:
-        att, ffn = self.attention, self.output
-        index = pos[..., None].expand(-1, -1, x.shape[-1])  # (B, M, H)
-        xq = x.gather(1, index)  # (B, M, H) residual stream at the queries
+        def at_queries(t: torch.Tensor) -> torch.Tensor:
+            return t if index is None else t.gather(1, index)  # (B, T or M, H)
+
+        xq = at_queries(x)  # the residual stream where the output is wanted
         if self.norm_first:
             xn = att.output.LayerNorm(x)
-            xq = xq + att.output.dropout(att.output.dense(att.self(xn, mask, xn.gather(1, index))))
+            a = att.self(xn, mask, None if pos is None else at_queries(xn))  # (B, T or M, H)
+            xq = xq + att.output.dropout(att.output.dense(a))
             return xq + ffn.dropout(ffn.dense(self.intermediate(ffn.LayerNorm(xq))))
-        xq = att.output.LayerNorm(xq + att.output.dropout(att.output.dense(att.self(x, mask, xq))))
+        a = att.self(x, mask, None if pos is None else xq)  # (B, T or M, H)
+        xq = att.output.LayerNorm(xq + att.output.dropout(att.output.dense(a)))
         return ffn.LayerNorm(xq + ffn.dropout(ffn.dense(self.intermediate(xq))))
 
 
@@ -336,8 +333,8 @@ class BertModel(nn.Module):
         query_positions: (B, M) long, positions in each row whose final states are wanted (MLM targets):
                          the last layer then runs its attention queries, residuals and FFN at these M
                          positions only and the hidden states returned are (B, M, H).  Exact — every
-                         position still feeds the last layer's keys and values — and about a sixth less
-                         work per pretraining step of a 4-layer model.  The pooled output needs
+                         position still feeds the last layer's keys and values — and ~15 % fewer FLOPs
+                         per pretraining step of a 4-layer model.  The pooled output needs
                          ``query_positions[:, 0] == 0`` (the [CLS] state).
         """
         B, T = input_ids.shape

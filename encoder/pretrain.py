@@ -37,7 +37,7 @@ from encoder.config import EncoderConfig
 from encoder.corpus import check_corpus_files, tokenize_corpus
 from encoder.device import autocast, default_device, resolve_bf16
 from encoder.distributed import DistInfo, all_reduce_sum, barrier, cleanup, init_distributed
-from encoder.malloc import retain_freed_memory
+from encoder.malloc import retain_freed_memory_for
 from encoder.masking import MaskingSpec, TokenSpace
 from encoder.mlm import BertForPreTraining
 from encoder.optim import lr_factor, make_optimizer, set_lr
@@ -253,8 +253,7 @@ def _pretrain(args: PretrainArgs, info: DistInfo) -> dict:
     if device.type == "cuda" and info.enabled:
         device = torch.device("cuda", info.local_rank)
     bf16 = resolve_bf16(args.bf16, device)
-    if device.type == "cpu":
-        retain_freed_memory()  # reuse freed activation memory across steps (encoder/malloc.py)
+    retain_freed_memory_for(device)  # reuse freed activation memory across steps (encoder/malloc.py)
     tokenizer = load_tokenizer(args.tokenizer)
     config = resolve_config(args, tokenizer)
     prepare_out_dir(args, config, info)

@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from encoder.device import autocast, default_device, resolve_bf16
-from encoder.malloc import retain_freed_memory
+from encoder.malloc import retain_freed_memory_for
 from encoder.optim import lr_factor, make_optimizer, set_lr
 from retrieval.batch_sampler import Item, UniquePositiveBatches
 from retrieval.export import write_training_args
@@ -369,8 +369,7 @@ def train_dual(cfg: DualTrainConfig) -> DualTrainResult:
     R, me = world_size(), rank()
     device = torch.device(cfg.device) if cfg.device else default_device()
     bf16 = resolve_bf16(cfg.bf16, device)
-    if device.type == "cpu":
-        retain_freed_memory()  # reuse freed activation memory across steps (encoder/malloc.py)
+    retain_freed_memory_for(device)  # reuse freed activation memory across steps (encoder/malloc.py)
     run = TrainingRun(cfg.out, enabled=me == 0)
     run.log("config", **{k: v for k, v in asdict(cfg).items()}, world_size=R, bf16_resolved=bf16)
 

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from encoder.device import autocast, default_device
-from encoder.malloc import retain_freed_memory
+from encoder.malloc import retain_freed_memory_for
 from encoder.optim import lr_factor, param_groups
 from retrieval.cross_encoder import CrossEncoder
 from retrieval.export import write_training_args
@@ -278,8 +278,7 @@ def train_reranker(cfg: RerankerTrainConfig) -> RerankerTrainResult:
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
     device = torch.device(cfg.device) if cfg.device else default_device()
-    if device.type == "cpu":
-        retain_freed_memory()  # reuse freed activation memory across steps (encoder/malloc.py)
+    retain_freed_memory_for(device)  # reuse freed activation memory across steps (encoder/malloc.py)
     run = TrainingRun(cfg.out)
     run.log("config", **asdict(cfg))
 
