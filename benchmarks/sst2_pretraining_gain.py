@@ -8,6 +8,9 @@ over all seeds.  Splits, subsampling and everything else are those of ``tasks_ss
 
     .venv/bin/python benchmarks/sst2_pretraining_gain.py --model runs/mlm-mini-2h --out runs/tasks/sst2-gain-2h
 
+``--poolings cls,mean`` widens each side's dev grid to lr x classifier pooling ([CLS] pooler or the mean of token
+states, encoder.heads); the pair with the best seed-0 dev accuracy is then run with the other seeds.
+
 The random side reads only the checkpoint's config and tokenizer; ``--sides random`` runs it alone.
 """
 
@@ -25,6 +28,7 @@ from tasks_common import REPO, base_parser, run, seeds_of, subsample
 def main() -> None:
     p = base_parser(__doc__.splitlines()[0], "sst2-gain")
     p.add_argument("--lrs", default="3e-5,1e-4,3e-4,1e-3", help="the grid each side chooses from on dev")
+    p.add_argument("--poolings", default="cls", help="classifier poolings each side also chooses from on dev")
     p.add_argument("--max-train", type=int, default=20000)
     p.add_argument("--max-dev", type=int, default=2000)
     p.add_argument("--epochs", type=int, default=1)
@@ -48,13 +52,16 @@ def main() -> None:
     test = read_text_examples(os.path.join(d, "test.tsv"))
     seeds = seeds_of(args.seeds)
     lrs = [float(x) for x in args.lrs.split(",")]
+    poolings = [x.strip() for x in args.poolings.split(",") if x.strip()]
+    if not poolings or any(x not in ("cls", "mean") for x in poolings):
+        p.error(f"--poolings: choose from cls, mean (got {args.poolings!r})")
     with open(os.path.join(args.model, "config.json"), encoding="utf-8") as f:
         architecture = {k: v for k, v in json.load(f).items() if k != "architectures"}  # both sides: the same
 
-    def one(init: str, lr: float, run_seeds: tuple[int, ...], name: str) -> dict:
+    def one(init: str, lr: float, pooling: str, run_seeds: tuple[int, ...], name: str) -> dict:
         cfg = FinetuneConfig(epochs=args.epochs, batch_size=args.batch_size, lr=lr, max_length=args.max_length,
                              seeds=run_seeds, evals_per_epoch=args.evals_per_epoch, metric="accuracy",
-                             progress=not args.no_progress)
+                             progress=not args.no_progress, pooling=None if pooling == "cls" else pooling)
         done = os.path.join(args.out, name, "results.json")
         if os.path.isfile(done):  # runs are deterministic: reuse one made with the same settings and data
             with open(done, encoding="utf-8") as f:
@@ -71,18 +78,25 @@ def main() -> None:
     for init in args.sides.split(","):
         if init not in ("pretrained", "random"):
             p.error(f"--sides: unknown side {init!r}")
-        sweep = {lr: one(init, lr, seeds[:1], f"{init}-lr{lr:g}") for lr in lrs}
-        dev_acc = {lr: r["per_seed"][0]["dev"]["accuracy"] for lr, r in sweep.items()}
-        lr = max(lrs, key=lambda x: dev_acc[x])  # first of equals: the grid's order
-        per_seed = list(sweep[lr]["per_seed"])
+        grid = [(pool, lr) for pool in poolings for lr in lrs]
+
+        def tag(pool: str, lr: float, init: str = init) -> str:  # cls keeps the pre-pooling-option run names
+            return f"{init}-lr{lr:g}" if pool == "cls" else f"{init}-{pool}-lr{lr:g}"
+
+        sweep = {g: one(init, g[1], g[0], seeds[:1], tag(*g)) for g in grid}
+        dev_acc = {g: r["per_seed"][0]["dev"]["accuracy"] for g, r in sweep.items()}
+        pooling, lr = max(grid, key=lambda g: dev_acc[g])  # first of equals: the grid's order
+        per_seed = list(sweep[(pooling, lr)]["per_seed"])
         if len(seeds) > 1:
-            per_seed += one(init, lr, seeds[1:], f"{init}-lr{lr:g}-seeds")["per_seed"]
+            per_seed += one(init, lr, pooling, seeds[1:], f"{tag(pooling, lr)}-seeds")["per_seed"]
         test_acc = [s["test"]["accuracy"] for s in per_seed]
         side = {
             "model": args.model, "counts": {"train": len(train), "dev": len(dev), "test": len(test)},
             "epochs": args.epochs, "lrs": lrs, "seeds": list(seeds), "batch_size": args.batch_size,
             "max_length": args.max_length, "evals_per_epoch": args.evals_per_epoch, "architecture": architecture,
-            "dev_accuracy_by_lr": {f"{k:g}": v for k, v in dev_acc.items()}, "chosen_lr": lr,
+            "poolings": poolings, "chosen_pooling": pooling,
+            "dev_accuracy_by_lr": {(f"{lr_:g}" if pool == "cls" else f"{pool} {lr_:g}"): v
+                                   for (pool, lr_), v in dev_acc.items()}, "chosen_lr": lr,
             "test_accuracy_per_seed": test_acc, "dev_accuracy_per_seed": [s["dev"]["accuracy"] for s in per_seed],
             "test_mean": statistics.mean(test_acc),
             "test_std": statistics.stdev(test_acc) if len(test_acc) > 1 else 0.0,
@@ -96,12 +110,13 @@ def main() -> None:
                 sides[init] = json.load(f)
     for init, s in sides.items():
         dev_by_lr = ", ".join(f"{k}: {v:.4f}" for k, v in s["dev_accuracy_by_lr"].items())
-        print(f"| {init} | dev (seed 0) {dev_by_lr} | lr {s['chosen_lr']:g} | "
+        print(f"| {init} | dev (seed 0) {dev_by_lr} | {s.get('chosen_pooling', 'cls')} lr {s['chosen_lr']:g} | "
               f"test {s['test_mean']:.4f} ± {s['test_std']:.4f} ({len(s['test_accuracy_per_seed'])} seeds) |")
     if len(sides) < 2:
         return
-    setting = ("counts", "epochs", "lrs", "seeds", "batch_size", "max_length", "evals_per_epoch", "architecture")
-    if any(sides["pretrained"][k] != sides["random"][k] for k in setting):
+    setting = ("counts", "epochs", "lrs", "seeds", "batch_size", "max_length", "evals_per_epoch", "architecture",
+               "poolings")
+    if any(sides["pretrained"].get(k, ["cls"]) != sides["random"].get(k, ["cls"]) for k in setting):
         raise SystemExit(f"the two sides in {args.out} ran with different settings ({', '.join(setting)})")
     gain = sides["pretrained"]["test_mean"] - sides["random"]["test_mean"]
     result = {**sides, "gain_points": 100 * gain}

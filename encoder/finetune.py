@@ -61,6 +61,7 @@ class FinetuneConfig:
     max_query_length: int = 64  # QA
     max_answer_length: int = 30  # QA
     dropout: float | None = None  # head dropout; None: the config's hidden dropout
+    pooling: str | None = None  # classify: "cls" (pooler on [CLS], the default) or "mean" (encoder.heads)
     grad_clip: float = 1.0
     seeds: tuple[int, ...] = (0,)
     evals_per_epoch: int = 1
@@ -174,7 +175,7 @@ def finetune(
     metric = cfg.metric or task.main_metric
     score = metric_fn or task.score
 
-    tm = TaskModel.from_encoder(model_dir, info, device, cfg.dropout, seed=cfg.seeds[0])
+    tm = TaskModel.from_encoder(model_dir, info, device, cfg.dropout, seed=cfg.seeds[0], pooling=cfg.pooling)
     t0 = time.perf_counter()
     splits = {"train": _Split(train, tm.featurize(train, with_targets=True)),
               "dev": _Split(dev, tm.featurize(dev, with_targets=True))}

@@ -13,6 +13,14 @@ output is cached, and each epoch only runs ``head``.
 Classification: z = W·pooled + b, where pooled = tanh(dense(h_[CLS])) is the
 pooler output (DESIGN.md).  Example: logits [1, 3], true class 1 ->
 p = 0.880797, cross-entropy = 0.126928.
+
+``pooling="mean"`` reads the average of the real-token states instead (no
+pooler), stored as ``classifier_pooling`` in config.json as ModernBERT does.
+Why: an MLM-only checkpoint never trains [CLS] or the pooler -- [CLS] is never
+a target -- while every token state is trained; a mean-pooled head starts from
+what pretraining learned.  transformers' BertForSequenceClassification ignores
+that key and would read such a checkpoint with its [CLS] pooler, so only the
+default ``cls`` head round-trips through transformers.
 """
 
 from __future__ import annotations
@@ -23,9 +31,11 @@ from torch import nn
 
 from encoder.config import EncoderConfig
 from encoder.model import BertModel
+from encoder.pooling import mean_pool
 from encoder.tagging import IGNORE_INDEX
 
 HEAD_TYPES = ("classify", "tag", "qa")
+CLASSIFIER_POOLING = ("cls", "mean")
 ARCHITECTURES = {
     "classify": "BertForSequenceClassification",
     "tag": "BertForTokenClassification",
@@ -75,23 +85,33 @@ class _Head(nn.Module):
 
 
 class BertForSequenceClassification(_Head):
-    """pooled [CLS] -> dropout -> linear. ``forward`` returns logits (B, num_labels)."""
+    """pooled [CLS] (or mean of tokens) -> dropout -> linear. ``forward`` returns logits (B, num_labels)."""
 
     head_type = "classify"
 
-    def __init__(self, config: EncoderConfig, num_labels: int, dropout: float | None = None) -> None:
+    def __init__(self, config: EncoderConfig, num_labels: int, dropout: float | None = None,
+                 pooling: str | None = None) -> None:
         super().__init__()
         if num_labels < 1:
             raise ValueError(f"num_labels must be >= 1, got {num_labels}")
-        self.config, self.num_labels = config, num_labels
-        self.bert = BertModel(config, add_pooling_layer=True)
+        pooling = pooling or config.extra.get("classifier_pooling") or "cls"
+        if pooling not in CLASSIFIER_POOLING:
+            raise ValueError(f"classifier pooling must be one of {CLASSIFIER_POOLING}, got {pooling!r}")
+        self.config, self.num_labels, self.pooling = config, num_labels, pooling
+        self.bert = BertModel(config, add_pooling_layer=pooling == "cls")
         self.dropout = nn.Dropout(_dropout_p(config, dropout))
         self.classifier = nn.Linear(config.hidden_size, num_labels)
         self._init_linear(self.classifier, config.initializer_range)
 
     def encode(self, input_ids, attention_mask=None, token_type_ids=None) -> torch.Tensor:
-        _, pooled = self.bert(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
-        return pooled  # (B, H)
+        if self.pooling == "cls":
+            _, pooled = self.bert(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+            return pooled  # (B, H)
+        hidden, _ = self.bert(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                              return_pooled=False)  # (B, T, H)
+        if attention_mask is None:
+            attention_mask = torch.ones(input_ids.shape, dtype=torch.long, device=input_ids.device)
+        return mean_pool(hidden, attention_mask).to(hidden.dtype)  # (B, H)
 
     def head(self, features: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.dropout(features))  # (B, H) -> (B, C)
@@ -166,10 +186,18 @@ HEAD_CLASSES: dict[str, type[_Head]] = {
 }
 
 
-def build_head(head_type: str, config: EncoderConfig, num_labels: int, dropout: float | None = None) -> _Head:
-    """A freshly initialised task model of ``head_type`` (one of HEAD_TYPES)."""
+def build_head(head_type: str, config: EncoderConfig, num_labels: int, dropout: float | None = None,
+               pooling: str | None = None) -> _Head:
+    """A freshly initialised task model of ``head_type`` (one of HEAD_TYPES).
+
+    ``pooling`` (classification only): "cls" or "mean"; None reads ``classifier_pooling`` from the config.
+    """
     if head_type not in HEAD_CLASSES:
         raise ValueError(f"unknown head {head_type!r}; choose one of {HEAD_TYPES}")
+    if head_type == "classify":
+        return BertForSequenceClassification(config, num_labels, dropout, pooling)
+    if pooling is not None:
+        raise ValueError(f"pooling applies to the classification head only, not {head_type!r}")
     return HEAD_CLASSES[head_type](config, num_labels, dropout)
 
 

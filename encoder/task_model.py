@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 
 TASK_KEY = "twotower_task"
 # Keys a base checkpoint may carry from an earlier head; a new head writes its own.
-_HEAD_KEYS = ("num_labels", "id2label", "label2id", TASK_KEY, "problem_type", "finetuning_task")
+_HEAD_KEYS = ("num_labels", "id2label", "label2id", TASK_KEY, "problem_type", "finetuning_task", "classifier_pooling")
 
 
 def read_config(directory: str) -> tuple[EncoderConfig, dict[str, Any], list[str]]:
@@ -133,15 +133,18 @@ class TaskModel:
     # ---- construction ------------------------------------------------------------------------------
     @classmethod
     def from_encoder(cls, directory: str, info: TaskInfo, device: torch.device | str = "cpu",
-                     dropout: float | None = None, seed: int = 0) -> TaskModel:
-        """A new, randomly initialised ``info.head`` on the encoder weights of any BERT-family directory."""
+                     dropout: float | None = None, seed: int = 0, pooling: str | None = None) -> TaskModel:
+        """A new, randomly initialised ``info.head`` on the encoder weights of any BERT-family directory.
+
+        ``pooling``: the classification head's "cls" (default) or "mean" (see encoder.heads).
+        """
         if not os.path.isdir(directory):
             raise FileNotFoundError(f"model directory not found: {directory}")
         config, _, _ = read_config(directory)
         config = dataclasses.replace(config, extra={k: v for k, v in config.extra.items() if k not in _HEAD_KEYS})
         tokenizer = Tokenizer.from_pretrained(directory)
         num_labels = 2 if info.head == "qa" else len(info.labels)
-        model = build_head(info.head, config, num_labels, dropout)
+        model = build_head(info.head, config, num_labels, dropout, pooling)
         enc, _ = split_prefix(read_weights(directory))
         own = model.bert.state_dict()
         if "pooler.dense.weight" in own and "pooler.dense.weight" not in enc:
@@ -189,6 +192,8 @@ class TaskModel:
             head_cfg["num_labels"] = len(self.info.labels)
             head_cfg["id2label"] = {str(i): label for i, label in enumerate(self.info.labels)}
             head_cfg["label2id"] = {label: i for i, label in enumerate(self.info.labels)}
+            if getattr(self.model, "pooling", "cls") != "cls":
+                head_cfg["classifier_pooling"] = self.model.pooling
         self.tokenizer.model_max_length = self.info.max_length
         build = f"{directory.rstrip(os.sep)}.tmp-{os.getpid()}"
         state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}

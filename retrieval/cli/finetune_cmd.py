@@ -34,6 +34,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--weight-decay", type=float, default=0.01)
     p.add_argument("--max-length", type=int, default=128, help="tokens per input (QA: per window)")
     p.add_argument("--freeze-encoder", action="store_true", help="train only the head on cached encoder features")
+    p.add_argument("--pooling", choices=("cls", "mean"),
+                   help="classify: [CLS] pooler (default) or the mean of token states (no pooler)")
     p.add_argument("--seeds", default="0", help="comma-separated seeds, e.g. 0,1,2")
     p.add_argument("--evals-per-epoch", type=int, default=1)
     p.add_argument("--max-train", type=int, help="subsample the training set to this many examples")
@@ -129,7 +131,7 @@ def run_finetune(args: argparse.Namespace) -> int:
         doc_stride=args.doc_stride, max_query_length=args.max_query_length, max_answer_length=args.max_answer_length,
         seeds=seeds, evals_per_epoch=args.evals_per_epoch, max_train_examples=args.max_train,
         max_steps=args.max_steps, metric=metric, bf16=_bf16(args.bf16), device=args.device,
-        progress=not args.no_progress,
+        progress=not args.no_progress, pooling=args.pooling,
     )
     report = finetune(args.task, args.model, train, dev, args.out, cfg, test=test, metric_fn=metric_fn)
     n = len(report.seeds)

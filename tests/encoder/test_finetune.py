@@ -167,3 +167,16 @@ def test_an_encoder_without_pooler_gets_a_seeded_one(tiny_dir, tmp_path):
     saved = split_prefix(read_weights(tiny_dir))[0]["pooler.dense.weight"]
     with_pooler.reset_head(4)
     assert not with_pooler.fresh_pooler and torch.equal(with_pooler.bert.pooler.dense.weight, saved)
+
+
+@pytest.mark.parametrize("freeze", [False, True])
+def test_mean_pooled_head_trains_full_and_frozen(tiny_dir, tmp_path, freeze):
+    out = str(tmp_path / "mean")
+    cfg = FinetuneConfig(epochs=8, batch_size=8, lr=3e-2 if freeze else 3e-3, progress=False, bf16=False,
+                         pooling="mean", freeze_encoder=freeze)
+    report = finetune("classify", tiny_dir, TRAIN, DEV, out, cfg)
+    accs = [h["accuracy"] for h in report.seeds[0].history]
+    assert report.seeds[0].history[-1]["train_loss"] < report.seeds[0].history[0]["train_loss"]
+    tm = TaskModel.from_pretrained(out)
+    assert tm.model.pooling == "mean" and tm.model.bert.pooler is None
+    assert np.mean([p.label == ex.label for p, ex in zip(tm.predict(DEV), DEV)]) == max(accs)

@@ -162,3 +162,55 @@ def test_reset_head_is_seeded(tiny_dir):
     m.reset_head(5)
     assert torch.equal(w5, m.classifier.weight)
     assert m.classifier.weight.std().item() == pytest.approx(m.config.initializer_range, rel=0.5)
+
+
+def test_mean_pooled_classifier_reads_the_average_of_real_tokens(tiny_dir):
+    """logits = W · mean(h over real tokens) + b; padding (any amount) changes nothing; no pooler is built."""
+    m = TaskModel.from_encoder(tiny_dir, TaskInfo("classify", ["a", "b", "c"]), pooling="mean", seed=2).model.eval()
+    assert m.pooling == "mean" and m.bert.pooler is None
+    ids, mask, types = _batch(50)
+    with torch.no_grad():
+        hidden, _ = m.bert(ids, attention_mask=mask, token_type_ids=types, return_pooled=False)  # (B, T, H)
+        rows = [hidden[i, mask[i].bool()].mean(0) for i in range(len(ids))]  # real tokens of each row
+        expected = torch.stack(rows) @ m.classifier.weight.T + m.classifier.bias
+        logits = m(ids, mask, types)
+        torch.testing.assert_close(logits, expected, atol=1e-5, rtol=1e-5)
+        # row 3 alone, unpadded, gives the same logits as inside the padded batch
+        n = int(mask[3].sum())
+        alone = m(ids[3:4, :n], mask[3:4, :n], types[3:4, :n])
+        torch.testing.assert_close(alone[0], logits[3], atol=1e-5, rtol=1e-5)
+        # no mask: every position counts
+        torch.testing.assert_close(m(ids, None, types), m.head(m.bert(ids, None, types, return_pooled=False)[0]
+                                                                .mean(1)), atol=1e-5, rtol=1e-5)
+
+
+def test_mean_pooling_round_trips_through_the_checkpoint(tiny_dir, tmp_path):
+    tm = TaskModel.from_encoder(tiny_dir, TaskInfo("classify", ["neg", "pos"]), pooling="mean", seed=1)
+    _randomize(tm.model, 3)
+    out = str(tmp_path / "mean")
+    tm.save(out)
+    with open(os.path.join(out, "config.json")) as f:
+        assert json.load(f)["classifier_pooling"] == "mean"
+    back = TaskModel.from_pretrained(out)
+    assert back.model.pooling == "mean"
+    ids, mask, types = _batch(tm.tokenizer.vocab_size)
+    with torch.no_grad():
+        torch.testing.assert_close(back.model(ids, mask, types), tm.model.eval()(ids, mask, types))
+    # a new head on that checkpoint is a [CLS] head unless asked: the old head's pooling does not leak
+    assert TaskModel.from_encoder(out, TaskInfo("classify", ["x", "y"])).model.pooling == "cls"
+    assert TaskModel.from_encoder(out, TaskInfo("classify", ["x", "y"]), pooling="mean").model.pooling == "mean"
+    # the default head writes no pooling key (its config stays what transformers writes)
+    cls_dir = str(tmp_path / "cls")
+    TaskModel.from_encoder(tiny_dir, TaskInfo("classify", ["neg", "pos"])).save(cls_dir)
+    with open(os.path.join(cls_dir, "config.json")) as f:
+        assert "classifier_pooling" not in json.load(f)
+
+
+def test_pooling_option_is_checked(tiny_dir):
+    from encoder.task_model import read_config
+
+    config, _, _ = read_config(tiny_dir)
+    with pytest.raises(ValueError, match="classifier pooling must be one of"):
+        build_head("classify", config, 2, pooling="max")
+    with pytest.raises(ValueError, match="classification head only"):
+        build_head("tag", config, 3, pooling="mean")
