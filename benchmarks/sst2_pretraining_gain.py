@@ -25,6 +25,11 @@ import statistics
 from tasks_common import REPO, base_parser, run, seeds_of, subsample
 
 
+def run_name(init: str, pooling: str, lr: float) -> str:
+    """Folder of one grid point; [CLS] runs keep the names they had before the pooling option."""
+    return f"{init}-lr{lr:g}" if pooling == "cls" else f"{init}-{pooling}-lr{lr:g}"
+
+
 def main() -> None:
     p = base_parser(__doc__.splitlines()[0], "sst2-gain")
     p.add_argument("--lrs", default="3e-5,1e-4,3e-4,1e-3", help="the grid each side chooses from on dev")
@@ -61,6 +66,7 @@ def main() -> None:
     def one(init: str, lr: float, pooling: str, run_seeds: tuple[int, ...], name: str) -> dict:
         cfg = FinetuneConfig(epochs=args.epochs, batch_size=args.batch_size, lr=lr, max_length=args.max_length,
                              seeds=run_seeds, evals_per_epoch=args.evals_per_epoch, metric="accuracy",
+                             # None for cls: the value older results.json files hold, so they are reused
                              progress=not args.no_progress, pooling=None if pooling == "cls" else pooling)
         done = os.path.join(args.out, name, "results.json")
         if os.path.isfile(done):  # runs are deterministic: reuse one made with the same settings and data
@@ -79,16 +85,12 @@ def main() -> None:
         if init not in ("pretrained", "random"):
             p.error(f"--sides: unknown side {init!r}")
         grid = [(pool, lr) for pool in poolings for lr in lrs]
-
-        def tag(pool: str, lr: float, init: str = init) -> str:  # cls keeps the pre-pooling-option run names
-            return f"{init}-lr{lr:g}" if pool == "cls" else f"{init}-{pool}-lr{lr:g}"
-
-        sweep = {g: one(init, g[1], g[0], seeds[:1], tag(*g)) for g in grid}
+        sweep = {g: one(init, g[1], g[0], seeds[:1], run_name(init, *g)) for g in grid}
         dev_acc = {g: r["per_seed"][0]["dev"]["accuracy"] for g, r in sweep.items()}
         pooling, lr = max(grid, key=lambda g: dev_acc[g])  # first of equals: the grid's order
         per_seed = list(sweep[(pooling, lr)]["per_seed"])
         if len(seeds) > 1:
-            per_seed += one(init, lr, pooling, seeds[1:], f"{tag(pooling, lr)}-seeds")["per_seed"]
+            per_seed += one(init, lr, pooling, seeds[1:], f"{run_name(init, pooling, lr)}-seeds")["per_seed"]
         test_acc = [s["test"]["accuracy"] for s in per_seed]
         side = {
             "model": args.model, "counts": {"train": len(train), "dev": len(dev), "test": len(test)},
