@@ -1,0 +1,45 @@
+"""SST-2 dev split of whole held-out sentences, with none of their labelled pieces left in train.
+
+GLUE's SST-2 train set is every sentence of the treebank's train split *and every sub-phrase of it* (67,349
+rows), and ``../shared/data/sst2`` cut those rows 90/10 at random into train.tsv and dev.tsv.  So a dev row is
+nearly always a span of a longer train row (87 % of a 300-row sample), with a label from the same parse tree:
+dev accuracy rewards remembering phrases, which a randomly initialised model does as well as a pretrained one.
+Test (GLUE dev) is 872 whole sentences none of which occurs in train or dev.  Choices made on the phrase dev
+did not carry over to test in sessions 4-7 (docs/benchmarks/tasks.md).
+
+``sentence_dev`` makes dev the whole sentences of dev.tsv — rows that are not a span of any other row of
+train.tsv or dev.tsv (678 of them, 19.9 words on average; test: 19.5) — and drops from train every row that is
+a span of one of them (60,614 -> 54,129 rows), so no piece of a dev sentence is trained on with its label.
+The sentences come from dev.tsv, not train.tsv, because the pretraining text of ``dapt_movie_text.py`` holds
+train.tsv's text: a dev sentence's whole text was never pretrained on, though some of its sub-phrases were
+(as train.tsv phrases).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def spans(words: Sequence[str]) -> Iterator[tuple[str, ...]]:
+    """Every contiguous run of ``words``, the whole included."""
+    n = len(words)
+    for i in range(n):
+        for j in range(i + 1, n + 1):
+            yield tuple(words[i:j])
+
+
+def sentence_dev(train: list[T], dev: list[T], text=lambda e: e.text) -> tuple[list[T], list[T]]:
+    """(train rows that are no span of a dev sentence, dev rows that are whole sentences).
+
+    Rows compare as whitespace-split words (SST-2 is pre-tokenised), so "good" is not a span of "goods".
+    """
+    words = [tuple(text(e).split()) for e in train + dev]
+    inside = {s for w in words for s in spans(w) if len(s) < len(w)}  # proper spans of some row
+    dev_words = words[len(train):]
+    sentences = [e for e, w in zip(dev, dev_words) if w and w not in inside]
+    pieces = {s for e in sentences for s in spans(tuple(text(e).split()))}
+    kept = [e for e, w in zip(train, words[:len(train)]) if w not in pieces]
+    return kept, sentences
