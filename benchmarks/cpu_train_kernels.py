@@ -7,7 +7,7 @@
 - cross-entropy forward + backward over gathered MLM logits (1216 × 16000, bf16, and fp32):
   `F.cross_entropy(logits.float())` + argmax vs `encoder.fused_cross_entropy.cross_entropy_with_correct`,
   and the fp32 copy of those logits into a fresh array vs into a reused one (first-touch page faults)
-- one AdamW step over the parameters of `mini` (vocab 16k, 7.4 M parameters in ~70 tensors): PyTorch's
+- one AdamW step over the parameters of `mini` (vocab 16k: 7.47 M parameters in 74 tensors): PyTorch's
   default on CPU (a loop over tensors), `foreach=True` and `fused=True`; encoder.optim.make_optimizer uses the
   default on both sides of the throughput benchmark
 

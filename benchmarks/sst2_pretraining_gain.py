@@ -9,10 +9,10 @@ over all seeds.  Splits, subsampling and everything else are those of ``tasks_ss
     .venv/bin/python benchmarks/sst2_pretraining_gain.py --model runs/mlm-mini-2h --out runs/tasks/sst2-gain-2h
 
 ``--poolings cls,mean`` widens each side's dev grid to lr x classifier pooling ([CLS] pooler or the mean of token
-states, encoder.heads); the pair with the best seed-0 dev accuracy is then run with the other seeds.
+states, encoder.heads); the pair with the best dev accuracy is then run with the other seeds.
 
 ``--dev sentences`` chooses on whole held-out sentences instead of dev.tsv's phrases, 88.6 % of which are spans of
-train phrases (sst2_splits.py); ``--select-seeds 3`` chooses each grid point by its mean dev accuracy over the
+train phrases (sst2_splits.py); ``--select-seeds 3`` scores each grid point by its mean dev accuracy over the
 first three seeds instead of seed 0 alone (a 678-sentence dev has a standard error of ~1.5 points).
 
 The random side reads only the checkpoint's config and tokenizer; ``--sides random`` runs it alone.

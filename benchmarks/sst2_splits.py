@@ -2,8 +2,9 @@
 
 GLUE's SST-2 train set is every sentence of the treebank's train split *and every sub-phrase of it* (67,349
 rows), and ``../shared/data/sst2`` cut those rows 90/10 at random into train.tsv and dev.tsv.  So a dev row is
-nearly always a span of a train row (5,969 of 6,735 rows, 88.6 %; ``main`` below prints it), with a label from the same parse tree:
-dev accuracy rewards remembering phrases, which a randomly initialised model does as well as a pretrained one.
+nearly always a span of a train row (5,969 of 6,735, 88.6 %; ``main`` below prints it), labelled from the same
+parse tree: dev accuracy rewards remembering phrases, which a randomly initialised model does as well as a
+pretrained one.
 Test (GLUE dev) is 872 whole sentences none of which occurs in train or dev.  Choices made on the phrase dev
 did not carry over to test in sessions 4-7 (docs/benchmarks/tasks.md).
 
@@ -38,11 +39,10 @@ def sentence_dev(train: list[T], dev: list[T], text=lambda e: e.text) -> tuple[l
     """
     words = [tuple(text(e).split()) for e in train + dev]
     inside = {s for w in words for s in spans(w) if len(s) < len(w)}  # proper spans of some row
-    dev_words = words[len(train):]
-    sentences = [e for e, w in zip(dev, dev_words) if w and w not in inside]
-    pieces = {s for e in sentences for s in spans(tuple(text(e).split()))}
+    whole = [(e, w) for e, w in zip(dev, words[len(train):]) if w and w not in inside]
+    pieces = {s for _, w in whole for s in spans(w)}
     kept = [e for e, w in zip(train, words[:len(train)]) if w not in pieces]
-    return kept, sentences
+    return kept, [e for e, _ in whole]
 
 
 def main() -> None:

@@ -24,8 +24,6 @@ def test_dev_keeps_whole_sentences_and_train_loses_their_pieces():
     assert sentences == ["the film is good .", "a dull plot twist"]
     # every train row that is a span of a dev sentence is gone; "goods" is a different word, not a span
     assert kept == ["goods"]
-    for s in sentences:
-        assert not any(r in {" ".join(x) for x in spans(s.split())} for r in kept)
 
 
 def test_a_train_row_containing_a_dev_row_makes_it_a_piece():
