@@ -66,8 +66,8 @@ def rss_mb() -> float:
 
 
 def cmd_encode(args: argparse.Namespace) -> None:
-    from retrieval import DualEncoder
-    from retrieval.manifest import default_model_dir
+    from twotower.retrieval import DualEncoder
+    from twotower.retrieval.manifest import default_model_dir
 
     os.makedirs(os.path.join(args.cache, "chunks"), exist_ok=True)
     corpus = sentences(os.path.join(args.data, "train.txt.gz"))
@@ -133,7 +133,7 @@ def _recall(approx: list[list[str]], exact: list[list[str]]) -> float:
 def cmd_run(args: argparse.Namespace) -> None:
     import faiss
 
-    from indexing import VectorIndex
+    from twotower.indexing import VectorIndex
 
     global CLOCK
     CLOCK = time.perf_counter if args.clock == "wall" else time.process_time
@@ -219,9 +219,9 @@ def cmd_pipeline_index(args: argparse.Namespace) -> None:
     """
     import shutil
 
-    from retrieval import DualEncoder, SearchPipeline
-    from retrieval.build import BuildPlan, file_sha256, prepare_work_dir, shard_path
-    from retrieval.manifest import default_model_dir
+    from twotower.retrieval import DualEncoder, SearchPipeline
+    from twotower.retrieval.build import BuildPlan, file_sha256, prepare_work_dir, shard_path
+    from twotower.retrieval.manifest import default_model_dir
 
     corpus = sentences(os.path.join(args.data, "train.txt.gz"))
     random.Random(0).shuffle(corpus)

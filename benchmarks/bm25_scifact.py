@@ -7,7 +7,7 @@ Default parameters are the Anserini BEIR defaults (Lucene BM25, k1=0.9, b=0.4). 
 *train* qrels (a seeded half of the train queries); the best dev setting is then
 reported on test next to the defaults. Test qrels are never used for choosing.
 
-Metrics come from our ``eval.metrics.evaluate`` (trec_eval semantics); when
+Metrics come from our ``twotower.eval.metrics.evaluate`` (trec_eval semantics); when
 ``pytrec_eval`` is installed the same run is scored by it as well and both are printed.
 """
 
@@ -22,9 +22,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from eval.io import load_beir  # noqa: E402
-from eval.metrics import evaluate  # noqa: E402
-from indexing import BM25  # noqa: E402
+from twotower.eval.io import load_beir
+from twotower.eval.metrics import evaluate
+from twotower.indexing import BM25
 
 METRICS = ("ndcg@10", "recall@100")
 GRID_K1 = (0.6, 0.9, 1.2, 1.5)

@@ -3,9 +3,9 @@
 - one 8192 × 256 × 1024 matmul in fp32 and bf16 (is bf16 worth anything on this CPU?)
 - dropout mask of a (64·128, 256) bf16 activation: `bernoulli_` (nn.Dropout / SDPA) vs encoder.dropout.keep_mask
 - attention forward + backward, bf16, at (B, heads, T, 64) for T = 128 / 256 / 512 with B·T = 8192 tokens:
-  `F.scaled_dot_product_attention` vs `encoder.model.explicit_attention`, dropout 0 and 0.1
+  `F.scaled_dot_product_attention` vs `twotower.encoder.core.model.explicit_attention`, dropout 0 and 0.1
 - cross-entropy forward + backward over gathered MLM logits (1216 × 16000, bf16, and fp32):
-  `F.cross_entropy(logits.float())` + argmax vs `encoder.fused_cross_entropy.cross_entropy_with_correct`,
+  `F.cross_entropy(logits.float())` + argmax vs `twotower.encoder.pretraining.fused_cross_entropy.cross_entropy_with_correct`,
   and the fp32 copy of those logits into a fresh array vs into a reused one (first-touch page faults)
 - one AdamW step over the parameters of `mini` (vocab 16k: 7.47 M parameters in 74 tensors): PyTorch's
   default on CPU (a loop over tensors), `foreach=True` and `fused=True`; encoder.optim.make_optimizer uses the
@@ -27,13 +27,13 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from encoder.config import EncoderConfig  # noqa: E402
-from encoder.device import cpu_bf16_supported, cpu_description  # noqa: E402
-from encoder.dropout import keep_mask  # noqa: E402
-from encoder.fused_cross_entropy import cross_entropy_with_correct  # noqa: E402
-from encoder.mlm import BertForPreTraining  # noqa: E402
-from encoder.model import explicit_attention  # noqa: E402
-from encoder.optim import param_groups  # noqa: E402
+from twotower.common.device import cpu_bf16_supported, cpu_description
+from twotower.encoder.core.config import EncoderConfig
+from twotower.encoder.core.dropout import keep_mask
+from twotower.encoder.core.model import explicit_attention
+from twotower.encoder.pretraining.fused_cross_entropy import cross_entropy_with_correct
+from twotower.encoder.pretraining.mlm import BertForPreTraining
+from twotower.encoder.training.optim import param_groups
 
 
 def ms(fn, repeats: int) -> float:

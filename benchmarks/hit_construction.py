@@ -18,7 +18,7 @@ from dataclasses import MISSING, fields
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from retrieval.hit import Hit, gc_paused  # noqa: E402
+from twotower.retrieval.hit import Hit, gc_paused
 
 # The same fields as Hit, as a tuple (derived, so the comparison stays like for like if Hit changes).
 HitTuple = namedtuple("HitTuple", [f.name for f in fields(Hit)],

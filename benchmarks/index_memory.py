@@ -47,7 +47,7 @@ def status(key):
         for line in f:
             if line.startswith(key):
                 return int(line.split()[1]) / 1024
-from retrieval import DualEncoder, SearchPipeline
+from twotower.retrieval import DualEncoder, SearchPipeline
 de = DualEncoder.from_pretrained({model!r}, bf16="auto")
 de.encode_documents(["warm up the encoder"])
 base = status("VmRSS:")
@@ -64,8 +64,8 @@ print(json.dumps({{"baseline_mb": base, "peak_mb": status("VmHWM:"), "seconds": 
 def make_model(directory: str, vocab: str) -> None:
     import torch
 
-    from encoder import EncoderConfig, Tokenizer, save_encoder
-    from encoder.model import BertModel
+    from twotower.encoder import EncoderConfig, Tokenizer, save_encoder
+    from twotower.encoder.core.model import BertModel
 
     tok = Tokenizer.from_vocab(vocab)
     tok.model_max_length = 64

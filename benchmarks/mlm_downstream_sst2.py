@@ -23,8 +23,8 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from encoder.checkpoint import load_encoder  # noqa: E402
-from encoder.model import BertModel  # noqa: E402
+from twotower.encoder.core.checkpoint import load_encoder
+from twotower.encoder.core.model import BertModel
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
 

@@ -24,14 +24,14 @@ import torch
 
 sys.path.insert(0, os.getcwd())
 
-from encoder.config import EncoderConfig  # noqa: E402
-from encoder.corpus import tokenize_corpus  # noqa: E402
-from encoder.device import autocast, resolve_bf16  # noqa: E402
-from encoder.masking import MaskingSpec, TokenSpace  # noqa: E402
-from encoder.mlm import BertForPreTraining  # noqa: E402
-from encoder.optim import lr_factor, make_optimizer, set_lr  # noqa: E402
-from encoder.pretrain_data import BatchMaker, PackedRows, RowOrder, validation_batches  # noqa: E402
-from encoder.tokenizer import Tokenizer  # noqa: E402
+from twotower.common.device import autocast, resolve_bf16
+from twotower.encoder.core.config import EncoderConfig
+from twotower.encoder.core.tokenizer import Tokenizer
+from twotower.encoder.pretraining.corpus import tokenize_corpus
+from twotower.encoder.pretraining.masking import MaskingSpec, TokenSpace
+from twotower.encoder.pretraining.mlm import BertForPreTraining
+from twotower.encoder.pretraining.pretrain_data import BatchMaker, PackedRows, RowOrder, validation_batches
+from twotower.encoder.training.optim import lr_factor, make_optimizer, set_lr
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data")
 

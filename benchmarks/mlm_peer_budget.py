@@ -6,7 +6,7 @@ group_texts blocks of 128 tokens and `DataCollatorForLanguageModeling(mlm_probab
 logits.  It also gets our optimizer settings, which are kinder than run_mlm.py's defaults for training from
 scratch: AdamW without decay on bias/LayerNorm, the same peak lr, batch, 6% warmup and linear decay keyed to
 the same wall-clock budget, gradient clip 1.0.  Validation uses exactly our fixed validation set
-(`encoder.pretrain_data.validation_batches`: 15% masks, seed 0) so the numbers compare with our run's log.
+(`twotower.encoder.pretraining.pretrain_data.validation_batches`: 15% masks, seed 0) so the numbers compare with our run's log.
 
     .venv/bin/python benchmarks/mlm_peer_budget.py --budget 30m --out runs/mlm-peer-30m
 """
@@ -27,13 +27,13 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from mlm_throughput import hf_blocks  # noqa: E402
 
-from encoder.budget import parse_duration  # noqa: E402
-from encoder.config import EncoderConfig  # noqa: E402
-from encoder.corpus import tokenize_corpus  # noqa: E402
-from encoder.masking import TokenSpace  # noqa: E402
-from encoder.optim import lr_factor, make_optimizer, set_lr  # noqa: E402
-from encoder.pretrain_data import PackedRows, validation_batches  # noqa: E402
-from encoder.tokenizer import Tokenizer  # noqa: E402
+from twotower.encoder.core.config import EncoderConfig
+from twotower.encoder.core.tokenizer import Tokenizer
+from twotower.encoder.pretraining.corpus import tokenize_corpus
+from twotower.encoder.pretraining.masking import TokenSpace
+from twotower.encoder.pretraining.pretrain_data import PackedRows, validation_batches
+from twotower.encoder.training.budget import parse_duration
+from twotower.encoder.training.optim import lr_factor, make_optimizer, set_lr
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
 

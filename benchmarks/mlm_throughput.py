@@ -5,11 +5,11 @@ from the tokenizer, rows of 128, batch 64) from the same seed on the same corpus
 bias/LayerNorm), linear warmup/decay over the same number of steps and clip 1.0.  Steps alternate in
 blocks (ours, peer, ours, ...) so that load from other processes on a shared machine hits both alike.
 
-Ours:  `encoder.mlm.BertForPreTraining` on packed rows ([CLS] piece [SEP], block-diagonal attention only
+Ours:  `twotower.encoder.pretraining.mlm.BertForPreTraining` on packed rows ([CLS] piece [SEP], block-diagonal attention only
        in batches that hold a document boundary), dynamic masking, sparse MLM head (gather the ~15%
        targets, then transform + tied decoder), bf16 autocast when `--bf16` says so; in training on CPU
-       one fused QKV projection, explicit attention with cheap dropout masks (encoder/dropout.py) and
-       the few-pass cross-entropy of encoder/fused_cross_entropy.py (SDPA serves inference).
+       one fused QKV projection, explicit attention with cheap dropout masks (encoder/core/dropout.py) and
+       the few-pass cross-entropy of encoder/pretraining/fused_cross_entropy.py (SDPA serves inference).
 Peer:  `transformers.BertForMaskedLM` fed exactly as `run_mlm.py` does by default: the tokenized lines
        ([CLS] line [SEP]) concatenated and cut into 128-token blocks (group_texts, so no padding either),
        `DataCollatorForLanguageModeling(mlm_probability=0.15)`, fp32 (what HF Trainer does on a CPU without
@@ -21,7 +21,7 @@ Each side draws from its own copy of torch's global generator (dropout, the coll
 neither side's random stream depends on how many numbers the other drew; `--seed` changes the model
 inits, data orders, masks and dropout of both sides.
 
-Allocator (`--malloc`, encoder/malloc.py): `ours` (default) runs each side as it ships — our steps
+Allocator (`--malloc`, common/malloc.py): `ours` (default) runs each side as it ships — our steps
 with the heap retaining freed blocks, as `twotower pretrain` sets it, the peer's with glibc's usual
 thresholds; `retain` gives both sides our setting; `default` never touches the allocator.
 
@@ -41,15 +41,15 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from encoder.config import EncoderConfig  # noqa: E402
-from encoder.corpus import tokenize_corpus  # noqa: E402
-from encoder.device import autocast, cpu_description, resolve_bf16  # noqa: E402
-from encoder.malloc import retain_freed_memory  # noqa: E402
-from encoder.masking import MaskingSpec, TokenSpace  # noqa: E402
-from encoder.mlm import BertForPreTraining  # noqa: E402
-from encoder.optim import lr_factor, make_optimizer, set_lr  # noqa: E402
-from encoder.pretrain_data import BatchMaker, PackedRows, RowOrder, validation_batches  # noqa: E402
-from encoder.tokenizer import Tokenizer  # noqa: E402
+from twotower.common.device import autocast, cpu_description, resolve_bf16
+from twotower.common.malloc import retain_freed_memory
+from twotower.encoder.core.config import EncoderConfig
+from twotower.encoder.core.tokenizer import Tokenizer
+from twotower.encoder.pretraining.corpus import tokenize_corpus
+from twotower.encoder.pretraining.masking import MaskingSpec, TokenSpace
+from twotower.encoder.pretraining.mlm import BertForPreTraining
+from twotower.encoder.pretraining.pretrain_data import BatchMaker, PackedRows, RowOrder, validation_batches
+from twotower.encoder.training.optim import lr_factor, make_optimizer, set_lr
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
 
@@ -57,7 +57,7 @@ DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
 def hf_blocks(corpus, tok: Tokenizer, seq_len: int, max_lines_tokens: int) -> np.ndarray:
     """run_mlm.py group_texts: per-line [CLS] ids [SEP], concatenated, cut into seq_len blocks."""
     # Lines are not kept in our cache, so rebuild them from the text (first max_lines_tokens tokens).
-    from encoder.corpus import read_documents
+    from twotower.encoder.pretraining.corpus import read_documents
 
     stream: list[int] = []
     for path in corpus.meta_paths:

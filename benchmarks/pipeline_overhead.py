@@ -76,16 +76,16 @@ def main() -> None:
 
     import faiss
 
-    from indexing.store import vectors_name
-    from retrieval import SearchPipeline
+    from twotower.indexing.store import vectors_name
+    from twotower.retrieval import SearchPipeline
 
     faiss.omp_set_num_threads(args.threads)
     if args.no_gc_pause:
         import contextlib
 
-        import retrieval.pipeline
+        import twotower.retrieval.pipeline
 
-        retrieval.pipeline.gc_paused = contextlib.nullcontext
+        twotower.retrieval.pipeline.gc_paused = contextlib.nullcontext
     with SearchPipeline.load(args.index, use_default_reranker=False) as pipe:
         if args.query_vectors:
             q = np.load(args.query_vectors)[: args.queries]

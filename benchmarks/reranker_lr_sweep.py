@@ -1,6 +1,6 @@
 """How fast a cross-encoder learns from all-MiniLM-L6-v2 weights: one point of the learning-rate sweep.
 
-Self-supervised title -> abstract pairs of a corpus (`retrieval.demo_reranker.title_abstract_pairs`: title
+Self-supervised title -> abstract pairs of a corpus (`twotower.retrieval.training.demo_reranker.title_abstract_pairs`: title
 as query, abstract as positive, BM25 ranks 2-30 as negatives), first `--layers` layers of MiniLM, listwise
 loss over groups of 4, 4 groups a step, 128 tokens, `--steps` steps; dev = 20 held-out titles reranking
 BM25's top 20. Prints the mean training loss per 20 steps and the dev evaluations.
@@ -22,8 +22,8 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from retrieval.demo_reranker import BUNDLED_CORPUS, title_abstract_pairs, truncated_encoder  # noqa: E402
-from retrieval.train_reranker import RerankerTrainConfig, train_reranker  # noqa: E402
+from twotower.retrieval.training.demo_reranker import BUNDLED_CORPUS, title_abstract_pairs, truncated_encoder
+from twotower.retrieval.training.train_reranker import RerankerTrainConfig, train_reranker
 
 
 def main() -> None:

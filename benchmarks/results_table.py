@@ -19,9 +19,9 @@ import json
 import os
 import time
 
-from eval import load_beir, write_report
-from eval.io.beir import available_splits
-from indexing import BM25
+from twotower.eval import load_beir, write_report
+from twotower.eval.io.beir import available_splits
+from twotower.indexing import BM25
 
 COLLECTIONS = {
     "scifact": "beir-scifact",
@@ -48,7 +48,7 @@ def bm25_run(docs: dict, queries: dict[str, str], k: int) -> dict[str, dict[str,
 def pipeline_runs(
     name: str, docs: dict, queries: dict[str, str], systems: list[str], work: str, recall_k: int, reranker: str | None
 ) -> dict[str, dict[str, dict[str, float]]]:
-    from retrieval import SearchPipeline
+    from twotower.retrieval import SearchPipeline
 
     index_dir = os.path.join(work, f"{name}-index")
     if os.path.isfile(os.path.join(index_dir, "manifest.json")):

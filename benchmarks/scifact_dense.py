@@ -6,7 +6,7 @@ max 256 tokens); our goal is to be within 0.01 of it with the same weights loade
 into our encoder.  BEIR's published BM25 is 0.665 (Anserini); ours uses bm25s
 (Lucene variant, k1=0.9, b=0.4, English stemming and stop words).
 
-Metrics come from ``eval.metrics`` (trec_eval semantics) and are cross-checked
+Metrics come from ``twotower.eval.metrics`` (trec_eval semantics) and are cross-checked
 against pytrec_eval on the same runs.
 
     .venv/bin/python benchmarks/scifact_dense.py [--data ../shared/data/beir-scifact] [--index runs/scifact-minilm]
@@ -42,9 +42,9 @@ def main() -> None:
 
     import pytrec_eval
 
-    from eval.io import load_beir
-    from eval.metrics.retrieval import evaluate
-    from retrieval import SearchPipeline
+    from twotower.eval.io import load_beir
+    from twotower.eval.metrics.retrieval import evaluate
+    from twotower.retrieval import SearchPipeline
 
     ds = load_beir(args.data, args.split, corpus=False)
     queries = ds.split_queries()

@@ -19,7 +19,7 @@ stamp() { echo "== $(date -u +%H:%M:%S) $*"; }
 # 1. WordPiece vocabulary (16k, lowercase) learned from the pretraining text: Gutenberg + SciFact abstracts.
 if [ ! -f "$OUT/tokenizer/tokenizer.json" ]; then
   stamp tokenizer
-  $PY -m retrieval tokenizer train --input "$GUTENBERG/train.txt.gz" "$DATA/corpus.jsonl" \
+  $PY -m twotower tokenizer train --input "$GUTENBERG/train.txt.gz" "$DATA/corpus.jsonl" \
       --vocab-size 16000 --out "$OUT/tokenizer" --no-progress
 fi
 
@@ -27,7 +27,7 @@ fi
 #    listed twice next to Gutenberg (14.5M tokens) so that about a fifth of the tokens are in-domain.
 if [ ! -f "$OUT/mlm/model.safetensors" ]; then
   stamp "mlm pretraining ${MLM_BUDGET:-25m}"
-  $PY -m retrieval pretrain --corpus "$GUTENBERG/train.txt.gz" "$DATA/corpus.jsonl" "$DATA/corpus.jsonl" \
+  $PY -m twotower pretrain --corpus "$GUTENBERG/train.txt.gz" "$DATA/corpus.jsonl" "$DATA/corpus.jsonl" \
       --valid "$GUTENBERG/valid.txt.gz" --tokenizer "$OUT/tokenizer" --out "$OUT/mlm" --size mini \
       --budget "${MLM_BUDGET:-25m}" --batch-size 32 --lr 7e-4 --dropout 0 --valid-rows 256 --evals 5 \
       --log-every 20 --cache-dir runs/.cache --no-progress
@@ -37,12 +37,12 @@ fi
 #    contrastive stage on them with in-batch negatives only (no labels involved).
 if [ ! -f "$OUT/pairs.jsonl" ]; then
   stamp pairs
-  $PY -m retrieval train pairs --corpus "$DATA/corpus.jsonl" --method crop --pairs-per-document 4 \
+  $PY -m twotower train pairs --corpus "$DATA/corpus.jsonl" --method crop --pairs-per-document 4 \
       --out "$OUT/pairs.jsonl"
 fi
 if [ ! -d "$OUT/ssl/best" ]; then
   stamp "self-supervised dual ${SSL_BUDGET:-8m}"
-  $PY -m retrieval train dual --model "$OUT/mlm" --data "$OUT/pairs.jsonl" --out "$OUT/ssl" --mine none \
+  $PY -m twotower train dual --model "$OUT/mlm" --data "$OUT/pairs.jsonl" --out "$OUT/ssl" --mine none \
       --batch-size 64 --hard-negatives 0 --lr 1e-4 --temperature 0.05 --epochs 5 \
       --time-budget "${SSL_BUDGET:-8m}" --eval-interval 4m --dev-size 500 --train-doc-max-length 128 --no-progress
 fi

@@ -26,7 +26,7 @@ def main() -> None:
     ap.add_argument("--data", default=DEFAULT_DATA)
     args = ap.parse_args()
 
-    from eval.io.beir import read_beir_qrels as read_qrels
+    from twotower.eval.io.beir import read_beir_qrels as read_qrels
 
     train = read_qrels(os.path.join(args.data, "qrels", "train.tsv"))
     test = read_qrels(os.path.join(args.data, "qrels", "test.tsv"))

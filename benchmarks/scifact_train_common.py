@@ -1,7 +1,7 @@
 """Shared pieces of the SciFact training benchmarks: data paths, the dev split, first-stage runs, metrics.
 
 The dev split is carved from SciFact *train* exactly as the trainers carve it
-(`retrieval.training_data.split_dev`, same fraction and seed), so model and
+(`twotower.retrieval.training.training_data.split_dev`, same fraction and seed), so model and
 first-stage selection never look at test; test numbers are computed once, at
 the end, for reporting.
 """
@@ -33,8 +33,14 @@ def load_splits(data: str, dev_fraction: float = 0.1, seed: int = 0, with_train:
 
     with_train=True appends (train queries, train qrels) of the part of train left after the dev split.
     """
-    from eval.io.beir import load_beir
-    from retrieval.training_data import qrels_of, queries_of, read_beir_training, read_corpus, split_dev
+    from twotower.eval.io.beir import load_beir
+    from twotower.retrieval.training.training_data import (
+        qrels_of,
+        queries_of,
+        read_beir_training,
+        read_corpus,
+        split_dev,
+    )
 
     corpus = read_corpus(os.path.join(data, "corpus.jsonl"))
     train = read_beir_training(data, "train", corpus=corpus)
@@ -46,13 +52,13 @@ def load_splits(data: str, dev_fraction: float = 0.1, seed: int = 0, with_train:
 
 
 def evaluate(run, qrels) -> dict[str, float]:
-    from eval.metrics.retrieval import evaluate as ev
+    from twotower.eval.metrics.retrieval import evaluate as ev
 
     return {k: round(v, 4) for k, v in ev(run, qrels, list(METRICS)).means.items()}
 
 
 def bm25_runs(corpus, query_sets: dict[str, dict[str, str]], k: int = 100) -> dict[str, dict]:
-    from retrieval.mining import bm25_retriever
+    from twotower.retrieval.training.mining import bm25_retriever
 
     retrieve = bm25_retriever(corpus)
     out = {}
@@ -68,8 +74,8 @@ def dense_runs(model_dir: str, corpus, query_sets: dict[str, dict[str, str]], k:
     """Encode the corpus once (or load the vectors a frozen-document run saved), then retrieve top-k per set."""
     import numpy as np
 
-    from retrieval.dual_encoder import DualEncoder
-    from retrieval.mining import DenseRetriever
+    from twotower.retrieval.dual_encoder import DualEncoder
+    from twotower.retrieval.training.mining import DenseRetriever
 
     dual = DualEncoder.from_pretrained(model_dir)
     t = time.time()
@@ -95,7 +101,7 @@ def dense_runs(model_dir: str, corpus, query_sets: dict[str, dict[str, str]], k:
 
 
 def rrf_run(a: dict, b: dict, k: int = 100) -> dict:
-    from retrieval.fusion import reciprocal_rank_fusion
+    from twotower.retrieval.fusion import reciprocal_rank_fusion
 
     out = {}
     for q in a:
@@ -107,7 +113,7 @@ def rrf_run(a: dict, b: dict, k: int = 100) -> dict:
 
 def weighted_fusion_run(dense: dict, lexical: dict, w: float, k: int = 100) -> dict:
     """Score fusion ``w * z(dense) + (1 - w) * z(BM25)`` per query over the union of both top-k lists."""
-    from retrieval.fusion import score_fusion
+    from twotower.retrieval.fusion import score_fusion
 
     return {q: dict(score_fusion([dense[q], lexical.get(q, {})], weights=[w, 1.0 - w], normalization="zscore",
                                  limit=k)) for q in dense}
@@ -115,7 +121,7 @@ def weighted_fusion_run(dense: dict, lexical: dict, w: float, k: int = 100) -> d
 
 def choose_fusion_weight(dense: dict, lexical: dict, qrels: dict) -> tuple[float, dict[float, float]]:
     """The dense weight (grid 0, 0.1, ..., 1) with the best nDCG@10 on the given (dev) queries; ties: less dense."""
-    from retrieval.interpolation import ALPHA_GRID
+    from twotower.retrieval.interpolation import ALPHA_GRID
 
     curve = {float(w): evaluate(weighted_fusion_run(dense, lexical, float(w)), qrels)["ndcg@10"] for w in ALPHA_GRID}
     best = max(curve, key=lambda w: (curve[w], -w))
@@ -123,19 +129,19 @@ def choose_fusion_weight(dense: dict, lexical: dict, qrels: dict) -> tuple[float
 
 
 def write_run(run: dict, path: str, tag: str) -> None:
-    from eval.io.trec import write_trec_run
+    from twotower.eval.io.trec import write_trec_run
 
     os.makedirs(os.path.dirname(path), exist_ok=True)
     write_trec_run(run, path, tag=tag)
 
 
 def read_run(path: str) -> dict:
-    from eval.io.trec import read_trec_run
+    from twotower.eval.io.trec import read_trec_run
 
     return {q: dict(v) for q, v in read_trec_run(path).items()}
 
 
 def write_json(path: str, obj) -> None:
-    from encoder.atomic import atomic_write_text
+    from twotower.common.atomic import atomic_write_text
 
     atomic_write_text(path, json.dumps(obj, indent=2) + "\n")

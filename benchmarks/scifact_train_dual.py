@@ -4,7 +4,7 @@ Run from the repository root (results land in --out, default runs/scifact_dual):
 
     nohup .venv/bin/python benchmarks/scifact_train_dual.py > runs/scifact_dual.log 2>&1 &
 
-Steps: (1) `retrieval.train_dual.train_dual` on qrels/train.tsv with a dev split
+Steps: (1) `twotower.retrieval.training.train_dual.train_dual` on qrels/train.tsv with a dev split
 carved from train by query (seed 0), BM25 hard negatives from ranks 10-100, the
 best checkpoint chosen on dev nDCG@10 over a pool (dev positives + 500
 documents); (2) the chosen model encodes the whole corpus once; dense, BM25,
@@ -59,7 +59,7 @@ def main() -> None:
     ap.add_argument("--baseline", action="store_true", help="also evaluate the starting model on dev and test")
     args = ap.parse_args()
 
-    from retrieval.train_dual import DualTrainConfig, train_dual
+    from twotower.retrieval.training.train_dual import DualTrainConfig, train_dual
 
     model = args.model or minilm_path()
     results: dict = {"command": "benchmarks/scifact_train_dual.py", "args": vars(args)}

@@ -9,7 +9,7 @@ Steps, none of which looks at test:
    (dense, BM25 or hybrid): what a reranker can reach is bounded by what recall hands it;
 2. training negatives come from that first stage's ranking of the train queries (ranks 1-100
    minus positives) when ``<dual-out>/runs/train_<first>.trec`` exists, else from BM25;
-3. `retrieval.train_reranker` (listwise, 1 positive + 7 negatives) with dev evaluation =
+3. `twotower.retrieval.training.train_reranker` (listwise, 1 positive + 7 negatives) with dev evaluation =
    nDCG@10 after reranking each dev query's first-stage top ``--dev-rerank-k``; best checkpoint kept;
 4. the best checkpoint reranks the top-100 of dev and test; besides the reranker alone we report
    the interpolation ``a * z(rerank) + (1 - a) * z(first stage)`` (per-query z-scores) with ``a``
@@ -44,8 +44,8 @@ def choose_first_stage(results: dict) -> str:
 
 def mine_from_run(run: dict, train_q: dict, train_qrels: dict, out: str, num: int = 28) -> str:
     """Negatives for the train queries from a first-stage run (ranks 1-100, positives dropped)."""
-    from retrieval.mining import MiningConfig, mine_hard_negatives, write_mined
-    from retrieval.training_data import TrainExample
+    from twotower.retrieval.training.mining import MiningConfig, mine_hard_negatives, write_mined
+    from twotower.retrieval.training.training_data import TrainExample
 
     by_text = {train_q[q]: q for q in train_q}
     examples = [TrainExample(q, train_q[q], tuple(d for d, r in train_qrels[q].items() if r > 0)) for q in train_q]
@@ -79,10 +79,10 @@ def main() -> None:
     ap.add_argument("--skip-train", action="store_true")
     args = ap.parse_args()
 
-    from retrieval.cross_encoder import CrossEncoder
-    from retrieval.dev_eval import rerank_run
-    from retrieval.interpolation import choose_alpha, interpolate_run
-    from retrieval.train_reranker import RerankerTrainConfig, train_reranker
+    from twotower.retrieval.cross_encoder import CrossEncoder
+    from twotower.retrieval.interpolation import choose_alpha, interpolate_run
+    from twotower.retrieval.training.dev_eval import rerank_run
+    from twotower.retrieval.training.train_reranker import RerankerTrainConfig, train_reranker
 
     with open(os.path.join(args.dual_out, "results.json"), encoding="utf-8") as f:
         dual_results = json.load(f)

@@ -56,9 +56,9 @@ def main() -> None:
     if args.model == "minilm":
         p.error("--model must be our pretrained checkpoint directory")
 
-    from encoder.atomic import atomic_write_text
-    from encoder.finetune import FinetuneConfig
-    from retrieval.cli.task_inputs import classify_metrics, read_text_examples
+    from twotower.common.atomic import atomic_write_text
+    from twotower.encoder.finetuning.finetune import FinetuneConfig
+    from twotower.eval.tasks import classify_metrics, read_text_examples
 
     d = os.path.join(args.data, "sst2")
     train = read_text_examples(os.path.join(d, "train.tsv"))

@@ -56,7 +56,7 @@ def main() -> None:
 
     from tasks_common import DEFAULT_DATA
 
-    from retrieval.cli.task_inputs import read_text_examples
+    from twotower.eval.tasks import read_text_examples
 
     ap = argparse.ArgumentParser(description="overlap between SST-2 train, dev and test rows")
     ap.add_argument("--data", default=DEFAULT_DATA)

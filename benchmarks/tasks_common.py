@@ -55,9 +55,9 @@ def resolve_model(name: str, init: str, workdir: str) -> str:
         return path
     import torch
 
-    from encoder import BertModel, Tokenizer
-    from encoder.checkpoint import save_encoder
-    from encoder.task_model import read_config
+    from twotower.encoder import BertModel, Tokenizer
+    from twotower.encoder.core.checkpoint import save_encoder
+    from twotower.encoder.finetuning.task_model import read_config
 
     config, _, _ = read_config(path)
     torch.manual_seed(0)
@@ -81,12 +81,12 @@ def run(name: str, head: str, args: argparse.Namespace, train: list, dev: list, 
     """Fine-tune, score test per seed, and write ``<out>/<name>/results.json``; returns the results."""
     import torch
 
-    from encoder.finetune import finetune
-    from encoder.task_model import TaskModel
+    from twotower.encoder.finetuning.finetune import finetune
+    from twotower.encoder.finetuning.task_model import TaskModel
 
     torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
-    logging.getLogger("encoder.finetune").setLevel(logging.INFO)  # one line per dev evaluation
+    logging.getLogger("twotower.encoder.finetuning.finetune").setLevel(logging.INFO)  # one line per dev evaluation
     out = os.path.join(args.out, name)
     os.makedirs(args.out, exist_ok=True)
     t0 = time.perf_counter()
@@ -108,7 +108,7 @@ def run(name: str, head: str, args: argparse.Namespace, train: list, dev: list, 
         tm = TaskModel.from_pretrained(out)
         preds = tm.predict(test, batch_size=cfg.eval_batch_size, bf16=cfg.bf16)
         results["detail"] = detail_fn(preds, test)
-    from encoder.atomic import atomic_write_text
+    from twotower.common.atomic import atomic_write_text
 
     atomic_write_text(os.path.join(out, "results.json"), json.dumps(results, indent=2, default=str) + "\n")
     print(summary_line(results))

@@ -30,9 +30,9 @@ def main() -> None:
     p.add_argument("--evals-per-epoch", type=int, default=2)
     args = p.parse_args()
 
-    from encoder.finetune import FinetuneConfig
-    from eval.metrics import classification_report, misclassified
-    from retrieval.cli.task_inputs import classify_metrics, read_text_examples
+    from twotower.encoder.finetuning.finetune import FinetuneConfig
+    from twotower.eval.metrics import classification_report, misclassified
+    from twotower.eval.tasks import classify_metrics, read_text_examples
 
     d = os.path.join(args.data, "sst2")
     train = subsample(read_text_examples(os.path.join(d, "train.tsv")), args.max_train)

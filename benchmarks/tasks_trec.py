@@ -23,10 +23,10 @@ def main() -> None:
     p.add_argument("--freeze-encoder", action="store_true")
     args = p.parse_args()
 
-    from encoder.finetune import FinetuneConfig
-    from eval.metrics import classification_report, misclassified
-    from retrieval.cli.finetune_cmd import carve_dev
-    from retrieval.cli.task_inputs import classify_metrics, read_text_examples
+    from twotower.cli.finetune_cmd import carve_dev
+    from twotower.encoder.finetuning.finetune import FinetuneConfig
+    from twotower.eval.metrics import classification_report, misclassified
+    from twotower.eval.tasks import classify_metrics, read_text_examples
 
     d = os.path.join(args.data, "trec-qc")
     train = read_text_examples(os.path.join(d, "train.tsv"), label_column=args.label_column)

@@ -23,9 +23,9 @@ def main() -> None:
     p.add_argument("--freeze-encoder", action="store_true")
     args = p.parse_args()
 
-    from encoder.finetune import FinetuneConfig
-    from eval.metrics import tagging_report
-    from retrieval.cli.task_inputs import read_tag_examples, tag_metrics
+    from twotower.encoder.finetuning.finetune import FinetuneConfig
+    from twotower.eval.metrics import tagging_report
+    from twotower.eval.tasks import read_tag_examples, tag_metrics
 
     d = os.path.join(args.data, "wnut17")
     train = read_tag_examples(os.path.join(d, "wnut17train.conll"))

@@ -20,8 +20,8 @@ def article_split(path: str, n_train: int = 38, n_dev: int = 4, seed: int = 0):
     """(train, dev, test) QAExample lists and the article titles of each."""
     import numpy as np
 
-    from eval.io import read_squad
-    from retrieval.cli.task_inputs import read_qa_examples
+    from twotower.eval.io import read_squad
+    from twotower.eval.tasks import read_qa_examples
 
     titles = list(dict.fromkeys(ex.title for ex in read_squad(path)))
     examples = read_qa_examples(path)  # offsets checked
@@ -44,8 +44,8 @@ def main() -> None:
     p.add_argument("--split-seed", type=int, default=0)
     args = p.parse_args()
 
-    from encoder.finetune import FinetuneConfig
-    from retrieval.cli.task_inputs import qa_metrics
+    from twotower.encoder.finetuning.finetune import FinetuneConfig
+    from twotower.eval.tasks import qa_metrics
 
     path = os.path.join(args.data, "xquad-en", "xquad.en.json")
     train, dev, test, articles = article_split(path, seed=args.split_seed)

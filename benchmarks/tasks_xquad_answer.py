@@ -10,7 +10,7 @@ Answers from different passages are ranked by span score alone (DrQA) and by
 span score + w * passage score (BERTserini), w chosen on the 4 dev articles'
 questions from ``--weights`` (best dev F1, the smaller w on ties); test is
 reported for w = 0 and for the chosen w.  Every passage is read once; the
-weights only re-rank those answers (`retrieval.reader.rank_answers`).
+weights only re-rank those answers (`twotower.retrieval.reader.rank_answers`).
 
     .venv/bin/python benchmarks/tasks_xquad_answer.py --reader runs/tasks/xquad/xquad -k 3
 """
@@ -42,12 +42,12 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from tasks_xquad import article_split
 
-    from encoder.qa_decode import QAPrediction
-    from encoder.task_model import TaskModel
-    from eval.io import read_squad
-    from retrieval.cli.task_inputs import qa_metrics
-    from retrieval.pipeline import SearchPipeline
-    from retrieval.reader import rank_answers
+    from twotower.encoder.finetuning.qa_decode import QAPrediction
+    from twotower.encoder.finetuning.task_model import TaskModel
+    from twotower.eval.io import read_squad
+    from twotower.eval.tasks import qa_metrics
+    from twotower.retrieval.pipeline import SearchPipeline
+    from twotower.retrieval.reader import rank_answers
 
     path = os.path.join(args.data, "xquad-en", "xquad.en.json")
     _, dev, test, _ = article_split(path, seed=args.split_seed)
@@ -101,7 +101,7 @@ def main() -> None:
         "seconds": round(time.perf_counter() - t0, 1), "index_seconds": round(index_seconds, 1),
     }
     os.makedirs(args.out, exist_ok=True)
-    from encoder.atomic import atomic_write_text
+    from twotower.common.atomic import atomic_write_text
 
     atomic_write_text(os.path.join(args.out, "results.json"), json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))

@@ -1,12 +1,12 @@
 """twotower.eval — trec_eval-exact retrieval metrics, task metrics, dataset readers/writers, reports.
 
-``eval.metrics`` is pure numpy and imports nothing else of ours; ``eval.io``
+``twotower.eval.metrics`` is pure numpy and imports nothing else of ours; ``twotower.eval.io``
 reads and writes BEIR, TREC, MS MARCO, SQuAD, CoNLL and TSV files with errors
-that name ``path:line``; ``eval.report`` writes comparison reports.
+that name ``path:line``; ``twotower.eval.report`` writes comparison reports.
 """
 
-from .errors import DataError
-from .io import (
+from twotower.eval.errors import DataError
+from twotower.eval.io import (
     BeirDataset,
     BeirDocument,
     LabeledExample,
@@ -44,7 +44,7 @@ from .io import (
     write_trec_qrels,
     write_trec_run,
 )
-from .metrics import (
+from twotower.eval.metrics import (
     DEFAULT_METRICS,
     KNOWN_METRICS,
     ClassificationReport,
@@ -78,7 +78,13 @@ from .metrics import (
     tagging_report,
     token_f1,
 )
-from .report import REPORT_METRICS, ReportResult, format_metrics_table, plot_recall_curves, write_report
+from twotower.eval.report import (
+    REPORT_METRICS,
+    ReportResult,
+    format_metrics_table,
+    plot_recall_curves,
+    write_report,
+)
 
 __all__ = [
     "DEFAULT_METRICS",

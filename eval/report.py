@@ -29,11 +29,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .io.atomic import atomic_write_bytes, atomic_write_text
-from .io.trec import write_trec_run
-from .metrics.names import parse_metrics
-from .metrics.retrieval import Qrels, RetrievalEvaluation, Run, evaluate, mean_recall_curve
-from .metrics.significance import paired_randomization_test, paired_t_test
+from twotower.eval.io.atomic import atomic_write_bytes, atomic_write_text
+from twotower.eval.io.trec import write_trec_run
+from twotower.eval.metrics.names import parse_metrics
+from twotower.eval.metrics.retrieval import Qrels, RetrievalEvaluation, Run, evaluate, mean_recall_curve
+from twotower.eval.metrics.significance import paired_randomization_test, paired_t_test
 
 REPORT_METRICS = ("ndcg@10", "mrr@10", "recall@10", "recall@100", "map", "p@10")
 AVERAGING_NOTE = (

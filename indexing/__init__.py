@@ -8,15 +8,15 @@
 * ``auto_factory`` — the index type chosen for a corpus size.
 """
 
-from .bm25 import BM25, document_text
-from .docstore import DocStore, Document, as_document
-from .errors import IndexFormatError
-from .factory import auto_factory, index_kind
-from .ingest import IngestStats
-from .manifest import Manifest
-from .search_result import MISSING_ID, SearchResult
-from .store import IndexLockedError, IndexStore
-from .vector_index import VectorIndex
+from twotower.indexing.bm25 import BM25, document_text
+from twotower.indexing.docstore import DocStore, Document, as_document
+from twotower.indexing.errors import IndexFormatError
+from twotower.indexing.factory import auto_factory, index_kind
+from twotower.indexing.ingest import IngestStats
+from twotower.indexing.manifest import Manifest
+from twotower.indexing.search_result import MISSING_ID, SearchResult
+from twotower.indexing.store import IndexLockedError, IndexStore
+from twotower.indexing.vector_index import VectorIndex
 
 __all__ = [
     "BM25",

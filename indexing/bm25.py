@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .atomic_io import atomic_write_bytes
-from .errors import IndexFormatError
-from .search_result import SearchResult, empty_result
+from twotower.indexing.atomic_io import atomic_write_bytes
+from twotower.indexing.errors import IndexFormatError
+from twotower.indexing.search_result import SearchResult, empty_result
 
 if TYPE_CHECKING:  # bm25s pulls in scipy (~1 s): imported on first use, not with the package
     import bm25s

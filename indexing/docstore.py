@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypedDict
 
-from .errors import IndexFormatError
+from twotower.indexing.errors import IndexFormatError
 
 SCHEMA_VERSION = 1
 _CHUNK = 500  # ids per "IN (...)" query, well under SQLite's bound-variable limit

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from .search_result import MISSING_ID
+from twotower.indexing.search_result import MISSING_ID
 
 
 class IdMap:

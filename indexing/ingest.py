@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from .docstore import Document, as_document
+from twotower.indexing.docstore import Document, as_document
 
 if TYPE_CHECKING:
-    from .store import IndexStore
+    from twotower.indexing.store import IndexStore
 
 
 @dataclass

@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .atomic_io import atomic_write_json
-from .errors import IndexFormatError
+from twotower.indexing.atomic_io import atomic_write_json
+from twotower.indexing.errors import IndexFormatError
 
 MANIFEST_NAME = "manifest.json"
 FORMAT_NAME = "twotower-index"

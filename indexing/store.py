@@ -40,14 +40,14 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .atomic_io import TMP_MARKER, fsync_dir
-from .bm25 import BM25, document_text
-from .docstore import DocStore, Document, as_document
-from .errors import IndexFormatError
-from .ingest import IngestStats, ingest
-from .manifest import MANIFEST_NAME, Manifest
-from .search_result import SearchResult
-from .vector_index import Metric, VectorIndex
+from twotower.indexing.atomic_io import TMP_MARKER, fsync_dir
+from twotower.indexing.bm25 import BM25, document_text
+from twotower.indexing.docstore import DocStore, Document, as_document
+from twotower.indexing.errors import IndexFormatError
+from twotower.indexing.ingest import IngestStats, ingest
+from twotower.indexing.manifest import MANIFEST_NAME, Manifest
+from twotower.indexing.search_result import SearchResult
+from twotower.indexing.vector_index import Metric, VectorIndex
 
 try:
     import fcntl
@@ -377,7 +377,7 @@ class IndexStore:
         progress: bool = False,
         total: int | None = None,
     ) -> IngestStats:
-        """Resumable bulk build (``indexing.ingest.ingest``): skips present ids before ``embed``,
+        """Resumable bulk build (``twotower.indexing.ingest.ingest``): skips present ids before ``embed``,
         commits every ``commit_every`` documents; rerun the same call to resume after a crash."""
         self._check_writable()
         return ingest(

@@ -16,8 +16,8 @@ from typing import Any
 
 import faiss
 
-from .atomic_io import atomic_write_with
-from .errors import IndexFormatError
+from twotower.indexing.atomic_io import atomic_write_with
+from twotower.indexing.errors import IndexFormatError
 
 TRAILER_MAGIC = b"TTVECIX1"
 FORMAT_NAME = "twotower-vector-index"

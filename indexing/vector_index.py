@@ -3,7 +3,7 @@
 FAISS only knows int64 labels. ``VectorIndex`` hands out labels sequentially (never
 reusing one), keeps the two-way map ``id <-> label`` in Python and persists it inside
 the saved file, so callers only ever see their own ids. Deletion depends on the index
-kind (see ``indexing.factory.index_kind``):
+kind (see ``twotower.indexing.factory.index_kind``):
 
 * flat-code indexes (``Flat``, ``PQ16``, ``SQ8``, …) are wrapped in ``IndexIDMap2`` and
   remove natively;
@@ -13,7 +13,7 @@ kind (see ``indexing.factory.index_kind``):
   results by over-fetching. When tombstones exceed ``auto_rebuild_fraction`` of the
   stored vectors the index is rebuilt from the live vectors (``rebuild()``).
 
-Saved as one file (``indexing.vector_file``: a FAISS index plus a JSON trailer), so a
+Saved as one file (``twotower.indexing.vector_file``: a FAISS index plus a JSON trailer), so a
 save is one atomic rename and stock FAISS tools still open it. ``load(path, mmap=True)``
 maps the vector storage with ``faiss.IO_FLAG_MMAP_IFC`` (flat codes, HNSW storage and IVF
 lists; plain ``IO_FLAG_MMAP`` only maps IVF lists in FAISS 1.15) instead of reading it
@@ -35,11 +35,18 @@ import faiss
 import numpy as np
 from tqdm.auto import tqdm
 
-from .errors import IndexFormatError
-from .factory import DEFAULT_EF_SEARCH, auto_factory, default_nprobe, index_kind, supports_gpu, unwrap
-from .id_map import IdMap
-from .search_result import MISSING_ID, SearchResult, empty_result
-from .vector_file import read_vector_file, write_vector_file
+from twotower.indexing.errors import IndexFormatError
+from twotower.indexing.factory import (
+    DEFAULT_EF_SEARCH,
+    auto_factory,
+    default_nprobe,
+    index_kind,
+    supports_gpu,
+    unwrap,
+)
+from twotower.indexing.id_map import IdMap
+from twotower.indexing.search_result import MISSING_ID, SearchResult, empty_result
+from twotower.indexing.vector_file import read_vector_file, write_vector_file
 
 logger = logging.getLogger(__name__)
 

@@ -17,26 +17,26 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
-    "CrossEncoder": "retrieval.cross_encoder",
-    "DualTrainConfig": "retrieval.train_dual",
-    "train_dual": "retrieval.train_dual",
-    "RerankerTrainConfig": "retrieval.train_reranker",
-    "train_reranker": "retrieval.train_reranker",
-    "mine_hard_negatives": "retrieval.mining",
-    "independent_crops": "retrieval.self_supervised",
-    "inverse_cloze": "retrieval.self_supervised",
-    "export_dual_encoder": "retrieval.export",
-    "export_reranker": "retrieval.export",
-    "DualEncoder": "retrieval.dual_encoder",
-    "EncoderMismatchError": "retrieval.manifest",
-    "Hit": "retrieval.hit",
-    "Answer": "retrieval.reader",
-    "AnswerResult": "retrieval.reader",
-    "RRF_K": "retrieval.fusion",
-    "SearchPipeline": "retrieval.pipeline",
-    "normalize_scores": "retrieval.fusion",
-    "reciprocal_rank_fusion": "retrieval.fusion",
-    "score_fusion": "retrieval.fusion",
+    "CrossEncoder": "twotower.retrieval.cross_encoder",
+    "DualTrainConfig": "twotower.retrieval.training.train_dual",
+    "train_dual": "twotower.retrieval.training.train_dual",
+    "RerankerTrainConfig": "twotower.retrieval.training.train_reranker",
+    "train_reranker": "twotower.retrieval.training.train_reranker",
+    "mine_hard_negatives": "twotower.retrieval.training.mining",
+    "independent_crops": "twotower.retrieval.training.self_supervised",
+    "inverse_cloze": "twotower.retrieval.training.self_supervised",
+    "export_dual_encoder": "twotower.retrieval.export",
+    "export_reranker": "twotower.retrieval.export",
+    "DualEncoder": "twotower.retrieval.dual_encoder",
+    "EncoderMismatchError": "twotower.retrieval.manifest",
+    "Hit": "twotower.retrieval.hit",
+    "Answer": "twotower.retrieval.reader",
+    "AnswerResult": "twotower.retrieval.reader",
+    "RRF_K": "twotower.retrieval.fusion",
+    "SearchPipeline": "twotower.retrieval.pipeline",
+    "normalize_scores": "twotower.retrieval.fusion",
+    "reciprocal_rank_fusion": "twotower.retrieval.fusion",
+    "score_fusion": "twotower.retrieval.fusion",
 }
 
 __all__ = [
@@ -63,12 +63,12 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
-    from retrieval.dual_encoder import DualEncoder
-    from retrieval.fusion import RRF_K, normalize_scores, reciprocal_rank_fusion, score_fusion
-    from retrieval.hit import Hit
-    from retrieval.manifest import EncoderMismatchError
-    from retrieval.pipeline import SearchPipeline
-    from retrieval.reader import Answer, AnswerResult
+    from twotower.retrieval.dual_encoder import DualEncoder
+    from twotower.retrieval.fusion import RRF_K, normalize_scores, reciprocal_rank_fusion, score_fusion
+    from twotower.retrieval.hit import Hit
+    from twotower.retrieval.manifest import EncoderMismatchError
+    from twotower.retrieval.pipeline import SearchPipeline
+    from twotower.retrieval.reader import Answer, AnswerResult
 
 
 def __getattr__(name: str) -> Any:

@@ -2,7 +2,7 @@
 
 The story of a build (``build_index``):
 
-1. **Validate** the whole corpus first (`retrieval.corpus.validate_corpus`): a bad
+1. **Validate** the whole corpus first (`twotower.retrieval.corpus.validate_corpus`): a bad
    line or a duplicate id stops the build in seconds, naming file and line,
    before any model runs and before anything is written.
 2. **Plan**: shard ``i`` is documents ``[i*S, (i+1)*S)`` of the (de-duplicated)
@@ -35,11 +35,11 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from encoder.atomic import atomic_path, atomic_write_text, fsync_dir
-from indexing import IndexStore, document_text
-from retrieval.corpus import CorpusPlan, iter_chunks, validate_corpus
-from retrieval.distributed import DistInfo, barrier, init_build_group, owns_shard
-from retrieval.dual_encoder import DualEncoder
+from twotower.common.atomic import atomic_path, atomic_write_text, fsync_dir
+from twotower.indexing import IndexStore, document_text
+from twotower.retrieval.corpus import CorpusPlan, iter_chunks, validate_corpus
+from twotower.retrieval.dual_encoder import DualEncoder
+from twotower.retrieval.sharding import DistInfo, barrier, init_build_group, owns_shard
 
 logger = logging.getLogger(__name__)
 
@@ -258,7 +258,7 @@ def build_index(
         barrier(info)
     finally:
         if created_group and info.enabled:
-            from retrieval.distributed import cleanup
+            from twotower.retrieval.sharding import cleanup
 
             cleanup(info)
     return info.is_main

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from indexing import Document
+from twotower.indexing import Document
 
 DUPLICATE_POLICIES = ("error", "skip", "replace")
 

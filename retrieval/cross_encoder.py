@@ -33,7 +33,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from encoder.checkpoint import (
+from twotower.common.device import default_device, resolve_bf16
+from twotower.encoder.core.checkpoint import (
     CONFIG_NAME,
     WEIGHTS_NAME,
     load_into,
@@ -41,11 +42,10 @@ from encoder.checkpoint import (
     save_pretrained,
     split_prefix,
 )
-from encoder.config import EncoderConfig
-from encoder.device import default_device, resolve_bf16
-from encoder.model import BertModel, BertPooler
-from encoder.tokenizer import Tokenizer
-from retrieval.interpolation import read_alpha, write_alpha
+from twotower.encoder.core.config import EncoderConfig
+from twotower.encoder.core.model import BertModel, BertPooler
+from twotower.encoder.core.tokenizer import Tokenizer
+from twotower.retrieval.interpolation import read_alpha, write_alpha
 
 logger = logging.getLogger(__name__)
 
@@ -236,7 +236,7 @@ class CrossEncoder(nn.Module):
         Pairs are tokenized in chunks and batched by length (longest first), so a
         batch pads to similar lengths.  With bf16 (where the device supports it) the
         forward runs on a bf16 copy of the weights, made once and refreshed only when
-        the weights change (`encoder.encode.inference_copy`): faster than autocast on CPUs.
+        the weights change (`twotower.encoder.core.encode.inference_copy`): faster than autocast on CPUs.
         """
         if isinstance(pairs, tuple) and len(pairs) == 2 and isinstance(pairs[0], str):
             raise TypeError("predict takes a list of (query, document) pairs; wrap a single pair in a list")
@@ -250,7 +250,7 @@ class CrossEncoder(nn.Module):
         self.eval()
         net = self._scorer
         if self.bf16:
-            from encoder.encode import inference_copy
+            from twotower.encoder.core.encode import inference_copy
 
             net = inference_copy(self._scorer, torch.bfloat16, self.device)
             net.classifier.float()  # idempotent on the cached copy; see _Scorer.forward

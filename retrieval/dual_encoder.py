@@ -1,6 +1,6 @@
 """DualEncoder for inference: a query tower and a document tower that map text into one vector space.
 
-The towers are `encoder.encode.SentenceEncoder`s (BERT + pooling + optional L2
+The towers are `twotower.encoder.core.encode.SentenceEncoder`s (BERT + pooling + optional L2
 normalisation, the fast length-sorted bf16 encoding path).  They may share
 weights (one model, the usual case: all-MiniLM-L6-v2) or not (asymmetric
 models: a small query tower, a large document tower).  Asymmetric *inputs* with
@@ -33,9 +33,9 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from encoder.atomic import atomic_write_text
-from encoder.encode import SentenceEncoder
-from encoder.sentence_config import ST_VERSION_NAME
+from twotower.common.atomic import atomic_write_text
+from twotower.encoder.core.encode import SentenceEncoder
+from twotower.encoder.core.sentence_config import ST_VERSION_NAME
 
 logger = logging.getLogger(__name__)
 
@@ -156,7 +156,7 @@ class DualEncoder:
 
         Cached until any weight changes (so fine-tuning between calls is seen).
         """
-        from encoder.encode import _signature
+        from twotower.encoder.core.encode import _signature
 
         towers = [self.query_tower] if self.shared else [self.query_tower, self.document_tower]
         sig = tuple(_signature(t.model) for t in towers)

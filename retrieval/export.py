@@ -4,9 +4,9 @@
   ``modules.json``, ``config_sentence_transformers.json`` with the query /
   document prompts, ``1_Pooling/config.json``, ``sentence_bert_config.json``,
   ``2_Normalize`` when normalised); separate towers become two such directories
-  named by ``dual_encoder.json`` (`retrieval.dual_encoder.DualEncoder` owns the layout).
+  named by ``dual_encoder.json`` (`twotower.retrieval.dual_encoder.DualEncoder` owns the layout).
 * A reranker becomes an HF ``BertForSequenceClassification`` directory with
-  ``num_labels=1`` (`retrieval.cross_encoder.CrossEncoder.save_pretrained`).
+  ``num_labels=1`` (`twotower.retrieval.cross_encoder.CrossEncoder.save_pretrained`).
 
 Both are written into a temporary sibling and swapped into place, so a reader
 never sees half a model, and carry ``training_args.json`` (how they were made).
@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from encoder.atomic import atomic_replace_dir, atomic_write_text
+from twotower.common.atomic import atomic_replace_dir, atomic_write_text
 
 TRAINING_ARGS = "training_args.json"
 

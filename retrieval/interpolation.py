@@ -66,7 +66,7 @@ def choose_alpha(rerank: Mapping[str, Mapping[str, float]], first: Mapping[str, 
                  qrels: Mapping[str, Mapping[str, int]], grid: Sequence[float] = ALPHA_GRID
                  ) -> tuple[float, dict[float, float]]:
     """The alpha of `grid` with the best dev nDCG@10 (ties: the larger alpha), and the whole curve."""
-    from retrieval.dev_eval import ndcg_at_10
+    from twotower.retrieval.training.dev_eval import ndcg_at_10
 
     curve = {float(a): ndcg_at_10(interpolate_run(rerank, first, float(a)), qrels)["ndcg@10"] for a in grid}
     best = max(curve, key=lambda a: (curve[a], a))
@@ -75,7 +75,7 @@ def choose_alpha(rerank: Mapping[str, Mapping[str, float]], first: Mapping[str, 
 
 def write_alpha(directory: str, alpha: float, **details) -> None:
     """Store `alpha` (and optional JSON-ready details of how it was chosen) next to a reranker checkpoint."""
-    from encoder.atomic import atomic_write_text
+    from twotower.common.atomic import atomic_write_text
 
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"interpolation weight alpha must be in [0, 1], got {alpha}")

@@ -24,7 +24,7 @@ import os
 import platform
 from typing import Any
 
-from indexing import IndexFormatError
+from twotower.indexing import IndexFormatError
 
 PIPELINE_KEY = "pipeline"
 PIPELINE_FORMAT = 1
@@ -88,7 +88,7 @@ def model_source(directory: str) -> dict[str, str]:
 
 
 def resolve_model_source(source: Any, manifest_path: str) -> str:
-    """The model directory a manifest's ``encoder.model`` names (error if it is gone)."""
+    """The model directory a manifest's ``twotower.encoder.core.model`` names (error if it is gone)."""
     if isinstance(source, dict) and source.get("package") == DEFAULT_MODEL_PACKAGE:
         return default_model_dir()
     if isinstance(source, dict) and isinstance(source.get("path"), str):

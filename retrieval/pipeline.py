@@ -8,7 +8,7 @@ committed together):
                                           (+ BM25 top recall_k, fused by RRF)
                                           --cross-encoder--> top k Hits
 
-The index is stamped with the dual encoder's fingerprint (`retrieval.manifest`);
+The index is stamped with the dual encoder's fingerprint (`twotower.retrieval.manifest`);
 loading it with a different query encoder is refused, because vectors from two
 models live in different spaces.
 
@@ -31,11 +31,11 @@ from typing import Any
 
 import numpy as np
 
-from encoder.atomic import fsync_dir
-from indexing import MISSING_ID, IndexStore, SearchResult, document_text
-from indexing.manifest import MANIFEST_NAME
-from retrieval.build import DEFAULT_SHARD_SIZE, build_index
-from retrieval.corpus import (
+from twotower.common.atomic import fsync_dir
+from twotower.indexing import MISSING_ID, IndexStore, SearchResult, document_text
+from twotower.indexing.manifest import MANIFEST_NAME
+from twotower.retrieval.build import DEFAULT_SHARD_SIZE, build_index
+from twotower.retrieval.corpus import (
     DUPLICATE_POLICIES,
     iter_chunks,
     parse_document,
@@ -43,11 +43,11 @@ from retrieval.corpus import (
     validate_corpus,
     write_corpus_file,
 )
-from retrieval.dual_encoder import DualEncoder
-from retrieval.fusion import RRF_K, reciprocal_rank_fusion, score_fusion
-from retrieval.hit import Hit, gc_paused
-from retrieval.interpolation import interpolate
-from retrieval.manifest import (
+from twotower.retrieval.dual_encoder import DualEncoder
+from twotower.retrieval.fusion import RRF_K, reciprocal_rank_fusion, score_fusion
+from twotower.retrieval.hit import Hit, gc_paused
+from twotower.retrieval.interpolation import interpolate
+from twotower.retrieval.manifest import (
     PIPELINE_FORMAT,
     PIPELINE_KEY,
     check_encoder,
@@ -57,7 +57,7 @@ from retrieval.manifest import (
     pipeline_block,
     resolve_model_source,
 )
-from retrieval.reader import AnswerResult, label_hits, read_answers
+from twotower.retrieval.reader import AnswerResult, label_hits, read_answers
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ def _load_encoder(model: DualEncoder | str | os.PathLike | None, bf16: bool | st
 def _load_reranker(reranker: Any, bf16: bool | str, device: str | None):
     if reranker is None or not isinstance(reranker, (str, os.PathLike)):
         return reranker  # None, or an object with predict(pairs, batch_size=..., progress=...)
-    from retrieval.cross_encoder import CrossEncoder
+    from twotower.retrieval.cross_encoder import CrossEncoder
 
     return CrossEncoder.from_pretrained(os.fspath(reranker), device=device, bf16=bf16)
 
@@ -133,7 +133,7 @@ class SearchPipeline:
         bf16: bool | str = "auto",
         device: str = "cpu",
     ) -> SearchPipeline | None:
-        """Encode a corpus into a new index directory and open it (see `retrieval.build` for the steps).
+        """Encode a corpus into a new index directory and open it (see `twotower.retrieval.build` for the steps).
 
         Args:
             corpus: a BEIR ``corpus.jsonl`` (``.gz`` too), or documents as mappings with ``_id``/``text``.
@@ -307,7 +307,7 @@ class SearchPipeline:
             fetch_documents: attach title and text (False: they are None; for runs that
                 only need ids and scores, e.g. evaluation, this skips the SQLite reads).
             rerank_alpha: final = alpha * z(rerank) + (1 - alpha) * z(first stage) per query
-                (`retrieval.interpolation`); None = the weight chosen on dev and stored with
+                (`twotower.retrieval.interpolation`); None = the weight chosen on dev and stored with
                 the reranker, else 1.0 (pure reranking). Hit.rerank_score stays the raw score.
             classifier: a classification model (`twotower finetune classify` directory or
                 `encoder.TaskModel`): each returned hit gets ``label`` / ``label_score`` from
@@ -371,7 +371,7 @@ class SearchPipeline:
             max_answers: at most this many answers per question, from distinct passages.
             retrieval_weight: rank answers by span score + this * the passage's hit score
                 (BERTserini); 0 ranks by the reader alone. Choose it on dev for the index and
-                reader at hand (`retrieval.reader`).
+                reader at hand (`twotower.retrieval.reader`).
             classifier: optional classification model; labels the k hits (`search`).
         Returns:
             One `AnswerResult` (question, answers with passage id and character offsets, hits),
@@ -392,7 +392,7 @@ class SearchPipeline:
         if isinstance(model, (str, os.PathLike)):
             key = os.path.abspath(os.fspath(model))
             if key not in self._task_models:
-                from encoder.task_model import TaskModel
+                from twotower.encoder.finetuning.task_model import TaskModel
 
                 self._task_models[key] = TaskModel.from_pretrained(key, device=self.encoder.query_tower.device)
             model = self._task_models[key]
@@ -443,7 +443,7 @@ class SearchPipeline:
         """Score every (query, candidate) pair with the cross-encoder; keep the best k per query.
 
         Returns (candidates, cross-encoder scores, final scores).  With ``alpha < 1`` the final score
-        mixes the z-normalised cross-encoder and first-stage scores (`retrieval.interpolation`).
+        mixes the z-normalised cross-encoder and first-stage scores (`twotower.retrieval.interpolation`).
         Ties keep the first-stage order.
         """
         wanted = list(dict.fromkeys(c[0] for cands in candidates for c in cands))
@@ -581,7 +581,7 @@ def _fuse(
 
 def _copy_generation(store: IndexStore, target: str) -> None:
     """Copy the committed state of `store` (manifest, SQLite incl. WAL, current vectors and BM25) to `target`."""
-    from indexing.store import DOCS_NAME, LOCK_NAME, bm25_name, vectors_name
+    from twotower.indexing.store import DOCS_NAME, LOCK_NAME, bm25_name, vectors_name
 
     os.makedirs(target)
     src = str(store.directory)

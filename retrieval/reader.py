@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from encoder.task_examples import QAExample, TextExample
+from twotower.encoder.finetuning.task_examples import QAExample, TextExample
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ def read_answers(
     """Answer spans for ``question`` from the passages of ``hits`` (best first).
 
     Args:
-        reader: an ``encoder.task_model.TaskModel`` with a QA head (``TaskModel.from_pretrained(dir)``).
+        reader: an ``twotower.encoder.finetuning.task_model.TaskModel`` with a QA head (``TaskModel.from_pretrained(dir)``).
         hits: ranked passages: ``retrieval.Hit`` objects or mappings with ``id``, ``text`` (and ``title``).
         top_passages: read only the first this many hits (default: all of them).
         max_answers: at most this many spans, from distinct passages.

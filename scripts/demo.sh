@@ -21,9 +21,9 @@ if [ -f "$IDX/manifest.json" ]; then
 else
   echo "== building $IDX from $CORPUS (all-MiniLM-L6-v2 + BM25; a few minutes on 2 CPU cores)"
   mkdir -p "$(dirname "$IDX")"
-  "$PY" -m retrieval index build --corpus "$CORPUS" --out "$IDX" --bm25
+  "$PY" -m twotower index build --corpus "$CORPUS" --out "$IDX" --bm25
 fi
-"$PY" -m retrieval index info --index "$IDX"
+"$PY" -m twotower index info --index "$IDX"
 echo
 
 if [ -z "$RERANKER" ]; then
@@ -33,7 +33,7 @@ if [ -z "$RERANKER" ]; then
     echo "== training the demo reranker once: first 3 layers of all-MiniLM-L6-v2, listwise loss on"
     echo "   809 SciFact train claims with BM25-mined negatives (~8 minutes on 2 CPU cores; cached)"
   fi
-  RERANKER=$("$PY" -m retrieval train demo-reranker --out "$RERANKER_DIR" \
+  RERANKER=$("$PY" -m twotower train demo-reranker --out "$RERANKER_DIR" \
     | "$PY" -c 'import json, sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1])["reranker"])')
   "$PY" - "$RERANKER_DIR/demo_reranker.json" <<'PYEOF'
 import json, sys
@@ -48,7 +48,7 @@ PYEOF
 fi
 [ "$RERANKER" = none ] && RERANKER=
 
-search=("$PY" -m retrieval search --index "$IDX" --queries "$QUERIES" -k 3 --recall-k 100)
+search=("$PY" -m twotower search --index "$IDX" --queries "$QUERIES" -k 3 --recall-k 100)
 if [ -n "$RERANKER" ]; then
   echo "== recall 100 with the dual encoder, rerank with the cross-encoder in $RERANKER, show the top 3"
   search+=(--reranker "$RERANKER")
@@ -62,9 +62,9 @@ echo
 # Where did the abstracts SciFact annotates as evidence for each claim land, with and without reranking?
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-"$PY" -m retrieval search --index "$IDX" --queries "$QUERIES" -k 10 --recall-k 100 --no-rerank --json > "$tmp/recall.json"
+"$PY" -m twotower search --index "$IDX" --queries "$QUERIES" -k 10 --recall-k 100 --no-rerank --json > "$tmp/recall.json"
 if [ -n "$RERANKER" ]; then
-  "$PY" -m retrieval search --index "$IDX" --queries "$QUERIES" -k 10 --recall-k 100 --reranker "$RERANKER" \
+  "$PY" -m twotower search --index "$IDX" --queries "$QUERIES" -k 10 --recall-k 100 --reranker "$RERANKER" \
     --json > "$tmp/rerank.json"
 fi
 echo

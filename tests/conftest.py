@@ -31,7 +31,7 @@ def _tiny_config_kwargs(vocab_size: int) -> dict:
 @pytest.fixture(scope="session")
 def tiny_tokenizer():
     """A lowercasing WordPiece tokenizer trained on TINY_CORPUS (vocabulary ~120)."""
-    from encoder.tokenizer import Tokenizer
+    from twotower.encoder.core.tokenizer import Tokenizer
 
     return Tokenizer.train(iterator=TINY_CORPUS * 3, vocab_size=120, min_frequency=1, progress=False)
 
@@ -41,9 +41,9 @@ def tiny_model_dir(tmp_path_factory, tiny_tokenizer) -> str:
     """A saved tiny random encoder (with pooler) + tokenizer, in HF layout. Treat as read-only."""
     import torch
 
-    from encoder.checkpoint import save_encoder
-    from encoder.config import EncoderConfig
-    from encoder.model import BertModel
+    from twotower.encoder.core.checkpoint import save_encoder
+    from twotower.encoder.core.config import EncoderConfig
+    from twotower.encoder.core.model import BertModel
 
     torch.manual_seed(0)
     model = BertModel(EncoderConfig(**_tiny_config_kwargs(tiny_tokenizer.vocab_size)))
@@ -55,7 +55,7 @@ def tiny_model_dir(tmp_path_factory, tiny_tokenizer) -> str:
 @pytest.fixture()
 def tiny_model(tiny_model_dir):
     """(model, tokenizer) freshly loaded from `tiny_model_dir`, in eval mode; safe to modify."""
-    from encoder.checkpoint import load_encoder
+    from twotower.encoder.core.checkpoint import load_encoder
 
     return load_encoder(tiny_model_dir)
 

@@ -1,7 +1,7 @@
 """Readers and writers for evaluation data; every malformed line raises ``DataError`` naming ``path:line``."""
 
-from .atomic import atomic_open, atomic_write_bytes, atomic_write_text
-from .beir import (
+from twotower.eval.io.atomic import atomic_open, atomic_write_bytes, atomic_write_text
+from twotower.eval.io.beir import (
     BeirDataset,
     BeirDocument,
     available_splits,
@@ -14,18 +14,24 @@ from .beir import (
     write_beir_qrels,
     write_beir_queries,
 )
-from .conll import TaggedSentence, read_conll, write_conll
-from .msmarco import (
+from twotower.eval.io.conll import TaggedSentence, read_conll, write_conll
+from twotower.eval.io.msmarco import (
     iter_msmarco_triples,
     read_id_text_tsv,
     read_msmarco_qrels,
     read_msmarco_run,
     write_msmarco_run,
 )
-from .qrels import detect_qrels_format, read_qrels
-from .squad import SquadExample, read_squad, read_squad_predictions, squad_references, write_squad_predictions
-from .trec import read_trec_qrels, read_trec_run, write_trec_qrels, write_trec_run
-from .tsv import LabeledExample, read_classification_tsv, write_classification_tsv
+from twotower.eval.io.qrels import detect_qrels_format, read_qrels
+from twotower.eval.io.squad import (
+    SquadExample,
+    read_squad,
+    read_squad_predictions,
+    squad_references,
+    write_squad_predictions,
+)
+from twotower.eval.io.trec import read_trec_qrels, read_trec_run, write_trec_qrels, write_trec_run
+from twotower.eval.io.tsv import LabeledExample, read_classification_tsv, write_classification_tsv
 
 __all__ = [
     "BeirDataset",

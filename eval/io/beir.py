@@ -19,10 +19,10 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import NamedTuple
 
-from ..errors import DataError
-from .atomic import atomic_open
-from .lines import numbered_lines
-from .trec import Qrels, parse_int
+from twotower.eval.errors import DataError
+from twotower.eval.io.atomic import atomic_open
+from twotower.eval.io.lines import numbered_lines
+from twotower.eval.io.trec import Qrels, parse_int
 
 QRELS_HEADER = "query-id\tcorpus-id\tscore"
 

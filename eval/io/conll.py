@@ -13,9 +13,9 @@ import os
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from ..errors import DataError
-from .atomic import atomic_open
-from .lines import numbered_lines
+from twotower.eval.errors import DataError
+from twotower.eval.io.atomic import atomic_open
+from twotower.eval.io.lines import numbered_lines
 
 
 class TaggedSentence(NamedTuple):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 
-from ..errors import DataError
+from twotower.eval.errors import DataError
 
 
 def numbered_lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, str]]:

@@ -12,11 +12,11 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Mapping
 
-from ..errors import DataError
-from ..metrics.ranking import rank_documents
-from .atomic import atomic_open
-from .lines import numbered_lines
-from .trec import Run, parse_int, read_trec_qrels
+from twotower.eval.errors import DataError
+from twotower.eval.io.atomic import atomic_open
+from twotower.eval.io.lines import numbered_lines
+from twotower.eval.io.trec import Run, parse_int, read_trec_qrels
+from twotower.eval.metrics.ranking import rank_documents
 
 __all__ = [
     "read_id_text_tsv",

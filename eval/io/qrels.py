@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 
-from ..errors import DataError
-from .beir import read_beir_qrels
-from .lines import numbered_lines
-from .trec import Qrels, read_trec_qrels
+from twotower.eval.errors import DataError
+from twotower.eval.io.beir import read_beir_qrels
+from twotower.eval.io.lines import numbered_lines
+from twotower.eval.io.trec import Qrels, read_trec_qrels
 
 
 def detect_qrels_format(path: str | os.PathLike[str]) -> str:

@@ -13,8 +13,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
-from ..errors import DataError
-from .atomic import atomic_write_text
+from twotower.eval.errors import DataError
+from twotower.eval.io.atomic import atomic_write_text
 
 
 class SquadExample(NamedTuple):

@@ -16,10 +16,10 @@ import math
 import os
 from collections.abc import Mapping
 
-from ..errors import DataError
-from ..metrics.ranking import rank_documents
-from .atomic import atomic_open
-from .lines import numbered_lines
+from twotower.eval.errors import DataError
+from twotower.eval.io.atomic import atomic_open
+from twotower.eval.io.lines import numbered_lines
+from twotower.eval.metrics.ranking import rank_documents
 
 Run = dict[str, dict[str, float]]
 Qrels = dict[str, dict[str, int]]

@@ -11,9 +11,9 @@ import os
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from ..errors import DataError
-from .atomic import atomic_open
-from .lines import numbered_lines
+from twotower.eval.errors import DataError
+from twotower.eval.io.atomic import atomic_open
+from twotower.eval.io.lines import numbered_lines
 
 TEXT_COLUMNS = ("text", "sentence", "sentence1", "question")
 PAIR_COLUMNS = ("text_pair", "sentence2")

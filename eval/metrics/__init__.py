@@ -5,18 +5,25 @@ the official SQuAD scripts; tagging follows conlleval/seqeval; classification
 and correlation follow scikit-learn / scipy conventions.
 """
 
-from .classification import (
+from twotower.eval.metrics.classification import (
     ClassificationReport,
     accuracy,
     classification_report,
     confusion_matrix,
     misclassified,
 )
-from .correlation import CorrelationResult, average_ranks, pearson, spearman
-from .distributions import betainc, student_t_sf, student_t_two_sided_p
-from .language_model import MLMAccumulator, log_softmax, mlm_accuracy, mlm_counts, mlm_perplexity, perplexity
-from .names import KNOWN_METRICS, MetricSpec, parse_metric, parse_metrics
-from .qa import (
+from twotower.eval.metrics.correlation import CorrelationResult, average_ranks, pearson, spearman
+from twotower.eval.metrics.distributions import betainc, student_t_sf, student_t_two_sided_p
+from twotower.eval.metrics.language_model import (
+    MLMAccumulator,
+    log_softmax,
+    mlm_accuracy,
+    mlm_counts,
+    mlm_perplexity,
+    perplexity,
+)
+from twotower.eval.metrics.names import KNOWN_METRICS, MetricSpec, parse_metric, parse_metrics
+from twotower.eval.metrics.qa import (
     exact_match,
     normalize_answer,
     squad_v1_scores,
@@ -25,8 +32,8 @@ from .qa import (
     token_f1,
     token_f1_v2,
 )
-from .ranking import query_metrics, rank_documents, recall_curve
-from .retrieval import (
+from twotower.eval.metrics.ranking import query_metrics, rank_documents, recall_curve
+from twotower.eval.metrics.retrieval import (
     DEFAULT_METRICS,
     Qrels,
     RetrievalEvaluation,
@@ -35,8 +42,8 @@ from .retrieval import (
     mean_recall_curve,
     ranked_relevance,
 )
-from .significance import SignificanceResult, paired_randomization_test, paired_t_test
-from .tagging import TaggingReport, get_entities, tagging_report
+from twotower.eval.metrics.significance import SignificanceResult, paired_randomization_test, paired_t_test
+from twotower.eval.metrics.tagging import TaggingReport, get_entities, tagging_report
 
 __all__ = [
     "DEFAULT_METRICS",

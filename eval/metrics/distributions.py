@@ -1,6 +1,6 @@
 """Student's t tail probabilities without scipy, via the regularized incomplete beta function.
 
-Why not import scipy: ``eval.metrics`` is pure numpy by design (it is the one
+Why not import scipy: ``twotower.eval.metrics`` is pure numpy by design (it is the one
 package everything else may import without pulling in heavy dependencies).
 The t distribution is needed for the paired t-test and for the p-values of
 Pearson / Spearman correlations; both reduce to

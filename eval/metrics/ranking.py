@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from .names import MetricSpec
+from twotower.eval.metrics.names import MetricSpec
 
 
 def rank_documents(scores: Mapping[str, float]) -> list[str]:

@@ -24,8 +24,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .names import MetricSpec, parse_metrics
-from .ranking import query_metrics, rank_documents, recall_curve
+from twotower.eval.metrics.names import MetricSpec, parse_metrics
+from twotower.eval.metrics.ranking import query_metrics, rank_documents, recall_curve
 
 Run = Mapping[str, Mapping[str, float]]  # {query id: {doc id: score}}
 Qrels = Mapping[str, Mapping[str, int]]  # {query id: {doc id: judgment}}

@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .distributions import student_t_two_sided_p
+from twotower.eval.metrics.distributions import student_t_two_sided_p
 
 
 class SignificanceResult(NamedTuple):

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from encoder.tokenizer import Tokenizer
+from twotower.encoder.core.tokenizer import Tokenizer
 
 
 def synthetic_text(n_docs: int = 12, paras: int = 6, seed: int = 0) -> str:

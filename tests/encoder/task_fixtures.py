@@ -12,9 +12,9 @@ import os
 
 import torch
 
-from encoder import EncoderConfig, Tokenizer
-from encoder.checkpoint import save_encoder
-from encoder.model import BertModel
+from twotower.encoder import EncoderConfig, Tokenizer
+from twotower.encoder.core.checkpoint import save_encoder
+from twotower.encoder.core.model import BertModel
 
 CORPUS = [
     "the tea is cold", "the tea is hot", "a good film with a great cast", "a bad film and a boring plot",

@@ -95,7 +95,7 @@ def parity_diffs(run: dict, qrels: dict, drop_self_hits: bool = False) -> list[t
     """(query or "<mean>", metric, ours, pytrec_eval) for every judged query and metric."""
     import pytrec_eval
 
-    from eval.metrics import evaluate
+    from twotower.eval.metrics import evaluate
 
     ours = evaluate(run, qrels, OUR_METRICS, drop_self_hits=drop_self_hits)
     ref_run = run

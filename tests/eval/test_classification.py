@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from eval.metrics import accuracy, classification_report, confusion_matrix, misclassified
+from twotower.eval.metrics import accuracy, classification_report, confusion_matrix, misclassified
 
 
 def test_majority_class_hides_minority_failure():

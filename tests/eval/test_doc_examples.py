@@ -8,7 +8,7 @@ import pkgutil
 
 import pytest
 
-import eval as eval_package
+import twotower.eval as eval_package
 
 MODULES = sorted(m.name for m in pkgutil.walk_packages(eval_package.__path__, prefix="eval.") if not m.ispkg)
 

@@ -9,7 +9,8 @@ import types
 import numpy as np
 import pytest
 
-from eval import (
+from twotower.cli import main
+from twotower.eval import (
     evaluate,
     read_trec_run,
     write_beir_qrels,
@@ -17,7 +18,6 @@ from eval import (
     write_trec_qrels,
     write_trec_run,
 )
-from retrieval.cli import main
 
 
 @pytest.fixture
@@ -199,9 +199,9 @@ def beir_dir(tmp_path):
 
 
 def test_index_mode_writes_a_comparison_report(tmp_path, beir_dir, monkeypatch, capsys):
-    module = types.ModuleType("retrieval.pipeline")
+    module = types.ModuleType("twotower.retrieval.pipeline")
     module.SearchPipeline = _FakePipeline
-    monkeypatch.setitem(sys.modules, "retrieval.pipeline", module)
+    monkeypatch.setitem(sys.modules, "twotower.retrieval.pipeline", module)
     _FakePipeline.calls = []
     (tmp_path / "idx").mkdir()
     argv = [
@@ -240,9 +240,9 @@ def test_index_mode_writes_a_comparison_report(tmp_path, beir_dir, monkeypatch, 
 
 
 def test_index_mode_without_reranker_does_not_load_the_default_one(tmp_path, beir_dir, monkeypatch, capsys):
-    module = types.ModuleType("retrieval.pipeline")
+    module = types.ModuleType("twotower.retrieval.pipeline")
     module.SearchPipeline = _FakePipeline
-    monkeypatch.setitem(sys.modules, "retrieval.pipeline", module)
+    monkeypatch.setitem(sys.modules, "twotower.retrieval.pipeline", module)
     _FakePipeline.calls = []
     (tmp_path / "idx").mkdir()
     argv = [
@@ -261,7 +261,7 @@ def test_index_mode_without_reranker_does_not_load_the_default_one(tmp_path, bei
 
 
 def test_index_mode_reports_a_missing_pipeline(tmp_path, beir_dir, monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "retrieval.pipeline", None)  # import now raises ImportError
+    monkeypatch.setitem(sys.modules, "twotower.retrieval.pipeline", None)  # import now raises ImportError
     (tmp_path / "idx").mkdir()
     argv = [
         "eval",

@@ -6,17 +6,17 @@ import json
 
 import pytest
 
-from eval import evaluate, read_trec_run, write_beir_qrels, write_beir_queries
-from retrieval.cli import main
+from twotower.cli import main
+from twotower.eval import evaluate, read_trec_run, write_beir_qrels, write_beir_queries
 
-pipeline = pytest.importorskip("retrieval.pipeline")
+pipeline = pytest.importorskip("twotower.retrieval.pipeline")
 fixtures = pytest.importorskip("tests.retrieval.pipeline_fixtures")
 
 
 def test_index_mode_with_the_real_pipeline(tmp_path, capsys):
     import torch
 
-    from retrieval.cross_encoder import CrossEncoder
+    from twotower.retrieval.cross_encoder import CrossEncoder
 
     docs = fixtures.toy_docs(40)
     root = tmp_path / "beir"

@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from eval import DataError
-from eval.io import (
+from twotower.eval import DataError
+from twotower.eval.io import (
     BeirDocument,
     LabeledExample,
     TaggedSentence,

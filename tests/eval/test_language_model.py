@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from eval.metrics import MLMAccumulator, log_softmax, mlm_accuracy, mlm_perplexity, perplexity
+from twotower.eval.metrics import MLMAccumulator, log_softmax, mlm_accuracy, mlm_perplexity, perplexity
 
 
 def test_worked_example_from_design_notes():

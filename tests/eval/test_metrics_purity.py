@@ -1,4 +1,4 @@
-"""eval.metrics is pure numpy: importing it loads none of our other packages and no scipy/torch/sklearn."""
+"""twotower.eval.metrics is pure numpy: importing it loads none of our other packages and no scipy/torch/sklearn."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import eval as eval_package
-import eval.metrics as metrics
+import twotower.eval as eval_package
+import twotower.eval.metrics as metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from eval.metrics import (
+from twotower.eval.metrics import (
     exact_match,
     normalize_answer,
     squad_v1_scores,
@@ -12,7 +12,7 @@ from eval.metrics import (
     squad_v2_scores,
     token_f1,
 )
-from eval.metrics.qa import token_f1_v2
+from twotower.eval.metrics.qa import token_f1_v2
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from eval.metrics import (
+from twotower.eval.metrics import (
     evaluate,
     mean_recall_curve,
     parse_metric,

@@ -8,7 +8,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from eval import (
+from twotower.cli import main
+from twotower.eval import (
     load_beir,
     read_beir_qrels,
     read_classification_tsv,
@@ -20,7 +21,6 @@ from eval import (
     tagging_report,
     write_trec_run,
 )
-from retrieval.cli import main
 
 
 def test_beir_scifact(data_dir):

@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from eval import evaluate, read_trec_run, write_report
-from eval.report import format_metrics_table
+from twotower.eval import evaluate, read_trec_run, write_report
+from twotower.eval.report import format_metrics_table
 
 
 def _systems(n_queries=40, seed=0):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from eval.metrics import parse_metric
 from tests.eval.retrieval_cases import OUR_METRICS, cases, parity_diffs
+from twotower.eval.metrics import parse_metric
 
 pytest.importorskip("pytrec_eval")
 

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from eval.metrics import (
+from twotower.eval.metrics import (
     average_ranks,
     betainc,
     paired_randomization_test,

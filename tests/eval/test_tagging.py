@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from eval.metrics import get_entities, tagging_report
+from twotower.eval.metrics import get_entities, tagging_report
 
 
 def test_get_entities_worked_example():

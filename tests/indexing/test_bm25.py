@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import Stemmer
 
-from indexing import BM25, IndexFormatError, document_text
+from twotower.indexing import BM25, IndexFormatError, document_text
 
 CORPUS = {
     "cats": "Cats are sleeping on the warm sofa",

@@ -4,11 +4,11 @@ import doctest
 
 import pytest
 
-import indexing.bm25
-import indexing.vector_index
+import twotower.indexing.bm25
+import twotower.indexing.vector_index
 
 
-@pytest.mark.parametrize("module", [indexing.vector_index, indexing.bm25])
+@pytest.mark.parametrize("module", [twotower.indexing.vector_index, twotower.indexing.bm25])
 def test_docstring_examples(module):
     result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0 and result.failed == 0

@@ -2,7 +2,7 @@ import sqlite3
 
 import pytest
 
-from indexing import DocStore, IndexFormatError, as_document
+from twotower.indexing import DocStore, IndexFormatError, as_document
 
 
 def make(n, start=0):

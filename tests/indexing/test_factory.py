@@ -1,8 +1,8 @@
 import faiss
 import pytest
 
-from indexing import VectorIndex, auto_factory, index_kind
-from indexing.factory import FLAT_MAX, HNSW_MAX, default_nprobe, ivf_nlist
+from twotower.indexing import VectorIndex, auto_factory, index_kind
+from twotower.indexing.factory import FLAT_MAX, HNSW_MAX, default_nprobe, ivf_nlist
 
 
 def test_auto_factory_rule_boundaries():

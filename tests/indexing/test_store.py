@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from indexing import IndexFormatError, IndexLockedError, IndexStore
-from indexing.store import vectors_name
+from twotower.indexing import IndexFormatError, IndexLockedError, IndexStore
+from twotower.indexing.store import vectors_name
 
 from .helpers import clustered
 
@@ -196,7 +196,7 @@ def test_manifest_fields_are_validated(tmp_path, field, value, message):
 def test_documents_and_vectors_disagreeing_is_detected(tmp_path, vecs):
     with IndexStore.create(tmp_path / "i", DIM, "Flat") as s:
         s.add(docs(0, 5), vecs[:5])
-    from indexing import DocStore
+    from twotower.indexing import DocStore
 
     with DocStore(tmp_path / "i" / "docs.sqlite") as ds:
         ds.delete(["d0"])

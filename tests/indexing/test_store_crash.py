@@ -1,7 +1,7 @@
 """Crash safety: SIGKILL a real writer process at each step of a commit, then reopen.
 
 The child commits batch 1 (d0..d99), then stages batch 2 (d100..d199 added, d0 deleted)
-and commits it. A hook in ``IndexStore.commit`` (``indexing.store.CRASH_HOOK``) writes a
+and commits it. A hook in ``IndexStore.commit`` (``twotower.indexing.store.CRASH_HOOK``) writes a
 signal file at the chosen step and sleeps; the parent SIGKILLs it there. Before the
 SQLite commit point the directory must hold exactly batch 1; after it, exactly batch 2.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from indexing import IndexStore
+from twotower.indexing import IndexStore
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -27,8 +27,8 @@ CHILD = textwrap.dedent(
     sys.path.insert(0, {repo!r})
     import faiss, numpy as np
     faiss.omp_set_num_threads(1)
-    import indexing.store as st
-    from indexing import IndexStore
+    import twotower.indexing.store as st
+    from twotower.indexing import IndexStore
 
     directory, stage, signal_file, factory = sys.argv[1:]
     x = np.random.default_rng(0).normal(size=(200, 8)).astype("float32")
@@ -119,7 +119,7 @@ def test_sigkill_mid_ingest_then_resume(tmp_path):
             sys.path.insert(0, {str(REPO)!r})
             import faiss, numpy as np
             faiss.omp_set_num_threads(1)
-            from indexing import IndexStore
+            from twotower.indexing import IndexStore
             x = np.random.default_rng(1).normal(size=(600, 8)).astype("float32")
             store = IndexStore.create(sys.argv[1], 8, "HNSW32")
             def embed(batch):

@@ -6,7 +6,7 @@ import faiss
 import numpy as np
 import pytest
 
-from indexing import IndexFormatError, SearchResult, VectorIndex
+from twotower.indexing import IndexFormatError, SearchResult, VectorIndex
 
 from .helpers import brute_force, clustered, recall_at_k
 

@@ -32,7 +32,7 @@ def sentences(n: int, seed: int = 0, lo: int = 4, hi: int = 20) -> list[str]:
 @functools.cache
 def tiny_tokenizer():
     """One tokenizer for every tiny model (WordPiece training may order tied merges differently per run)."""
-    from encoder import Tokenizer
+    from twotower.encoder import Tokenizer
 
     tok = Tokenizer.train(iterator=sentences(300), vocab_size=120, min_frequency=1, progress=False)
     tok.model_max_length = MAX_POSITIONS
@@ -40,8 +40,8 @@ def tiny_tokenizer():
 
 
 def _save_tiny(directory: str, hidden: int, seed: int) -> str:
-    from encoder import EncoderConfig, save_encoder
-    from encoder.model import BertModel
+    from twotower.encoder import EncoderConfig, save_encoder
+    from twotower.encoder.core.model import BertModel
 
     tok = tiny_tokenizer()
     torch.manual_seed(seed)

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from retrieval.cross_encoder import CrossEncoder
 from tests.retrieval.training_fixtures import tiny_model_dir
+from twotower.retrieval.cross_encoder import CrossEncoder
 
 PAIRS = [
     ("tea cold", "cold tea is a drink of green leaf"),
@@ -126,7 +126,7 @@ def test_only_the_document_is_truncated(saved):
 
 
 def test_bf16_close_to_fp32(saved):
-    from encoder.device import bf16_supported
+    from twotower.common.device import bf16_supported
 
     if not bf16_supported("cpu"):
         pytest.skip("no bf16 on this CPU")

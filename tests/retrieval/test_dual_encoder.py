@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from encoder.encode import SentenceEncoder
-from retrieval import DualEncoder
 from tests.retrieval.pipeline_fixtures import tiny_model_dir
+from twotower.encoder.core.encode import SentenceEncoder
+from twotower.retrieval import DualEncoder
 
 TEXTS = ["tea is a hot drink", "the mouse gene expression", "cold"]
 

@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 import torch
 
-from retrieval.export import (
+from tests.retrieval.training_fixtures import tiny_beir_dir, tiny_model_dir
+from twotower.retrieval.export import (
     check_cross_encoder,
     check_sentence_transformers,
     export_dual_encoder,
     export_reranker,
 )
-from tests.retrieval.training_fixtures import tiny_beir_dir, tiny_model_dir
 
 pytest.importorskip("sentence_transformers")
 
@@ -23,7 +23,7 @@ TEXTS = ["tea cold drink", "gene expression in cancer cell " * 4, "virus", "mous
 
 
 def _perturbed_dual(prefixes: bool):
-    from retrieval.dual_encoder import DualEncoder
+    from twotower.retrieval.dual_encoder import DualEncoder
 
     dual = DualEncoder.from_pretrained(tiny_model_dir(), pooling="mean", normalize=True, bf16=False,
                                        query_prefix="query: " if prefixes else "",
@@ -53,8 +53,8 @@ def test_dual_encoder_export_matches_sentence_transformers(tmp_path, prefixes):
 
 
 def test_trained_dual_encoder_checkpoint_matches_sentence_transformers(tmp_path):
-    from retrieval.dual_encoder import DualEncoder
-    from retrieval.train_dual import DualTrainConfig, train_dual
+    from twotower.retrieval.dual_encoder import DualEncoder
+    from twotower.retrieval.training.train_dual import DualTrainConfig, train_dual
 
     cfg = DualTrainConfig(model=tiny_model_dir(), data=tiny_beir_dir(), out=str(tmp_path / "run"), batch_size=4,
                           max_steps=3, eval_every=3, lr=5e-3, normalize=True, doc_max_length=48, progress=False,
@@ -67,7 +67,7 @@ def test_trained_dual_encoder_checkpoint_matches_sentence_transformers(tmp_path)
 
 
 def test_reranker_export_matches_sentence_transformers(tmp_path):
-    from retrieval.cross_encoder import CrossEncoder
+    from twotower.retrieval.cross_encoder import CrossEncoder
 
     ce = CrossEncoder.from_encoder(tiny_model_dir(), device="cpu", bf16=False, max_length=40)
     g = torch.Generator().manual_seed(3)

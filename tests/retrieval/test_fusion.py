@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from retrieval.fusion import RRF_K, normalize_scores, reciprocal_rank_fusion, score_fusion
+from twotower.retrieval.fusion import RRF_K, normalize_scores, reciprocal_rank_fusion, score_fusion
 
 
 def test_rrf_default_k_is_60():

@@ -4,7 +4,7 @@ import gc
 
 import pytest
 
-from retrieval.hit import Hit, gc_paused
+from twotower.retrieval.hit import Hit, gc_paused
 
 
 def test_gc_paused_restores_the_collector_even_on_error():

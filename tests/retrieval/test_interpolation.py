@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from retrieval.interpolation import (
+from twotower.retrieval.interpolation import (
     ALPHA_FILE,
     choose_alpha,
     interpolate,
@@ -67,9 +67,9 @@ def test_write_alpha_round_trips_with_details(tmp_path):
 
 
 def test_pipeline_applies_the_stored_alpha(tmp_path):
-    from indexing import document_text
-    from retrieval import SearchPipeline
-    from retrieval.cross_encoder import CrossEncoder
+    from twotower.indexing import document_text
+    from twotower.retrieval import SearchPipeline
+    from twotower.retrieval.cross_encoder import CrossEncoder
 
     from .pipeline_fixtures import sentences, tiny_model_dir, write_corpus
 

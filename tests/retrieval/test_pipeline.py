@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from indexing import document_text
-from retrieval import DualEncoder, Hit, SearchPipeline, reciprocal_rank_fusion, score_fusion
 from tests.retrieval.pipeline_fixtures import tiny_model_dir, toy_docs, write_corpus
+from twotower.indexing import document_text
+from twotower.retrieval import DualEncoder, Hit, SearchPipeline, reciprocal_rank_fusion, score_fusion
 
 N_DOCS = 60
 
@@ -36,7 +36,7 @@ def built(tmp_path_factory, docs, encoder):
 @pytest.fixture(scope="module")
 def reranker_dir(tmp_path_factory):
     """A real (random-weight) CrossEncoder with a head large enough that its scores vary."""
-    from retrieval.cross_encoder import CrossEncoder
+    from twotower.retrieval.cross_encoder import CrossEncoder
 
     ce = CrossEncoder.from_encoder(tiny_model_dir(), bf16=False, device="cpu")
     with torch.no_grad():
@@ -124,7 +124,7 @@ def test_hybrid_needs_bm25(tmp_path, encoder, docs):
 
 
 def test_rerank_orders_candidates_by_cross_encoder(built, reranker_dir, encoder):
-    from retrieval.cross_encoder import CrossEncoder
+    from twotower.retrieval.cross_encoder import CrossEncoder
 
     pipe = SearchPipeline.load(built.directory, encoder, reranker=reranker_dir, bf16=False)
     try:

@@ -10,10 +10,10 @@ import shutil
 import numpy as np
 import pytest
 
-from indexing import IndexFormatError, IndexStore
-from retrieval import DualEncoder, EncoderMismatchError, SearchPipeline
-from retrieval.build import PLAN_NAME, shard_path
 from tests.retrieval.pipeline_fixtures import tiny_model_dir, toy_docs, write_corpus
+from twotower.indexing import IndexFormatError, IndexStore
+from twotower.retrieval import DualEncoder, EncoderMismatchError, SearchPipeline
+from twotower.retrieval.build import PLAN_NAME, shard_path
 
 
 @pytest.fixture(scope="module")

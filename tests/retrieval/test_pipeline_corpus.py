@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from retrieval.corpus import iter_chunks, iter_documents, validate_corpus
+from twotower.retrieval.corpus import iter_chunks, iter_documents, validate_corpus
 
 
 def _write(tmp_path, lines: list[str], name: str = "corpus.jsonl") -> str:

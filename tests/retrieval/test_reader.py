@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from encoder.task_model import TaskModel
-from encoder.tasks import TaskInfo
-from retrieval.hit import Hit
-from retrieval.reader import Answer, AnswerResult, label_hits, rank_answers, read_answers
 from tests.encoder import task_fixtures
+from twotower.encoder.finetuning.task_model import TaskModel
+from twotower.encoder.finetuning.tasks import TaskInfo
+from twotower.retrieval.hit import Hit
+from twotower.retrieval.reader import Answer, AnswerResult, label_hits, rank_answers, read_answers
 
 
 @pytest.fixture(scope="module")
@@ -99,8 +99,8 @@ def test_retrieval_weight_ranks_by_span_plus_passage_score(reader):
 
 @pytest.fixture()
 def index_dir(tmp_path):
-    from retrieval.pipeline import SearchPipeline
     from tests.retrieval.pipeline_fixtures import tiny_model_dir, write_corpus
+    from twotower.retrieval.pipeline import SearchPipeline
 
     corpus = write_corpus(str(tmp_path / "c.jsonl"), [{"_id": p["id"], "title": p.get("title", ""),
                                                        "text": p["text"]} for p in PASSAGES])
@@ -109,7 +109,7 @@ def index_dir(tmp_path):
 
 
 def test_pipeline_answer_reads_the_hits_it_returns(reader, tiny_dir, index_dir, tmp_path):
-    from retrieval.pipeline import SearchPipeline
+    from twotower.retrieval.pipeline import SearchPipeline
 
     reader.info.null_threshold = None
     reader.save(str(tmp_path / "reader"))
@@ -146,7 +146,7 @@ def test_pipeline_answer_reads_the_hits_it_returns(reader, tiny_dir, index_dir, 
 
 
 def test_answer_cli_end_to_end(reader, tiny_dir, index_dir, tmp_path, capsys):
-    from retrieval.cli import main
+    from twotower.cli import main
 
     reader.info.null_threshold = None
     reader.save(str(tmp_path / "reader"))

@@ -32,8 +32,8 @@ def tiny_model_dir(initializer_range: float = 0.02) -> str:
     BERT's init (std 0.02) gives a [CLS] that barely depends on the input, so a fresh
     relevance head scores every pair alike; reranker tests use a wider init (0.2).
     """
-    from encoder import EncoderConfig, Tokenizer, save_encoder
-    from encoder.model import BertModel
+    from twotower.encoder import EncoderConfig, Tokenizer, save_encoder
+    from twotower.encoder.core.model import BertModel
 
     root = tempfile.mkdtemp(prefix="twotower-tiny-")
     tok = Tokenizer.train(iterator=corpus_sentences(), vocab_size=150, min_frequency=1, progress=False)

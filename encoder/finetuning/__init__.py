@@ -1,0 +1,1 @@
+"""Task fine-tuning: classification, token tagging and extractive QA on the encoder."""

@@ -1,0 +1,322 @@
+"""One fine-tuning loop for classification, tagging and QA; full fine-tuning or a frozen encoder.
+
+The story of a run: featurize train / dev (/ test) once; with a frozen
+encoder, also run the encoder once over every row and cache its outputs,
+because the encoder never changes and each epoch then costs only the head
+(that cache is what makes frozen runs cheap, and it is shared by all seeds).
+Then for each seed: start from the same encoder weights and a freshly drawn
+head, train with AdamW, warmup then linear decay over the whole run, bf16
+autocast where supported; evaluate on dev after every epoch (or more often)
+and keep the best state.  The best checkpoint over all seeds and epochs is
+written to ``out_dir`` as soon as it appears, with ``finetune_report.json``
+beside it: per-seed dev (and test) scores and their mean and standard
+deviation, since one seed's number says little about a method.
+
+For QA the "no answer" threshold is re-chosen on dev at every evaluation and
+saved with the checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from twotower.common.atomic import atomic_write_text
+from twotower.common.device import autocast, default_device, resolve_bf16
+from twotower.common.malloc import retain_freed_memory_for
+from twotower.encoder.finetuning.qa_decode import choose_null_threshold
+from twotower.encoder.finetuning.task_examples import build_label_map
+from twotower.encoder.finetuning.task_model import TaskModel, batch_order, model_inputs, run_rows
+from twotower.encoder.finetuning.tasks import Featurized, TaskInfo, get_task
+from twotower.encoder.training.optim import lr_factor, make_optimizer, set_lr
+
+logger = logging.getLogger(__name__)
+
+REPORT_NAME = "finetune_report.json"
+MetricFn = Callable[[Sequence[Any], Sequence[Any]], dict[str, float]]
+
+
+@dataclass
+class FinetuneConfig:
+    """Hyper-parameters of a fine-tuning run. Defaults follow BERT's recipe (Devlin et al. 2019, A.3)."""
+
+    epochs: int = 3
+    batch_size: int = 32
+    lr: float | None = None  # None: 5e-5 for full fine-tuning, 1e-3 for a frozen encoder (only a linear layer learns)
+    weight_decay: float = 0.01
+    warmup: float = 0.1  # fraction of all steps
+    freeze_encoder: bool = False
+    max_length: int = 128
+    doc_stride: int = 128  # QA
+    max_query_length: int = 64  # QA
+    max_answer_length: int = 30  # QA
+    dropout: float | None = None  # head dropout; None: the config's hidden dropout
+    pooling: str | None = None  # classify: "cls" (pooler on [CLS], the default) or "mean" (encoder.heads)
+    grad_clip: float = 1.0
+    seeds: tuple[int, ...] = (0,)
+    evals_per_epoch: int = 1
+    max_train_examples: int | None = None  # subsample train (always the same subset: seed 0)
+    max_steps: int | None = None  # stop after this many steps per seed (dry runs)
+    metric: str | None = None  # dev metric selecting the best epoch; None: the task's main metric
+    bf16: bool | str = "auto"
+    device: str | None = None
+    eval_batch_size: int = 128
+    progress: bool = True
+
+    @property
+    def learning_rate(self) -> float:
+        return self.lr if self.lr is not None else (1e-3 if self.freeze_encoder else 5e-5)
+
+
+@dataclass
+class SeedResult:
+    seed: int
+    best_epoch: float = 0.0
+    dev: dict[str, float] = field(default_factory=dict)
+    test: dict[str, float] = field(default_factory=dict)
+    null_threshold: float | None = None
+    history: list[dict[str, float]] = field(default_factory=list)
+    train_seconds: float = 0.0
+
+
+@dataclass
+class FinetuneReport:
+    head: str
+    metric: str
+    config: dict[str, Any]
+    counts: dict[str, int]
+    seeds: list[SeedResult] = field(default_factory=list)
+    best_seed: int | None = None
+    feature_seconds: float = 0.0
+    out_dir: str = ""
+
+    def summary(self, split: str) -> dict[str, tuple[float, float]]:
+        """{metric: (mean, sample std)} over seeds for "dev" or "test"."""
+        rows = [getattr(s, split) for s in self.seeds if getattr(s, split)]
+        if not rows:
+            return {}
+        out = {}
+        for k in rows[0]:
+            v = np.array([r[k] for r in rows], dtype=np.float64)
+            out[k] = (float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else 0.0)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["dev_summary"] = {k: {"mean": m, "std": s} for k, (m, s) in self.summary("dev").items()}
+        d["test_summary"] = {k: {"mean": m, "std": s} for k, (m, s) in self.summary("test").items()}
+        return d
+
+
+def _frozen_batch(feats: list[torch.Tensor], idx: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Cached encoder outputs of rows ``idx`` -> (B, H) or zero-padded (B, T, H) plus its (B, T) mask."""
+    rows = [feats[i] for i in idx]
+    if rows[0].dim() == 1:
+        return torch.stack(rows), None
+    T = max(r.shape[0] for r in rows)
+    out = rows[0].new_zeros(len(rows), T, rows[0].shape[1])
+    mask = torch.zeros(len(rows), T, dtype=torch.long)
+    for j, r in enumerate(rows):
+        out[j, :r.shape[0]] = r
+        mask[j, :r.shape[0]] = 1
+    return out, mask
+
+
+class _Split:
+    """Examples of one split with their model rows and (frozen runs) cached encoder outputs."""
+
+    def __init__(self, examples: Sequence, feats: Featurized) -> None:
+        self.examples, self.feats = examples, feats
+        self.cache: list[torch.Tensor] | None = None
+
+
+def finetune(
+    head: str,
+    model_dir: str,
+    train: Sequence,
+    dev: Sequence,
+    out_dir: str,
+    config: FinetuneConfig | None = None,
+    test: Sequence | None = None,
+    labels: Sequence[str] | None = None,
+    metric_fn: MetricFn | None = None,
+) -> FinetuneReport:
+    """Fine-tune ``head`` ("classify", "tag" or "qa") on the encoder in ``model_dir``; best checkpoint -> ``out_dir``.
+
+    Args:
+        train, dev, test: TextExample / TagExample / QAExample lists (see encoder.task_examples).
+        labels: the label map; default: built from the training labels.  Dev / test
+            labels outside it are an error naming the example's source.
+        metric_fn: ``(predictions, examples) -> {name: value}`` for dev and test
+            (e.g. SQuAD EM/F1 from eval.metrics); default the task's own scores.
+    """
+    cfg = config or FinetuneConfig()
+    task = get_task(head)
+    if not train or not dev:
+        raise ValueError(f"fine-tuning needs training and dev examples (got {len(train)} and {len(dev)})")
+    if cfg.max_train_examples and len(train) > cfg.max_train_examples:
+        keep = np.sort(np.random.default_rng(0).choice(len(train), cfg.max_train_examples, replace=False))
+        train = [train[i] for i in keep]
+    label_map = list(labels) if labels is not None else (build_label_map(task.labels_of(train)) if head != "qa" else [])
+    info = TaskInfo(head, label_map, cfg.max_length, cfg.doc_stride, cfg.max_query_length, cfg.max_answer_length)
+    device = torch.device(cfg.device) if cfg.device else default_device()
+    bf16 = resolve_bf16(cfg.bf16, device)
+    retain_freed_memory_for(device)  # reuse freed activation memory across steps (common/malloc.py)
+    metric = cfg.metric or task.main_metric
+    score = metric_fn or task.score
+
+    tm = TaskModel.from_encoder(model_dir, info, device, cfg.dropout, seed=cfg.seeds[0], pooling=cfg.pooling)
+    t0 = time.perf_counter()
+    splits = {"train": _Split(train, tm.featurize(train, with_targets=True)),
+              "dev": _Split(dev, tm.featurize(dev, with_targets=True))}
+    if test:
+        splits["test"] = _Split(test, tm.featurize(test, with_targets=True))
+    if cfg.freeze_encoder:
+        for name, sp in splits.items():
+            sp.cache = run_rows(tm.model, sp.feats, tm.tokenizer.pad_id, device, cfg.eval_batch_size, bf16,
+                                stage="encode", progress=cfg.progress, desc=f"features {name}")
+    report = FinetuneReport(head, metric, {**asdict(cfg), "learning_rate": cfg.learning_rate, "bf16": bf16},
+                            {k: len(sp.examples) for k, sp in splits.items()} | {"train_rows": len(splits["train"].feats)},
+                            feature_seconds=time.perf_counter() - t0, out_dir=out_dir)
+    base_state = {k: v.detach().clone() for k, v in tm.model.state_dict().items()}
+    best_overall = -math.inf
+    for seed in cfg.seeds:
+        tm.model.load_state_dict(base_state)
+        tm.model.reset_head(seed)
+        result, best_state, dev_best = _train_seed(tm, task, splits, cfg, seed, device, bf16, metric, score,
+                                                   report, best_overall, out_dir)
+        best_overall = max(best_overall, dev_best)
+        if "test" in splits:
+            tm.model.load_state_dict(best_state)
+            tm.info.null_threshold = result.null_threshold
+            result.test = score(_predict(tm, task, splits["test"], cfg, device, bf16), splits["test"].examples)
+        _write_report(report, out_dir)
+    return report
+
+
+def _train_seed(tm: TaskModel, task, splits: dict[str, _Split], cfg: FinetuneConfig, seed: int,
+                device: torch.device, bf16: bool, metric: str, score: MetricFn, report: FinetuneReport,
+                best_overall: float, out_dir: str) -> tuple[SeedResult, dict, float]:
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    model, train = tm.model, splits["train"]
+    frozen = cfg.freeze_encoder
+    for p in model.bert.parameters():
+        p.requires_grad_(not frozen)
+    trainable = [m for n, m in model.named_children() if n != "bert"] if frozen else [model]
+    opt = make_optimizer(torch.nn.ModuleList(trainable), cfg.learning_rate, cfg.weight_decay)
+    lengths = train.feats.lengths()
+    steps_per_epoch = math.ceil(len(lengths) / cfg.batch_size)
+    total = cfg.epochs * steps_per_epoch
+    if cfg.max_steps:
+        total = min(total, cfg.max_steps)
+    eval_at = {min(steps_per_epoch, round(steps_per_epoch * (k + 1) / cfg.evals_per_epoch))
+               for k in range(cfg.evals_per_epoch)}
+    result = SeedResult(seed)
+    report.seeds.append(result)  # live: a report written mid-run shows this seed's history so far
+    best, best_state, step, losses = -math.inf, {}, 0, []
+    t0 = time.perf_counter()
+    for epoch in range(cfg.epochs):
+        model.train()
+        if frozen:
+            model.bert.eval()
+        bar = tqdm(batch_order(lengths, cfg.batch_size, rng), desc=f"seed {seed} epoch {epoch + 1}",
+                   disable=not cfg.progress, leave=False)
+        for k, idx in enumerate(bar, start=1):
+            set_lr(opt, cfg.learning_rate, lr_factor(step / max(1, total), cfg.warmup))
+            batch = task.batch_targets(train.feats, idx)
+            if frozen:
+                x, mask = _frozen_batch(train.cache, idx)  # type: ignore[arg-type]
+                batch["attention_mask"] = mask
+                logits = model.head(x.to(device))
+            else:
+                inputs = model_inputs(train.feats, idx, tm.tokenizer.pad_id, device)
+                batch["attention_mask"] = inputs["attention_mask"]
+                with autocast(device, bf16):
+                    logits = model(**inputs)
+            loss = task.loss(logits, {k2: v.to(device) if v is not None else None for k2, v in batch.items()})
+            loss.backward()
+            if cfg.grad_clip:
+                torch.nn.utils.clip_grad_norm_([p for g in opt.param_groups for p in g["params"]], cfg.grad_clip)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(loss.item())
+            bar.set_postfix(loss=f"{np.mean(losses[-50:]):.4f}")
+            step += 1
+            done = step >= total
+            if k in eval_at or done:
+                dev_scores, threshold = _evaluate(tm, task, splits["dev"], cfg, device, bf16, score)
+                row = {"epoch": round(epoch + k / steps_per_epoch, 3), "step": step,
+                       "train_loss": float(np.mean(losses)), **dev_scores}
+                result.history.append(row)
+                losses = []
+                logger.info("seed %d %s", seed, row)
+                if metric not in dev_scores:
+                    raise ValueError(f"metric {metric!r} not among dev scores {sorted(dev_scores)}")
+                if dev_scores[metric] > best:
+                    best = dev_scores[metric]
+                    best_state = {n: v.detach().clone() for n, v in model.state_dict().items()}
+                    result.best_epoch, result.dev, result.null_threshold = row["epoch"], dev_scores, threshold
+                    if best > best_overall:  # the best checkpoint of the whole run so far: keep it on disk
+                        best_overall = best
+                        tm.info.null_threshold = threshold
+                        tm.save(out_dir)
+                        report.best_seed = seed
+                        _write_report(report, out_dir)
+                model.train()
+                if frozen:
+                    model.bert.eval()
+            if done:
+                break
+        if step >= total:
+            break
+    result.train_seconds = time.perf_counter() - t0
+    for p in model.bert.parameters():
+        p.requires_grad_(True)
+    return result, best_state, best
+
+
+def _predict(tm: TaskModel, task, split: _Split, cfg: FinetuneConfig, device: torch.device, bf16: bool) -> list:
+    """Predictions for a split: through the head only when its encoder outputs are cached."""
+    if split.cache is None:
+        outputs = [o.numpy() for o in run_rows(tm.model, split.feats, tm.tokenizer.pad_id, device,
+                                               cfg.eval_batch_size, bf16)]
+    else:
+        tm.model.eval()
+        outputs: list[np.ndarray] = [None] * len(split.feats)  # type: ignore[list-item]
+        with torch.no_grad():
+            for idx in batch_order(split.feats.lengths(), cfg.eval_batch_size):
+                x, _ = _frozen_batch(split.cache, idx)
+                y = tm.model.head(x.to(device)).float().cpu()
+                for j, i in enumerate(idx):
+                    outputs[i] = (y[j] if y.dim() == 2 else y[j, :split.cache[i].shape[0]]).numpy()
+    return task.decode(split.examples, split.feats, outputs, tm.info)
+
+
+def _evaluate(tm: TaskModel, task, dev: _Split, cfg: FinetuneConfig, device: torch.device, bf16: bool,
+              score: MetricFn) -> tuple[dict[str, float], float | None]:
+    """Dev scores; for QA with the "no answer" threshold re-chosen on these predictions."""
+    tm.info.null_threshold = None
+    preds = _predict(tm, task, dev, cfg, device, bf16)
+    threshold = None
+    if task.head == "qa":
+        threshold = choose_null_threshold(preds, dev.examples)
+        for p in preds:
+            p.no_answer = p.start < 0 or (threshold is not None and p.score_diff > threshold)
+    return {k: float(v) for k, v in score(preds, dev.examples).items()}, threshold
+
+
+def _write_report(report: FinetuneReport, out_dir: str) -> None:
+    os.makedirs(out_dir, exist_ok=True)
+    atomic_write_text(os.path.join(out_dir, REPORT_NAME), json.dumps(report.to_dict(), indent=2) + "\n")
+

@@ -1,0 +1,119 @@
+"""Task examples as plain values, and the checks that turn bad ones into errors naming where they came from.
+
+The encoder reads no file formats for fine-tuning (readers live in ``twotower.eval.io``);
+it receives plain Python values.  Each example may carry a ``source`` string
+(``"train.tsv:17"``) set by whoever read it, so that a problem found only when
+the example meets the model (a label missing from the label map, an empty
+text, an answer that is not at its offset) is still reported with file and
+line.  Without a source the error names the example's index.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class TextExample:
+    """One text (or text pair) to classify. ``label`` is None for prediction."""
+
+    text: str
+    label: str | None = None
+    pair: str | None = None
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class TagExample:
+    """One sentence as pre-split words, with one tag per word (None for prediction)."""
+
+    words: list[str]
+    tags: list[str] | None = None
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class QAExample:
+    """A question about a context. ``answers`` are (text, character start) pairs; empty = unanswerable."""
+
+    id: str
+    question: str
+    context: str
+    answers: list[tuple[str, int]] = field(default_factory=list)
+    source: str = ""
+
+    @property
+    def is_impossible(self) -> bool:
+        return not self.answers
+
+
+def where(example: TextExample | TagExample | QAExample, index: int) -> str:
+    """How an error refers to an example: its source, else its position in the list."""
+    return example.source or f"example {index + 1}"
+
+
+def build_label_map(labels: Sequence[str]) -> list[str]:
+    """The label list of a training set: sorted so that two runs on the same data agree on ids.
+
+    Tagging labels put "O" first (HF convention and easy to read in a config).
+    """
+    unique = sorted(set(labels))
+    if "O" in unique:
+        unique.remove("O")
+        unique.insert(0, "O")
+    if not unique:
+        raise ValueError("no labels in the training data")
+    return unique
+
+
+def check_text_examples(examples: Sequence[TextExample], labels: Sequence[str] | None, need_labels: bool) -> None:
+    """Refuse empty texts / pairs, missing labels, and labels outside the label map."""
+    known = set(labels) if labels is not None else None
+    for i, ex in enumerate(examples):
+        if not ex.text.strip():
+            raise ValueError(f"{where(ex, i)}: empty text")
+        if ex.pair is not None and not ex.pair.strip():
+            raise ValueError(f"{where(ex, i)}: empty second text of a pair")
+        if need_labels and ex.label is None:
+            raise ValueError(f"{where(ex, i)}: no label")
+        if known is not None and ex.label is not None and ex.label not in known:
+            raise ValueError(f"{where(ex, i)}: label {ex.label!r} is not in the label map {sorted(known)}")
+
+
+def check_tag_examples(examples: Sequence[TagExample], labels: Sequence[str] | None, need_labels: bool) -> None:
+    """Refuse empty sentences, word/tag count mismatches, empty words and tags outside the label map."""
+    known = set(labels) if labels is not None else None
+    for i, ex in enumerate(examples):
+        if not ex.words:
+            raise ValueError(f"{where(ex, i)}: empty sentence")
+        if any(not w.strip() for w in ex.words):
+            k = next(k for k, w in enumerate(ex.words) if not w.strip())
+            raise ValueError(f"{where(ex, i)}: word {k + 1} is empty")
+        if ex.tags is None:
+            if need_labels:
+                raise ValueError(f"{where(ex, i)}: no tags")
+            continue
+        if len(ex.tags) != len(ex.words):
+            raise ValueError(f"{where(ex, i)}: {len(ex.words)} tokens but {len(ex.tags)} tags")
+        if known is not None:
+            for k, tag in enumerate(ex.tags):
+                if tag not in known:
+                    raise ValueError(f"{where(ex, i)}: tag {tag!r} of word {k + 1} ({ex.words[k]!r}) is not in "
+                                     f"the label map {sorted(known)}")
+
+
+def check_qa_examples(examples: Sequence[QAExample]) -> None:
+    """Refuse empty questions / contexts and answers whose text is not at their offset in the context."""
+    for i, ex in enumerate(examples):
+        if not ex.question.strip():
+            raise ValueError(f"{where(ex, i)}: question {ex.id!r} is empty")
+        if not ex.context.strip():
+            raise ValueError(f"{where(ex, i)}: question {ex.id!r} has an empty context")
+        for text, start in ex.answers:
+            if not text.strip():
+                raise ValueError(f"{where(ex, i)}: question {ex.id!r} has an empty answer text")
+            if ex.context[start:start + len(text)] != text:
+                found = ex.context[start:start + len(text)]
+                raise ValueError(f"{where(ex, i)}: question {ex.id!r}: answer {text!r} is not at character "
+                                 f"{start} of the context (found {found!r})")

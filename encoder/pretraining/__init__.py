@@ -1,0 +1,1 @@
+"""MLM (+ optional NSP) pretraining: masking, the pretraining model, its data and its loop."""

@@ -1,0 +1,409 @@
+"""MLM (+ optional NSP) pretraining from scratch, as one loop that reads top to bottom.
+
+    tokenizer -> config -> output dir (refuse a foreign run) -> tokenized corpus (cached) -> packed rows
+    -> model, AdamW -> (resume) -> DDP -> loop { lr from budget progress; accumulate micro-batches under
+    bf16 autocast; clip; step; log; validate; checkpoint } -> final validation, checkpoint, plot
+
+The schedule is keyed to the budget (tokens, steps or wall-clock seconds), so
+warmup and decay end exactly when the budget runs out.  Checkpoints are the HF
+layout at the top of the output directory (`BertForMaskedLM.from_pretrained(out)`
+loads it) plus ``trainer_state/`` (`twotower.encoder.training.train_state`) that `resume=True`
+continues from exactly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from twotower.common.device import autocast, default_device, resolve_bf16
+from twotower.common.distributed import DistInfo, all_reduce_sum, barrier, cleanup, init_distributed
+from twotower.common.malloc import retain_freed_memory_for
+from twotower.encoder.core.checkpoint import (
+    CONFIG_NAME,
+    WEIGHTS_NAME,
+    load_into,
+    read_weights,
+    save_pretrained,
+    split_prefix,
+)
+from twotower.encoder.core.config import EncoderConfig
+from twotower.encoder.core.tokenizer import Tokenizer
+from twotower.encoder.pretraining.corpus import check_corpus_files, tokenize_corpus
+from twotower.encoder.pretraining.masking import MaskingSpec, TokenSpace
+from twotower.encoder.pretraining.mlm import BertForPreTraining
+from twotower.encoder.pretraining.pretrain_data import (
+    BatchMaker,
+    NSPRows,
+    PackedRows,
+    PretrainBatch,
+    RowOrder,
+    validation_batches,
+)
+from twotower.encoder.training.budget import Budget, Clock
+from twotower.encoder.training.optim import lr_factor, make_optimizer, set_lr
+from twotower.encoder.training.run_log import RunLog, plot_curves
+from twotower.encoder.training.train_state import load_train_state, restore_rng, save_train_state
+
+logger = logging.getLogger(__name__)
+
+RUN_FILE = "run.json"
+STATE_DIR = "trainer_state"
+# Arguments that change what a step computes: resuming with another value would not be "the same run".
+_RUN_SHAPE = ("seq_len", "batch_size", "grad_accum", "nsp", "wwm", "mask_rate", "num_masks", "static_masks",
+              "seed", "lr", "warmup", "decay", "weight_decay")
+
+
+@dataclass
+class PretrainArgs:
+    corpus: list[str]
+    tokenizer: str
+    out: str
+    size: str = "mini"
+    config: str | None = None  # EncoderConfig JSON; overrides size
+    init_from: str | None = None  # start from this checkpoint's weights and config (continued pretraining)
+    budget: str | None = None  # wall clock, e.g. "30m"
+    tokens: str | None = None  # e.g. "20M"
+    steps: int | None = None
+    seq_len: int = 128
+    batch_size: int = 64
+    grad_accum: int = 1
+    lr: float = 5e-4
+    warmup: float = 0.06
+    decay: str = "linear"
+    weight_decay: float = 0.01
+    clip: float = 1.0
+    dropout: float | None = None  # overrides both dropout probabilities of the config
+    wwm: bool = False
+    nsp: bool = False
+    mask_rate: float = 0.15
+    num_masks: int | None = None
+    static_masks: int = 0  # > 0: static masking with this many pre-drawn copies per row
+    valid: list[str] = field(default_factory=list)
+    valid_rows: int = 512
+    evals: int = 10  # validations spread evenly over the budget (plus one at the end)
+    eval_every_steps: int | None = None
+    ckpt_every_minutes: float = 10.0
+    ckpt_every_steps: int | None = None
+    log_every: int = 10
+    max_steps: int | None = None  # stop early without changing the schedule (dry runs, tests)
+    bf16: bool | str = "auto"
+    device: str | None = None
+    seed: int = 0
+    resume: bool = False
+    overwrite: bool = False
+    progress: bool = True
+    cache_dir: str | None = None
+    dump_replicas: str | None = None  # test hook: every rank writes its final parameters here
+
+
+# ---- setup -----------------------------------------------------------------------------------------------
+def load_tokenizer(directory: str) -> Tokenizer:
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(f"tokenizer directory not found: {directory}")
+    try:
+        return Tokenizer.from_pretrained(directory)
+    except ValueError as exc:
+        raise ValueError(f"tokenizer {directory}: {exc}") from exc
+
+
+def resolve_config(args: PretrainArgs, tokenizer: Tokenizer) -> EncoderConfig:
+    if args.init_from:
+        if args.config:
+            raise ValueError("--init-from takes the architecture from the checkpoint; drop --config")
+        path = os.path.join(args.init_from, CONFIG_NAME)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"--init-from: no {CONFIG_NAME} in {args.init_from}")
+        config = EncoderConfig.load(path)
+        if config.vocab_size != tokenizer.vocab_size:
+            raise ValueError(f"--init-from {args.init_from}: vocab_size={config.vocab_size} but the tokenizer "
+                             f"{args.tokenizer} has {tokenizer.vocab_size} tokens; use the checkpoint's tokenizer")
+    elif args.config:
+        config = EncoderConfig.load(args.config)
+        if config.vocab_size != tokenizer.vocab_size:
+            raise ValueError(f"{args.config}: vocab_size={config.vocab_size} but the tokenizer has "
+                             f"{tokenizer.vocab_size} tokens")
+    else:
+        config = EncoderConfig.named(args.size, tokenizer.vocab_size)
+    config.pad_token_id = tokenizer.pad_id
+    if args.dropout is not None:
+        config.hidden_dropout_prob = config.attention_probs_dropout_prob = float(args.dropout)
+    if args.seq_len > config.max_position_embeddings:
+        raise ValueError(f"seq_len {args.seq_len} exceeds max_position_embeddings={config.max_position_embeddings}")
+    return config
+
+
+def prepare_out_dir(args: PretrainArgs, config: EncoderConfig, info: DistInfo) -> None:
+    """Refuse to write into another run unless resuming it (same config) or told to overwrite."""
+    out = args.out
+    run_file = os.path.join(out, RUN_FILE)
+    busy = os.path.isdir(out) and bool(os.listdir(out))
+    if args.resume:
+        if not os.path.isfile(os.path.join(out, STATE_DIR, "state.json")):
+            raise FileNotFoundError(f"--resume: no training state in {out} ({STATE_DIR}/ missing)")
+        with open(run_file, encoding="utf-8") as f:
+            saved = json.load(f)
+        differ = EncoderConfig.from_dict(saved["config"], source=run_file).diff(config)
+        differ += [k for k in _RUN_SHAPE if saved["args"].get(k) != getattr(args, k)]
+        if saved.get("world_size", 1) != info.world_size:
+            differ.append("world_size")
+        if differ:
+            raise ValueError(f"cannot resume {out}: the run was started with different settings: {sorted(differ)}")
+        return
+    if busy and not args.overwrite:
+        what = "another training run" if os.path.isfile(run_file) else "other files"
+        raise ValueError(f"output directory {out} holds {what}; pass --resume to continue it or --overwrite")
+    barrier(info)
+    if info.is_main:
+        if busy:
+            shutil.rmtree(out)
+        os.makedirs(out, exist_ok=True)
+        from twotower.common.atomic import atomic_write_text
+
+        record = {"args": asdict(args), "config": config.to_dict(), "world_size": info.world_size}
+        atomic_write_text(run_file, json.dumps(record, indent=2) + "\n")
+    barrier(info)
+
+
+def build_rows(paths: list[str], tokenizer: Tokenizer, args: PretrainArgs, info: DistInfo, seed: int):
+    """Tokenize once (rank 0 first, the others then read the cache) and pack."""
+    if info.is_main:
+        corpus = tokenize_corpus(paths, tokenizer, args.cache_dir, progress=args.progress)
+    barrier(info)
+    if not info.is_main:
+        corpus = tokenize_corpus(paths, tokenizer, args.cache_dir, progress=False)
+    if corpus.meta.get("replaced_bytes"):
+        logger.warning("%d non-UTF-8 bytes replaced in %s", corpus.meta["replaced_bytes"], paths)
+    if args.nsp:
+        return NSPRows(corpus, args.seq_len, tokenizer, seed=seed)
+    return PackedRows(corpus, args.seq_len, tokenizer)
+
+
+# ---- the steps -------------------------------------------------------------------------------------------
+def run_model(model, batch: PretrainBatch, device: torch.device, bf16: bool):
+    with autocast(device, bf16):
+        return model(**batch.model_inputs())
+
+
+@torch.no_grad()
+def evaluate(model, batches: list[PretrainBatch], device: torch.device, bf16: bool, info: DistInfo) -> dict:
+    """Validation MLM accuracy and perplexity (exp of the mean target cross-entropy) over the fixed set."""
+    was_training = model.training
+    model.eval()
+    loss_sum = correct = count = 0.0
+    for batch in batches[info.rank::info.world_size]:
+        out = run_model(model, batch.to(device), device, bf16)
+        loss_sum += out.mlm_loss.item() * out.mlm_count
+        correct += out.mlm_correct.item()
+        count += out.mlm_count
+    loss_sum, correct, count = all_reduce_sum([loss_sum, correct, count], info, device)
+    model.train(was_training)
+    mean = loss_sum / max(count, 1)
+    return {"mlm_accuracy": correct / max(count, 1), "mlm_loss": mean, "perplexity": math.exp(min(mean, 50.0)),
+            "targets": int(count)}
+
+
+def load_initial_weights(model: BertForPreTraining, directory: str) -> None:
+    """Continued (domain- or task-adaptive) pretraining: copy a checkpoint's weights into `model`.
+
+    An MLM checkpoint (ours or HF `BertForMaskedLM` / `BertForPreTraining`) supplies encoder and MLM head;
+    a bare encoder (e.g. a sentence-transformers model) supplies the encoder and the head starts fresh.
+    Heads the new run does not have (a pooler, an NSP classifier) are dropped; the optimizer, schedule and
+    data order start fresh, as for any new run.
+    """
+    enc, rest = split_prefix(read_weights(directory))  # a bare encoder has no ``bert.`` prefix: same result
+    state = {f"bert.{k}": v for k, v in enc.items()}
+    state.update({k: v for k, v in rest.items() if not k.startswith("cls.predictions.decoder")})  # tied
+    own = model.state_dict()
+    state = {k: v for k, v in state.items() if k in own or not k.startswith(("bert.pooler.", "cls.seq_relationship."))}
+    has_head = any(k.startswith("cls.predictions.") for k in state)
+    if not has_head:
+        logger.info("%s has no MLM head; it starts fresh", directory)
+    fresh = ("cls.",) if not has_head else ()
+    if model.nsp and not any(k.startswith(("bert.pooler.", "cls.seq_relationship.")) for k in state):
+        fresh += ("bert.pooler.", "cls.seq_relationship.")
+    load_into(model, state, source=os.path.join(directory, WEIGHTS_NAME), allow_missing=fresh)
+
+
+def write_checkpoint(args: PretrainArgs, model: BertForPreTraining, optimizer, tokenizer: Tokenizer,
+                     order: RowOrder, counters: dict) -> None:
+    """trainer_state/ first (atomic as a whole), then the HF export at the top of the output directory."""
+    user = {**counters, "data": order.state()}
+    save_train_state(os.path.join(args.out, STATE_DIR), model.state_dict(), optimizer, user)
+    save_pretrained(args.out, model.config, model.hf_state_dict(), tokenizer, architectures=model.architectures)
+
+
+def pretrain(args: PretrainArgs) -> dict:
+    """Run (or resume) pretraining; returns the final summary (also written to out/summary.json)."""
+    info = init_distributed()
+    try:
+        return _pretrain(args, info)
+    finally:
+        cleanup(info)
+
+
+def _pretrain(args: PretrainArgs, info: DistInfo) -> dict:
+    if args.batch_size < 1 or args.grad_accum < 1:
+        raise ValueError("--batch-size and --grad-accum must be >= 1")
+    budget = Budget.parse(args.budget, args.tokens, args.steps)
+    corpus_paths = check_corpus_files(args.corpus, "corpus")
+    valid_paths = check_corpus_files(args.valid, "validation") if args.valid else []
+    device = torch.device(args.device) if args.device else default_device()
+    if device.type == "cuda" and info.enabled:
+        device = torch.device("cuda", info.local_rank)
+    bf16 = resolve_bf16(args.bf16, device)
+    retain_freed_memory_for(device)  # reuse freed activation memory across steps (common/malloc.py)
+    tokenizer = load_tokenizer(args.tokenizer)
+    config = resolve_config(args, tokenizer)
+    prepare_out_dir(args, config, info)
+
+    rows = build_rows(corpus_paths, tokenizer, args, info, seed=args.seed)
+    space = TokenSpace.from_tokenizer(tokenizer)
+    spec = MaskingSpec(rate=args.mask_rate, whole_word=args.wwm, num_masks=args.num_masks)
+    maker = BatchMaker(rows, space, spec, seed=args.seed, static_copies=args.static_masks)
+    valid = []
+    if valid_paths:
+        vrows = build_rows(valid_paths, tokenizer, args, info, seed=10_007)
+        valid = validation_batches(vrows, space, args.batch_size, max_rows=args.valid_rows)
+
+    torch.manual_seed(args.seed)
+    model = BertForPreTraining(config, nsp=args.nsp)
+    if args.init_from and not args.resume:
+        load_initial_weights(model, args.init_from)
+    model = model.to(device)
+    optimizer = make_optimizer(model, args.lr, weight_decay=args.weight_decay)
+    order = RowOrder(len(rows), args.seed, info.world_size, info.rank)
+    counters = {"step": 0, "tokens": 0, "elapsed": 0.0, "next_eval": 1}
+    log = RunLog(os.path.join(args.out, "log.jsonl"), enabled=info.is_main)
+    if args.resume:
+        state = load_train_state(os.path.join(args.out, STATE_DIR), map_location=device)
+        model.load_state_dict(state.model)
+        optimizer.load_state_dict(state.optimizer)
+        order.load_state(state.user["data"])
+        counters.update({k: state.user[k] for k in counters})
+        restore_rng(state.rng)
+        log.truncate_after(counters["step"])
+        logger.info("resumed %s at step %d (%d tokens)", args.out, counters["step"], counters["tokens"])
+    ddp = model
+    if info.enabled:
+        from torch.nn.parallel import DistributedDataParallel
+
+        ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+    bar = None
+    if args.progress and info.is_main:
+        from tqdm.auto import tqdm
+
+        unit = {"tokens": "tok", "steps": "step", "seconds": "s"}[budget.kind]
+        bar = tqdm(total=budget.total, unit=unit, unit_scale=True, desc="pretrain", dynamic_ncols=True)
+
+    def used() -> float:
+        return {"tokens": counters["tokens"], "steps": counters["step"], "seconds": counters["elapsed"]}[budget.kind]
+
+    def progress() -> float:
+        return budget.progress(counters["tokens"], counters["step"], counters["elapsed"])
+
+    if bar is not None:
+        bar.update(used())
+    clock = Clock(counters["elapsed"])
+    last_ckpt, window_t, window_tok = clock.elapsed(), time.monotonic(), 0
+    first_rows = None
+    ddp.train()
+    while progress() < 1.0 and (args.max_steps is None or counters["step"] < args.max_steps):
+        # --- one optimizer step: lr from progress, accumulate, clip, step
+        factor = lr_factor(progress(), warmup=args.warmup, decay=args.decay)
+        lr = args.lr * factor
+        set_lr(optimizer, args.lr, factor)
+        micro = order.next_step(args.batch_size, args.grad_accum)
+        first_rows = first_rows if first_rows is not None else micro[0][0].tolist()
+        loss_sum = correct = count = tokens = 0.0
+        for i, (idx, epoch, offset) in enumerate(micro):
+            batch = maker.make(idx, epoch, offset).to(device)
+            sync = contextlib.nullcontext() if (i == len(micro) - 1 or not info.enabled) else ddp.no_sync()
+            with sync:
+                out = run_model(ddp, batch, device, bf16)
+                (out.loss / len(micro)).backward()
+            loss_sum += out.loss.item()
+            correct += out.mlm_correct.item()
+            count += out.mlm_count
+            tokens += batch.n_tokens
+        if args.clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        # --- bookkeeping agreed by all ranks (tokens and wall clock decide when the budget ends)
+        loss_sum, correct, count, tokens, elapsed = all_reduce_sum(
+            [loss_sum, correct, count, tokens, clock.elapsed()], info)
+        before = used()
+        counters["step"] += 1
+        counters["tokens"] += int(tokens)
+        counters["elapsed"] = elapsed / info.world_size
+        window_tok += tokens
+        loss = loss_sum / (len(micro) * info.world_size)
+        acc = correct / max(count, 1)
+        if bar is not None:
+            bar.update(min(used(), budget.total) - min(before, budget.total))
+            bar.set_postfix(loss=f"{loss:.3f}", acc=f"{acc:.3f}", refresh=False)
+        if counters["step"] % args.log_every == 0 or counters["step"] == 1:
+            now = time.monotonic()
+            tok_s = window_tok / max(now - window_t, 1e-9)
+            window_t, window_tok = now, 0
+            log.write({"type": "train", "step": counters["step"], "tokens": counters["tokens"], "loss": loss,
+                       "mlm_accuracy": acc, "lr": lr, "tokens_per_s": tok_s, "elapsed": counters["elapsed"]})
+            if bar is not None:
+                bar.set_postfix(loss=f"{loss:.3f}", acc=f"{acc:.3f}", tok_s=f"{tok_s:,.0f}")
+        if not math.isfinite(loss):
+            raise FloatingPointError(f"loss became {loss} at step {counters['step']}; lower --lr")
+        # --- periodic validation and checkpoints
+        due_eval = (counters["step"] % args.eval_every_steps == 0) if args.eval_every_steps else \
+            (args.evals > 0 and progress() >= counters["next_eval"] / args.evals)
+        if due_eval and progress() < 1.0:
+            counters["next_eval"] = int(progress() * args.evals) + 1 if args.evals else 1
+            if valid:
+                record = {"type": "valid", "step": counters["step"], "tokens": counters["tokens"],
+                          **evaluate(model, valid, device, bf16, info)}
+                log.write(record)
+                if info.is_main:
+                    plot_curves(log.read(), os.path.join(args.out, "curve.png"), title=args.out)
+        due_ckpt = (counters["step"] % args.ckpt_every_steps == 0) if args.ckpt_every_steps else \
+            (counters["elapsed"] - last_ckpt >= args.ckpt_every_minutes * 60)
+        if due_ckpt:
+            last_ckpt = counters["elapsed"]
+            if info.is_main:
+                write_checkpoint(args, model, optimizer, tokenizer, order, counters)
+            barrier(info)
+    if bar is not None:
+        bar.close()
+
+    # --- the end: final validation, checkpoint, plot, summary
+    summary = {"steps": counters["step"], "tokens": counters["tokens"], "elapsed_s": counters["elapsed"],
+               "budget": budget.to_dict(), "bf16": bf16, "device": str(device), "world_size": info.world_size,
+               "parameters": sum(p.numel() for p in model.parameters())}
+    if valid:
+        final = evaluate(model, valid, device, bf16, info)
+        log.write({"type": "valid", "step": counters["step"], "tokens": counters["tokens"], **final})
+        summary["valid"] = final
+    if info.is_main:
+        write_checkpoint(args, model, optimizer, tokenizer, order, counters)
+        plot_curves(log.read(), os.path.join(args.out, "curve.png"), title=args.out)
+        from twotower.common.atomic import atomic_write_text
+
+        atomic_write_text(os.path.join(args.out, "summary.json"), json.dumps(summary, indent=2) + "\n")
+    if args.dump_replicas:
+        from safetensors.torch import save_file
+
+        os.makedirs(args.dump_replicas, exist_ok=True)
+        save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()},
+                  os.path.join(args.dump_replicas, f"rank{info.rank}.safetensors"),
+                  metadata={"first_rows": json.dumps(first_rows)})
+    barrier(info)
+    return summary
+

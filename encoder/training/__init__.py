@@ -1,0 +1,1 @@
+"""Pieces every training loop shares: budgets, optimisers, resumable state, run logs."""

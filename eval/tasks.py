@@ -1,0 +1,209 @@
+"""Task data files -> encoder task examples, and the eval metrics used to score them.
+
+The file formats are read by ``twotower.eval.io`` (one reader per format for the whole
+project); this module only adapts them to the plain examples the encoder
+fine-tunes on, attaching a ``source`` ("train.tsv:17") to each so that problems
+found later (a dev label missing from the training label map, an empty text)
+still name the file and line.  Line numbers are recovered with the same rule
+the readers use to skip lines; if the counts ever disagree, the source falls
+back to the example's position, never to a wrong line.
+
+Formats by task:
+- classify: ``.tsv`` with a header (GLUE style, see eval.io.tsv), ``.jsonl``
+  ({"text", "label"?, "pair"?}), or ``.txt`` (one text a line, prediction only);
+- tag: CoNLL (``token<TAB>tag`` lines, blank line between sentences),
+  ``.jsonl`` ({"tokens", "tags"?}), or ``.txt`` (one whitespace-tokenized sentence
+  a line, prediction only);
+- qa: SQuAD v1.1/v2.0 ``.json`` or ``.jsonl`` ({"id", "question", "context", "answers"?}).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from twotower.encoder.finetuning.task_examples import QAExample, TagExample, TextExample
+
+
+def _check_file(path: str) -> None:
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path}: no such file")
+
+
+def _lines(path: str):
+    from twotower.eval.io.lines import numbered_lines
+
+    return numbered_lines(path)
+
+
+def _jsonl(path: str):
+    for number, line in _lines(path):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+        if not isinstance(obj, dict):
+            raise ValueError(f"{path}:{number}: expected a JSON object")
+        yield number, obj
+
+
+def _field(path: str, number: int, obj: dict, key: str, kind: type | tuple, required: bool = True) -> Any:
+    if key not in obj or obj[key] is None:
+        if required:
+            raise ValueError(f"{path}:{number}: missing field {key!r}")
+        return None
+    if not isinstance(obj[key], kind):
+        names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+        raise ValueError(f"{path}:{number}: field {key!r} must be {names}")
+    return obj[key]
+
+
+def read_text_examples(path: str, text_column: str | None = None, label_column: str | None = None,
+                       pair_column: str | None = None, need_labels: bool = True) -> list[TextExample]:
+    """Classification examples from .tsv / .jsonl / .txt; labels optional (kept when present) unless needed."""
+    _check_file(path)
+    if path.endswith(".jsonl"):
+        out = []
+        for n, obj in _jsonl(path):
+            label = _field(path, n, obj, label_column or "label", (str, int), need_labels)
+            pair = obj.get(pair_column) if pair_column else obj.get("pair", obj.get("text_pair"))
+            out.append(TextExample(str(_field(path, n, obj, text_column or "text", str)),
+                                   None if label is None else str(label), pair, f"{path}:{n}"))
+        return out
+    if path.endswith(".txt"):
+        if need_labels:
+            raise ValueError(f"{path}: a .txt file has no labels; use a .tsv with a header or .jsonl")
+        return [TextExample(line, source=f"{path}:{n}") for n, line in _lines(path) if line.strip()]
+    from twotower.eval.io import read_classification_tsv
+
+    if not need_labels and not _has_label_column(path, label_column):
+        return _unlabelled_tsv(path, text_column, pair_column)
+    rows = read_classification_tsv(path, text_column, label_column, pair_column)
+    numbers = [n for n, line in _lines(path) if n > 1 and line.strip()]
+    sources = [f"{path}:{n}" for n in numbers] if len(numbers) == len(rows) else \
+        [f"{path}: row {i + 1}" for i in range(len(rows))]
+    return [TextExample(r.text, r.label, r.text_pair, s) for r, s in zip(rows, sources)]
+
+
+def _has_label_column(path: str, label_column: str | None) -> bool:
+    first = next(_lines(path), None)
+    header = [h.strip() for h in first[1].split("\t")] if first else []
+    return label_column in header if label_column else any(h.startswith("label") for h in header)
+
+
+def _unlabelled_tsv(path: str, text_column: str | None, pair_column: str | None) -> list[TextExample]:
+    """A TSV to predict on: same header rules as eval.io.tsv, but no label column required."""
+    from twotower.eval.io.tsv import PAIR_COLUMNS, TEXT_COLUMNS
+
+    rows = _lines(path)
+    first = next(rows, None)
+    if first is None:
+        raise ValueError(f"{path}: file is empty (a header line is required)")
+    header = [h.strip() for h in first[1].split("\t")]
+    names = [text_column] if text_column else list(TEXT_COLUMNS)
+    text_i = next((header.index(c) for c in names if c in header), None)
+    if text_i is None:
+        raise ValueError(f"{path}:1: no text column (tried {names}); columns are {header}")
+    pairs = [pair_column] if pair_column else list(PAIR_COLUMNS)
+    pair_i = next((header.index(c) for c in pairs if c in header), None)
+    out = []
+    for n, line in rows:
+        if not line.strip():
+            continue
+        fields = line.split("\t")
+        if len(fields) != len(header):
+            raise ValueError(f"{path}:{n}: expected {len(header)} tab-separated fields, got {len(fields)}")
+        out.append(TextExample(fields[text_i], None, fields[pair_i] if pair_i is not None else None, f"{path}:{n}"))
+    return out
+
+
+def read_tag_examples(path: str, need_tags: bool = True) -> list[TagExample]:
+    """Tagging examples from CoNLL / .jsonl / .txt; tags optional (kept when present) unless needed."""
+    _check_file(path)
+    if path.endswith(".jsonl"):
+        out = []
+        for n, obj in _jsonl(path):
+            tokens = _field(path, n, obj, "tokens", list)
+            tags = _field(path, n, obj, "tags", list, need_tags)
+            if tags is not None and len(tags) != len(tokens):
+                raise ValueError(f"{path}:{n}: {len(tokens)} tokens but {len(tags)} tags")
+            out.append(TagExample([str(t) for t in tokens], None if tags is None else [str(t) for t in tags],
+                                  f"{path}:{n}"))
+        return out
+    if path.endswith(".txt") and not need_tags:
+        return [TagExample(line.split(), None, f"{path}:{n}") for n, line in _lines(path) if line.strip()]
+    from twotower.eval.io import read_conll
+
+    sentences = read_conll(path)
+    starts, in_sentence = [], False
+    for n, line in _lines(path):
+        is_break = not line.strip() or line.startswith("-DOCSTART-")
+        if not is_break and not in_sentence:
+            starts.append(n)
+        in_sentence = not is_break
+    sources = [f"{path}:{n}" for n in starts] if len(starts) == len(sentences) else \
+        [f"{path}: sentence {i + 1}" for i in range(len(sentences))]
+    return [TagExample(list(s.tokens), list(s.tags), src) for s, src in zip(sentences, sources)]
+
+
+def read_qa_examples(path: str) -> list[QAExample]:
+    """QA examples from SQuAD JSON (answers checked against their offsets) or .jsonl."""
+    _check_file(path)
+    if path.endswith(".jsonl"):
+        out = []
+        for n, obj in _jsonl(path):
+            answers = []
+            for a in _field(path, n, obj, "answers", list, required=False) or []:
+                if not isinstance(a, dict) or not isinstance(a.get("text"), str) or \
+                        not isinstance(a.get("answer_start"), int):
+                    raise ValueError(f"{path}:{n}: each answer needs 'text' (string) and 'answer_start' (int)")
+                answers.append((a["text"], a["answer_start"]))
+            out.append(QAExample(str(_field(path, n, obj, "id", (str, int))), _field(path, n, obj, "question", str),
+                                 _field(path, n, obj, "context", str), answers, f"{path}:{n}"))
+        return out
+    from twotower.eval.io import read_squad
+
+    return [QAExample(ex.id, ex.question, ex.context, list(zip(ex.answers, ex.answer_starts)),
+                      f"{path}: question {ex.id}")
+            for ex in read_squad(path, check_offsets=True)]
+
+
+READERS = {"classify": read_text_examples, "tag": read_tag_examples, "qa": read_qa_examples}
+
+
+# ---- metrics ------------------------------------------------------------------------------------------
+
+
+def classify_metrics(preds: Sequence, examples: Sequence[TextExample]) -> dict[str, float]:
+    from twotower.eval.metrics import classification_report
+
+    r = classification_report([ex.label for ex in examples], [p.label for p in preds])
+    return {"accuracy": r.accuracy, "macro_f1": r.macro_f1}
+
+
+def tag_metrics(preds: Sequence, examples: Sequence[TagExample]) -> dict[str, float]:
+    from twotower.eval.metrics import tagging_report
+
+    r = tagging_report([ex.tags for ex in examples], [p.tags for p in preds])
+    return {"precision": r.precision, "recall": r.recall, "f1": r.f1}
+
+
+def qa_metrics(preds: Sequence, examples: Sequence[QAExample]) -> dict[str, float]:
+    """Official SQuAD EM / F1 (percent): v1.1 when every question has an answer, else v2.0."""
+    from twotower.eval.metrics import squad_v1_scores, squad_v2_scores
+
+    refs = {ex.id: [t for t, _ in ex.answers] for ex in examples}
+    answers = {p.id: p.answer for p in preds}
+    if all(refs.values()):
+        s = squad_v1_scores(answers, refs)
+        return {"exact_match": s["exact_match"], "f1": s["f1"]}
+    s = squad_v2_scores(answers, refs)
+    return {"exact_match": s["exact"], "f1": s["f1"], "has_ans_f1": s.get("HasAns_f1", 0.0),
+            "no_ans_f1": s.get("NoAns_f1", 0.0)}
+
+
+METRICS = {"classify": (classify_metrics, "accuracy"), "tag": (tag_metrics, "f1"), "qa": (qa_metrics, "f1")}

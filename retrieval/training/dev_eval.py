@@ -1,0 +1,70 @@
+"""Dev-split evaluation used for model selection while training (never the test split).
+
+`dense_run` retrieves with a dual encoder over a corpus (or a pool of it),
+`rerank_run` reorders a first-stage run with a cross-encoder, and `ndcg_at_10`
+scores a run with the project's trec_eval-exact metrics.  A dev pool (the dev
+positives plus a seeded sample of other documents) makes evaluation affordable
+on a CPU; a run reports which pool it used, since nDCG over a pool is higher
+than over the full corpus.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+Run = dict[str, dict[str, float]]
+
+
+def dev_pool(corpus: Mapping[str, str], qrels: Mapping[str, Mapping[str, int]], size: int | None,
+             seed: int = 0) -> dict[str, str]:
+    """The whole corpus (size None) or the judged documents plus `size` others drawn with `seed`."""
+    if size is None or size >= len(corpus):
+        return dict(corpus)
+    judged = {d for docs in qrels.values() for d in docs if d in corpus}
+    others = sorted(d for d in corpus if d not in judged)
+    picked = judged | set(random.Random(seed).sample(others, min(size, len(others))))
+    return {d: corpus[d] for d in corpus if d in picked}
+
+
+def dense_run(dual, queries: Mapping[str, str], corpus: Mapping[str, str], k: int = 100,
+              batch_size: int = 64, progress: bool = False) -> Run:
+    """Top-k of every query by inner product of the dual encoder's vectors. {qid: {doc id: score}}."""
+    from twotower.retrieval.training.mining import DenseRetriever
+
+    retriever = DenseRetriever(dual, corpus, batch_size=batch_size, progress=progress)
+    qids = list(queries)
+    hits = retriever([queries[q] for q in qids], k)
+    return {q: dict(h) for q, h in zip(qids, hits)}
+
+
+def top_k(run: Mapping[str, Mapping[str, float]], k: int) -> dict[str, list[str]]:
+    """Doc ids of each query's top k, best first (ties by doc id, as trec_eval)."""
+    return {q: [d for d, _ in sorted(docs.items(), key=lambda x: (-x[1], x[0]))[:k]] for q, docs in run.items()}
+
+
+def rerank_run(cross_encoder, queries: Mapping[str, str], first_stage: Mapping[str, Mapping[str, float]],
+               corpus: Mapping[str, str], k: int = 100, batch_size: int = 32,
+               progress: bool = False) -> tuple[Run, np.ndarray]:
+    """Rescore each query's first-stage top-k with the cross-encoder. Returns (run, all scores (N,))."""
+    tops = top_k({q: first_stage.get(q, {}) for q in queries}, k)
+    pairs, owners = [], []
+    for q, docs in tops.items():
+        for d in docs:
+            pairs.append((queries[q], corpus[d]))
+            owners.append((q, d))
+    scores = cross_encoder.predict(pairs, batch_size=batch_size, progress=progress)
+    run: Run = {q: {} for q in queries}
+    for (q, d), s in zip(owners, scores):
+        run[q][d] = float(s)
+    return run, scores
+
+
+def ndcg_at_10(run: Mapping[str, Mapping[str, float]], qrels: Mapping[str, Mapping[str, int]],
+               extra: Sequence[str] = ("recall@100",)) -> dict[str, float]:
+    """Mean nDCG@10 (plus `extra` metrics) over the judged queries, trec_eval -c semantics."""
+    from twotower.eval.metrics.retrieval import evaluate
+
+    return evaluate(run, qrels, ["ndcg@10", *extra]).means

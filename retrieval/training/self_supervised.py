@@ -1,0 +1,117 @@
+"""Positive pairs from unlabeled text, for contrastive training of an encoder that has no labels yet.
+
+Two recipes, both usable on any corpus:
+
+* **Independent cropping** (Izacard et al. 2022, Contriever): two spans drawn
+  independently from one document are a positive pair; spans of other documents
+  in the batch are the negatives.  The spans may overlap, which keeps the task
+  learnable at first; span length is a random 10%-50% of the document.
+* **Inverse Cloze Task** (Lee et al. 2019, ORQA): a sentence is the query and
+  the rest of its passage is the positive.  The sentence is left in its passage
+  10% of the time, so the model also learns that lexical overlap matters.
+
+The output is a `TrainingSet` (queries + positive ids over a corpus of the
+generated texts), the same shape the supervised readers produce, so
+`train_dual` takes it unchanged (see `write_pairs_jsonl`).  Too-short documents
+are counted skips.
+
+Example:
+    >>> ts = independent_crops({"d1": "one two three four five six seven eight nine ten"}, seed=0)
+    >>> len(ts.examples), len(ts.corpus)
+    (1, 1)
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from collections.abc import Mapping
+
+from twotower.common.atomic import atomic_path
+from twotower.retrieval.training.training_data import Skipped, TrainExample, TrainingSet, text_id
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(\[])")
+
+
+def split_sentences(text: str) -> list[str]:
+    """Sentences by terminal punctuation followed by a capital or digit (good enough for abstracts)."""
+    return [s.strip() for s in _SENTENCE_END.split(text) if s.strip()]
+
+
+def _crop(words: list[str], rng: random.Random, min_ratio: float, max_ratio: float, min_words: int) -> str:
+    n = len(words)
+    length = max(min_words, int(round(rng.uniform(min_ratio, max_ratio) * n)))
+    length = min(length, n)
+    start = rng.randrange(0, n - length + 1)
+    return " ".join(words[start:start + length])
+
+
+def independent_crops(
+    documents: Mapping[str, str],
+    pairs_per_document: int = 1,
+    min_ratio: float = 0.1,
+    max_ratio: float = 0.5,
+    min_words: int = 5,
+    seed: int = 0,
+) -> TrainingSet:
+    """Contriever pairs: (span, another independent span) of each document, `pairs_per_document` times."""
+    if not 0 < min_ratio <= max_ratio <= 1:
+        raise ValueError(f"need 0 < min_ratio <= max_ratio <= 1, got {min_ratio}, {max_ratio}")
+    rng = random.Random(seed)
+    skipped = Skipped()
+    corpus: dict[str, str] = {}
+    examples = []
+    for doc_id, text in documents.items():
+        words = text.split()
+        if len(words) < 2 * min_words:
+            skipped.add(f"documents shorter than {2 * min_words} words", doc_id)
+            continue
+        for j in range(pairs_per_document):
+            query = _crop(words, rng, min_ratio, max_ratio, min_words)
+            positive = _crop(words, rng, min_ratio, max_ratio, min_words)
+            pid = text_id(positive)
+            corpus[pid] = positive
+            examples.append(TrainExample(f"crop:{doc_id}:{j}", query, (pid,)))
+    if not examples:
+        raise ValueError(f"no document is long enough for cropping ({skipped.summary()})")
+    return TrainingSet(examples, corpus, skipped, "independent-cropping")
+
+
+def inverse_cloze(
+    documents: Mapping[str, str],
+    keep_sentence: float = 0.1,
+    min_sentences: int = 3,
+    seed: int = 0,
+) -> TrainingSet:
+    """ICT pairs: (one sentence, the document without it) per document; the sentence stays with prob 0.1."""
+    rng = random.Random(seed)
+    skipped = Skipped()
+    corpus: dict[str, str] = {}
+    examples = []
+    for doc_id, text in documents.items():
+        sentences = split_sentences(text)
+        if len(sentences) < min_sentences:
+            skipped.add(f"documents with fewer than {min_sentences} sentences", doc_id)
+            continue
+        i = rng.randrange(len(sentences))
+        query = sentences[i]
+        context = sentences if rng.random() < keep_sentence else sentences[:i] + sentences[i + 1:]
+        positive = " ".join(context)
+        pid = text_id(positive)
+        corpus[pid] = positive
+        examples.append(TrainExample(f"ict:{doc_id}", query, (pid,)))
+    if not examples:
+        raise ValueError(f"no document has {min_sentences}+ sentences ({skipped.summary()})")
+    return TrainingSet(examples, corpus, skipped, "inverse-cloze")
+
+
+def write_pairs_jsonl(path: str, data: TrainingSet) -> int:
+    """Write ``{"query_id", "query", "pos": [text]}`` lines (readable by `read_jsonl_training`). Returns lines."""
+    n = 0
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        for e in data.examples:
+            f.write(json.dumps({"query_id": e.query_id, "query": e.query,
+                                "pos": [data.corpus[d] for d in e.positives]}, ensure_ascii=False) + "\n")
+            n += 1
+    return n

@@ -1,0 +1,420 @@
+"""Readers for retrieval training data, and the dev split carved out of train.
+
+Three inputs, one in-memory shape:
+
+* a BEIR directory: ``queries.jsonl`` + ``qrels/<split>.tsv`` + ``corpus.jsonl``;
+* a JSONL file ``{"query", "pos": [...], "neg": [...]}`` whose items are document
+  texts, or document ids of a corpus given alongside (``pos_ids`` / ``neg_ids``
+  name ids explicitly);
+* labeled pairs ``(query, passage, label)`` as TSV or JSONL, binary or graded.
+
+Everything becomes `TrainExample` (query + positive and negative *document ids*)
+over a ``corpus`` dict, or `LabeledPair`.  Texts given inline get a content-hash
+id, so that "the same positive twice in a batch" and "a hard negative that is
+another query's positive" are decided on ids whichever way the data came.
+
+Nothing is dropped silently: queries without a positive, positives missing from
+the corpus, duplicate pairs, and the like are counted in a `Skipped` tally that
+the trainers log and report; malformed input raises with ``file:line``.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import hashlib
+import json
+import math
+import os
+import random
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from twotower.indexing import document_text
+from twotower.retrieval.corpus import iter_documents
+
+
+@dataclass(frozen=True)
+class TrainExample:
+    """One training query: its positives and (optional) hard negatives, as corpus ids."""
+
+    query_id: str
+    query: str
+    positives: tuple[str, ...]
+    negatives: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class LabeledPair:
+    """One judged (query, document) pair. ``label`` is 0/1 or a graded judgment >= 0."""
+
+    query_id: str
+    query: str
+    doc_id: str
+    label: float
+
+
+@dataclass
+class Skipped:
+    """Counted, reported skips: reason -> count, plus the first few places each happened."""
+
+    counts: Counter = field(default_factory=Counter)
+    where: dict[str, list[str]] = field(default_factory=dict)
+
+    def add(self, reason: str, location: str, n: int = 1) -> None:
+        self.counts[reason] += n
+        places = self.where.setdefault(reason, [])
+        if len(places) < 3:
+            places.append(location)
+
+    def __bool__(self) -> bool:
+        return bool(self.counts)
+
+    def summary(self) -> str:
+        """One line per reason, e.g. ``"3 positives missing from the corpus (e.g. q1:d9, ...)"``."""
+        return "; ".join(f"{n} {reason} (e.g. {', '.join(self.where[reason])})"
+                         for reason, n in sorted(self.counts.items()))
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.counts)
+
+
+@dataclass
+class TrainingSet:
+    """Examples over a corpus (id -> text), with what was skipped while reading."""
+
+    examples: list[TrainExample]
+    corpus: dict[str, str]
+    skipped: Skipped
+    source: str
+
+
+@dataclass
+class PairSet:
+    """Labeled pairs over a corpus (id -> text). ``max_label`` scales graded labels to [0, 1]."""
+
+    pairs: list[LabeledPair]
+    corpus: dict[str, str]
+    skipped: Skipped
+    source: str
+    max_label: float = 1.0
+
+
+def text_id(text: str) -> str:
+    """A stable id for a document given as text (equal texts share it)."""
+    return "t:" + hashlib.sha1(text.encode("utf-8")).hexdigest()[:16]
+
+
+def query_key(query: str) -> str:
+    """Query id for inputs without one: equal query texts are one query (for the dev split, for grouping)."""
+    return "q:" + hashlib.sha1(query.strip().encode("utf-8")).hexdigest()[:16]
+
+
+# ---- corpus ------------------------------------------------------------------------------------------
+def read_corpus(path: str) -> dict[str, str]:
+    """``corpus.jsonl`` -> {id: document_text}; a repeated id is an error naming both lines."""
+    corpus: dict[str, str] = {}
+    first: dict[str, int] = {}
+    for lineno, doc in iter_documents(path):
+        doc_id = doc["id"]
+        if doc_id in corpus:
+            raise ValueError(f"{path}:{lineno}: document id {doc_id!r} appears twice (first on line {first[doc_id]})")
+        first[doc_id] = lineno
+        corpus[doc_id] = document_text(doc)  # "title text": exactly what the index encodes
+    if not corpus:
+        raise ValueError(f"{path}: corpus is empty")
+    return corpus
+
+
+def _json_lines(path: str) -> Iterator[tuple[int, dict]]:
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"training file not found: {path}")
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
+            if not isinstance(obj, dict):
+                raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+            yield lineno, obj
+
+
+def _string(obj: dict, key: str, where: str, required: bool = True) -> str | None:
+    value = obj.get(key)
+    if value is None:
+        if required:
+            raise ValueError(f"{where}: missing field {key!r}")
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str):
+        raise ValueError(f"{where}: field {key!r} must be a string, got {type(value).__name__}")
+    return value
+
+
+# ---- BEIR --------------------------------------------------------------------------------------------
+def read_beir_training(directory: str, split: str = "train", corpus: dict[str, str] | None = None) -> TrainingSet:
+    """Training examples from a BEIR directory's ``qrels/<split>.tsv``.
+
+    Judgments > 0 are positives; judgments <= 0 are kept as (labelled) hard
+    negatives.  A judged query without any positive, and positives absent from
+    the corpus, are counted skips.
+    """
+    from twotower.eval.io.beir import load_beir
+
+    data = load_beir(directory, split=split, corpus=False)
+    corpus = corpus if corpus is not None else read_corpus(os.path.join(directory, "corpus.jsonl"))
+    qrels_path = os.path.join(directory, "qrels", f"{split}.tsv")
+    skipped = Skipped()
+    examples = []
+    for qid, judged in data.qrels.items():
+        pos, neg = [], []
+        for did, rel in judged.items():
+            if did not in corpus:
+                skipped.add("judged documents missing from the corpus", f"{qid}:{did}")
+                continue
+            (pos if rel > 0 else neg).append(did)
+        if not pos:
+            skipped.add("queries with no positive in the corpus", qid)
+            continue
+        examples.append(TrainExample(qid, data.queries[qid], tuple(pos), tuple(neg)))
+    if not examples:
+        raise ValueError(f"{qrels_path}: no usable training query ({skipped.summary() or 'file is empty'})")
+    return TrainingSet(examples, corpus, skipped, qrels_path)
+
+
+# ---- {"query", "pos", "neg"} JSONL -------------------------------------------------------------------
+def read_jsonl_training(path: str, corpus: dict[str, str] | None = None) -> TrainingSet:
+    """Training examples from JSONL lines ``{"query", "pos": [...], "neg": [...]}``.
+
+    Items of ``pos``/``neg`` are texts, or ids of `corpus` when one is given and
+    the item is one of its ids; ``pos_ids``/``neg_ids`` are always ids.  An id
+    not in the corpus is a counted skip (a missing *positive* is worth knowing
+    about: the line may be stale against a rebuilt corpus).  Lines with the
+    same query are merged.
+    """
+    corpus = dict(corpus) if corpus is not None else {}
+    own_texts = corpus == {}
+    skipped = Skipped()
+    merged: dict[str, dict] = {}
+    n_lines = 0
+    for lineno, obj in _json_lines(path):
+        n_lines += 1
+        where = f"{path}:{lineno}"
+        query = _string(obj, "query", where)
+        if not query.strip():
+            raise ValueError(f"{where}: field 'query' is empty")
+        qid = _string(obj, "query_id", where, required=False) or query_key(query)
+        entry = merged.setdefault(qid, {"query": query, "pos": [], "neg": [], "where": where})
+        for kind in ("pos", "neg"):
+            items = []
+            for key, as_ids in ((kind, None), (f"{kind}_ids", True)):
+                raw = obj.get(key, [])
+                if isinstance(raw, str):
+                    raw = [raw]
+                if not isinstance(raw, list) or not all(isinstance(x, (str, int)) for x in raw):
+                    raise ValueError(f"{where}: field {key!r} must be a list of strings")
+                items += [(str(x), as_ids) for x in raw]
+            for item, as_ids in items:
+                if as_ids is None:
+                    as_ids = not own_texts and item in corpus
+                if as_ids:
+                    if item not in corpus:
+                        what = "positive" if kind == "pos" else "negative"
+                        skipped.add(f"{what} ids missing from the corpus", f"{where}:{item}")
+                        continue
+                    did = item
+                else:
+                    if not item.strip():
+                        skipped.add("empty document texts", where)
+                        continue
+                    did = text_id(item)
+                    corpus.setdefault(did, item)
+                target = entry[kind]
+                if did in target:
+                    skipped.add("duplicate pairs", f"{where}:{did}")
+                    continue
+                target.append(did)
+    if n_lines == 0:
+        raise ValueError(f"{path}: training file is empty")
+    examples = []
+    for qid, e in merged.items():
+        if not e["pos"]:
+            skipped.add("queries with no positive", e["where"])
+            continue
+        neg = tuple(d for d in e["neg"] if d not in set(e["pos"]))
+        if len(neg) < len(e["neg"]):
+            skipped.add("negatives that are also positives", e["where"], len(e["neg"]) - len(neg))
+        examples.append(TrainExample(qid, e["query"], tuple(e["pos"]), neg))
+    if not examples:
+        raise ValueError(f"{path}: no usable training query ({skipped.summary()})")
+    return TrainingSet(examples, corpus, skipped, path)
+
+
+def read_training(source: str, split: str = "train", corpus_path: str | None = None) -> TrainingSet:
+    """Dispatch on the source: a BEIR directory or a ``.jsonl`` file (ids resolved against `corpus_path`)."""
+    if os.path.isdir(source):
+        corpus = read_corpus(corpus_path) if corpus_path else None
+        return read_beir_training(source, split=split, corpus=corpus)
+    if not os.path.exists(source):
+        raise FileNotFoundError(f"training data not found: {source}")
+    if not source.endswith((".jsonl", ".json", ".jsonl.gz")):
+        raise ValueError(f"{source}: expected a BEIR directory or a .jsonl(.gz) file of {{query, pos, neg}}")
+    return read_jsonl_training(source, corpus=read_corpus(corpus_path) if corpus_path else None)
+
+
+# ---- labeled pairs -----------------------------------------------------------------------------------
+def _label(raw: object, where: str) -> float:
+    try:
+        value = float(raw)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}: label {raw!r} is not a number") from None
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{where}: label {raw!r} is out of range (labels are 0/1 or graded judgments >= 0)")
+    return value
+
+
+def read_labeled_pairs(path: str, max_label: float | None = None) -> PairSet:
+    """Labeled pairs from TSV (``query<TAB>passage<TAB>label``, optional header) or JSONL.
+
+    JSONL keys: ``query``, ``passage`` (or ``text``/``document``), ``label``,
+    optional ``query_id``/``doc_id``.  Labels must be numbers >= 0; above 1 they
+    are graded judgments and must be integers (scaled by the largest, or by
+    `max_label`, which also bounds them).  A repeated pair with the same label
+    is a counted skip; with a different label it is an error.
+    """
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"pairs file not found: {path}")
+    rows: list[tuple[str, str | None, str, str | None, float, str]] = []
+    if path.endswith((".jsonl", ".json")):
+        for lineno, obj in _json_lines(path):
+            where = f"{path}:{lineno}"
+            query = _string(obj, "query", where)
+            key = next((k for k in ("passage", "text", "document", "doc") if k in obj), "passage")
+            passage = _string(obj, key, where)
+            if "label" not in obj:
+                raise ValueError(f"{where}: missing field 'label'")
+            rows.append((query, _string(obj, "query_id", where, False), passage,
+                         _string(obj, "doc_id", where, False), _label(obj["label"], where), where))
+    else:
+        with open(path, encoding="utf-8", newline="") as f:
+            for lineno, fields in enumerate(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE), 1):
+                if not fields or not any(x.strip() for x in fields):
+                    continue
+                where = f"{path}:{lineno}"
+                if len(fields) != 3:
+                    raise ValueError(f"{where}: expected 3 tab-separated columns 'query passage label', "
+                                     f"got {len(fields)}")
+                if lineno == 1 and fields[2].strip().lower() in ("label", "score", "relevance"):
+                    continue  # header
+                rows.append((fields[0], None, fields[1], None, _label(fields[2], where), where))
+    if not rows:
+        raise ValueError(f"{path}: pairs file is empty")
+    top = max(r[4] for r in rows)
+    if max_label is not None:
+        for r in rows:
+            if r[4] > max_label:
+                raise ValueError(f"{r[5]}: label {r[4]:g} is out of range (max_label={max_label:g})")
+    if top > 1:
+        for r in rows:
+            if r[4] != int(r[4]):
+                raise ValueError(f"{r[5]}: graded label {r[4]:g} must be an integer (labels above 1 are grades)")
+    scale = max_label if max_label is not None else max(1.0, top)
+    corpus: dict[str, str] = {}
+    skipped = Skipped()
+    seen: dict[tuple[str, str], tuple[float, str]] = {}
+    pairs = []
+    for query, qid, passage, did, label, where in rows:
+        if not query.strip() or not passage.strip():
+            skipped.add("pairs with an empty query or passage", where)
+            continue
+        qid = qid or query_key(query)
+        did = did or text_id(passage)
+        if corpus.get(did, passage) != passage:
+            raise ValueError(f"{where}: doc_id {did!r} was given another text earlier")
+        corpus[did] = passage
+        key = (qid, did)
+        if key in seen:
+            if seen[key][0] != label:
+                raise ValueError(f"{where}: pair repeats line {seen[key][1].rsplit(':', 1)[-1]} with a different label "
+                                 f"({label:g} vs {seen[key][0]:g})")
+            skipped.add("duplicate pairs", where)
+            continue
+        seen[key] = (label, where)
+        pairs.append(LabeledPair(qid, query, did, label))
+    if not pairs:
+        raise ValueError(f"{path}: no usable pair ({skipped.summary()})")
+    return PairSet(pairs, corpus, skipped, path, max_label=float(scale))
+
+
+def pairs_from_training(data: TrainingSet) -> PairSet:
+    """Positives (label 1) and hard negatives (label 0) of a TrainingSet as labeled pairs."""
+    pairs = []
+    for ex in data.examples:
+        pairs += [LabeledPair(ex.query_id, ex.query, d, 1.0) for d in ex.positives]
+        pairs += [LabeledPair(ex.query_id, ex.query, d, 0.0) for d in ex.negatives]
+    return PairSet(pairs, data.corpus, data.skipped, data.source)
+
+
+def training_from_pairs(data: PairSet) -> TrainingSet:
+    """Group labeled pairs by query: label > 0 -> positives, label 0 -> negatives (graded order kept)."""
+    groups: dict[str, dict] = {}
+    for p in data.pairs:
+        g = groups.setdefault(p.query_id, {"query": p.query, "pos": [], "neg": []})
+        (g["pos"] if p.label > 0 else g["neg"]).append((p.label, p.doc_id))
+    skipped = Skipped(Counter(data.skipped.counts), dict(data.skipped.where))
+    examples = []
+    for qid, g in groups.items():
+        if not g["pos"]:
+            skipped.add("queries with no positive", qid)
+            continue
+        pos = tuple(d for _, d in sorted(g["pos"], key=lambda x: -x[0]))
+        examples.append(TrainExample(qid, g["query"], pos, tuple(d for _, d in g["neg"])))
+    if not examples:
+        raise ValueError(f"{data.source}: no query has a positive pair ({skipped.summary()})")
+    return TrainingSet(examples, data.corpus, skipped, data.source)
+
+
+# ---- dev split ---------------------------------------------------------------------------------------
+def split_dev(
+    examples: Sequence[TrainExample], dev_fraction: float = 0.1, seed: int = 0, dev_size: int | None = None
+) -> tuple[list[TrainExample], list[TrainExample]]:
+    """Carve a dev split out of train *by query* (all lines of a query land on one side), seeded.
+
+    The dev split is for model selection; test splits are for reporting only.
+    """
+    qids = sorted({e.query_id for e in examples})
+    if len(qids) < 2:
+        raise ValueError(f"need at least 2 distinct queries to carve a dev split, got {len(qids)}")
+    n_dev = dev_size if dev_size is not None else max(1, round(dev_fraction * len(qids)))
+    if not 0 < n_dev < len(qids):
+        raise ValueError(f"dev split of {n_dev} queries out of {len(qids)} leaves nothing to train on")
+    random.Random(seed).shuffle(qids)
+    dev_ids = set(qids[:n_dev])
+    return ([e for e in examples if e.query_id not in dev_ids], [e for e in examples if e.query_id in dev_ids])
+
+
+def qrels_of(examples: Sequence[TrainExample]) -> dict[str, dict[str, int]]:
+    """{query id: {positive id: 1}} for evaluating a dev split."""
+    out: dict[str, dict[str, int]] = {}
+    for e in examples:
+        out.setdefault(e.query_id, {}).update({d: 1 for d in e.positives})
+    return out
+
+
+def queries_of(examples: Sequence[TrainExample]) -> dict[str, str]:
+    return {e.query_id: e.query for e in examples}
+
+
+def merge_negatives(examples: Sequence[TrainExample], mined: Mapping[str, Sequence[str]]) -> list[TrainExample]:
+    """Append mined negatives (query id -> doc ids) to examples, never adding one of the query's positives."""
+    out = []
+    for e in examples:
+        extra = [d for d in mined.get(e.query_id, ()) if d not in e.positives and d not in e.negatives]
+        out.append(TrainExample(e.query_id, e.query, e.positives, tuple(e.negatives) + tuple(extra)))
+    return out

@@ -1,0 +1,109 @@
+"""What a retrieval training run leaves behind: a JSONL log, a PNG of dev nDCG@10, atomic checkpoints.
+
+Layout of ``--out DIR``:
+
+* ``train_log.jsonl``: one JSON object a line, ``{"event": "config" | "data" | "step" | "eval" | "stop" | "done", ...}``;
+* ``dev_ndcg.png``: dev nDCG@10 against steps (and the training loss), redrawn at every evaluation;
+* ``best/``: the checkpoint with the best dev score so far (the one to use);
+* ``last/``: the final weights, when asked for;
+* ``summary.json``: best step and score, skips, timings.
+
+Checkpoints are written into a temporary sibling directory and swapped into
+place (`twotower.common.atomic.atomic_replace_dir`), so an interrupted save never
+leaves a half-written ``best/``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from typing import Any
+
+from twotower.common.atomic import atomic_path, atomic_replace_dir, atomic_write_text
+
+
+class TrainingRun:
+    def __init__(self, out: str, enabled: bool = True) -> None:
+        self.out = out
+        self.enabled = enabled
+        self.log_path = os.path.join(out, "train_log.jsonl")
+        self.plot_path = os.path.join(out, "dev_ndcg.png")
+        self.records: list[dict] = []
+        self.start = time.time()
+        if enabled:
+            os.makedirs(out, exist_ok=True)
+            if os.path.exists(self.log_path):  # a new run starts a new log
+                os.replace(self.log_path, self.log_path + ".previous")
+
+    @property
+    def elapsed(self) -> float:
+        return time.time() - self.start
+
+    def log(self, event: str, **fields: Any) -> dict:
+        record = {"event": event, "time": round(self.elapsed, 2), **fields}
+        self.records.append(record)
+        if self.enabled:
+            with open(self.log_path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(record, default=_jsonable) + "\n")
+        return record
+
+    def save_checkpoint(self, name: str, write: Callable[[str], None]) -> str:
+        """Call ``write(tmp_dir)`` then swap tmp_dir into ``out/name`` atomically. Returns the final path."""
+        target = os.path.join(self.out, name)
+        tmp = os.path.join(self.out, f".{name}.tmp-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+        try:
+            write(tmp)
+            atomic_replace_dir(tmp, target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return target
+
+    def write_summary(self, summary: dict) -> None:
+        if self.enabled:
+            atomic_write_text(os.path.join(self.out, "summary.json"),
+                              json.dumps(summary, indent=2, default=_jsonable) + "\n")
+
+    def plot(self, metric: str = "ndcg@10", title: str = "") -> None:
+        """PNG of the dev metric over steps, with the (smoothed) training loss on a second axis."""
+        if not self.enabled:
+            return
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        evals = [r for r in self.records if r["event"] == "eval"]
+        steps = [r for r in self.records if r["event"] == "step"]
+        fig, ax = plt.subplots(figsize=(7, 4))
+        if evals:
+            ax.plot([r["step"] for r in evals], [r[metric] for r in evals], marker="o", color="C0")
+        ax.set_xlabel("step")
+        ax.set_ylabel(f"dev {metric}", color="C0")
+        ax.grid(alpha=0.3)
+        if steps:
+            ax2 = ax.twinx()
+            losses = [r["loss"] for r in steps]
+            w = max(1, len(losses) // 50)
+            smooth = [sum(losses[max(0, i - w + 1):i + 1]) / len(losses[max(0, i - w + 1):i + 1])
+                      for i in range(len(losses))]
+            ax2.plot([r["step"] for r in steps], smooth, color="C1", lw=0.8, alpha=0.7)
+            ax2.set_ylabel("training loss", color="C1")
+        if title:
+            ax.set_title(title)
+        fig.tight_layout()
+        with atomic_path(self.plot_path) as tmp:
+            fig.savefig(tmp, format="png", dpi=90)
+        plt.close(fig)
+
+
+def _jsonable(obj: Any) -> Any:
+    if hasattr(obj, "item"):
+        return obj.item()
+    if isinstance(obj, (set, tuple)):
+        return list(obj)
+    return str(obj)

@@ -1,0 +1,191 @@
+"""`twotower index build|add|delete|info` and `twotower search`: output formats, exit codes, bad input,
+and a torchrun build with 2 CPU processes that must equal the single-process index."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.retrieval.pipeline_fixtures import tiny_model_dir, toy_docs, write_corpus
+from twotower.cli import main
+from twotower.indexing import IndexStore
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli")
+    corpus = write_corpus(str(root / "corpus.jsonl"), toy_docs(40))
+    rc = main(["index", "build", "--corpus", corpus, "--out", str(root / "idx"), "--model", tiny_model_dir(),
+               "--bm25", "--no-progress", "--shard-size", "16"])
+    assert rc == 0
+    return root
+
+
+def _run(capsys, *argv) -> tuple[int, str, str]:
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_build_prints_a_summary_and_info(built, capsys):
+    rc, out, _ = _run(capsys, "index", "info", "--index", str(built / "idx"))
+    assert rc == 0
+    assert "documents   40" in out and "Flat, ip, dim 36" in out and "bm25        yes" in out
+    rc, out, _ = _run(capsys, "index", "info", "--index", str(built / "idx"), "--json")
+    info = json.loads(out)
+    assert info["documents"] == 40 and info["extra"]["pipeline"]["encoder"]["dim"] == 36
+
+
+def test_search_table_and_json(built, capsys):
+    rc, out, _ = _run(capsys, "search", "--index", str(built / "idx"), "-k", "3", "tea coffee", "gene cell")
+    assert rc == 0
+    assert "recall only (no reranker)" in out
+    assert out.count("query: ") == 2 and "rank     score" in out
+    rc, out, _ = _run(capsys, "search", "--index", str(built / "idx"), "-k", "3", "--json", "--hybrid", "tea coffee")
+    assert rc == 0
+    res = json.loads(out)
+    assert len(res) == 1 and res[0]["query"] == "tea coffee" and len(res[0]["hits"]) == 3
+    hit = res[0]["hits"][0]
+    assert {"id", "title", "text", "score", "rank", "first_stage_score", "first_stage_rank", "rerank_score",
+            "dense_score", "bm25_score"} <= set(hit)
+    assert [h["rank"] for h in res[0]["hits"]] == [1, 2, 3]
+
+
+def test_batch_run_in_trec_format(built, tmp_path, capsys):
+    queries = tmp_path / "queries.jsonl"
+    queries.write_text("".join(json.dumps({"_id": f"Q{i}", "text": t}) + "\n"
+                               for i, t in enumerate(["tea", "virus mouse", "drug dose"])))
+    run = tmp_path / "out.trec"
+    rc, _, err = _run(capsys, "search", "--index", str(built / "idx"), "--queries", str(queries), "--run", str(run),
+                      "-k", "5", "--tag", "mine")
+    assert rc == 0 and "wrote 15 lines" in err
+    lines = [line.split() for line in run.read_text().splitlines()]
+    assert len(lines) == 15 and all(len(parts) == 6 for parts in lines)
+    assert [p[0] for p in lines[:5]] == ["Q0"] * 5 and {p[1] for p in lines} == {"Q0"}
+    assert [int(p[3]) for p in lines[:5]] == [1, 2, 3, 4, 5] and {p[5] for p in lines} == {"mine"}
+    scores = [float(p[4]) for p in lines[:5]]
+    assert scores == sorted(scores, reverse=True)
+    tsv = tmp_path / "queries.tsv"
+    tsv.write_text("a\ttea\nb\tgene\n")
+    rc, out, _ = _run(capsys, "search", "--index", str(built / "idx"), "--queries", str(tsv), "--json", "-k", "2")
+    assert [r["qid"] for r in json.loads(out)] == ["a", "b"]
+
+
+def test_add_delete_roundtrip(built, tmp_path, capsys):
+    idx = tmp_path / "idx"
+    shutil.copytree(built / "idx", idx)
+    more = write_corpus(str(tmp_path / "more.jsonl"), [{"_id": "new", "text": "black tea leaf"}])
+    rc, out, _ = _run(capsys, "index", "add", "--index", str(idx), "--corpus", more, "--no-progress")
+    assert rc == 0 and "added 1 documents" in out and "(now 41)" in out
+    rc, _, err = _run(capsys, "index", "add", "--index", str(idx), "--corpus", more, "--no-progress")
+    assert rc == 2 and "more.jsonl:1: duplicate document id 'new'" in err
+    rc, out, _ = _run(capsys, "index", "add", "--index", str(idx), "--corpus", more, "--on-duplicate", "skip")
+    assert rc == 0 and "added 0 documents" in out
+    rc, out, err = _run(capsys, "index", "delete", "--index", str(idx), "new", "d1", "ghost")
+    assert rc == 1 and "deleted 2 documents" in out and "(now 39)" in out
+    assert "1 id(s) not in the index: ghost" in err
+    rc, out, _ = _run(capsys, "index", "delete", "--index", str(idx), "d2")
+    assert rc == 0 and "(now 38)" in out
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["search", "--index", "{idx}", "   "], "query q1 is empty"),
+        (["search", "--index", "{idx}"], "give at least one QUERY"),
+        (["search", "--index", "{idx}", "-k", "20", "--recall-k", "5", "tea"], "--recall-k (5) must be at least -k"),
+        (["search", "--index", "{root}/nope", "tea"], "index directory not found"),
+        (["search", "--index", "{root}", "tea"], "not a twotower index directory"),
+        (["index", "build", "--corpus", "{root}/missing.jsonl", "--out", "{root}/x"], "corpus file not found"),
+        (["index", "build", "--corpus", "{root}/corpus.jsonl", "--out", "{idx}", "--model", "{model}"],
+         "already exists"),
+        (["index", "delete", "--index", "{idx}"], "give document ids"),
+    ],
+)
+def test_bad_input_exits_2_with_a_message(built, capsys, argv, message):
+    fill = {"idx": str(built / "idx"), "root": str(built), "model": tiny_model_dir()}
+    rc, _, err = _run(capsys, *[a.format(**fill) for a in argv])
+    assert rc == 2
+    assert message in err and err.startswith("twotower ")
+
+
+def test_bad_corpus_line_names_file_and_line(tmp_path, capsys):
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"_id": "a", "text": "tea"}\n{"_id": "b", "title": "x"}\n')
+    rc, _, err = _run(capsys, "index", "build", "--corpus", str(corpus), "--out", str(tmp_path / "idx"),
+                      "--model", tiny_model_dir(), "--no-progress")
+    assert rc == 2 and f"{corpus}:2: missing string field 'text'" in err
+    assert not (tmp_path / "idx").exists()
+
+
+def test_model_of_other_dimension_is_refused(built, capsys):
+    rc, _, err = _run(capsys, "search", "--index", str(built / "idx"), "--model", tiny_model_dir(hidden=24), "tea")
+    assert rc == 2 and "36-dimensional vectors but the query encoder produces 24-dimensional" in err
+
+
+def test_corrupt_index_is_a_clear_error(built, tmp_path, capsys):
+    idx = tmp_path / "idx"
+    shutil.copytree(built / "idx", idx)
+    (idx / "manifest.json").write_text("garbage")
+    rc, _, err = _run(capsys, "search", "--index", str(idx), "tea")
+    assert rc == 2 and "corrupt manifest JSON" in err
+
+
+def _vectors(directory) -> tuple[list[str], np.ndarray]:
+    with IndexStore.open(directory, readonly=True) as store:
+        ids = store.vectors.ids()
+        return ids, store.vectors.reconstruct(ids)
+
+
+def test_torchrun_two_processes_build_the_same_index(tmp_path):
+    """Encoding split over 2 gloo ranks (strided shards), assembled by rank 0 == one process."""
+    corpus = write_corpus(str(tmp_path / "c.jsonl"), toy_docs(70, seed=3))
+    model = tiny_model_dir()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TWOTOWER_BF16": "0", "PYTHONPATH": REPO}
+    common = ["index", "build", "--corpus", corpus, "--model", model, "--shard-size", "16", "--no-progress"]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    res = subprocess.run([*torchrun, "-m", "twotower", *common, "--out", str(tmp_path / "two"), "--keep-shards"],
+                         env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "built" in res.stdout and "70 documents" in res.stdout
+    # both ranks wrote shards: 5 shards of 16, ranks own 0,2,4 and 1,3
+    assert sorted(os.listdir(tmp_path / "two.build" / "shards")) == [f"shard-{i:06d}.npy" for i in range(5)]
+    # the single-process reference, in this process (fp32 like the ranks: TWOTOWER_BF16=0 there, bf16=False here)
+    from twotower.retrieval import DualEncoder, SearchPipeline
+
+    SearchPipeline.build(corpus, tmp_path / "one", DualEncoder.from_pretrained(model, bf16=False), shard_size=16,
+                         progress=False).close()
+    ids_two, vec_two = _vectors(tmp_path / "two")
+    ids_one, vec_one = _vectors(tmp_path / "one")
+    assert ids_two == ids_one == [f"d{i}" for i in range(70)]
+    np.testing.assert_allclose(vec_two, vec_one, atol=1e-5)
+
+
+def test_search_rerank_alpha(built, tmp_path, capsys):
+    """--rerank-alpha 0 keeps the recall order under a reranker; out-of-range values are a clear error."""
+    import torch
+
+    from tests.retrieval.pipeline_fixtures import tiny_model_dir
+    from twotower.retrieval.cross_encoder import CrossEncoder
+
+    ce = CrossEncoder.from_encoder(tiny_model_dir(), bf16=False, device="cpu")
+    with torch.no_grad():
+        torch.manual_seed(3)
+        ce.classifier.weight.normal_(0, 1.0)
+    ce.save_pretrained(str(tmp_path / "ce"))
+    base = ["search", "--index", str(built / "idx"), "-k", "8", "--recall-k", "8", "--json", "tea coffee milk"]
+    rc, out, _ = _run(capsys, *base, "--no-rerank")
+    recall = [h["id"] for h in json.loads(out)[0]["hits"]]
+    rc, out, _ = _run(capsys, *base, "--reranker", str(tmp_path / "ce"), "--rerank-alpha", "0")
+    hits = json.loads(out)[0]["hits"]
+    assert rc == 0 and [h["id"] for h in hits] == recall and all(h["rerank_score"] is not None for h in hits)
+    rc, _, err = _run(capsys, *base, "--reranker", str(tmp_path / "ce"), "--rerank-alpha", "2")
+    assert rc == 2 and "rerank_alpha" in err

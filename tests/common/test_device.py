@@ -1,0 +1,30 @@
+"""twotower.common.device: the CPU description benchmarks record, read from a cpuinfo file."""
+
+from __future__ import annotations
+
+from twotower.common.device import cpu_description
+
+CPUINFO = """processor\t: 0
+vendor_id\t: AuthenticAMD
+model name\t: AMD EPYC 7B13
+flags\t\t: fpu sse2 avx avx2 fma
+processor\t: 1
+model name\t: AMD EPYC 7B13
+flags\t\t: fpu sse2 avx avx2 fma
+"""
+
+
+def test_reads_model_and_the_features_that_decide_speed(tmp_path):
+    path = tmp_path / "cpuinfo"
+    path.write_text(CPUINFO)
+    info = cpu_description(str(path))
+    assert info["model"] == "AMD EPYC 7B13"
+    assert info["avx2"] and not info["avx512f"] and not info["avx512_bf16"] and not info["amx_bf16"]
+    path.write_text(CPUINFO.replace("avx2 fma", "avx2 avx512f avx512_bf16 amx_bf16"))
+    info = cpu_description(str(path))
+    assert info["avx512f"] and info["avx512_bf16"] and info["amx_bf16"]
+
+
+def test_missing_file_gives_unknown(tmp_path):
+    info = cpu_description(str(tmp_path / "absent"))
+    assert info["model"] == "unknown" and not info["avx2"]

@@ -1,0 +1,272 @@
+"""Pooling, bulk encoding, SentenceEncoder and `twotower embed`, against sentence-transformers where it applies."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from tests.encoder.task_fixtures import one_thread
+from twotower.cli import main
+from twotower.common.device import bf16_supported
+from twotower.encoder.core.encode import SentenceEncoder, batch_spans, encode_texts, inference_copy
+from twotower.encoder.core.pooling import cls_pool, max_pool, mean_pool, pool
+from twotower.encoder.core.sentence_config import SentenceConfig, read_sentence_config, write_sentence_config
+
+TEXTS = ["the tea is cold", "hot", "", "paris is the capital of france and berlin is the capital of germany",
+         "who wrote the book", "the quick brown fox jumps over the lazy dog " * 2, "cats", "the tower"]
+
+
+# ---- pooling -------------------------------------------------------------------------------------------
+def test_mean_pool_worked_example_ignores_padding():
+    hidden = torch.tensor([[[1.0, 2.0], [3.0, 4.0], [100.0, 100.0]],
+                           [[5.0, 6.0], [-50.0, 9.0], [7.0, 8.0]]])  # (B=2, T=3, H=2)
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    torch.testing.assert_close(mean_pool(hidden, mask), torch.tensor([[2.0, 3.0], [-38 / 3, 23 / 3]]))
+    assert cls_pool(hidden).tolist() == [[1.0, 2.0], [5.0, 6.0]]
+    assert max_pool(hidden, mask).tolist() == [[3.0, 4.0], [7.0, 9.0]]
+    with pytest.raises(ValueError, match="pooling='sum'"):
+        pool(hidden, mask, "sum")
+
+
+def test_pooling_matches_sentence_transformers():
+    st_models = pytest.importorskip("sentence_transformers.models")
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(5, 9, 12, generator=g)  # (B, T, H)
+    mask = (torch.arange(9)[None] < torch.tensor([9, 1, 4, 6, 2])[:, None]).long()
+    for mode in ("mean", "cls", "max"):
+        ref = st_models.Pooling(12, pooling_mode=mode)
+        want = ref({"token_embeddings": hidden, "attention_mask": mask})["sentence_embedding"]
+        torch.testing.assert_close(pool(hidden, mask, mode), want, atol=1e-6, rtol=1e-6)
+
+
+# ---- encode_texts --------------------------------------------------------------------------------------
+def _one_by_one(model, tok, texts, poolings=("mean",), max_length=None):
+    """The obvious reference: each text alone, no padding, no sorting, no bf16. -> {pooling: (N, H)}"""
+    rows = {p: [] for p in poolings}
+    with torch.no_grad(), one_thread():
+        for t in texts:
+            b = tok.encode([t], max_length=max_length)
+            h, _ = model(b.input_ids, b.attention_mask, return_pooled=False)
+            for p in poolings:
+                rows[p].append(pool(h, b.attention_mask, p)[0].numpy())
+    return {p: np.stack(r) for p, r in rows.items()}
+
+
+def test_encode_texts_rows_in_input_order_and_batch_invariant(tiny_model):
+    model, tok = tiny_model
+    want = _one_by_one(model, tok, TEXTS, ("mean", "cls", "max"))
+    threads = torch.get_num_threads()
+    for pooling, bs, workers in (("mean", 1, 1), ("mean", 3, 2), ("mean", None, None), ("cls", 3, 3),
+                                 ("cls", 64, 1), ("max", 2, None), ("max", None, 1)):
+        got = encode_texts(model, tok, TEXTS, batch_size=bs, pooling=pooling, bf16=False, progress=False,
+                           workers=workers)
+        assert got.dtype == np.float32 and got.shape == (len(TEXTS), 36)
+        np.testing.assert_allclose(got, want[pooling], atol=1e-5, rtol=1e-5,
+                                   err_msg=f"{pooling} bs={bs} workers={workers}")
+        assert torch.get_num_threads() == threads  # concurrent batches restore torch's thread count
+
+
+def test_batch_spans_fixed_size_or_token_budget():
+    lengths = np.array([600, 256, 256, 100, 30, 10])  # sorted longest first
+    assert batch_spans(lengths, 4, None) == [(0, 4), (4, 6)]
+    # 512 tokens: the 600-token text alone, then 2 x 256, then the rest (5 x 100 fits).
+    assert batch_spans(lengths, None, 512) == [(0, 1), (1, 3), (3, 6)]
+    assert batch_spans(np.array([], dtype=int), None, 512) == []
+
+
+def test_encode_texts_normalize_truncation_and_empty(tiny_model):
+    model, tok = tiny_model
+    v = encode_texts(model, tok, TEXTS, normalize=True, bf16=False, progress=False)
+    np.testing.assert_allclose(np.linalg.norm(v, axis=1), 1.0, atol=1e-6)
+    long_text = TEXTS[5]
+    capped = encode_texts(model, tok, [long_text], max_length=6, bf16=False, progress=False)
+    np.testing.assert_allclose(capped, _one_by_one(model, tok, [long_text], max_length=6)["mean"], atol=1e-5)
+    assert not np.allclose(capped, _one_by_one(model, tok, [long_text])["mean"], atol=1e-3)
+    assert encode_texts(model, tok, [], progress=False).shape == (0, 36)
+    # Texts longer than the position table are cut at it rather than crashing the forward pass.
+    assert encode_texts(model, tok, ["the tea " * 100], bf16=False, progress=False).shape == (1, 36)
+
+
+def test_encode_texts_bad_input(tiny_model):
+    model, tok = tiny_model
+    with pytest.raises(TypeError, match="list of strings"):
+        encode_texts(model, tok, "one text", progress=False)
+    with pytest.raises(TypeError, match=r"texts\[1\] is NoneType"):
+        encode_texts(model, tok, ["a", None], progress=False)
+    with pytest.raises(ValueError, match="pooling='sum'"):
+        encode_texts(model, tok, ["a"], pooling="sum", progress=False)
+    with pytest.raises(ValueError, match="out has shape"):
+        encode_texts(model, tok, ["a"], out=np.zeros((2, 36), np.float32), progress=False)
+
+
+def test_encode_texts_fills_out_and_keeps_training_mode(tiny_model, tmp_path):
+    model, tok = tiny_model
+    model.train()
+    out = np.lib.format.open_memmap(str(tmp_path / "v.npy"), mode="w+", dtype=np.float32, shape=(len(TEXTS), 36))
+    got = encode_texts(model, tok, TEXTS, bf16=False, progress=False, out=out)
+    assert got is out and model.training  # dropout was off for encoding, and the caller's mode is restored
+    model.eval()
+    np.testing.assert_allclose(np.asarray(out), _one_by_one(model, tok, TEXTS)["mean"], atol=1e-5)
+
+
+def test_inference_copy_is_cached_until_weights_change(tiny_model):
+    model, _ = tiny_model
+    a = inference_copy(model, torch.float64, torch.device("cpu"))
+    assert a is inference_copy(model, torch.float64, torch.device("cpu"))
+    assert inference_copy(model, torch.float32, torch.device("cpu")) is model
+    with torch.no_grad():
+        model.embeddings.word_embeddings.weight.mul_(2.0)  # an in-place update, as an optimizer step does
+    b = inference_copy(model, torch.float64, torch.device("cpu"))
+    assert b is not a
+    torch.testing.assert_close(b.embeddings.word_embeddings.weight.float(), model.embeddings.word_embeddings.weight)
+
+
+@pytest.mark.skipif(not bf16_supported("cpu"), reason="no native bf16 on this CPU")
+@pytest.mark.parametrize("mode", ["weights", "autocast"])
+def test_bf16_is_close_to_fp32(tiny_model, mode):
+    model, tok = tiny_model
+    ref = encode_texts(model, tok, TEXTS, normalize=True, bf16=False, progress=False)
+    got = encode_texts(model, tok, TEXTS, normalize=True, bf16=True, bf16_mode=mode, progress=False)
+    assert (got * ref).sum(1).min() > 0.999
+    assert next(model.parameters()).dtype == torch.float32  # the caller's weights are never cast
+
+
+# ---- sentence-transformers files and SentenceEncoder ---------------------------------------------------
+def test_sentence_config_roundtrip_and_errors(tmp_path):
+    write_sentence_config(str(tmp_path), SentenceConfig("cls", True, 48), dim=36, model_max_length=512)
+    assert read_sentence_config(str(tmp_path)) == SentenceConfig("cls", True, 48)
+    assert read_sentence_config(str(tmp_path / "none")) is None
+    modules = json.loads((tmp_path / "modules.json").read_text())
+    modules.append({"idx": 3, "name": "3", "path": "3_Dense", "type": "sentence_transformers.models.Dense"})
+    (tmp_path / "modules.json").write_text(json.dumps(modules))
+    with pytest.raises(ValueError, match="modules.json: module 3 has type 'sentence_transformers.models.Dense'"):
+        read_sentence_config(str(tmp_path))
+    write_sentence_config(str(tmp_path), SentenceConfig("mean"), dim=36, model_max_length=512)
+    pooling_path = tmp_path / "1_Pooling" / "config.json"
+    cfg = json.loads(pooling_path.read_text())
+    cfg["pooling_mode_cls_token"] = True
+    pooling_path.write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="1_Pooling/config.json: exactly one of"):
+        read_sentence_config(str(tmp_path))
+    with pytest.raises(ValueError, match="pooling='sum'"):
+        SentenceConfig("sum")
+
+
+def test_sentence_encoder_save_loads_in_sentence_transformers(tiny_model, tmp_path):
+    st = pytest.importorskip("sentence_transformers")
+    model, tok = tiny_model
+    enc = SentenceEncoder(model, tok, pooling="mean", normalize=True, max_length=20, bf16=False)
+    enc.save_pretrained(str(tmp_path))
+    again = SentenceEncoder.from_pretrained(str(tmp_path), bf16=False)
+    assert (again.pooling, again.normalize, again.max_length) == ("mean", True, 20)
+    ref = st.SentenceTransformer(str(tmp_path), device="cpu")
+    assert ref.max_seq_length == 20
+    want = ref.encode(TEXTS, normalize_embeddings=False)
+    np.testing.assert_allclose(again.encode(TEXTS, progress=False), want, atol=1e-5)
+    # forward (the training path) agrees with encode (the inference path)
+    b = again.tokenize(TEXTS)
+    with torch.no_grad():
+        np.testing.assert_allclose(again(b.input_ids, b.attention_mask).numpy(), want, atol=1e-5)
+
+
+def test_sentence_encoder_loads_older_layout_with_0_transformer_folder(tiny_model, tmp_path):
+    st = pytest.importorskip("sentence_transformers")
+    model, tok = tiny_model
+    SentenceEncoder(model, tok, pooling="max", max_length=24).save_pretrained(str(tmp_path / "flat"))
+    root = tmp_path / "old"
+    os.makedirs(root / "1_Pooling")
+    os.rename(tmp_path / "flat" / "1_Pooling" / "config.json", root / "1_Pooling" / "config.json")
+    modules = json.loads((tmp_path / "flat" / "modules.json").read_text())
+    modules[0]["path"] = "0_Transformer"
+    (root / "modules.json").write_text(json.dumps(modules))
+    os.remove(tmp_path / "flat" / "modules.json")
+    os.rename(tmp_path / "flat", root / "0_Transformer")  # sentence_bert_config.json moves with the weights
+    enc = SentenceEncoder.from_pretrained(str(root), bf16=False)
+    assert (enc.pooling, enc.max_length) == ("max", 24)
+    want = st.SentenceTransformer(str(root), device="cpu").encode(TEXTS)
+    np.testing.assert_allclose(enc.encode(TEXTS, progress=False), want, atol=1e-5)
+
+
+def test_sentence_encoder_defaults_without_st_files(tiny_model_dir):
+    enc = SentenceEncoder.from_pretrained(tiny_model_dir, bf16=False)
+    assert (enc.pooling, enc.normalize, enc.max_length, enc.dim) == ("mean", False, 64, 36)
+    assert SentenceEncoder.from_pretrained(tiny_model_dir, pooling="cls").pooling == "cls"
+
+
+# ---- all-MiniLM-L6-v2 parity ---------------------------------------------------------------------------
+def _varied_texts() -> list[str]:
+    long_para = ("Retrieval models map queries and documents into a shared vector space, where cosine "
+                 "similarity ranks candidates; truncation decides what the encoder actually sees. ") * 12
+    return ["hi", "What is the capital of France?", "naïve café — 東京 ünïcödé", "a " * 5,
+            "The quick brown fox jumps over the lazy dog. " * 8, long_para, long_para[:700], "x"]
+
+
+@pytest.fixture(scope="module")
+def minilm_reference(minilm_path):
+    st = pytest.importorskip("sentence_transformers")
+    texts = _varied_texts()
+    ref = st.SentenceTransformer(minilm_path, device="cpu").encode(texts, normalize_embeddings=True)
+    return texts, ref
+
+
+def test_minilm_reads_sentence_transformers_defaults(minilm_path):
+    enc = SentenceEncoder.from_pretrained(minilm_path)
+    assert (enc.pooling, enc.normalize, enc.max_length, enc.dim) == ("mean", True, 256, 384)
+    assert len(enc.tokenizer.encode_unpadded([_varied_texts()[5]])[0][0]) > 256  # the sample does get truncated
+
+
+def _embed(tmp_path, texts, extra) -> np.ndarray:
+    inp = tmp_path / "in.txt"
+    inp.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    out = tmp_path / "out.npy"
+    assert main(["embed", "--input", str(inp), "--out", str(out), "--no-progress", *extra]) == 0
+    return np.load(out)
+
+
+def test_cli_embed_matches_sentence_transformers_fp32(minilm_path, minilm_reference, tmp_path):
+    texts, ref = minilm_reference
+    got = _embed(tmp_path, texts, ["--model", minilm_path, "--pooling", "mean", "--normalize", "--no-bf16"])
+    cos = (got * ref).sum(1)
+    assert got.shape == (len(texts), 384) and cos.min() >= 0.9999, cos
+
+
+def test_cli_embed_default_model_and_bf16_close(minilm_reference, tmp_path):
+    texts, ref = minilm_reference
+    got = _embed(tmp_path, texts, ["--pooling", "mean", "--normalize"])  # default model, bf16 where native
+    cos = (got * ref).sum(1)
+    assert cos.min() >= 0.9995 and cos.mean() >= 0.9999, cos
+
+
+# ---- CLI input handling --------------------------------------------------------------------------------
+def test_cli_embed_jsonl_and_bad_input(tiny_model_dir, tmp_path, capsys):
+    good = tmp_path / "c.jsonl"
+    good.write_text(json.dumps({"_id": "1", "title": "Tea", "text": "is cold"}) + "\n\n"
+                    + json.dumps({"text": "hot"}) + "\n", encoding="utf-8")
+    out = tmp_path / "v.npy"
+    args = ["embed", "--model", tiny_model_dir, "--out", str(out), "--no-progress", "--no-bf16"]
+    assert main([*args, "--input", str(good), "--pooling", "cls"]) == 0
+    enc = SentenceEncoder.from_pretrained(tiny_model_dir, pooling="cls", bf16=False)
+    np.testing.assert_allclose(np.load(out), enc.encode(["Tea is cold", "hot"], progress=False), atol=1e-6)
+    assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "ok"}\n{"text": \n', encoding="utf-8")
+    assert main([*args, "--input", str(bad)]) == 2
+    assert f"{bad}:2: not valid JSON" in capsys.readouterr().err
+    no_text = tmp_path / "nt.jsonl"
+    no_text.write_text('{"title": "only a title"}\n', encoding="utf-8")
+    assert main([*args, "--input", str(no_text)]) == 2
+    assert f"{no_text}:1: expected an object with a string field 'text'" in capsys.readouterr().err
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n", encoding="utf-8")
+    assert main([*args, "--input", str(empty)]) == 2
+    assert "empty input" in capsys.readouterr().err
+    assert main([*args, "--input", str(tmp_path / "missing.txt")]) == 2
+    assert "missing.txt" in capsys.readouterr().err
+    assert main(["embed", "--model", str(tmp_path / "no_model"), "--input", str(good), "--out", str(out)]) == 2
+    assert "no_model" in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "never.npy")

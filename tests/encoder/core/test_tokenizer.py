@@ -1,0 +1,183 @@
+"""Tokenizer: worked examples on a toy vocabulary, parity with transformers' BertTokenizerFast, training, CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from twotower.cli import main
+from twotower.encoder.core.tokenizer import SPECIAL_TOKENS, Tokenizer
+
+TOY_VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "tea", "is", "cold", "hot", "##s"]
+PAD, UNK, CLS, SEP, MASK, THE, TEA, IS, COLD, HOT, S = range(11)
+
+
+@pytest.fixture()
+def toy(tmp_path) -> Tokenizer:
+    path = tmp_path / "vocab.txt"
+    path.write_text("\n".join(TOY_VOCAB) + "\n", encoding="utf-8")
+    return Tokenizer.from_vocab(str(path))
+
+
+def test_single_texts_pad_to_longest_with_offsets_and_word_ids(toy):
+    b = toy.encode(["the tea", "The tea is COLD"])
+    assert b.input_ids.tolist() == [[CLS, THE, TEA, SEP, PAD, PAD], [CLS, THE, TEA, IS, COLD, SEP]]
+    assert b.attention_mask.tolist() == [[1, 1, 1, 1, 0, 0], [1] * 6]
+    assert b.token_type_ids.tolist() == [[0] * 6, [0] * 6]
+    assert b.offsets[0] == [(0, 0), (0, 3), (4, 7), (0, 0)]
+    assert b.word_ids[1] == [None, 0, 1, 2, 3, None]
+    assert len(b) == 2
+
+
+def test_pair_segments_and_subword_word_ids(toy):
+    b = toy.encode(["the teas"], pairs=["is cold"])
+    # [CLS] the tea ##s [SEP] is cold [SEP]: segment 0 through the first [SEP], 1 after it.
+    assert b.input_ids.tolist() == [[CLS, THE, TEA, S, SEP, IS, COLD, SEP]]
+    assert b.token_type_ids.tolist() == [[0, 0, 0, 0, 0, 1, 1, 1]]
+    assert b.word_ids[0] == [None, 0, 1, 1, None, 0, 1, None]  # "teas" is one word of two pieces
+    assert b.sequence_ids[0] == [None, 0, 0, 0, None, 1, 1, None]
+    assert b.offsets[0][2:4] == [(4, 7), (7, 8)]
+
+
+def test_unknown_word_becomes_unk(toy):
+    assert toy.encode(["the xylophone"]).input_ids.tolist() == [[CLS, THE, UNK, SEP]]
+
+
+@pytest.mark.parametrize("strategy, expected", [
+    # 9 = [CLS] + [SEP] + [SEP] + 6 content tokens from A (4) and B (4).
+    ("longest_first", [CLS, THE, TEA, IS, SEP, THE, TEA, IS, SEP]),
+    ("only_second", [CLS, THE, TEA, IS, COLD, SEP, THE, TEA, SEP]),
+    ("only_first", [CLS, THE, TEA, SEP, THE, TEA, IS, HOT, SEP]),
+])
+def test_pair_truncation_strategies(toy, strategy, expected):
+    b = toy.encode(["the tea is cold"], pairs=["the tea is hot"], max_length=9, truncation=strategy)
+    assert b.input_ids[0].tolist() == expected
+    assert b.overflowing == [True]
+
+
+def test_impossible_truncation_is_a_clear_error(toy):
+    with pytest.raises(ValueError, match="max_length=5 with truncation='only_second'"):
+        toy.encode(["the tea is cold the tea"], pairs=["hot"], max_length=5, truncation="only_second")
+    with pytest.raises(ValueError, match="truncation='sideways'"):
+        toy.encode(["the tea"], truncation="sideways")
+    with pytest.raises(TypeError, match="list of texts"):
+        toy.encode("the tea")
+    with pytest.raises(ValueError, match="2 texts but 1 pairs"):
+        toy.encode(["a", "b"], pairs=["c"])
+
+
+def test_encode_unpadded_then_pad_equals_encode(toy):
+    texts, pairs = ["the tea", "the tea is cold", "hot"], ["is hot", "the", "the teas"]
+    ids, types = toy.encode_unpadded(texts, pairs, max_length=6)
+    assert [len(x) for x in ids] == [6, 6, 6]  # truncated with specials counted
+    got, want = toy.pad(ids, types), toy.encode(texts, pairs, max_length=6)
+    for name in ("input_ids", "token_type_ids", "attention_mask"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+
+
+def test_from_vocab_rejects_missing_file_and_missing_specials(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.txt"):
+        Tokenizer.from_vocab(str(tmp_path / "nope.txt"))
+    path = tmp_path / "vocab.txt"
+    path.write_text("[PAD]\n[UNK]\nthe\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="special tokens"):
+        Tokenizer.from_vocab(str(path))
+    with pytest.raises(FileNotFoundError, match="tokenizer.json or vocab.txt"):
+        Tokenizer.from_pretrained(str(tmp_path / "empty_dir_that_is_missing"))
+
+
+def test_train_from_iterator_lowercase_switch():
+    texts = ["Tea Time is Tea Time", "tea time is tea time"] * 20
+    lower = Tokenizer.train(iterator=texts, vocab_size=60, min_frequency=1, progress=False)
+    cased = Tokenizer.train(iterator=texts, vocab_size=60, min_frequency=1, progress=False, lowercase=False)
+    assert [lower.id_to_token(i) for i in range(5)] == list(SPECIAL_TOKENS)
+    assert lower.tokenize("Tea TIME") == ["tea", "time"]
+    assert cased.tokenize("Tea") == ["Tea"] and cased.tokenize("tea") == ["tea"]
+    assert cased.token_to_id("Tea") != cased.token_to_id("tea")
+    assert lower.fingerprint() != cased.fingerprint()
+    with pytest.raises(ValueError, match="exactly one"):
+        Tokenizer.train(vocab_size=60)
+
+
+def test_train_from_files_and_roundtrip(tmp_path, tiny_tokenizer):
+    txt = tmp_path / "a.txt"
+    txt.write_text("the tea is cold\n\nthe tea is hot\n", encoding="utf-8")
+    jsonl = tmp_path / "b.jsonl"
+    jsonl.write_text(json.dumps({"text": "cold tea is cold"}) + "\n", encoding="utf-8")
+    tok = Tokenizer.train(files=[str(txt), str(jsonl)], vocab_size=50, min_frequency=1, progress=False)
+    assert tok.tokenize("cold tea") == ["cold", "tea"]
+    tok.save_pretrained(str(tmp_path / "tok"))
+    again = Tokenizer.from_pretrained(str(tmp_path / "tok"))
+    assert again.fingerprint() == tok.fingerprint()
+    # vocab.txt alone gives the same tokenizer as tokenizer.json.
+    from_txt = Tokenizer.from_vocab(str(tmp_path / "tok" / "vocab.txt"))
+    texts = ["the tea is cold, hot tea!", "tea"]
+    assert torch.equal(from_txt.encode(texts).input_ids, again.encode(texts).input_ids)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "ok"}\n{not json\n', encoding="utf-8")
+    with pytest.raises(ValueError, match="bad.jsonl:2"):
+        Tokenizer.train(files=[str(bad)], vocab_size=50, progress=False)
+
+
+def test_matches_transformers_fast_tokenizer_on_our_files(tmp_path, tiny_tokenizer):
+    transformers = pytest.importorskip("transformers")
+    tiny_tokenizer.save_pretrained(str(tmp_path))
+    ref = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    texts = ["the tea is cold", "Paris is the capital of FRANCE!", "cats"]  # 6, 12 and 3 word pieces
+    pairs = ["who wrote the book about the quick brown fox", "a", "the river flows north"]  # 24, 1, 10
+    for kw in ({}, {"max_length": 9, "truncation": "longest_first"}, {"max_length": 16, "truncation": "only_second"}):
+        ours = tiny_tokenizer.encode(texts, pairs, **kw)
+        want = ref(texts, pairs, padding="longest", return_tensors="pt",
+                   **({"max_length": kw["max_length"], "truncation": kw["truncation"]} if kw else {}))
+        for name in ("input_ids", "token_type_ids", "attention_mask"):
+            assert torch.equal(getattr(ours, name), want[name]), (kw, name)
+
+
+def test_minilm_matches_transformers_and_never_pads_to_128(minilm_path):
+    transformers = pytest.importorskip("transformers")
+    ours = Tokenizer.from_pretrained(minilm_path)
+    ref = transformers.AutoTokenizer.from_pretrained(minilm_path)
+    texts = ["Hello, World!", "Transformers' tokenizers are fast — naïve café.", "x"]
+    pairs = ["What is it?", "a " * 300, "y"]
+    b = ours.encode(texts)
+    assert b.input_ids.shape[1] < 128  # the file's Fixed(128) padding is overridden
+    want = ref(texts, padding="longest", return_tensors="pt")
+    assert torch.equal(b.input_ids, want["input_ids"])
+    pb = ours.encode(texts, pairs, max_length=64)
+    pw = ref(texts, pairs, padding="longest", truncation="longest_first", max_length=64, return_tensors="pt")
+    for name in ("input_ids", "token_type_ids", "attention_mask"):
+        assert torch.equal(getattr(pb, name), pw[name]), name
+    # vocab.txt and tokenizer.json load to the same tokenizer.
+    from_txt = Tokenizer.from_vocab(f"{minilm_path}/vocab.txt")
+    assert torch.equal(from_txt.encode(texts).input_ids, b.input_ids)
+
+
+# ---- CLI ----------------------------------------------------------------------------------------------
+def test_cli_tokenizer_train(tmp_path, capsys):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("The Tea is Cold\nthe tea is hot\n" * 10, encoding="utf-8")
+    out = tmp_path / "tok"
+    assert main(["tokenizer", "train", "--input", str(corpus), "--vocab-size", "60", "--out", str(out),
+                 "--no-progress"]) == 0
+    tok = Tokenizer.from_pretrained(str(out))
+    assert tok.lowercase and tok.tokenize("TEA") == ["tea"]
+    assert "vocabulary" in capsys.readouterr().out
+    cased_out = tmp_path / "cased"
+    assert main(["tokenizer", "train", "--input", str(corpus), "--vocab-size", "60", "--out", str(cased_out),
+                 "--no-lowercase", "--no-progress"]) == 0
+    cased = Tokenizer.from_pretrained(str(cased_out))
+    assert not cased.lowercase and "Tea" in cased.tokenize("Tea")
+
+
+def test_cli_tokenizer_bad_input(tmp_path, capsys):
+    missing = tmp_path / "missing.txt"
+    assert main(["tokenizer", "train", "--input", str(missing), "--vocab-size", "60", "--out", str(tmp_path)]) == 2
+    assert "missing.txt" in capsys.readouterr().err
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n", encoding="utf-8")
+    assert main(["tokenizer", "train", "--input", str(empty), "--vocab-size", "60", "--out", str(tmp_path)]) == 2
+    assert "no text" in capsys.readouterr().err
+    assert main(["tokenizer", "train", "--input", str(empty), "--vocab-size", "3", "--out", str(tmp_path)]) == 2
+    assert "--vocab-size" in capsys.readouterr().err

@@ -1,0 +1,248 @@
+"""`twotower pretrain` end to end: HF-loadable checkpoints, refusal rules, exact resume after SIGKILL, DDP."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from tests.encoder import pretrain_fixtures as fx
+from twotower.cli import main
+from twotower.encoder.core.config import EncoderConfig
+from twotower.encoder.pretraining.mlm import BertForPreTraining
+
+tiny_tokenizer, tiny_tokenizer_dir = fx.tiny_tokenizer, fx.tiny_tokenizer_dir
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture()
+def setup(tmp_path, tiny_tokenizer):
+    corpus = fx.write_corpus(str(tmp_path), n_docs=12)
+    valid = fx.write_corpus(str(tmp_path), name="valid.txt", n_docs=3, seed=7)
+    cfg = EncoderConfig(vocab_size=tiny_tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2,
+                        num_attention_heads=2, intermediate_size=37, max_position_embeddings=64)
+    cfg_path = str(tmp_path / "cfg.json")
+    cfg.save(cfg_path)
+    return {"corpus": corpus, "valid": valid, "config": cfg_path, "tmp": tmp_path}
+
+
+def _args(s, tok_dir, out, *extra):
+    return ["pretrain", "--corpus", s["corpus"], "--tokenizer", tok_dir, "--out", out, "--config", s["config"],
+            "--seq-len", "32", "--batch-size", "4", "--no-progress", "--no-bf16", "--log-every", "1",
+            "--cache-dir", str(s["tmp"] / "cache"), *extra]
+
+
+def _train_losses(out: str) -> dict[int, float]:
+    with open(os.path.join(out, "log.jsonl"), encoding="utf-8") as f:
+        recs = [json.loads(line) for line in f if line.strip()]
+    return {r["step"]: r["loss"] for r in recs if r["type"] == "train"}
+
+
+def test_cli_trains_and_transformers_loads_the_checkpoint(setup, tiny_tokenizer_dir):
+    out = str(setup["tmp"] / "run")
+    rc = main(_args(setup, tiny_tokenizer_dir, out, "--steps", "12", "--valid", setup["valid"], "--evals", "3",
+                    "--lr", "3e-3"))
+    assert rc == 0
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "vocab.txt", "log.jsonl", "curve.png",
+                 "summary.json", "trainer_state/optimizer.safetensors", "trainer_state/state.json"):
+        assert os.path.isfile(os.path.join(out, name)), name
+    losses = _train_losses(out)
+    assert sorted(losses) == list(range(1, 13))
+    assert losses[12] < losses[1]  # it learns
+    with open(os.path.join(out, "log.jsonl"), encoding="utf-8") as f:
+        valid = [json.loads(x) for x in f if '"valid"' in x]
+    assert len(valid) >= 3 and all(v["perplexity"] > 1 for v in valid)
+    with open(os.path.join(out, "config.json"), encoding="utf-8") as f:
+        assert json.load(f)["architectures"] == ["BertForMaskedLM"]
+
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.BertForMaskedLM.from_pretrained(out).eval()
+    from twotower.encoder.core.checkpoint import read_weights
+
+    ours = BertForPreTraining(EncoderConfig.load(os.path.join(out, "config.json"))).eval()
+    ours.load_state_dict(read_weights(out))
+    ids = torch.randint(5, 300, (3, 9), generator=torch.Generator().manual_seed(0))
+    labels = ids.clone()
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids, labels).logits, hf(input_ids=ids).logits.reshape(-1, 300),
+                                   atol=1e-4, rtol=1e-4)
+
+
+def test_output_dir_rules_and_config_mismatch(setup, tiny_tokenizer_dir, capsys):
+    out = str(setup["tmp"] / "run")
+    assert main(_args(setup, tiny_tokenizer_dir, out, "--steps", "2")) == 0
+    assert main(_args(setup, tiny_tokenizer_dir, out, "--steps", "2")) == 2
+    assert "holds another training run" in capsys.readouterr().err
+    # resuming with another config names the differing fields
+    other = EncoderConfig.load(setup["config"])
+    other.num_hidden_layers, other.intermediate_size = 3, 40
+    other_path = str(setup["tmp"] / "other.json")
+    other.save(other_path)
+    args = _args(setup, tiny_tokenizer_dir, out, "--steps", "4", "--resume")
+    args[args.index("--config") + 1] = other_path
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "intermediate_size" in err and "num_hidden_layers" in err
+    assert main(_args(setup, tiny_tokenizer_dir, out, "--steps", "4", "--resume")) == 0  # same config: fine
+    assert max(_train_losses(out)) == 4
+    assert main(_args(setup, tiny_tokenizer_dir, out, "--steps", "2", "--overwrite")) == 0
+    assert max(_train_losses(out)) == 2
+    os.makedirs(setup["tmp"] / "fresh")
+    assert main(_args(setup, tiny_tokenizer_dir, str(setup["tmp"] / "fresh"), "--steps", "2", "--resume")) == 2
+    assert "no training state" in capsys.readouterr().err
+
+
+def test_bad_inputs(setup, tiny_tokenizer_dir, capsys, tmp_path):
+    out = str(tmp_path / "x")
+    args = _args(setup, tiny_tokenizer_dir, out, "--steps", "2")
+    args[args.index("--corpus") + 1] = str(tmp_path / "missing.txt")
+    assert main(args) == 2
+    assert "missing.txt" in capsys.readouterr().err
+    (tmp_path / "empty.txt").write_text("")
+    args[args.index("--corpus") + 1] = str(tmp_path / "empty.txt")
+    assert main(args) == 2
+    assert "empty.txt is empty" in capsys.readouterr().err
+    (tmp_path / "small.txt").write_text("abc def\n")
+    args[args.index("--corpus") + 1] = str(tmp_path / "small.txt")
+    assert main(args) == 2
+    assert "fewer than one row" in capsys.readouterr().err
+    # a tokenizer without [MASK]
+    bad = tmp_path / "badtok"
+    bad.mkdir()
+    tj = json.load(open(os.path.join(tiny_tokenizer_dir, "tokenizer.json"), encoding="utf-8"))
+    tj["model"]["vocab"].pop("[MASK]")
+    tj["added_tokens"] = [t for t in tj.get("added_tokens", []) if t["content"] != "[MASK]"]
+    (bad / "tokenizer.json").write_text(json.dumps(tj))
+    assert main(_args(setup, str(bad), str(tmp_path / "y"), "--steps", "2")) == 2
+    assert "[MASK]" in capsys.readouterr().err
+    assert main(_args(setup, tiny_tokenizer_dir, str(tmp_path / "z"), "--tokens", "lots")) == 2
+    assert "cannot parse" in capsys.readouterr().err
+
+
+def _env() -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": REPO}
+
+
+def test_resume_after_sigkill_gives_the_same_next_20_losses(setup, tiny_tokenizer_dir):
+    budget = ["--steps", "400", "--ckpt-every-steps", "5", "--dropout", "0.1"]
+    cmd = [sys.executable, "-m", "twotower"]
+    ref = str(setup["tmp"] / "ref")
+    subprocess.run(cmd + _args(setup, tiny_tokenizer_dir, ref, *budget, "--max-steps", "50"),
+                   check=True, env=_env(), cwd=REPO, timeout=120)
+    killed = str(setup["tmp"] / "killed")
+    proc = subprocess.Popen(cmd + _args(setup, tiny_tokenizer_dir, killed, *budget), env=_env(), cwd=REPO)
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            steps = _train_losses(killed) if os.path.isfile(os.path.join(killed, "log.jsonl")) else {}
+            if steps and max(steps) >= 12:
+                break
+            assert proc.poll() is None, "the run ended before it could be killed"
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == -signal.SIGKILL
+    with open(os.path.join(killed, "trainer_state", "state.json"), encoding="utf-8") as f:
+        saved_step = json.load(f)["user"]["step"]
+    assert 10 <= saved_step <= 30 and saved_step % 5 == 0
+    subprocess.run(cmd + _args(setup, tiny_tokenizer_dir, killed, *budget, "--max-steps", "50", "--resume"),
+                   check=True, env=_env(), cwd=REPO, timeout=120)
+    want, got = _train_losses(ref), _train_losses(killed)
+    nxt = list(range(saved_step + 1, saved_step + 21))
+    assert [got[s] for s in nxt] == [want[s] for s in nxt]  # bit-identical on CPU
+    assert len({want[s] for s in nxt}) > 10  # the losses really move (dropout and data differ per step)
+
+
+def test_torchrun_two_processes_keep_replicas_identical(setup, tiny_tokenizer_dir):
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    dump = str(setup["tmp"] / "replicas")
+    out = str(setup["tmp"] / "ddp")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "twotower", *_args(setup, tiny_tokenizer_dir, out, "--steps", "4", "--grad-accum", "2",
+                                     "--dump-replicas", dump)]
+    r = subprocess.run(cmd, env=_env(), cwd=REPO, timeout=120, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    a = load_file(os.path.join(dump, "rank0.safetensors"))
+    b = load_file(os.path.join(dump, "rank1.safetensors"))
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    torch.manual_seed(0)
+    init = BertForPreTraining(EncoderConfig.load(setup["config"])).state_dict()
+    assert not torch.equal(init["bert.encoder.layer.0.attention.self.query.weight"],
+                           a["bert.encoder.layer.0.attention.self.query.weight"])
+    rows = [json.loads(safe_open(os.path.join(dump, f"rank{i}.safetensors"), "pt").metadata()["first_rows"])
+            for i in (0, 1)]
+    assert not set(rows[0]) & set(rows[1])  # each rank read its own shard
+    with open(os.path.join(out, "summary.json"), encoding="utf-8") as f:
+        summary = json.load(f)
+    assert summary["world_size"] == 2 and summary["tokens"] == 4 * 2 * 2 * 4 * 32  # steps*accum*world*rows*T
+
+
+def test_nsp_and_whole_word_masking_train_and_load_as_bert_for_pretraining(setup, tiny_tokenizer_dir):
+    out = str(setup["tmp"] / "nsp")
+    assert main(_args(setup, tiny_tokenizer_dir, out, "--steps", "3", "--nsp", "--wwm", "--static-masks", "2")) == 0
+    with open(os.path.join(out, "config.json"), encoding="utf-8") as f:
+        assert json.load(f)["architectures"] == ["BertForPreTraining"]
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.BertForPreTraining.from_pretrained(out)
+    from twotower.encoder.core.checkpoint import read_weights
+
+    state = read_weights(out)
+    assert "cls.seq_relationship.weight" in state and "bert.pooler.dense.weight" in state
+    torch.testing.assert_close(hf.cls.seq_relationship.weight.detach(), state["cls.seq_relationship.weight"])
+
+
+def test_init_from_continues_from_a_checkpoints_weights(setup, tiny_tokenizer_dir, capsys):
+    """--init-from: a new run (fresh optimizer and schedule) that starts from another run's weights."""
+    from twotower.encoder.core.checkpoint import read_weights
+
+    first = str(setup["tmp"] / "first")
+    assert main(_args(setup, tiny_tokenizer_dir, first, "--steps", "3", "--lr", "3e-3")) == 0
+    second = str(setup["tmp"] / "second")
+    base = [a for a in _args(setup, tiny_tokenizer_dir, second, "--steps", "1", "--lr", "0")]
+    i = base.index("--config")
+    del base[i:i + 2]  # the architecture comes from the checkpoint
+    assert main([*base, "--init-from", first]) == 0
+    # lr 0 for the single step: the saved weights are exactly the initial ones
+    w1, w2 = read_weights(first), read_weights(second)
+    assert set(w1) == set(w2)
+    for k in w1:
+        assert torch.equal(w1[k], w2[k]), k
+    with open(os.path.join(second, "run.json"), encoding="utf-8") as f:
+        assert json.load(f)["args"]["init_from"] == first
+    # errors name the problem: --config together with --init-from, a directory without a checkpoint
+    assert main([*base, "--init-from", first, "--overwrite", "--config", setup["config"]]) == 2
+    assert "--init-from takes the architecture from the checkpoint" in capsys.readouterr().err
+    assert main([*base, "--init-from", str(setup["tmp"]), "--overwrite"]) == 2
+    assert "no config.json" in capsys.readouterr().err
+
+
+def test_init_from_a_bare_encoder_starts_a_fresh_head(setup, tiny_tokenizer_dir):
+    from twotower.encoder.core.checkpoint import read_weights, save_encoder
+    from twotower.encoder.core.model import BertModel
+    from twotower.encoder.core.tokenizer import Tokenizer
+
+    torch.manual_seed(5)
+    enc = BertModel(EncoderConfig.load(setup["config"]))  # with a pooler, which MLM does not use
+    src = str(setup["tmp"] / "encoder")
+    save_encoder(enc, Tokenizer.from_pretrained(tiny_tokenizer_dir), src)
+    out = str(setup["tmp"] / "mlm")
+    args = _args(setup, tiny_tokenizer_dir, out, "--steps", "1", "--lr", "0")
+    i = args.index("--config")
+    del args[i:i + 2]
+    assert main([*args, "--init-from", src]) == 0
+    w = read_weights(out)
+    assert torch.equal(w["bert.encoder.layer.1.output.dense.weight"], enc.encoder.layer[1].output.dense.weight)
+    assert "cls.predictions.bias" in w and not any(k.startswith("bert.pooler") for k in w)

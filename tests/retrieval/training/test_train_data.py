@@ -1,0 +1,132 @@
+"""Training-data readers: BEIR, {query, pos, neg} JSONL, labeled pairs; counted skips and located errors."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from twotower.retrieval.training.training_data import (
+    read_beir_training,
+    read_jsonl_training,
+    read_labeled_pairs,
+    read_training,
+    split_dev,
+    text_id,
+    training_from_pairs,
+)
+
+
+def _write(path, lines):
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("".join(lines))
+    return str(path)
+
+
+@pytest.fixture
+def beir(tmp_path):
+    root = tmp_path / "beir"
+    (root / "qrels").mkdir(parents=True)
+    _write(root / "corpus.jsonl", [json.dumps({"_id": f"d{i}", "title": f"T{i}", "text": f"text {i}"}) + "\n"
+                                   for i in range(5)])
+    _write(root / "queries.jsonl", [json.dumps({"_id": f"q{i}", "text": f"query {i}"}) + "\n" for i in range(4)])
+    _write(root / "qrels" / "train.tsv", [
+        "query-id\tcorpus-id\tscore\n",
+        "q0\td0\t1\n", "q0\td1\t0\n",      # one positive, one judged negative
+        "q1\td2\t2\n", "q1\td9\t1\n",      # d9 missing from the corpus
+        "q2\td3\t0\n",                      # no positive
+        "q3\td9\t1\n",                      # its only positive is missing
+    ])
+    return str(root)
+
+
+def test_beir_reader_counts_every_skip(beir):
+    data = read_beir_training(beir, "train")
+    assert [(e.query_id, e.positives, e.negatives) for e in data.examples] == [
+        ("q0", ("d0",), ("d1",)), ("q1", ("d2",), ())]
+    assert data.corpus["d0"] == "T0 text 0"
+    assert data.skipped.as_dict() == {"judged documents missing from the corpus": 2,
+                                      "queries with no positive in the corpus": 2}
+    assert "q1:d9" in data.skipped.summary()
+    with pytest.raises(FileNotFoundError, match="splits found: train"):
+        read_beir_training(beir, "dev")
+
+
+def test_jsonl_texts_and_ids(tmp_path, beir):
+    path = _write(tmp_path / "t.jsonl", [
+        json.dumps({"query": "what is tea", "pos": ["Tea is a drink."], "neg": ["Cars are fast."]}) + "\n",
+        "\n",
+        json.dumps({"query": "what is tea", "pos": ["Tea is a drink."]}) + "\n",  # duplicate pair, merged
+        json.dumps({"query": "no answer", "pos": [], "neg": ["x"]}) + "\n",
+    ])
+    data = read_jsonl_training(path)
+    assert len(data.examples) == 1
+    ex = data.examples[0]
+    assert ex.positives == (text_id("Tea is a drink."),) and data.corpus[ex.negatives[0]] == "Cars are fast."
+    assert data.skipped.as_dict() == {"duplicate pairs": 1, "queries with no positive": 1}
+    # ids resolved against a corpus; an unknown id is a counted skip
+    ids = _write(tmp_path / "ids.jsonl", [json.dumps({"query": "q", "pos": ["d1"], "neg_ids": ["d2", "zz"]}) + "\n"])
+    data = read_training(ids, corpus_path=os.path.join(beir, "corpus.jsonl"))
+    assert data.examples[0].positives == ("d1",) and data.examples[0].negatives == ("d2",)
+    assert data.skipped.as_dict() == {"negative ids missing from the corpus": 1}
+
+
+def test_jsonl_errors_name_file_and_line(tmp_path):
+    with pytest.raises(ValueError, match="empty"):
+        read_jsonl_training(_write(tmp_path / "e.jsonl", ["\n"]))
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: not valid JSON"):
+        read_jsonl_training(_write(tmp_path / "bad.jsonl", [json.dumps({"query": "a", "pos": ["b"]}) + "\n", "{oops\n"]))
+    with pytest.raises(ValueError, match=r"nq.jsonl:1: missing field 'query'"):
+        read_jsonl_training(_write(tmp_path / "nq.jsonl", [json.dumps({"pos": ["b"]}) + "\n"]))
+    with pytest.raises(ValueError, match=r"lst.jsonl:1: field 'pos' must be a list"):
+        read_jsonl_training(_write(tmp_path / "lst.jsonl", [json.dumps({"query": "a", "pos": [1.5]}) + "\n"]))
+    with pytest.raises(ValueError, match="no usable training query"):
+        read_jsonl_training(_write(tmp_path / "none.jsonl", [json.dumps({"query": "a", "pos": []}) + "\n"]))
+
+
+def test_labeled_pairs_tsv_graded(tmp_path):
+    path = _write(tmp_path / "p.tsv", [
+        "query\tpassage\tlabel\n", "tea\tTea is a drink\t2\n", "tea\tCars\t0\n", "tea\tGreen tea\t1\n",
+        "tea\tCars\t0\n",  # duplicate, same label
+    ])
+    data = read_labeled_pairs(path)
+    assert [p.label for p in data.pairs] == [2, 0, 1] and data.max_label == 2
+    assert data.skipped.as_dict() == {"duplicate pairs": 1}
+    grouped = training_from_pairs(data)
+    ex = grouped.examples[0]
+    assert [grouped.corpus[d] for d in ex.positives] == ["Tea is a drink", "Green tea"]  # best grade first
+    assert [grouped.corpus[d] for d in ex.negatives] == ["Cars"]
+
+
+@pytest.mark.parametrize("rows, message", [
+    (["a\tb\t-1\n"], r"x.tsv:1: label '-1' is out of range"),
+    (["a\tb\tyes\n"], r"x.tsv:1: label 'yes' is not a number"),
+    (["a\tb\t1\n", "a\tc\t2.5\n"], r"x.tsv:2: graded label 2.5 must be an integer"),
+    (["a\tb\n"], r"x.tsv:1: expected 3 tab-separated columns"),
+    (["a\tb\t1\n", "a\tb\t0\n"], r"x.tsv:2: pair repeats line 1 with a different label"),
+    ([], "pairs file is empty"),
+])
+def test_labeled_pairs_errors(tmp_path, rows, message):
+    with pytest.raises(ValueError, match=message):
+        read_labeled_pairs(_write(tmp_path / "x.tsv", rows))
+
+
+def test_labeled_pairs_jsonl_and_max_label(tmp_path):
+    path = _write(tmp_path / "p.jsonl", [json.dumps({"query": "q", "text": "d", "label": 3}) + "\n"])
+    with pytest.raises(ValueError, match=r"p.jsonl:1: label 3 is out of range \(max_label=2\)"):
+        read_labeled_pairs(path, max_label=2)
+    assert read_labeled_pairs(path, max_label=3).pairs[0].label == 3
+
+
+def test_dev_split_by_query_is_seeded_and_disjoint(beir):
+    from twotower.retrieval.training.training_data import TrainExample
+
+    examples = [TrainExample(f"q{i % 10}", f"query {i % 10}", (f"d{i}",)) for i in range(30)]
+    train, dev = split_dev(examples, dev_fraction=0.2, seed=3)
+    assert {e.query_id for e in train}.isdisjoint({e.query_id for e in dev})
+    assert len({e.query_id for e in dev}) == 2 and len(dev) == 6  # all lines of a dev query go to dev
+    assert split_dev(examples, 0.2, seed=3) == (train, dev)
+    assert split_dev(examples, 0.2, seed=4)[1] != dev
+    with pytest.raises(ValueError, match="at least 2 distinct queries"):
+        split_dev(examples[:1])

@@ -1,0 +1,166 @@
+"""Dual-encoder training: the batch sampler, batch assembly, the loop end to end, and the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from collections import Counter
+
+import pytest
+
+from tests.retrieval.training_fixtures import tiny_beir_dir, tiny_model_dir
+from twotower.retrieval.training.batch_sampler import UniquePositiveBatches
+from twotower.retrieval.training.train_dual import DualTrainConfig, make_batch, train_dual
+from twotower.retrieval.training.training_data import TrainExample
+
+
+def test_sampler_never_repeats_a_positive_in_a_batch():
+    rng = random.Random(0)
+    # 40 queries over only 12 documents: many queries share positives.
+    examples = [TrainExample(f"q{i}", f"query {i}", tuple(rng.sample([f"d{j}" for j in range(12)], 2)))
+                for i in range(40)]
+    sampler = UniquePositiveBatches(examples, batch_size=6, seed=1)
+    seen = Counter()
+    for batch in sampler.epoch(0):
+        assert len(batch) == 6
+        positives = [it.positive for it in batch]
+        assert len(set(positives)) == len(positives)
+        seen.update((it.example, it.positive) for it in batch)
+    assert max(seen.values()) == 1  # no item twice in an epoch
+    assert [b for b in sampler.epoch(0)] == [b for b in sampler.epoch(0)]  # seeded
+
+
+def test_sampler_covers_every_pair_when_positives_are_distinct():
+    examples = [TrainExample(f"q{i}", "q", (f"d{i}", f"e{i}")) for i in range(10)]
+    batches = list(UniquePositiveBatches(examples, batch_size=4, seed=0, drop_last=False).epoch(0))
+    assert sorted(it.positive for b in batches for it in b) == sorted(d for e in examples for d in e.positives)
+
+
+def test_make_batch_layout_and_false_negative_mask():
+    from twotower.retrieval.training.batch_sampler import Item
+
+    examples = [TrainExample("a", "qa", ("d1", "d2"), ("d3",)), TrainExample("b", "qb", ("d3",), ("d2", "d4"))]
+    batch, filled = make_batch([Item(0, "d1"), Item(1, "d3")], examples, k=2, corpus_ids=["d9", "d8"],
+                               rng=random.Random(0))
+    assert batch.positive_ids == ["d1", "d3"]
+    assert batch.negative_ids[2:] in (["d2", "d4"], ["d4", "d2"])
+    assert batch.negative_ids[0] == "d3" and batch.negative_ids[1] in ("d9", "d8") and filled == 1
+    docs = batch.positive_ids + batch.negative_ids
+    # query a: d2 (its other positive) is masked; query b: d3 appearing as a's negative is masked
+    assert [docs[j] for j in batch.mask[0].nonzero().flatten().tolist()] == ["d2"]
+    assert [docs[j] for j in batch.mask[1].nonzero().flatten().tolist()] == ["d3"]
+
+
+def _cfg(tmp_path, **kw):
+    base = dict(model=tiny_model_dir(), data=tiny_beir_dir(), out=str(tmp_path / "run"), batch_size=4,
+                hard_negatives=1, lr=3e-3, doc_max_length=48, progress=False, dev_fraction=0.25, bf16=False)
+    return DualTrainConfig(**{**base, **kw})
+
+
+def _full_batch_loss(model_dir: str) -> float:
+    """InfoNCE of every training query against every training positive (fixed, deterministic)."""
+    import torch
+
+    from twotower.retrieval.dual_encoder import DualEncoder
+    from twotower.retrieval.training.losses import info_nce
+    from twotower.retrieval.training.training_data import read_beir_training
+
+    data = read_beir_training(tiny_beir_dir(), "train")
+    dual = DualEncoder.from_pretrained(model_dir, bf16=False, normalize=True)
+    q = torch.from_numpy(dual.encode_queries([e.query for e in data.examples]))
+    d = torch.from_numpy(dual.encode_documents([data.corpus[e.positives[0]] for e in data.examples]))
+    return float(info_nce(q, d, temperature=0.05))
+
+
+def test_training_reduces_the_loss_and_writes_the_run(tmp_path):
+    res = train_dual(_cfg(tmp_path, max_steps=16, eval_every=8, mine="bm25", symmetric=True, doc_max_length=32,
+                          normalize=True, save_last=True))
+    out = str(tmp_path / "run")
+    records = [json.loads(x) for x in open(os.path.join(out, "train_log.jsonl"))]
+    assert len([r for r in records if r["event"] == "step"]) == 16
+    assert [r["step"] for r in records if r["event"] == "eval"] == [0, 8, 16]
+    # per-step losses are too noisy on a random tiny model; the loss over all training pairs is not
+    assert _full_batch_loss(os.path.join(out, "last")) < 0.9 * _full_batch_loss(tiny_model_dir())
+    for name in ("dev_ndcg.png", "summary.json", "negatives.jsonl", "best/modules.json"):
+        assert os.path.exists(os.path.join(out, name)), name
+    summary = json.load(open(os.path.join(out, "summary.json")))
+    assert summary["best_step"] == res.best_step and summary["steps"] == 16
+    assert res.best_score >= res.initial_score
+
+
+def test_gradcache_and_separate_towers_and_learned_temperature(tmp_path):
+    res = train_dual(_cfg(tmp_path, max_steps=2, eval_every=2, chunk_size=3, shared=False, learn_temperature=True,
+                          query_prefix="q: ", doc_prefix="d: "))
+    cfg = json.load(open(os.path.join(res.best_dir, "dual_encoder.json")))
+    assert cfg["query_prefix"] == "q: " and cfg["document_prefix"] == "d: "
+    taus = [json.loads(x)["tau"] for x in open(os.path.join(str(tmp_path / "run"), "train_log.jsonl"))
+            if '"step"' in x and '"loss"' in x]
+    assert taus[0] != taus[-1]  # the temperature moved
+
+
+def test_time_budget_and_dry_run(tmp_path):
+    res = train_dual(_cfg(tmp_path, epochs=50, time_budget=0.001))
+    assert res.steps == 1
+    res = train_dual(_cfg(tmp_path, epochs=50, dry_run=True))
+    assert res.steps == 1
+
+
+def test_cli_bad_input_exits_2(tmp_path, capsys):
+    from twotower.cli import main
+
+    rc = main(["train", "dual", "--model", tiny_model_dir(), "--data", str(tmp_path / "missing.jsonl"),
+               "--out", str(tmp_path / "o")])
+    assert rc == 2 and "training data not found" in capsys.readouterr().err
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    rc = main(["train", "dual", "--model", tiny_model_dir(), "--data", str(empty), "--out", str(tmp_path / "o")])
+    assert rc == 2 and "training file is empty" in capsys.readouterr().err
+    rc = main(["train", "dual", "--model", str(tmp_path), "--data", tiny_beir_dir(), "--out", str(tmp_path / "o"),
+               "--time-budget", "soon"])
+    assert rc == 2 and "--time-budget" in capsys.readouterr().err
+    import shutil
+
+    no_tok = tmp_path / "no_tok"
+    shutil.copytree(tiny_model_dir(), no_tok)
+    for name in ("tokenizer.json", "vocab.txt"):
+        os.remove(no_tok / name)
+    rc = main(["train", "dual", "--model", str(no_tok), "--data", tiny_beir_dir(), "--out", str(tmp_path / "o"),
+               "--no-progress"])
+    assert rc == 2 and "no tokenizer" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_cli_trains_end_to_end(tmp_path, capsys):
+    from twotower.cli import main
+
+    rc = main(["train", "dual", "--model", tiny_model_dir(), "--data", tiny_beir_dir(), "--out", str(tmp_path / "o"),
+               "--max-steps", "4", "--batch-size", "4", "--doc-max-length", "48", "--no-progress", "--lr", "1e-3",
+               "--dev-fraction", "0.25"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["steps"] == 4 and os.path.isdir(out["best"])
+
+
+def test_frozen_documents_train_the_query_tower_only(tmp_path):
+    import numpy as np
+
+    from twotower.retrieval.dual_encoder import DualEncoder
+    from twotower.retrieval.training.training_data import read_corpus
+
+    res = train_dual(_cfg(tmp_path, max_steps=6, eval_every=3, freeze_documents=True, save_last=True))
+    out = str(tmp_path / "run")
+    layout = json.load(open(os.path.join(res.best_dir, "dual_encoder.json")))
+    assert layout["query"] == "query" and layout["document"] == "document"
+    start = DualEncoder.from_pretrained(tiny_model_dir(), bf16=False)
+    trained = DualEncoder.from_pretrained(res.best_dir, bf16=False)
+    texts = ["tea cold drink", "gene cell"]
+    np.testing.assert_allclose(trained.encode_documents(texts), start.encode_documents(texts), atol=1e-6)
+    last = DualEncoder.from_pretrained(os.path.join(out, "last"), bf16=False)
+    np.testing.assert_allclose(last.encode_documents(texts), start.encode_documents(texts), atol=1e-6)
+    assert not np.allclose(last.encode_queries(texts), start.encode_queries(texts), atol=1e-4)
+    # the corpus vectors saved at the start are what the saved document tower gives
+    ids = json.load(open(os.path.join(out, "document_ids.json")))
+    corpus = read_corpus(os.path.join(tiny_beir_dir(), "corpus.jsonl"))
+    saved = np.load(os.path.join(out, "document_vectors.npy"))
+    np.testing.assert_allclose(saved[:5], trained.encode_documents([corpus[d] for d in ids[:5]]), atol=1e-5)

@@ -1,0 +1,169 @@
+"""Reranker training: listwise and pointwise loops, the collapse guard, first-stage input, the demo reranker."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+
+import pytest
+
+from tests.retrieval.training_fixtures import WORDS, tiny_beir_dir, tiny_model_dir
+from twotower.retrieval.training.train_reranker import RerankerTrainConfig, load_reranker, train_reranker
+
+
+def _cfg(tmp_path, **kw):
+    # A wider init than BERT's, so that a fresh head does not score every pair alike (see tiny_model_dir).
+    base = dict(model=tiny_model_dir(0.2), pairs=tiny_beir_dir(), out=str(tmp_path / "rr"), group_size=4,
+                batch_size=4, max_length=48, lr=2e-3, progress=False, dev_fraction=0.25, dev_rerank_k=10, bf16=False)
+    return RerankerTrainConfig(**{**base, **kw})
+
+
+def _log(out):
+    return [json.loads(x) for x in open(os.path.join(out, "train_log.jsonl"))]
+
+
+def test_listwise_training_writes_the_run(tmp_path):
+    res = train_reranker(_cfg(tmp_path, max_steps=4, eval_every=2))
+    out = str(tmp_path / "rr")
+    assert len([r for r in _log(out) if r["event"] == "step"]) == 4
+    assert [r["step"] for r in _log(out) if r["event"] == "eval"] == [0, 2, 4]
+    for name in ("best/config.json", "best/training_args.json", "dev_ndcg.png", "summary.json", "negatives.jsonl"):
+        assert os.path.exists(os.path.join(out, name)), name
+    assert res.stopped_by == "steps" and 0 <= res.first_stage_score <= 1
+    # The best checkpoint is a reranker directory: training continues from it with its head.
+    again = load_reranker(_cfg(tmp_path, model=res.best_dir), device="cpu")
+    assert again.classifier.weight.abs().sum() > 0
+
+
+def test_listwise_loss_falls_on_a_small_training_set(tmp_path):
+    """6 training queries, every step sees all of them: the listwise loss must come down."""
+    res = train_reranker(_cfg(tmp_path, pairs=tiny_beir_dir(n_docs=30, n_queries=8), dev_size=2, batch_size=6,
+                              max_steps=30, eval_every=30, eval_at_start=False))
+    losses = [r["loss"] for r in _log(str(tmp_path / "rr")) if r["event"] == "step"]
+    assert res.steps == 30 and sum(losses[-5:]) < 0.9 * sum(losses[:5])
+
+
+def test_pointwise_on_graded_pairs(tmp_path):
+    rng = random.Random(0)
+    path = tmp_path / "pairs.tsv"
+    with open(path, "w") as f:
+        f.write("query\tpassage\tlabel\n")
+        for _ in range(12):
+            q = " ".join(rng.sample(WORDS, 3))
+            f.write(f"{q}\t{q} {' '.join(rng.sample(WORDS, 5))}\t2\n")
+            f.write(f"{q}\t{' '.join(rng.sample(WORDS, 4))} {q.split()[0]}\t1\n")
+            f.write(f"{q}\t{' '.join(rng.sample(WORDS, 6))}\t0\n")
+    res = train_reranker(_cfg(tmp_path, pairs=str(path), loss="pointwise", batch_size=6, max_steps=6,
+                              eval_every=6, mine=None))
+    data = [r for r in _log(str(tmp_path / "rr")) if r["event"] == "data"][0]
+    assert data["train_pairs"] == 27 and data["dev_queries"] == 3
+    assert res.steps == 6 and res.best_dir
+
+
+def test_collapse_guard_stops_and_reports(tmp_path):
+    res = train_reranker(_cfg(tmp_path, max_steps=50, eval_every=2, collapse_std=1e9))
+    assert res.steps == 2 and res.stopped_by.startswith("collapse") and "dev scores collapsed" in res.stopped_by
+    res = train_reranker(_cfg(tmp_path, max_steps=50, eval_every=40, collapse_std=1e9, collapse_window=3))
+    assert res.steps == 3 and "training logits have been constant" in res.stopped_by
+    assert [r for r in _log(str(tmp_path / "rr")) if r["event"] == "stop"]
+
+
+def test_first_stage_run_must_cover_the_dev_queries(tmp_path):
+    run = tmp_path / "first.trec"
+    run.write_text("q0 Q0 d1 1 3.0 x\n")
+    with pytest.raises(ValueError, match="first.trec: .* dev queries have no first-stage results"):
+        train_reranker(_cfg(tmp_path, first_stage=str(run), max_steps=1))
+
+
+def test_bad_config():
+    with pytest.raises(ValueError, match="loss"):
+        RerankerTrainConfig(model="m", pairs="p", out="o", loss="hinge")
+    with pytest.raises(ValueError, match="group_size"):
+        RerankerTrainConfig(model="m", pairs="p", out="o", group_size=1)
+
+
+def _titled_corpus(tmp_path, n=60):
+    rng = random.Random(1)
+    path = tmp_path / "corpus.jsonl"
+    with open(path, "w") as f:
+        for i in range(n):
+            title = " ".join(rng.sample(WORDS, 4))
+            f.write(json.dumps({"_id": f"d{i}", "title": title,
+                                "text": title + " " + " ".join(rng.sample(WORDS, 10))}) + "\n")
+    return str(path)
+
+
+def test_demo_reranker_trains_once_then_is_cached(tmp_path, monkeypatch):
+    from twotower.retrieval.training import demo_reranker
+
+    corpus = _titled_corpus(tmp_path)
+    out = str(tmp_path / "demo")
+    path = demo_reranker.train_demo_reranker(out, model=tiny_model_dir(0.2), corpus=corpus, steps=2, layers=2,
+                                             progress=False)
+    assert os.path.isfile(os.path.join(path, "model.safetensors"))
+    assert json.load(open(os.path.join(out, "start", "config.json")))["num_hidden_layers"] == 2
+    pairs = [json.loads(x) for x in open(os.path.join(out, "title_abstract_pairs.jsonl"))]
+    assert pairs and all(p["neg"] and p["pos"][0] not in p["neg"] for p in pairs)
+    monkeypatch.setattr("twotower.retrieval.training.train_reranker.train_reranker", lambda cfg: pytest.fail("retrained"))
+    assert demo_reranker.train_demo_reranker(out, model=tiny_model_dir(0.2), corpus=corpus, steps=2, layers=2,
+                                             progress=False) == path
+
+
+def test_demo_reranker_trains_on_labeled_claims(tmp_path):
+    """With a claims file the demo reranker learns from (claim, evidence id) pairs, negatives mined by BM25."""
+    import gzip
+
+    from twotower.retrieval.training import demo_reranker
+
+    corpus = _titled_corpus(tmp_path)
+    docs = [json.loads(x) for x in open(corpus)]
+    claims = tmp_path / "claims.jsonl.gz"
+    with gzip.open(claims, "wt", encoding="utf-8") as f:
+        for d in docs[:40]:
+            f.write(json.dumps({"query_id": f"q{d['_id']}", "query": d["title"], "pos": [d["_id"]]}) + "\n")
+    out = str(tmp_path / "demo")
+    path = demo_reranker.train_demo_reranker(out, model=tiny_model_dir(0.2), corpus=corpus, claims=str(claims),
+                                             steps=2, layers=2, progress=False)
+    assert os.path.isfile(os.path.join(path, "model.safetensors"))
+    # The trainer stores the rerank/first-stage weight it chose on dev with the checkpoint, and loading uses it.
+    from twotower.retrieval.cross_encoder import CrossEncoder
+    from twotower.retrieval.interpolation import ALPHA_GRID, read_alpha
+
+    alpha = read_alpha(path)
+    assert alpha in ALPHA_GRID and CrossEncoder.from_pretrained(path, bf16=False).interpolation == alpha
+    evals = [e for e in (json.loads(x) for x in open(os.path.join(out, "train_log.jsonl"))) if e["event"] == "eval"]
+    assert evals and all(e["interpolation_alpha"] in ALPHA_GRID for e in evals)
+    marker = json.load(open(os.path.join(out, demo_reranker.MARKER)))
+    assert marker["settings"]["claims"] == str(claims) and marker["settings"]["steps"] == 2
+    assert not os.path.exists(os.path.join(out, "title_abstract_pairs.jsonl"))
+    log = [json.loads(x) for x in open(os.path.join(out, "train_log.jsonl"))]
+    data = next(e for e in log if e["event"] == "data")
+    assert data["train_queries"] + data["dev_queries"] == 40
+
+
+def test_bundled_claims_point_into_the_bundled_sample():
+    """Every evidence id of the shipped train claims is a document of the shipped sample (nothing skipped)."""
+    from twotower.retrieval.training.demo_reranker import BUNDLED_CLAIMS, BUNDLED_CORPUS
+    from twotower.retrieval.training.training_data import read_training
+
+    data = read_training(BUNDLED_CLAIMS, corpus_path=BUNDLED_CORPUS)
+    assert len(data.examples) == 809 and not data.skipped
+    assert all(e.positives for e in data.examples)
+
+
+def test_cli_reranker_and_pairs(tmp_path, capsys):
+    from twotower.cli import main
+
+    rc = main(["train", "reranker", "--model", tiny_model_dir(), "--pairs", str(tmp_path / "nope.tsv"),
+               "--out", str(tmp_path / "o")])
+    assert rc == 2 and "not found" in capsys.readouterr().err
+    rc = main(["train", "pairs", "--corpus", os.path.join(tiny_beir_dir(), "corpus.jsonl"), "--method", "crop",
+               "--out", str(tmp_path / "crops.jsonl")])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["pairs"] + sum(out["skipped"].values()) == 60 and out["pairs"] > 0
+    rc = main(["train", "mine", "--data", tiny_beir_dir(), "--out", str(tmp_path / "neg.jsonl"), "--ranks", "2-10",
+               "--num-negatives", "3", "--no-progress"])
+    assert rc == 0 and json.loads(capsys.readouterr().out)["queries"] == 24
+    rc = main(["train", "mine", "--data", tiny_beir_dir(), "--out", str(tmp_path / "n.jsonl"), "--ranks", "10"])
+    assert rc == 2 and "START-END" in capsys.readouterr().err

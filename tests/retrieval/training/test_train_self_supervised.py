@@ -1,0 +1,60 @@
+"""Self-supervised pairs: independent cropping and the inverse cloze task."""
+
+from __future__ import annotations
+
+import pytest
+
+from twotower.retrieval.training.self_supervised import (
+    independent_crops,
+    inverse_cloze,
+    split_sentences,
+    write_pairs_jsonl,
+)
+from twotower.retrieval.training.training_data import read_jsonl_training
+
+DOCS = {
+    "a": " ".join(f"w{i}" for i in range(40)),
+    "b": "Tea is a drink. It is made from leaves. Green tea is not fermented. Black tea is.",
+    "short": "too short",
+}
+
+
+def test_crops_are_spans_of_their_document():
+    data = independent_crops(DOCS, pairs_per_document=3, seed=0)
+    assert len(data.examples) == 6 and data.skipped.as_dict() == {"documents shorter than 10 words": 1}
+    for ex in data.examples:
+        source = DOCS[ex.query_id.split(":")[1]]
+        positive = data.corpus[ex.positives[0]]
+        assert ex.query in source and positive in source
+        n = len(source.split())
+        assert 5 <= len(ex.query.split()) <= max(5, round(0.5 * n))
+    assert independent_crops(DOCS, seed=0).examples == independent_crops(DOCS, seed=0).examples
+    with pytest.raises(ValueError, match="min_ratio"):
+        independent_crops(DOCS, min_ratio=0.6, max_ratio=0.5)
+
+
+def test_inverse_cloze_removes_the_sentence_usually():
+    assert split_sentences(DOCS["b"]) == ["Tea is a drink.", "It is made from leaves.", "Green tea is not fermented.",
+                                          "Black tea is."]
+    removed = kept = 0
+    for seed in range(40):
+        data = inverse_cloze({"b": DOCS["b"]}, seed=seed)
+        ex = data.examples[0]
+        context = data.corpus[ex.positives[0]]
+        assert ex.query in split_sentences(DOCS["b"])
+        if ex.query in split_sentences(context):
+            kept += 1
+        else:
+            removed += 1
+            assert len(split_sentences(context)) == 3
+    assert removed > kept > 0  # kept ~10% of the time
+    assert inverse_cloze(DOCS).skipped.as_dict() == {"documents with fewer than 3 sentences": 2}
+
+
+def test_pairs_file_feeds_the_training_reader(tmp_path):
+    data = independent_crops(DOCS, seed=0)
+    path = str(tmp_path / "pairs.jsonl")
+    assert write_pairs_jsonl(path, data) == len(data.examples)
+    read = read_jsonl_training(path)
+    assert [e.query for e in read.examples] == [e.query for e in data.examples]
+    assert [read.corpus[e.positives[0]] for e in read.examples] == [data.corpus[e.positives[0]] for e in data.examples]

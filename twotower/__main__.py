@@ -1,0 +1,7 @@
+"""`python -m twotower ...` is the `twotower` command (handy under torchrun)."""
+
+import sys
+
+from twotower.cli import main
+
+sys.exit(main())

@@ -1,0 +1,68 @@
+"""The `twotower` command line: one entry point, one module per command group.
+
+Each command module exposes ``register(subparsers)``; it adds its sub-command
+and sets ``func`` on the parser defaults.  Heavy imports (torch, faiss) happen
+inside the command functions so that ``twotower --help`` stays fast and a
+command's bad input is reported before anything large loads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+# Order is the order of `twotower --help`.
+_COMMAND_MODULES = [
+    "tokenizer_cmd",
+    "pretrain_cmd",
+    "embed_cmd",
+    "train_cmd",
+    "finetune_cmd",
+    "index_cmd",
+    "search_cmd",
+    "answer_cmd",
+    "eval_cmd",
+]
+
+
+class CLIError(Exception):
+    """Bad input from the user: printed as one line, exit status 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="twotower", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in _COMMAND_MODULES:
+        try:
+            module = importlib.import_module(f"twotower.cli.{name}")
+        except ModuleNotFoundError as exc:  # a command group not built yet
+            if exc.name == f"twotower.cli.{name}":
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        rc = args.func(args)
+    except (CLIError, FileNotFoundError, ValueError) as exc:
+        print(f"twotower {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    return int(rc or 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

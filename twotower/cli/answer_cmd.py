@@ -1,0 +1,80 @@
+"""``twotower answer``: retrieve, rerank, then read answer spans from the top passages.
+
+The reader is a QA model from ``twotower finetune qa``; its "no answer"
+threshold (chosen on dev) decides when a passage holds no answer, and when
+none does the command says so instead of printing the highest-scoring guess.
+``--classifier DIR`` adds a label from a classification head to each hit read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from twotower.cli import CLIError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("answer", help="answer a question from an index with a QA reader",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("questions", nargs="+", metavar="QUESTION")
+    p.add_argument("--index", required=True, help="index directory built by `twotower index build`")
+    p.add_argument("--reader", required=True, help="QA model directory from `twotower finetune qa`")
+    p.add_argument("--reranker", help="cross-encoder directory (default: the index's reranker, if any)")
+    p.add_argument("--no-rerank", action="store_true")
+    p.add_argument("--hybrid", action="store_true", help="fuse dense and BM25 recall")
+    p.add_argument("-k", "--passages", type=int, default=5, help="passages read per question (default 5)")
+    p.add_argument("--recall-k", type=int, default=100, help="first-stage candidates (default 100)")
+    p.add_argument("--answers", type=int, default=3, help="answers shown per question (default 3)")
+    p.add_argument("--classifier", help="classification model directory: label each passage read")
+    p.add_argument("--retrieval-weight", type=float, default=0.0,
+                   help="rank answers by span score + this * passage score (BERTserini; choose on dev; default 0)")
+    p.add_argument("--json", action="store_true", help="print JSON: one {question, answers, hits} per question")
+    p.add_argument("--device", default="cpu")
+    p.set_defaults(func=run_answer)
+
+
+def run_answer(args: argparse.Namespace) -> int:
+    if args.passages < 1 or args.answers < 1:
+        raise CLIError("--passages and --answers must be >= 1")
+    if args.retrieval_weight < 0:
+        raise CLIError("--retrieval-weight must be >= 0")
+    from twotower.encoder.finetuning.task_model import TaskModel
+    from twotower.retrieval.pipeline import SearchPipeline
+
+    reader = TaskModel.from_pretrained(args.reader, device=args.device)
+    if reader.info.head != "qa":
+        raise CLIError(f"{args.reader} holds a {reader.info.head!r} head; --reader needs a QA model")
+    classifier = TaskModel.from_pretrained(args.classifier, device=args.device) if args.classifier else None
+    if classifier is not None and classifier.info.head != "classify":
+        raise CLIError(f"{args.classifier} holds a {classifier.info.head!r} head; --classifier needs 'classify'")
+    if any(not q.strip() for q in args.questions):
+        raise CLIError("a question is empty")
+    with SearchPipeline.load(args.index, reranker=args.reranker, use_default_reranker=not args.no_rerank,
+                             device=args.device) as pipe:
+        results = pipe.answer(args.questions, reader, k=args.passages, recall_k=args.recall_k,
+                              rerank=not args.no_rerank, hybrid=args.hybrid, max_answers=args.answers,
+                              retrieval_weight=args.retrieval_weight, classifier=classifier)
+    if args.json:
+        out = [{"question": r.question, "answers": [a.to_dict() for a in r.answers],
+                "hits": [{"id": h.id, "rank": h.rank, "score": h.score,
+                          **({"label": {"label": h.label, "score": h.label_score}} if classifier else {})}
+                         for h in r.hits]}
+               for r in results]
+        json.dump(out, sys.stdout, ensure_ascii=False, indent=1)
+        sys.stdout.write("\n")
+        return 0
+    for r in results:
+        print(f"Q: {r.question}")
+        for a in r.answers:
+            if a.no_answer:
+                print("  no answer in the top passages")
+            else:
+                print(f"  {a.text!r}  passage {a.passage_id} (rank {a.passage_rank}) chars {a.start}-{a.end}"
+                      f"  score {a.score:.3f}")
+        if classifier is not None:
+            for h in r.hits:
+                print(f"    hit {h.rank} {h.id}: {h.label} ({h.label_score:.3f})" if h.label is not None
+                      else f"    hit {h.rank} {h.id}: -")
+    return 0

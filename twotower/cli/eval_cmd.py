@@ -1,0 +1,227 @@
+"""``twotower eval``: score a run against qrels, or search a BEIR split and write a comparison report.
+
+Two modes:
+
+* ``--run RUN --qrels QRELS``: trec_eval-exact metrics of an existing TREC run.
+  Qrels may be BEIR TSV (3 columns, header) or TREC (4 columns); the format
+  is detected.  Prints a table, or with ``--json`` one object
+  ``{<metric as typed>: mean, ..., "num_queries", "skipped_unjudged",
+  "missing_from_run", "drop_self_hits", "per_query": {qid: {metric: value}}}``.
+  ``--out DIR`` also writes the full report (runs, metrics.json, report.md, Recall@k plot).
+* ``--index IDX --dataset BEIR_DIR --split test --out DIR``: run the
+  ``SearchPipeline`` over the split's queries as dense recall, plus
+  ``--hybrid`` and/or ``--reranker DIR`` systems, and write one report
+  comparing them (significance against the first system).  A reranked system
+  is added only for ``--reranker``; an index's default reranker is not loaded.
+
+Means are over every judged query (``trec_eval -c``); see ``twotower.eval.metrics.retrieval``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import sys
+from pathlib import Path
+
+from twotower.cli import CLIError
+
+DEFAULT_METRICS = "ndcg@10,mrr@10,recall@100,map"
+REPORT_METRICS = (
+    "ndcg@10,mrr@10,recall@10,recall@100,map,p@10"  # for --help only; eval.report holds the default
+)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``eval`` sub-command."""
+    p = subparsers.add_parser(
+        "eval",
+        help="score a run against qrels, or search a BEIR split and write a report",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    scored = p.add_argument_group("score an existing run")
+    scored.add_argument("--run", help="TREC run file: qid Q0 docid rank score tag")
+    scored.add_argument(
+        "--qrels", help="qrels: BEIR TSV (query-id corpus-id score) or TREC (qid 0 docid rel)"
+    )
+    searched = p.add_argument_group("search a BEIR split with an index and report")
+    searched.add_argument("--index", help="index directory built by `twotower index build`")
+    searched.add_argument("--dataset", help="BEIR directory (corpus.jsonl, queries.jsonl, qrels/)")
+    searched.add_argument("--split", default="test", help="qrels split to evaluate (default: test)")
+    searched.add_argument("--reranker", help="cross-encoder directory: adds a reranked system")
+    searched.add_argument("--hybrid", action="store_true", help="add a hybrid (dense + BM25) system")
+    searched.add_argument("-k", "--k", type=int, default=100, help="documents kept per query (default 100)")
+    searched.add_argument(
+        "--recall-k", type=int, default=None, help="first-stage depth (default: max(k, 100))"
+    )
+    searched.add_argument("--batch-size", type=int, default=64, help="queries per search call (default 64)")
+    p.add_argument(
+        "--metrics",
+        default=None,
+        help=f"comma-separated, e.g. ndcg@10,mrr@10,recall@100,p@5,map,map@100,rprec "
+        f"(default {DEFAULT_METRICS}; report default {REPORT_METRICS})",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument("--per-query", action="store_true", help="also print one row per query")
+    p.add_argument(
+        "--drop-self-hits", action="store_true", help="drop retrieved documents whose id equals the query id"
+    )
+    p.add_argument("--out", help="report directory (runs, metrics.json, report.md, recall_at_k.png)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run_eval)
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    """Dispatch on the mode; bad combinations of flags are CLIErrors (exit 2)."""
+    if args.run and args.index:
+        raise CLIError("give either --run (score a run) or --index (search and report), not both")
+    if args.run:
+        if not args.qrels:
+            raise CLIError("--run needs --qrels")
+        return _score_run(args)
+    if args.index:
+        missing = [flag for flag, value in (("--dataset", args.dataset), ("--out", args.out)) if not value]
+        if missing:
+            raise CLIError(f"--index needs {' and '.join(missing)}")
+        return _search_and_report(args)
+    raise CLIError("nothing to do: give --run RUN --qrels QRELS, or --index IDX --dataset DIR --out DIR")
+
+
+def _score_run(args: argparse.Namespace) -> int:
+    from twotower.eval.io import read_qrels, read_trec_run
+    from twotower.eval.metrics import evaluate, parse_metrics
+    from twotower.eval.report import format_metrics_table, write_report
+
+    specs = parse_metrics(args.metrics or DEFAULT_METRICS)
+    qrels = read_qrels(args.qrels)
+    run = read_trec_run(args.run)
+    result = evaluate(run, qrels, specs, drop_self_hits=args.drop_self_hits)
+    if args.out:
+        name = "".join(ch if ch.isalnum() or ch in "_.+-" else "_" for ch in Path(args.run).stem) or "run"
+        write_report(
+            {name: run},
+            qrels,
+            args.out,
+            metrics=[s.label for s in specs],
+            drop_self_hits=args.drop_self_hits,
+            settings={"run": args.run, "qrels": args.qrels},
+        )
+    if args.json:
+        payload: dict = dict(result.means)
+        payload.update(
+            num_queries=result.num_queries,
+            skipped_unjudged=result.skipped_unjudged,
+            missing_from_run=result.missing_from_run,
+            drop_self_hits=result.drop_self_hits,
+            per_query=result.per_query,
+        )
+        print(json.dumps(payload))
+    else:
+        print(format_metrics_table(result, per_query=args.per_query))
+    return 0
+
+
+def _hit_id(hit: object) -> str:
+    """Document id of a search hit (``Hit.doc_id``, or ``Hit.id`` as ``twotower.retrieval.hit.Hit`` names it)."""
+    doc_id = getattr(hit, "doc_id", None)
+    if doc_id is None:
+        doc_id = getattr(hit, "id", None)
+    if doc_id is None:
+        raise CLIError(f"search hit {hit!r} has neither .doc_id nor .id")
+    return str(doc_id)
+
+
+def _search_and_report(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from twotower.eval.io import load_beir
+    from twotower.eval.metrics import parse_metrics
+    from twotower.eval.report import REPORT_METRICS as report_metrics
+    from twotower.eval.report import format_metrics_table, write_report
+
+    if args.k <= 0 or args.batch_size <= 0:
+        raise CLIError("-k and --batch-size must be positive")
+    recall_k = args.recall_k if args.recall_k is not None else max(args.k, 100)
+    if recall_k < args.k:
+        raise CLIError(f"--recall-k ({recall_k}) must be at least -k ({args.k})")
+    specs = parse_metrics(args.metrics or ",".join(report_metrics))
+    dataset = load_beir(args.dataset, args.split, corpus=False)
+    queries = dataset.split_queries()
+    if not Path(args.index).exists():
+        raise FileNotFoundError(f"{args.index}: no such index directory")
+    try:
+        from twotower.retrieval.pipeline import SearchPipeline
+    except ImportError as exc:
+        raise CLIError(
+            f"the search pipeline is unavailable (cannot import retrieval.pipeline: {exc})"
+        ) from None
+
+    load_params = inspect.signature(SearchPipeline.load).parameters
+    load_kwargs: dict = {}
+    if args.reranker:
+        if "reranker" not in load_params:
+            raise CLIError("this SearchPipeline.load() takes no reranker argument; cannot use --reranker")
+        load_kwargs["reranker"] = args.reranker
+    elif "use_default_reranker" in load_params:
+        load_kwargs["use_default_reranker"] = False  # rerank only when asked: a cross-encoder pass is slow
+    pipeline = SearchPipeline.load(args.index, **load_kwargs)
+
+    systems: list[tuple[str, bool, bool]] = [("dense", False, False)]  # (name, rerank, hybrid)
+    if args.hybrid:
+        systems.append(("hybrid", False, True))
+    if args.reranker:
+        systems.append(("hybrid+rerank" if args.hybrid else "rerank", True, args.hybrid))
+    search_params = inspect.signature(pipeline.search).parameters
+    extra = {key: False for key in ("fetch_documents", "progress") if key in search_params}
+
+    qids, texts = list(queries), list(queries.values())
+    runs: dict[str, dict[str, dict[str, float]]] = {}
+    try:
+        for name, rerank, hybrid in systems:
+            run: dict[str, dict[str, float]] = {}
+            starts = range(0, len(texts), args.batch_size)
+            for start in tqdm(
+                starts, desc=f"eval {name}", unit="batch", disable=args.no_progress, file=sys.stderr
+            ):
+                batch = texts[start : start + args.batch_size]
+                results = pipeline.search(
+                    batch, k=args.k, recall_k=recall_k, rerank=rerank, hybrid=hybrid, **extra
+                )
+                if len(results) != len(batch):
+                    raise CLIError(f"pipeline returned {len(results)} result lists for {len(batch)} queries")
+                for qid, hits in zip(qids[start : start + args.batch_size], results):
+                    # trec_eval re-sorts by score (ties by id): the run keeps scores, not ranks
+                    run[qid] = {doc_id: float(hit.score) for hit in hits if (doc_id := _hit_id(hit))}
+            runs[name] = run
+    finally:
+        close = getattr(pipeline, "close", None)
+        if callable(close):
+            close()
+
+    report = write_report(
+        runs,
+        dataset.qrels,
+        args.out,
+        metrics=[s.label for s in specs],
+        drop_self_hits=args.drop_self_hits,
+        max_k=100,
+        title=f"{Path(args.dataset).name} ({args.split})",
+        settings={
+            "dataset": args.dataset,
+            "split": args.split,
+            "index": args.index,
+            "reranker": args.reranker or "none",
+            "k": args.k,
+            "recall_k": recall_k,
+        },
+    )
+    if args.json:
+        print(json.dumps({name: ev.means for name, ev in report.evaluations.items()}))
+    else:
+        for name, ev in report.evaluations.items():
+            print(f"== {name}")
+            print(format_metrics_table(ev, per_query=args.per_query))
+        print(f"report written to {report.out_dir}")
+    return 0

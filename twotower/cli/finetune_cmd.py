@@ -1,0 +1,205 @@
+"""`twotower finetune classify|tag|qa` and `twotower predict classify|tag|qa`.
+
+finetune: train a task head on any BERT-family model directory, keep the best
+dev checkpoint in --out (several --seeds report mean ± std); prints dev (and
+--test) scores.  predict: run a fine-tuned directory over a file, write one
+JSON line per input; when the input carries gold labels, scores go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+TASKS = ("classify", "tag", "qa")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "finetune", help="fine-tune a classification, tagging or QA head",
+        description="Fine-tune a task head on a BERT-family model; the best dev checkpoint goes to --out.")
+    p.add_argument("task", choices=TASKS)
+    p.add_argument("--model", required=True, help="BERT-family model directory (HF layout)")
+    p.add_argument("--train", required=True, help="training file (.tsv/.jsonl, CoNLL, SQuAD .json)")
+    dev = p.add_mutually_exclusive_group(required=True)
+    dev.add_argument("--dev", help="dev file: picks the best epoch (and the QA no-answer threshold)")
+    dev.add_argument("--dev-fraction", type=float, help="carve dev from train instead (seeded; QA: by context)")
+    p.add_argument("--test", help="optional test file, scored with every seed's best checkpoint")
+    p.add_argument("--out", required=True, help="output directory for the best checkpoint and report")
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--lr", type=float, help="default 5e-5, or 1e-3 with --freeze-encoder")
+    p.add_argument("--warmup", type=float, default=0.1, help="warmup fraction of all steps (then linear decay)")
+    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--max-length", type=int, default=128, help="tokens per input (QA: per window)")
+    p.add_argument("--freeze-encoder", action="store_true", help="train only the head on cached encoder features")
+    p.add_argument("--pooling", choices=("cls", "mean"),
+                   help="classify: [CLS] pooler (default) or the mean of token states (no pooler)")
+    p.add_argument("--seeds", default="0", help="comma-separated seeds, e.g. 0,1,2")
+    p.add_argument("--evals-per-epoch", type=int, default=1)
+    p.add_argument("--max-train", type=int, help="subsample the training set to this many examples")
+    p.add_argument("--max-steps", type=int, help="stop each seed after this many steps (dry run)")
+    p.add_argument("--doc-stride", type=int, default=128, help="QA: token overlap between windows")
+    p.add_argument("--max-query-length", type=int, default=64)
+    p.add_argument("--max-answer-length", type=int, default=30)
+    _common(p)
+    p.set_defaults(func=run_finetune)
+
+    q = subparsers.add_parser(
+        "predict", help="predict with a fine-tuned classification, tagging or QA model",
+        description="Predict with a fine-tuned model: one JSON line per input; gold labels, if present, are scored.")
+    q.add_argument("task", choices=TASKS)
+    q.add_argument("--model", required=True, help="directory written by `twotower finetune`")
+    q.add_argument("--input", required=True, help="file to predict on (gold labels, if present, are scored)")
+    q.add_argument("--out", help="write JSON lines here instead of stdout")
+    q.add_argument("--batch-size", type=int, default=64)
+    _common(q)
+    q.set_defaults(func=run_predict)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--text-column", help="TSV/JSONL text column (default: text/sentence/sentence1/question)")
+    p.add_argument("--label-column", help="TSV/JSONL label column (default: label; TREC: label_coarse/label_fine)")
+    p.add_argument("--pair-column", help="TSV/JSONL second-text column for pair tasks")
+    p.add_argument("--bf16", choices=("auto", "on", "off"), default="auto")
+    p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def _read(task: str, path: str, args: argparse.Namespace, need_labels: bool) -> list:
+    from twotower.eval.tasks import read_qa_examples, read_tag_examples, read_text_examples
+
+    if task == "classify":
+        return read_text_examples(path, args.text_column, args.label_column, args.pair_column, need_labels)
+    if task == "tag":
+        return read_tag_examples(path, need_labels)
+    return read_qa_examples(path)
+
+
+def carve_dev(task: str, examples: list, fraction: float, seed: int = 0) -> tuple[list, list]:
+    """Split off a dev set; QA splits by context so no paragraph is in both halves."""
+    import numpy as np
+
+    from twotower.cli import CLIError
+
+    if not 0.0 < fraction < 1.0:
+        raise CLIError(f"--dev-fraction must be in (0, 1), got {fraction}")
+    keys = [ex.context for ex in examples] if task == "qa" else list(range(len(examples)))
+    groups = list(dict.fromkeys(keys))
+    rng = np.random.default_rng(seed)
+    n_dev = max(1, round(len(groups) * fraction))
+    dev_groups = {groups[i] for i in rng.permutation(len(groups))[:n_dev]}
+    train = [ex for ex, k in zip(examples, keys) if k not in dev_groups]
+    dev = [ex for ex, k in zip(examples, keys) if k in dev_groups]
+    if not train or not dev:
+        raise CLIError(f"--dev-fraction {fraction} leaves an empty train or dev split")
+    return train, dev
+
+
+def _bf16(value: str):
+    return {"auto": "auto", "on": True, "off": False}[value]
+
+
+def run_finetune(args: argparse.Namespace) -> int:
+    from twotower.cli import CLIError
+
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    from twotower.encoder.finetuning.finetune import FinetuneConfig, finetune
+    from twotower.eval.tasks import METRICS
+
+    try:
+        seeds = tuple(int(s) for s in args.seeds.split(",") if s.strip())
+    except ValueError:
+        raise CLIError(f"--seeds must be comma-separated integers, got {args.seeds!r}") from None
+    if not seeds:
+        raise CLIError("--seeds is empty")
+    train = _read(args.task, args.train, args, True)
+    if args.dev:
+        dev = _read(args.task, args.dev, args, True)
+    else:
+        train, dev = carve_dev(args.task, train, args.dev_fraction)
+    test = _read(args.task, args.test, args, True) if args.test else None
+    metric_fn, metric = METRICS[args.task]
+    cfg = FinetuneConfig(
+        epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, weight_decay=args.weight_decay,
+        warmup=args.warmup, freeze_encoder=args.freeze_encoder, max_length=args.max_length,
+        doc_stride=args.doc_stride, max_query_length=args.max_query_length, max_answer_length=args.max_answer_length,
+        seeds=seeds, evals_per_epoch=args.evals_per_epoch, max_train_examples=args.max_train,
+        max_steps=args.max_steps, metric=metric, bf16=_bf16(args.bf16), device=args.device,
+        progress=not args.no_progress, pooling=args.pooling,
+    )
+    report = finetune(args.task, args.model, train, dev, args.out, cfg, test=test, metric_fn=metric_fn)
+    n = len(report.seeds)
+    for split in ("dev", "test"):
+        for name, (mean, std) in report.summary(split).items():
+            print(f"{split} {name}: {mean:.4f} ± {std:.4f} ({n} seed{'s' if n > 1 else ''})")
+    best = next(s for s in report.seeds if s.seed == report.best_seed)
+    print(f"checkpoint: {args.out} (seed {best.seed}, epoch {best.best_epoch:g}; report in finetune_report.json)")
+    return 0
+
+
+def _as_json(task: str, ex, pred) -> dict:
+    if task == "classify":
+        return {"text": ex.text, **({"pair": ex.pair} if ex.pair is not None else {}), "label": pred.label,
+                "score": round(pred.score, 6), "probs": {k: round(v, 6) for k, v in pred.probs.items()}}
+    if task == "tag":
+        return {"tokens": ex.words, "tags": pred.tags,
+                "entities": [{"type": t, "start": s, "end": e, "text": x} for t, s, e, x in pred.entities]}
+    return {"id": pred.id, "answer": pred.answer, "start": pred.start if not pred.no_answer else None,
+            "end": pred.end if not pred.no_answer else None, "no_answer": pred.no_answer,
+            "score": round(pred.score, 6), "null_score": round(pred.null_score, 6)}
+
+
+def _has_gold(task: str, examples: list) -> bool:
+    if task == "classify":
+        return all(ex.label is not None for ex in examples)
+    if task == "tag":
+        return all(ex.tags is not None for ex in examples)
+    return any(ex.answers for ex in examples)
+
+
+def run_predict(args: argparse.Namespace) -> int:
+    from twotower.cli import CLIError
+
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    from twotower.encoder.finetuning.task_model import TaskModel
+    from twotower.eval.tasks import METRICS
+
+    model = TaskModel.from_pretrained(args.model, device=args.device or "cpu")
+    if model.info.head != args.task:
+        raise CLIError(f"{args.model} holds a {model.info.head!r} head, not {args.task!r}")
+    examples = _read(args.task, args.input, args, need_labels=False)
+    if not examples:
+        raise CLIError(f"{args.input}: no examples")
+    if args.task == "classify":
+        unknown = sorted({ex.label for ex in examples if ex.label is not None} - set(model.info.labels))
+        if unknown:
+            bad = next(ex for ex in examples if ex.label in unknown)
+            raise CLIError(f"{bad.source}: label {bad.label!r} is not in the model's label map {model.info.labels}")
+    preds = model.predict(examples, batch_size=args.batch_size, bf16=_bf16(args.bf16),
+                          progress=not args.no_progress)
+    lines = "".join(json.dumps(_as_json(args.task, ex, p), ensure_ascii=False) + "\n" for ex, p in zip(examples, preds))
+    if args.out:
+        from twotower.common.atomic import atomic_write_text
+
+        atomic_write_text(args.out, lines)
+    else:
+        sys.stdout.write(lines)
+    if _has_gold(args.task, examples):
+        metric_fn, _ = METRICS[args.task]
+        scores = metric_fn(preds, examples)
+        print(" ".join(f"{k}={v:.4f}" for k, v in scores.items()), file=sys.stderr)
+        if args.task == "classify":
+            from twotower.eval.metrics import classification_report
+
+            print(classification_report([ex.label for ex in examples], [p.label for p in preds],
+                                        labels=model.info.labels).format(), file=sys.stderr)
+    return 0

@@ -1,0 +1,175 @@
+"""``twotower index build|add|delete|info``: create and maintain a search index directory.
+
+``build`` encodes a BEIR ``corpus.jsonl`` ({_id, title, text}) with the dual
+encoder (default all-MiniLM-L6-v2) into a new index directory: SQLite documents
++ FAISS vectors (+ BM25 with ``--bm25``).  It is resumable: rerun the same
+command after an interruption and finished embedding shards are reused.  Under
+``torchrun --nproc_per_node N -m twotower index build ...`` the encoding is
+split across the N processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from twotower.cli import CLIError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("index", help="build, update and inspect a search index",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="index_command", metavar="ACTION")
+
+    b = sub.add_parser("build", help="encode a corpus.jsonl into a new index directory")
+    b.add_argument("--corpus", required=True, help="BEIR corpus.jsonl(.gz): one {_id, title, text} per line")
+    b.add_argument("--out", required=True, help="index directory to create (must not exist or be empty)")
+    b.add_argument("--model", help="dual encoder / HF BERT directory (default: all-MiniLM-L6-v2)")
+    b.add_argument("--factory", help="FAISS index-factory string, e.g. Flat, HNSW32, IVF1024,PQ48 (default: auto)")
+    b.add_argument("--metric", choices=["cosine", "ip", "l2"], help="default: cosine for normalised models, else ip")
+    b.add_argument("--bm25", action="store_true", help="also build a BM25 index (needed for --hybrid search)")
+    b.add_argument("--reranker", help="cross-encoder directory recorded as the index's default reranker")
+    b.add_argument("--on-duplicate", choices=["error", "skip", "replace"], default="error",
+                   help="repeated _id: stop with an error (default), keep the first, or keep the last")
+    b.add_argument("--batch-size", type=int, default=64, help="texts per forward pass (default 64)")
+    b.add_argument("--shard-size", type=int, default=8192,
+                   help="documents per embedding shard, the unit of resume and of torchrun splitting (default 8192)")
+    b.add_argument("--keep-shards", action="store_true", help="keep OUT.build/ (the .npy shards) after success")
+    b.add_argument("--no-progress", action="store_true", help="no progress bars")
+    b.set_defaults(func=run_build)
+
+    a = sub.add_parser("add", help="encode and add documents to an index")
+    a.add_argument("--index", required=True, help="index directory")
+    a.add_argument("--corpus", required=True, help="corpus.jsonl(.gz) with the new documents")
+    a.add_argument("--model", help="the index's model directory if it has moved (default: from the manifest)")
+    a.add_argument("--on-duplicate", choices=["error", "skip", "replace"], default="error",
+                   help="id already in the index or repeated: error (default), skip, or replace")
+    a.add_argument("--batch-size", type=int, default=64)
+    a.add_argument("--no-progress", action="store_true")
+    a.set_defaults(func=run_add)
+
+    d = sub.add_parser("delete", help="delete documents by id (unknown ids are reported, exit status 1)")
+    d.add_argument("--index", required=True, help="index directory")
+    d.add_argument("ids", nargs="*", metavar="ID", help="document ids")
+    d.add_argument("--ids-file", help="file with one id per line")
+    d.set_defaults(func=run_delete)
+
+    i = sub.add_parser("info", help="describe an index: size, model, FAISS type, versions")
+    i.add_argument("--index", required=True, help="index directory")
+    i.add_argument("--json", action="store_true", help="print the full description as JSON")
+    i.set_defaults(func=run_info)
+
+
+def _positive(name: str, value: int) -> None:
+    if value < 1:
+        raise CLIError(f"{name} must be a positive integer, got {value}")
+
+
+def run_build(args: argparse.Namespace) -> int:
+    _positive("--batch-size", args.batch_size)
+    _positive("--shard-size", args.shard_size)
+    if not os.path.isfile(args.corpus):
+        raise FileNotFoundError(f"corpus file not found: {args.corpus}")
+    if args.model and not os.path.isdir(args.model):
+        raise FileNotFoundError(f"model directory not found: {args.model}")
+    if args.reranker and not os.path.isdir(args.reranker):
+        raise FileNotFoundError(f"reranker directory not found: {args.reranker}")
+    from twotower.retrieval.pipeline import SearchPipeline
+
+    try:
+        pipe = SearchPipeline.build(
+            args.corpus, args.out, args.model, reranker=args.reranker, factory=args.factory, metric=args.metric,
+            bm25=args.bm25, on_duplicate=args.on_duplicate, batch_size=args.batch_size,
+            shard_size=args.shard_size, progress=not args.no_progress, keep_shards=args.keep_shards,
+        )
+    except FileExistsError as exc:
+        raise CLIError(str(exc)) from None
+    if pipe is None:  # a torchrun rank other than 0: rank 0 reports
+        return 0
+    with pipe:
+        info = pipe.info()
+        print(f"built {args.out}: {info['documents']} documents, dim {info['dim']}, {info['factory']} "
+              f"({info['metric']}){', BM25' if info['bm25'] is not None else ''}")
+    return 0
+
+
+def run_add(args: argparse.Namespace) -> int:
+    _positive("--batch-size", args.batch_size)
+    if not os.path.isfile(args.corpus):
+        raise FileNotFoundError(f"corpus file not found: {args.corpus}")
+    from twotower.indexing import IndexLockedError
+    from twotower.retrieval.pipeline import SearchPipeline
+
+    try:
+        pipe = SearchPipeline.load(args.index, args.model, readonly=False, use_default_reranker=False)
+    except IndexLockedError as exc:
+        raise CLIError(str(exc)) from None
+    with pipe:
+        n = pipe.add(args.corpus, on_duplicate=args.on_duplicate, batch_size=args.batch_size,
+                     progress=not args.no_progress)
+        print(f"added {n} documents to {args.index} (now {len(pipe)})")
+    return 0
+
+
+def run_delete(args: argparse.Namespace) -> int:
+    ids = list(args.ids)
+    if args.ids_file:
+        if not os.path.isfile(args.ids_file):
+            raise FileNotFoundError(f"ids file not found: {args.ids_file}")
+        with open(args.ids_file, encoding="utf-8") as f:
+            ids += [line.strip() for line in f if line.strip()]
+    if not ids:
+        raise CLIError("give document ids to delete (arguments or --ids-file)")
+    from twotower.indexing import IndexLockedError, IndexStore
+    from twotower.retrieval.manifest import pipeline_block
+
+    # Deleting needs no model: the documents and vectors are removed by id.
+    try:
+        store = IndexStore.open(args.index)
+    except IndexLockedError as exc:
+        raise CLIError(str(exc)) from None
+    with store:
+        pipeline_block(store.manifest.extra, os.path.join(args.index, "manifest.json"))
+        missing = store.delete(ids)
+        store.commit()
+        left = len(store)
+    deleted = len(set(ids)) - len(missing)
+    print(f"deleted {deleted} documents from {args.index} (now {left})")
+    if missing:
+        shown = ", ".join(missing[:20]) + (" ..." if len(missing) > 20 else "")
+        print(f"twotower index delete: {len(missing)} id(s) not in the index: {shown}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def run_info(args: argparse.Namespace) -> int:
+    from twotower.indexing import IndexStore
+    from twotower.retrieval.manifest import pipeline_block
+
+    with IndexStore.open(args.index, readonly=True) as store:
+        info = store.info()
+        block = pipeline_block(store.manifest.extra, os.path.join(args.index, "manifest.json"))
+    if args.json:
+        print(json.dumps(info, indent=2, default=str))
+        return 0
+    enc = block["encoder"]
+    model = enc.get("model") or {}
+    rows = [
+        ("directory", info["directory"]),
+        ("documents", info["documents"]),
+        ("vectors", f"{info['vectors']} (+{info['tombstones']} tombstones)" if info["tombstones"] else info["vectors"]),
+        ("index", f"{info['factory']}, {info['metric']}, dim {info['dim']}"),
+        ("bm25", "yes" if info["bm25"] is not None else "no"),
+        ("model", model.get("package") or model.get("path") or "(given at build time, not recorded)"),
+        ("encoder", f"fingerprint {enc['fingerprint']}, pooling {enc.get('pooling')}, "
+                    f"normalize {enc.get('normalize')}"),
+        ("reranker", block.get("reranker") or "none"),
+        ("built with", ", ".join(f"{k} {v}" for k, v in (block.get("versions") or {}).items())),
+        ("generation", info["generation"]),
+    ]
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k:<{width}}  {v}")
+    return 0

@@ -1,0 +1,85 @@
+"""`twotower pretrain`: MLM (+ optional NSP) pretraining from scratch under a token or wall-clock budget.
+
+Example:
+    twotower pretrain --corpus train.txt.gz --valid valid.txt.gz --tokenizer tok/ --out runs/mini \\
+        --size mini --budget 30m
+    torchrun --nproc_per_node 2 -m twotower pretrain ...   # the same command, data-parallel
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("pretrain", help="MLM-pretrain a BERT encoder from scratch",
+                              description=__doc__.splitlines()[0],
+                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--corpus", nargs="+", required=True, metavar="FILE", help=".txt, .txt.gz or .jsonl files")
+    p.add_argument("--tokenizer", required=True, metavar="DIR")
+    p.add_argument("--out", required=True, metavar="DIR")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--size", choices=["tiny", "mini", "small", "base"], default="mini")
+    size.add_argument("--config", metavar="JSON", help="an EncoderConfig / BertConfig JSON instead of --size")
+    budget = p.add_mutually_exclusive_group(required=True)
+    budget.add_argument("--budget", metavar="TIME", help="wall-clock budget, e.g. 30m, 2h, 1h30m")
+    budget.add_argument("--tokens", metavar="N", help="token budget, e.g. 20M")
+    budget.add_argument("--steps", type=int, metavar="N", help="optimizer-step budget")
+    p.add_argument("--init-from", metavar="DIR",
+                   help="start from this checkpoint's weights and architecture (continued / domain-adaptive "
+                        "pretraining on new text; pass its tokenizer too); optimizer and schedule start fresh")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out exactly")
+    p.add_argument("--overwrite", action="store_true", help="replace whatever --out holds")
+    p.add_argument("--valid", nargs="+", default=[], metavar="FILE", help="validation files (separate text)")
+    p.add_argument("--valid-rows", type=int, default=512, help="rows of the fixed validation set")
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=64, help="rows per micro-batch per process")
+    p.add_argument("--grad-accum", type=int, default=1)
+    p.add_argument("--lr", type=float, default=5e-4)
+    p.add_argument("--warmup", type=float, default=0.06, help="warmup fraction of the budget")
+    p.add_argument("--decay", choices=["linear", "cosine", "constant"], default="linear")
+    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--clip", type=float, default=1.0, help="gradient-norm clip (0: off)")
+    p.add_argument("--dropout", type=float, default=None, help="override the config's dropout probabilities")
+    p.add_argument("--wwm", action="store_true", help="whole-word masking")
+    p.add_argument("--nsp", action="store_true", help="add next-sentence prediction (sentence-pair rows)")
+    p.add_argument("--mask-rate", type=float, default=0.15)
+    p.add_argument("--num-masks", type=int, default=None, help="exactly N targets per row (static shapes)")
+    p.add_argument("--static-masks", type=int, default=0, metavar="COPIES",
+                   help="static masking with COPIES fixed masks per row (default: dynamic)")
+    p.add_argument("--evals", type=int, default=10, help="validations spread over the budget")
+    p.add_argument("--eval-every-steps", type=int, default=None)
+    p.add_argument("--ckpt-every-minutes", type=float, default=10.0)
+    p.add_argument("--ckpt-every-steps", type=int, default=None)
+    p.add_argument("--log-every", type=int, default=10, help="steps between log lines")
+    p.add_argument("--max-steps", type=int, default=None, help="stop after N steps (schedule unchanged)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda if available)")
+    p.add_argument("--no-bf16", action="store_true", help="never use bf16 autocast")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--cache-dir", default=None, help="tokenized-corpus cache (default ~/.cache/twotower/tokens)")
+    p.add_argument("--dump-replicas", default=None, help=argparse.SUPPRESS)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+
+    from twotower.encoder.pretraining.pretrain import PretrainArgs, pretrain
+
+    pargs = PretrainArgs(
+        corpus=args.corpus, tokenizer=args.tokenizer, out=args.out, size=args.size, config=args.config, init_from=args.init_from,
+        budget=args.budget, tokens=args.tokens, steps=args.steps, seq_len=args.seq_len,
+        batch_size=args.batch_size, grad_accum=args.grad_accum, lr=args.lr, warmup=args.warmup,
+        decay=args.decay, weight_decay=args.weight_decay, clip=args.clip, dropout=args.dropout, wwm=args.wwm,
+        nsp=args.nsp, mask_rate=args.mask_rate, num_masks=args.num_masks, static_masks=args.static_masks,
+        valid=args.valid, valid_rows=args.valid_rows, evals=args.evals, eval_every_steps=args.eval_every_steps,
+        ckpt_every_minutes=args.ckpt_every_minutes, ckpt_every_steps=args.ckpt_every_steps,
+        log_every=args.log_every, max_steps=args.max_steps, bf16=False if args.no_bf16 else "auto",
+        device=args.device, seed=args.seed, resume=args.resume, overwrite=args.overwrite,
+        progress=not args.no_progress, cache_dir=args.cache_dir, dump_replicas=args.dump_replicas,
+    )
+    summary = pretrain(pargs)
+    if not args.no_progress:
+        print(json.dumps(summary, indent=2))
+    return 0

@@ -1,0 +1,155 @@
+"""``twotower search``: query an index — a table for a person, JSON for programs, a TREC run for evaluation.
+
+Recall takes the top ``--recall-k`` documents by dense similarity (with
+``--hybrid``: dense and BM25 fused by reciprocal rank, k=60); a cross-encoder
+(``--reranker DIR``, or the index's default) reranks them and the top ``-k``
+are shown.  ``--queries FILE`` reads BEIR ``queries.jsonl`` ({_id, text}) or a
+TSV of ``qid<TAB>text``; ``--run FILE`` writes ``qid Q0 docid rank score tag``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import textwrap
+
+from twotower.cli import CLIError
+
+QUERY_BATCH = 256
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("search", help="search an index (table, --json, or a TREC --run)",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("queries", nargs="*", metavar="QUERY", help="query text(s)")
+    p.add_argument("--index", required=True, help="index directory built by `twotower index build`")
+    p.add_argument("--model", help="query encoder directory if the index's model moved (must be the same model)")
+    p.add_argument("--reranker", help="cross-encoder directory (default: the index's reranker, if any)")
+    p.add_argument("-k", "--k", type=int, default=10, help="hits per query (default 10)")
+    p.add_argument("--recall-k", type=int, default=100, help="first-stage candidates to rerank (default 100)")
+    p.add_argument("--hybrid", action="store_true", help="fuse dense and BM25 recall (index built with --bm25)")
+    p.add_argument("--fusion", choices=["rrf", "minmax", "zscore"], default="rrf",
+                   help="hybrid fusion: reciprocal rank (default, k=60) or normalised score sum")
+    p.add_argument("--no-rerank", action="store_true", help="first-stage results only")
+    p.add_argument("--rerank-alpha", type=float, default=None, metavar="A",
+                   help="final = A * z(rerank) + (1 - A) * z(first stage) per query; default: the weight chosen "
+                        "on dev and stored with the reranker, else 1 (pure reranking)")
+    p.add_argument("--json", action="store_true", help="print a JSON list: one {query, hits} object per query")
+    p.add_argument("--queries", dest="queries_file", metavar="FILE",
+                   help="queries.jsonl ({_id, text}) or .tsv (qid<TAB>text)")
+    p.add_argument("--run", help="write a TREC run file (qid Q0 docid rank score tag)")
+    p.add_argument("--tag", default="twotower", help="run tag for --run (default twotower)")
+    p.add_argument("--batch-size", type=int, default=64, help="texts per forward pass (default 64)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run_search)
+
+
+def read_queries(path: str) -> list[tuple[str, str]]:
+    """(qid, text) pairs from BEIR queries.jsonl or a qid<TAB>text file; errors name file and line."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"queries file not found: {path}")
+    out: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            if path.endswith((".jsonl", ".json")):
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{path}:{n}: not valid JSON ({exc.msg})") from exc
+                if not isinstance(obj, dict):
+                    raise ValueError(f"{path}:{n}: expected a JSON object")
+                qid, text = obj.get("_id", obj.get("id")), obj.get("text")
+                if isinstance(qid, int) and not isinstance(qid, bool):
+                    qid = str(qid)
+                if not isinstance(qid, str) or not qid:
+                    raise ValueError(f"{path}:{n}: missing field '_id'")
+                if not isinstance(text, str):
+                    raise ValueError(f"{path}:{n}: missing string field 'text'")
+            else:
+                parts = line.rstrip("\n").split("\t")
+                if len(parts) < 2 or not parts[0]:
+                    raise ValueError(f"{path}:{n}: expected 'qid<TAB>text'")
+                qid, text = parts[0], "\t".join(parts[1:])
+            if not text.strip():
+                raise ValueError(f"{path}:{n}: query {qid!r} is empty")
+            if qid in seen:
+                raise ValueError(f"{path}:{n}: duplicate query id {qid!r}")
+            seen.add(qid)
+            out.append((qid, text))
+    if not out:
+        raise ValueError(f"{path}: no queries")
+    return out
+
+
+def _table(query: str, hits: list, reranked: bool, width: int = 100) -> str:
+    lines = [f"query: {query}"]
+    if not hits:
+        return lines[0] + "\n  (no results)"
+    lines.append(f"{'rank':>4}  {'score':>8}  {'recall':>11}  id" if reranked else f"{'rank':>4}  {'score':>8}  id")
+    for h in hits:
+        recall = f"  {f'#{h.first_stage_rank} {h.first_stage_score:.3f}':>11}" if reranked else ""
+        lines.append(f"{h.rank:>4}  {h.score:>8.3f}{recall}  {h.id}")
+        body = f"{h.title} — {h.text}" if h.title else h.text
+        lines.append(textwrap.shorten(body, width=width - 6, placeholder=" ...").join(["      ", ""]))
+    return "\n".join(lines)
+
+
+def run_search(args: argparse.Namespace) -> int:
+    if args.k < 1 or args.batch_size < 1:
+        raise CLIError("-k and --batch-size must be positive")
+    if args.recall_k < args.k:
+        raise CLIError(f"--recall-k ({args.recall_k}) must be at least -k ({args.k})")
+    if args.queries_file and args.queries:
+        raise CLIError("give queries as arguments or with --queries FILE, not both")
+    if args.queries_file:
+        items = read_queries(args.queries_file)
+    elif args.queries:
+        items = [(f"q{i}", q) for i, q in enumerate(args.queries, 1)]
+    else:
+        raise CLIError("give at least one QUERY, or --queries FILE")
+    for qid, text in items:
+        if not text.strip():
+            raise CLIError(f"query {qid} is empty")
+    if not os.path.isdir(args.index):
+        raise FileNotFoundError(f"index directory not found: {args.index}")
+    if args.reranker and not os.path.isdir(args.reranker):
+        raise FileNotFoundError(f"reranker directory not found: {args.reranker}")
+    from tqdm.auto import tqdm
+
+    from twotower.retrieval.pipeline import SearchPipeline
+
+    pipe = SearchPipeline.load(args.index, args.model, reranker=args.reranker,
+                               use_default_reranker=not args.no_rerank)
+    with pipe:
+        reranked = pipe.reranker is not None and not args.no_rerank
+        results = []
+        show = not args.no_progress and len(items) > QUERY_BATCH
+        for s in tqdm(range(0, len(items), QUERY_BATCH), desc="search", unit="batch", disable=not show):
+            batch = [text for _, text in items[s:s + QUERY_BATCH]]
+            results += pipe.search(batch, k=args.k, recall_k=args.recall_k, rerank=not args.no_rerank,
+                                   hybrid=args.hybrid, fusion=args.fusion, batch_size=args.batch_size,
+                                   rerank_alpha=args.rerank_alpha)
+    if args.run:
+        from twotower.common.atomic import atomic_write_text
+
+        lines = [f"{qid} Q0 {h.id} {h.rank} {h.score:.6f} {args.tag}\n"
+                 for (qid, _), hits in zip(items, results) for h in hits]
+        atomic_write_text(args.run, "".join(lines))
+        print(f"wrote {len(lines)} lines for {len(items)} queries to {args.run}", file=sys.stderr)
+        return 0
+    if args.json:
+        print(json.dumps([{"qid": qid, "query": text, "hits": [h.to_dict() for h in hits]}
+                          for (qid, text), hits in zip(items, results)], ensure_ascii=False))
+        return 0
+    mode = "hybrid (dense + BM25, " + args.fusion + ")" if args.hybrid else "dense"
+    note = "reranked by the cross-encoder" if reranked else "recall only (no reranker)"
+    print(f"# {mode} recall of {args.recall_k}, {note}")
+    for (_, text), hits in zip(items, results):
+        print(_table(text, hits, reranked))
+        print()
+    return 0

@@ -1,0 +1,272 @@
+"""`twotower train dual|reranker|mine|pairs|demo-reranker`: contrastive and reranker training from the shell.
+
+Examples:
+    twotower train dual --model MINILM_DIR --data data/beir-scifact --out runs/dual --mine bm25 --time-budget 40m
+    twotower train mine --data data/beir-scifact --out negatives.jsonl --retriever dense --model runs/dual/best
+    twotower train reranker --model MINILM_DIR --pairs data/beir-scifact --out runs/reranker --negatives negatives.jsonl
+    twotower train reranker --model MINILM_DIR --pairs pairs.tsv --loss pointwise --out runs/reranker
+    twotower train pairs --corpus corpus.jsonl --method crop --out crops.jsonl      # self-supervised pairs
+    torchrun --nproc-per-node 2 -m twotower train dual ...                          # negatives from all ranks
+
+Each run writes ``OUT/train_log.jsonl``, ``OUT/dev_ndcg.png``, ``OUT/summary.json`` and the
+checkpoint chosen on the dev split (carved from train) as ``OUT/best``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+
+
+def parse_duration(text: str | None) -> float | None:
+    """'45m', '2h', '90s', '1.5h' or plain seconds -> seconds."""
+    if text is None:
+        return None
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([smh]?)\s*", str(text))
+    if not m:
+        raise ValueError(f"--time-budget {text!r}: expected a duration like 45m, 2h, 90s or a number of seconds")
+    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+
+
+def parse_ranks(text: str) -> tuple[int, int]:
+    m = re.fullmatch(r"\s*(\d+)\s*-\s*(\d+)\s*", text)
+    if not m:
+        raise ValueError(f"--ranks {text!r}: expected START-END, e.g. 10-100")
+    return int(m.group(1)), int(m.group(2))
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", required=True, metavar="DIR", help="run directory (best checkpoint in DIR/best)")
+    p.add_argument("--split", default="train", help="qrels split of a BEIR directory to train on")
+    p.add_argument("--corpus", default=None, metavar="FILE", help="corpus.jsonl resolving document ids in JSONL data")
+    p.add_argument("--negatives", default=None, metavar="FILE", help="mined negatives JSONL (twotower train mine)")
+    p.add_argument("--mine", choices=["bm25", "none"], default="bm25",
+                   help="mine BM25 negatives before training when --negatives is not given")
+    p.add_argument("--mine-ranks", default=None, metavar="A-B", help="rank window for --mine")
+    p.add_argument("--epochs", type=float, default=1.0)
+    p.add_argument("--max-steps", type=int, default=None)
+    p.add_argument("--time-budget", default=None, help="stop after this long (e.g. 45m); the LR schedule follows it")
+    p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--warmup", type=float, default=0.1, help="fraction of the run spent warming up")
+    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--max-grad-norm", type=float, default=1.0)
+    p.add_argument("--dev-fraction", type=float, default=0.1, help="share of train queries carved out as dev")
+    p.add_argument("--dev-size", type=int, default=None, help="number of dev queries (overrides --dev-fraction)")
+    p.add_argument("--eval-every", type=int, default=None, help="steps between dev evaluations (default: an epoch)")
+    p.add_argument("--eval-interval", default=None, help="also evaluate after this long (e.g. 10m)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda when available)")
+    p.add_argument("--no-bf16", action="store_true", help="train in float32 even where bf16 is native")
+    p.add_argument("--save-last", action="store_true", help="also keep the final weights in DIR/last")
+    p.add_argument("--dry-run", action="store_true", help="one step and one evaluation, to check the setup")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def register(subparsers) -> None:
+    train = subparsers.add_parser("train", help="train a dual encoder or a reranker; mine negatives",
+                                  description=__doc__.splitlines()[0])
+    sub = train.add_subparsers(dest="train_command", metavar="KIND")
+    train.set_defaults(func=lambda args: (train.print_help(), 2)[1])
+
+    p = sub.add_parser("dual", help="contrastive dual-encoder training (InfoNCE)",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", required=True, metavar="DIR", help="starting HF BERT / sentence-transformers dir")
+    p.add_argument("--data", required=True, metavar="BEIR_DIR|FILE.jsonl")
+    _common(p)
+    p.add_argument("--separate-towers", action="store_true", help="untie query and document weights")
+    p.add_argument("--pooling", choices=["mean", "cls", "max"], default=None)
+    p.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--query-prefix", default=None)
+    p.add_argument("--doc-prefix", default=None)
+    p.add_argument("--query-max-length", type=int, default=64)
+    p.add_argument("--doc-max-length", type=int, default=256)
+    p.add_argument("--train-doc-max-length", type=int, default=None)
+    p.add_argument("--batch-size", type=int, default=32, help="queries per step (per rank under torchrun)")
+    p.add_argument("--hard-negatives", type=int, default=1, help="hard negatives per query")
+    p.add_argument("--grad-cache-chunk", type=int, default=None, help="GradCache chunk size (memory bound)")
+    p.add_argument("--temperature", type=float, default=0.05)
+    p.add_argument("--learn-temperature", action="store_true")
+    p.add_argument("--symmetric", action="store_true", help="add the document->query loss")
+    p.add_argument("--dev-pool", type=int, default=None, help="evaluate over dev positives + N documents")
+    p.set_defaults(func=run_dual)
+
+    p = sub.add_parser("reranker", help="cross-encoder reranker training (listwise or pointwise)",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", required=True, metavar="DIR", help="encoder checkpoint or reranker directory")
+    p.add_argument("--pairs", required=True, metavar="FILE(.tsv|.jsonl)|BEIR_DIR")
+    _common(p)
+    p.add_argument("--first-stage", default=None, metavar="RUN", help="TREC run of the dev queries (default BM25)")
+    p.add_argument("--loss", choices=["listwise", "pointwise"], default="listwise")
+    p.add_argument("--group-size", type=int, default=8, help="listwise: 1 positive + N-1 negatives")
+    p.add_argument("--batch-size", type=int, default=4, help="groups (listwise) or pairs (pointwise) per step")
+    p.add_argument("--max-length", type=int, default=256)
+    p.add_argument("--dev-rerank-k", type=int, default=100)
+    p.add_argument("--collapse-std", type=float, default=1e-3)
+    p.set_defaults(func=run_reranker)
+
+    p = sub.add_parser("mine", help="mine hard negatives from BM25 or a dense model into JSONL",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--data", required=True, metavar="BEIR_DIR|FILE.jsonl")
+    p.add_argument("--out", required=True, metavar="FILE.jsonl")
+    p.add_argument("--split", default="train")
+    p.add_argument("--corpus", default=None, metavar="FILE")
+    p.add_argument("--retriever", choices=["bm25", "dense"], default="bm25")
+    p.add_argument("--model", default=None, metavar="DIR", help="dual encoder for --retriever dense")
+    p.add_argument("--ranks", default="10-100", help="1-based inclusive rank window")
+    p.add_argument("--num-negatives", type=int, default=8)
+    p.add_argument("--margin", type=float, default=None, help="drop candidates scored above positive - margin")
+    p.add_argument("--max-ratio", type=float, default=None, help="drop candidates above ratio x positive score")
+    p.add_argument("--random", type=int, default=0, help="random negatives added per query")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=run_mine)
+
+    p = sub.add_parser("pairs", help="self-supervised pairs from a corpus (cropping / inverse cloze)",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--corpus", required=True, metavar="FILE", help="corpus.jsonl")
+    p.add_argument("--method", choices=["crop", "ict"], default="crop")
+    p.add_argument("--out", required=True, metavar="FILE.jsonl")
+    p.add_argument("--pairs-per-document", type=int, default=1, help="crop: pairs drawn per document")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=run_pairs)
+
+    p = sub.add_parser("demo-reranker", help="train the small reranker the README demo uses (minutes on a CPU)",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--out", required=True, metavar="DIR")
+    p.add_argument("--model", default=None, metavar="DIR", help="default: all-MiniLM-L6-v2")
+    p.add_argument("--corpus", default=None, metavar="FILE", help="default: the bundled SciFact sample")
+    p.add_argument("--claims", default="bundled", metavar="FILE",
+                   help="{query, pos: [doc ids]} JSONL over --corpus; 'bundled' = SciFact train claims for the "
+                        "bundled sample; 'none' = self-supervised title/text pairs")
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--layers", type=int, default=None, help="keep only the first N encoder layers (default 3)")
+    p.add_argument("--lr", type=float, default=None, help="learning rate (default 1e-4)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=run_demo)
+
+
+def _check_out(path: str) -> None:
+    if os.path.isfile(path):
+        raise ValueError(f"--out {path} is a file; give a directory")
+
+
+def _budget(args) -> dict:
+    return {"time_budget": parse_duration(args.time_budget), "eval_interval_s": parse_duration(args.eval_interval)}
+
+
+def run_dual(args) -> int:
+    _check_out(args.out)
+    from twotower.common.distributed import cleanup, init_distributed
+    from twotower.retrieval.training.train_dual import DualTrainConfig, train_dual
+
+    info = init_distributed()  # joins torchrun's group when WORLD_SIZE > 1
+    cfg = DualTrainConfig(
+        model=args.model, data=args.data, out=args.out, split=args.split, corpus=args.corpus,
+        negatives=args.negatives, mine=None if (args.negatives or args.mine == "none") else args.mine,
+        mine_ranks=parse_ranks(args.mine_ranks) if args.mine_ranks else (10, 100),
+        shared=not args.separate_towers, pooling=args.pooling, normalize=args.normalize,
+        query_prefix=args.query_prefix, doc_prefix=args.doc_prefix, query_max_length=args.query_max_length,
+        doc_max_length=args.doc_max_length, train_doc_max_length=args.train_doc_max_length,
+        batch_size=args.batch_size, hard_negatives=args.hard_negatives, chunk_size=args.grad_cache_chunk,
+        temperature=args.temperature, learn_temperature=args.learn_temperature, symmetric=args.symmetric,
+        epochs=args.epochs, max_steps=args.max_steps, lr=args.lr or 2e-5, warmup=args.warmup,
+        weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm, bf16=False if args.no_bf16 else "auto",
+        seed=args.seed, dev_fraction=args.dev_fraction, dev_size=args.dev_size, dev_pool=args.dev_pool,
+        eval_every=args.eval_every, save_last=args.save_last, progress=not args.no_progress, device=args.device,
+        dry_run=args.dry_run, **_budget(args),
+    )
+    res = train_dual(cfg)
+    cleanup(info)  # success path only: a barrier after one rank failed would just hang
+    print(json.dumps({"best": res.best_dir, "best_step": res.best_step, "best_dev_ndcg@10": round(res.best_score, 4),
+                      "initial_dev_ndcg@10": res.initial_score, "steps": res.steps, "skipped": res.skipped}))
+    return 0
+
+
+def run_reranker(args) -> int:
+    _check_out(args.out)
+    from twotower.retrieval.training.train_reranker import RerankerTrainConfig, train_reranker
+
+    cfg = RerankerTrainConfig(
+        model=args.model, pairs=args.pairs, out=args.out, split=args.split, corpus=args.corpus,
+        negatives=args.negatives, mine=None if (args.negatives or args.mine == "none") else args.mine,
+        mine_ranks=parse_ranks(args.mine_ranks) if args.mine_ranks else (1, 100), first_stage=args.first_stage,
+        loss=args.loss, group_size=args.group_size, batch_size=args.batch_size, max_length=args.max_length,
+        lr=args.lr or 3e-5, warmup=args.warmup, weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm,
+        epochs=args.epochs, max_steps=args.max_steps, bf16=False if args.no_bf16 else "auto", seed=args.seed,
+        dev_fraction=args.dev_fraction, dev_size=args.dev_size, dev_rerank_k=args.dev_rerank_k,
+        eval_every=args.eval_every, collapse_std=args.collapse_std, save_last=args.save_last,
+        progress=not args.no_progress, device=args.device, dry_run=args.dry_run, **_budget(args),
+    )
+    res = train_reranker(cfg)
+    print(json.dumps({"best": res.best_dir, "best_step": res.best_step, "best_dev_ndcg@10": round(res.best_score, 4),
+                      "first_stage_dev_ndcg@10": round(res.first_stage_score, 4), "steps": res.steps,
+                      "stopped_by": res.stopped_by, "skipped": res.skipped}))
+    return 0 if not res.stopped_by.startswith("collapse") else 1
+
+
+def run_mine(args) -> int:
+    from dataclasses import asdict
+
+    from twotower.retrieval.training.mining import (
+        DenseRetriever,
+        MiningConfig,
+        bm25_retriever,
+        mine_hard_negatives,
+        write_mined,
+    )
+    from twotower.retrieval.training.training_data import read_training
+
+    start, end = parse_ranks(args.ranks)
+    cfg = MiningConfig(rank_start=start, rank_end=end, num_negatives=args.num_negatives, margin=args.margin,
+                       max_ratio=args.max_ratio, num_random=args.random, seed=args.seed)
+    data = read_training(args.data, split=args.split, corpus_path=args.corpus)
+    score_docs = None
+    if args.retriever == "dense":
+        if not args.model:
+            raise ValueError("--retriever dense needs --model DIR (a dual encoder)")
+        from twotower.retrieval.dual_encoder import DualEncoder
+
+        dense = DenseRetriever(DualEncoder.from_pretrained(args.model), data.corpus, progress=not args.no_progress)
+        retrieve, score_docs = dense, dense.score_docs
+    else:
+        retrieve = bm25_retriever(data.corpus)
+    mined, stats = mine_hard_negatives(data.examples, retrieve, list(data.corpus), cfg, score_docs=score_docs,
+                                       progress=not args.no_progress)
+    write_mined(args.out, mined, {"data": args.data, "split": args.split, "retriever": args.retriever,
+                                  "model": args.model, **asdict(cfg), "stats": stats.as_dict(),
+                                  "skipped": data.skipped.as_dict()})
+    print(json.dumps({"out": args.out, **stats.as_dict(), "skipped": data.skipped.as_dict()}))
+    return 0
+
+
+def run_pairs(args) -> int:
+    from twotower.retrieval.training.self_supervised import (
+        independent_crops,
+        inverse_cloze,
+        write_pairs_jsonl,
+    )
+    from twotower.retrieval.training.training_data import read_corpus
+
+    corpus = read_corpus(args.corpus)
+    if args.method == "crop":
+        data = independent_crops(corpus, pairs_per_document=args.pairs_per_document, seed=args.seed)
+    else:
+        data = inverse_cloze(corpus, seed=args.seed)
+    n = write_pairs_jsonl(args.out, data)
+    print(json.dumps({"out": args.out, "pairs": n, "skipped": data.skipped.as_dict()}))
+    return 0
+
+
+def run_demo(args) -> int:
+    _check_out(args.out)
+    from twotower.retrieval.training.demo_reranker import train_demo_reranker
+
+    kw = {k: v for k, v in (("steps", args.steps), ("layers", args.layers), ("lr", args.lr)) if v is not None}
+    claims = None if args.claims.lower() == "none" else args.claims
+    path = train_demo_reranker(args.out, model=args.model, corpus=args.corpus, claims=claims, seed=args.seed,
+                               progress=not args.no_progress, **kw)
+    print(json.dumps({"reranker": path}))
+    return 0
