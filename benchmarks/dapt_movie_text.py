@@ -1,4 +1,4 @@
-"""Unlabeled in-domain text for continued MLM pretraining before SST-2 (docs/benchmarks/mlm.md section 2d).
+"""Unlabeled in-domain text for continued MLM pretraining before SST-2 (docs/results.md, "Pretraining").
 
 Writes two plain-text corpora (documents separated by blank lines):
 

@@ -1,7 +1,7 @@
 """Our side of benchmarks/mlm_throughput.py alone: train N steps, report validation MLM accuracy and perplexity.
 
 The library is imported from the *current directory*, so one script measures two versions of the code
-(here: this one and session 4's commit 9fabf42), to show a speed change did not change what is learned:
+(here: this one and commit 9fabf42), to show a speed change did not change what is learned:
 
     .venv/bin/python benchmarks/mlm_ours_quality.py --steps 101 --seed 0
     git worktree add /tmp/s4 9fabf42 && ln -s "$PWD/runs" /tmp/s4/runs

@@ -1,6 +1,6 @@
 """The peer side of the quality-under-a-budget benchmark: transformers.BertForMaskedLM for a wall-clock budget.
 
-What the peer gets (its reasonable defaults, stated in docs/benchmarks/mlm.md): `BertConfig` with our size's
+What the peer gets (its reasonable defaults, stated in docs/results.md): `BertConfig` with our size's
 dimensions and HF's default dropout 0.1, fp32 (HF Trainer on a CPU without a bf16 flag), run_mlm.py's
 group_texts blocks of 128 tokens and `DataCollatorForLanguageModeling(mlm_probability=0.15)`, full-vocabulary
 logits.  It also gets our optimizer settings, which are kinder than run_mlm.py's defaults for training from

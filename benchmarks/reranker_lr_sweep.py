@@ -7,8 +7,8 @@ BM25's top 20. Prints the mean training loss per 20 steps and the dev evaluation
 
     .venv/bin/python benchmarks/reranker_lr_sweep.py --lr 1e-4 --head-lr-scale 10 --steps 300 --out runs/rr-sweep
 
-The table in docs/benchmarks/training.md was measured on the 1,500-abstract sample bundled before
-session 2 (the sample now has 2,000, so a re-run gives nearby, not identical, numbers).
+The sweep quoted in docs/training.md was measured on an earlier 1,500-abstract demo sample
+(the sample now has 2,000, so a re-run gives nearby, not identical, numbers).
 """
 
 from __future__ import annotations

@@ -84,10 +84,7 @@ def dense_runs(model_dir: str, corpus, query_sets: dict[str, dict[str, str]], k:
             ids = json.load(f)
         if sorted(ids) != sorted(corpus):
             raise ValueError(f"{vectors_from}: saved document vectors do not cover this corpus")
-        retriever = DenseRetriever.__new__(DenseRetriever)
-        retriever.dual, retriever.ids = dual, ids
-        retriever.pos = {d: i for i, d in enumerate(ids)}
-        retriever.vectors = np.load(os.path.join(vectors_from, "document_vectors.npy"))
+        retriever = DenseRetriever.from_vectors(dual, ids, np.load(os.path.join(vectors_from, "document_vectors.npy")))
         print(f"loaded {len(ids)} frozen document vectors from {vectors_from}", flush=True)
     else:
         retriever = DenseRetriever(dual, corpus, batch_size=batch_size, progress=progress)
@@ -121,7 +118,7 @@ def weighted_fusion_run(dense: dict, lexical: dict, w: float, k: int = 100) -> d
 
 def choose_fusion_weight(dense: dict, lexical: dict, qrels: dict) -> tuple[float, dict[float, float]]:
     """The dense weight (grid 0, 0.1, ..., 1) with the best nDCG@10 on the given (dev) queries; ties: less dense."""
-    from twotower.retrieval.interpolation import ALPHA_GRID
+    from twotower.retrieval.training.alpha import ALPHA_GRID
 
     curve = {float(w): evaluate(weighted_fusion_run(dense, lexical, float(w)), qrels)["ndcg@10"] for w in ALPHA_GRID}
     best = max(curve, key=lambda w: (curve[w], -w))

@@ -80,7 +80,8 @@ def main() -> None:
     args = ap.parse_args()
 
     from twotower.retrieval.cross_encoder import CrossEncoder
-    from twotower.retrieval.interpolation import choose_alpha, interpolate_run
+    from twotower.retrieval.interpolation import interpolate_run
+    from twotower.retrieval.training.alpha import choose_alpha
     from twotower.retrieval.training.dev_eval import rerank_run
     from twotower.retrieval.training.train_reranker import RerankerTrainConfig, train_reranker
 

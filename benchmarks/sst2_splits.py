@@ -6,7 +6,7 @@ nearly always a span of a train row (5,969 of 6,735, 88.6 %; ``main`` below prin
 parse tree: dev accuracy rewards remembering phrases, which a randomly initialised model does as well as a
 pretrained one.
 Test (GLUE dev) is 872 whole sentences none of which occurs in train or dev.  Choices made on the phrase dev
-did not carry over to test in sessions 4-7 (docs/benchmarks/tasks.md).
+did not carry over to test in the earlier pretraining-gain runs (docs/results.md describes this split).
 
 ``sentence_dev`` makes dev the whole sentences of dev.tsv — rows that are not a span of any other row of
 train.tsv or dev.tsv (678 of them, 19.9 words on average; test: 19.5) — and drops from train every row that is
@@ -46,7 +46,7 @@ def sentence_dev(train: list[T], dev: list[T], text=lambda e: e.text) -> tuple[l
 
 
 def main() -> None:
-    """Print the overlap figures quoted above and in docs/benchmarks/tasks.md.
+    """Print the overlap figures quoted above and in docs/results.md.
 
         .venv/bin/python benchmarks/sst2_splits.py
     """

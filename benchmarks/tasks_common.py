@@ -4,7 +4,7 @@ Every benchmark tunes on dev (a carved split when the dataset has none) and
 reports test once, from each seed's best-dev checkpoint, as mean ± std over
 seeds; the detailed table (per class / per entity type / EM-F1) comes from the
 best seed's checkpoint.  Results land in ``<out>/results.json`` and the
-markdown lines printed at the end are what docs/benchmarks/tasks.md records.
+markdown lines printed at the end are what docs/results.md records.
 
 The machine these ran on has 2 cores shared by several people: ``--threads 1``
 is the default, because two intra-op threads spinning against other processes

@@ -23,8 +23,8 @@ def main() -> None:
     p.add_argument("--freeze-encoder", action="store_true")
     args = p.parse_args()
 
-    from twotower.cli.finetune_cmd import carve_dev
     from twotower.encoder.finetuning.finetune import FinetuneConfig
+    from twotower.encoder.finetuning.task_examples import carve_dev
     from twotower.eval.metrics import classification_report, misclassified
     from twotower.eval.tasks import classify_metrics, read_text_examples
 

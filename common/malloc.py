@@ -5,7 +5,7 @@ threshold (32 MiB at most) with a fresh ``mmap`` and gives it back with ``munmap
 each step of a training loop touches its large activations and gradients (a ``mini`` step has
 dozens of 8-80 MB arrays) as brand-new pages: one page fault per 4 KiB, about 5 % of a `mini`
 step on a 2-core CPU (`benchmarks/mlm_throughput.py --malloc default` vs `ours`: 5,880 vs 6,200
-tokens/s; docs/benchmarks/mlm.md).  GPU
+tokens/s; docs/results.md).  GPU
 frameworks avoid this with a caching allocator; here the same effect comes from two ``mallopt``
 settings: no mmap for large blocks (they come from the heap) and no trimming of the heap's top, so
 freed memory is reused by the next step instead of returned to the kernel.

@@ -5,16 +5,13 @@ reads and writes BEIR, TREC, MS MARCO, SQuAD, CoNLL and TSV files with errors
 that name ``path:line``; ``twotower.eval.report`` writes comparison reports.
 """
 
-from twotower.eval.errors import DataError
+from twotower.common.errors import DataError
 from twotower.eval.io import (
     BeirDataset,
     BeirDocument,
     LabeledExample,
     SquadExample,
     TaggedSentence,
-    atomic_open,
-    atomic_write_bytes,
-    atomic_write_text,
     available_splits,
     detect_qrels_format,
     iter_beir_corpus,
@@ -105,9 +102,6 @@ __all__ = [
     "TaggedSentence",
     "TaggingReport",
     "accuracy",
-    "atomic_open",
-    "atomic_write_bytes",
-    "atomic_write_text",
     "available_splits",
     "classification_report",
     "confusion_matrix",

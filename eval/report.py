@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from twotower.eval.io.atomic import atomic_write_bytes, atomic_write_text
+from twotower.common.atomic import atomic_write_bytes, atomic_write_text
 from twotower.eval.io.trec import write_trec_run
 from twotower.eval.metrics.names import parse_metrics
 from twotower.eval.metrics.retrieval import Qrels, RetrievalEvaluation, Run, evaluate, mean_recall_curve

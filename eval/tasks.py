@@ -19,11 +19,11 @@ Formats by task:
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from typing import Any
 
+from twotower.common.errors import DataError
 from twotower.encoder.finetuning.task_examples import QAExample, TagExample, TextExample
 
 
@@ -39,26 +39,19 @@ def _lines(path: str):
 
 
 def _jsonl(path: str):
-    for number, line in _lines(path):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
-        if not isinstance(obj, dict):
-            raise ValueError(f"{path}:{number}: expected a JSON object")
-        yield number, obj
+    from twotower.eval.io.lines import json_lines
+
+    return json_lines(path)
 
 
 def _field(path: str, number: int, obj: dict, key: str, kind: type | tuple, required: bool = True) -> Any:
     if key not in obj or obj[key] is None:
         if required:
-            raise ValueError(f"{path}:{number}: missing field {key!r}")
+            raise DataError(path, number, f"missing field {key!r}")
         return None
     if not isinstance(obj[key], kind):
         names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
-        raise ValueError(f"{path}:{number}: field {key!r} must be {names}")
+        raise DataError(path, number, f"field {key!r} must be {names}")
     return obj[key]
 
 
@@ -76,7 +69,7 @@ def read_text_examples(path: str, text_column: str | None = None, label_column: 
         return out
     if path.endswith(".txt"):
         if need_labels:
-            raise ValueError(f"{path}: a .txt file has no labels; use a .tsv with a header or .jsonl")
+            raise DataError(path, None, "a .txt file has no labels; use a .tsv with a header or .jsonl")
         return [TextExample(line, source=f"{path}:{n}") for n, line in _lines(path) if line.strip()]
     from twotower.eval.io import read_classification_tsv
 
@@ -102,12 +95,12 @@ def _unlabelled_tsv(path: str, text_column: str | None, pair_column: str | None)
     rows = _lines(path)
     first = next(rows, None)
     if first is None:
-        raise ValueError(f"{path}: file is empty (a header line is required)")
+        raise DataError(path, None, "file is empty (a header line is required)")
     header = [h.strip() for h in first[1].split("\t")]
     names = [text_column] if text_column else list(TEXT_COLUMNS)
     text_i = next((header.index(c) for c in names if c in header), None)
     if text_i is None:
-        raise ValueError(f"{path}:1: no text column (tried {names}); columns are {header}")
+        raise DataError(path, 1, f"no text column (tried {names}); columns are {header}")
     pairs = [pair_column] if pair_column else list(PAIR_COLUMNS)
     pair_i = next((header.index(c) for c in pairs if c in header), None)
     out = []
@@ -116,7 +109,7 @@ def _unlabelled_tsv(path: str, text_column: str | None, pair_column: str | None)
             continue
         fields = line.split("\t")
         if len(fields) != len(header):
-            raise ValueError(f"{path}:{n}: expected {len(header)} tab-separated fields, got {len(fields)}")
+            raise DataError(path, n, f"expected {len(header)} tab-separated fields, got {len(fields)}")
         out.append(TextExample(fields[text_i], None, fields[pair_i] if pair_i is not None else None, f"{path}:{n}"))
     return out
 
@@ -130,7 +123,7 @@ def read_tag_examples(path: str, need_tags: bool = True) -> list[TagExample]:
             tokens = _field(path, n, obj, "tokens", list)
             tags = _field(path, n, obj, "tags", list, need_tags)
             if tags is not None and len(tags) != len(tokens):
-                raise ValueError(f"{path}:{n}: {len(tokens)} tokens but {len(tags)} tags")
+                raise DataError(path, n, f"{len(tokens)} tokens but {len(tags)} tags")
             out.append(TagExample([str(t) for t in tokens], None if tags is None else [str(t) for t in tags],
                                   f"{path}:{n}"))
         return out
@@ -160,7 +153,7 @@ def read_qa_examples(path: str) -> list[QAExample]:
             for a in _field(path, n, obj, "answers", list, required=False) or []:
                 if not isinstance(a, dict) or not isinstance(a.get("text"), str) or \
                         not isinstance(a.get("answer_start"), int):
-                    raise ValueError(f"{path}:{n}: each answer needs 'text' (string) and 'answer_start' (int)")
+                    raise DataError(path, n, "each answer needs 'text' (string) and 'answer_start' (int)")
                 answers.append((a["text"], a["answer_start"]))
             out.append(QAExample(str(_field(path, n, obj, "id", (str, int))), _field(path, n, obj, "question", str),
                                  _field(path, n, obj, "context", str), answers, f"{path}:{n}"))

@@ -12,7 +12,6 @@ from twotower.indexing.bm25 import BM25, document_text
 from twotower.indexing.docstore import DocStore, Document, as_document
 from twotower.indexing.errors import IndexFormatError
 from twotower.indexing.factory import auto_factory, index_kind
-from twotower.indexing.ingest import IngestStats
 from twotower.indexing.manifest import Manifest
 from twotower.indexing.search_result import MISSING_ID, SearchResult
 from twotower.indexing.store import IndexLockedError, IndexStore
@@ -25,7 +24,6 @@ __all__ = [
     "IndexFormatError",
     "IndexLockedError",
     "IndexStore",
-    "IngestStats",
     "MISSING_ID",
     "Manifest",
     "SearchResult",

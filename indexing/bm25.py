@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from twotower.indexing.atomic_io import atomic_write_bytes
+from twotower.common.atomic import atomic_write_bytes
 from twotower.indexing.errors import IndexFormatError
 from twotower.indexing.search_result import SearchResult, empty_result
 

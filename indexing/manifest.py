@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from twotower.indexing.atomic_io import atomic_write_json
+from twotower.common.atomic import atomic_write_json
 from twotower.indexing.errors import IndexFormatError
 
 MANIFEST_NAME = "manifest.json"

@@ -21,30 +21,29 @@ sets ``generation = g+1`` and commits. That single SQLite commit is the commit p
 So a directory always opens with exactly the documents and vectors of the last completed
 commit (tests/indexing/test_store_crash.py kills real processes at each step).
 
-Resumable bulk builds: ``ingest`` adds in batches, commits every ``commit_every``
-documents and skips ids already present, so rerunning it after a crash continues where
-the last commit ended without re-encoding finished documents. Each commit rewrites the
-whole vector file, so choose ``commit_every`` to balance lost work against I/O.
+New directories (``create``, ``copy_to``) are built beside their target and renamed into
+place, so a target path holds either nothing or a whole index. Bulk builds from a corpus
+(encode in resumable shards, then one commit) are ``twotower.retrieval.build``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import shutil
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
-from twotower.indexing.atomic_io import TMP_MARKER, fsync_dir
+from twotower.common.atomic import TMP_MARKER, fsync_dir
 from twotower.indexing.bm25 import BM25, document_text
 from twotower.indexing.docstore import DocStore, Document, as_document
 from twotower.indexing.errors import IndexFormatError
-from twotower.indexing.ingest import IngestStats, ingest
 from twotower.indexing.manifest import MANIFEST_NAME, Manifest
 from twotower.indexing.search_result import SearchResult
 from twotower.indexing.vector_index import Metric, VectorIndex
@@ -81,6 +80,27 @@ def bm25_name(generation: int) -> str:
 
 class IndexLockedError(RuntimeError):
     """Another process holds the directory open for writing."""
+
+
+@contextlib.contextmanager
+def _built_aside(directory: Path) -> Iterator[Path]:
+    """A temporary sibling of `directory` to fill; on success it is fsynced and renamed to `directory`.
+
+    `directory` must not exist or be empty (a rename replaces an empty directory atomically on POSIX).
+    On an error the temporary directory is removed and `directory` is left as it was.
+    """
+    if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
+        raise FileExistsError(f"{directory}: already exists and is not an empty directory")
+    tmp = directory.parent / f"{directory.name}{TMP_MARKER}{uuid.uuid4().hex[:8]}"
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
+        fsync_dir(tmp)
+        os.rename(tmp, directory)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    fsync_dir(directory.parent)
 
 
 class IndexStore:
@@ -134,15 +154,11 @@ class IndexStore:
         not exist or be empty.
         """
         directory = Path(directory)
-        if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
-            raise FileExistsError(f"{directory}: already exists and is not an empty directory")
         vectors = VectorIndex(dim, factory, metric, expected_size=expected_size, **vector_options)
         bm25_args = (dict(bm25) if isinstance(bm25, Mapping) else {}) if bm25 else None
         if bm25_args is not None:
             BM25(**bm25_args)  # validate the arguments now
-        tmp = directory.parent / f"{directory.name}{TMP_MARKER}{uuid.uuid4().hex[:8]}"
-        tmp.mkdir(parents=True)
-        try:
+        with _built_aside(directory) as tmp:
             vectors.save(tmp / vectors_name(0))
             with DocStore(tmp / DOCS_NAME) as docs:
                 docs.set_meta("generation", "0")
@@ -156,12 +172,6 @@ class IndexStore:
                 bm25=bm25_args,
                 extra=dict(extra or {}),
             ).write(tmp / MANIFEST_NAME)
-            fsync_dir(tmp)
-            os.rename(tmp, directory)  # replaces an empty directory atomically on POSIX
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        fsync_dir(directory.parent)
         return cls(directory, readonly=False, mmap=True)
 
     @classmethod
@@ -255,7 +265,8 @@ class IndexStore:
     # ------------------------------------------------------------------ staging
     def _check_writable(self) -> None:
         if self.readonly:
-            raise ValueError(f"{self.directory}: opened read-only")
+            raise ValueError(f"{self.directory}: opened read-only; to change it, open it with readonly=False "
+                             "(SearchPipeline.load(..., readonly=False) or IndexStore.open(..., readonly=False))")
         if self._lock_fd is None and fcntl is not None:
             raise ValueError(f"{self.directory}: store is closed")
 
@@ -366,29 +377,24 @@ class IndexStore:
             self._load_generation()
         self._pending = False
 
-    # ------------------------------------------------------------------ bulk build
-    def ingest(
-        self,
-        docs: Iterable[Mapping[str, Any]],
-        embed: Callable[[list[Document]], np.ndarray],
-        *,
-        batch_size: int = 256,
-        commit_every: int = 10_000,
-        progress: bool = False,
-        total: int | None = None,
-    ) -> IngestStats:
-        """Resumable bulk build (``twotower.indexing.ingest.ingest``): skips present ids before ``embed``,
-        commits every ``commit_every`` documents; rerun the same call to resume after a crash."""
-        self._check_writable()
-        return ingest(
-            self,
-            docs,
-            embed,
-            batch_size=batch_size,
-            commit_every=commit_every,
-            progress=progress,
-            total=total,
-        )
+    # ------------------------------------------------------------------ copying
+    def copy_to(self, target: str | os.PathLike) -> Path:
+        """Write a complete copy of the last committed generation to a new directory `target`, atomically.
+
+        Copies the manifest, the SQLite documents (with their write-ahead log), the vector file and
+        the BM25 cache of this generation; staged changes are not copied (``commit()`` first).
+        `target` must not exist or be empty; it is built beside itself and renamed into place.
+        This store keeps working on its own directory.
+        """
+        target = Path(target)
+        names = [MANIFEST_NAME, DOCS_NAME, DOCS_NAME + "-wal", vectors_name(self.generation),
+                 bm25_name(self.generation)]
+        with _built_aside(target) as tmp:
+            for name in names:
+                if (self.directory / name).exists():
+                    shutil.copy2(self.directory / name, tmp / name)
+            (tmp / LOCK_NAME).touch()
+        return target
 
     # ------------------------------------------------------------------ reading
     def __len__(self) -> int:
@@ -434,7 +440,8 @@ class IndexStore:
         """Lexical search over title + text; ValueError if the store was created without BM25."""
         bm = self.bm25
         if bm is None:
-            raise ValueError(f"{self.directory}: created without BM25 (IndexStore.create(..., bm25=True))")
+            raise ValueError(f"{self.directory}: created without BM25, which hybrid search needs; build it with "
+                             "bm25=True (SearchPipeline.build(..., bm25=True) or IndexStore.create(..., bm25=True))")
         return bm.search(queries, k)
 
     def info(self) -> dict[str, Any]:

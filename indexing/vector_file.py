@@ -16,7 +16,7 @@ from typing import Any
 
 import faiss
 
-from twotower.indexing.atomic_io import atomic_write_with
+from twotower.common.atomic import atomic_path
 from twotower.indexing.errors import IndexFormatError
 
 TRAILER_MAGIC = b"TTVECIX1"
@@ -37,7 +37,8 @@ def write_vector_file(path: str | Path, index: faiss.Index, state: dict[str, Any
             f.write(struct.pack("<Q", len(header)))
             f.write(TRAILER_MAGIC)
 
-    atomic_write_with(path, _write)
+    with atomic_path(path) as tmp:
+        _write(Path(tmp))
 
 
 def read_state(path: str | Path) -> dict[str, Any]:

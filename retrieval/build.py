@@ -207,12 +207,13 @@ def build_index(
     progress: bool = True,
     keep_shards: bool = False,
     work_dir: str | None = None,
-    extra: Callable[[CorpusPlan, BuildPlan], dict[str, Any]] | None = None,
+    extra: Callable[[CorpusPlan, BuildPlan, dict[str, Any]], dict[str, Any]] | None = None,
 ) -> bool:
     """Build the index at `out` from a corpus file; returns True on the rank that assembled it (rank 0).
 
-    See the module docstring for the steps.  `extra(corpus_plan, build_plan)`
-    supplies the manifest's ``extra`` object (the pipeline block).
+    See the module docstring for the steps.  `extra(corpus_plan, build_plan, run)`
+    supplies the manifest's ``extra`` object (the pipeline block); `run` says how the
+    build ran (world_size, shard_size, batch_size, encode_seconds).
     """
     if shard_size < 1:
         raise ValueError(f"shard_size must be >= 1, got {shard_size}")
@@ -245,12 +246,9 @@ def build_index(
         encode_shards(plan, corpus, encoder, work_dir, info, batch_size=batch_size, progress=progress)
         barrier(info)
         if info.is_main:
-            meta = extra(corpus, plan) if extra is not None else {}
-            if isinstance(meta.get("pipeline"), dict):
-                meta["pipeline"]["build"] = {
-                    "world_size": info.world_size, "shard_size": plan.shard_size, "batch_size": batch_size,
-                    "encode_seconds": round(time.perf_counter() - started, 1),
-                }
+            run = {"world_size": info.world_size, "shard_size": plan.shard_size, "batch_size": batch_size,
+                   "encode_seconds": round(time.perf_counter() - started, 1)}
+            meta = extra(corpus, plan, run) if extra is not None else {}
             assemble(plan, corpus, work_dir, out, factory=factory, metric=metric or encoder.metric, bm25=bm25,
                      extra=meta, progress=progress)
             if not keep_shards:

@@ -9,7 +9,6 @@ the file and line, before any model runs or anything is written.
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import tempfile
@@ -17,62 +16,34 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from twotower.common.errors import DataError
+from twotower.eval.io.beir import BeirDocument, iter_beir_corpus, parse_beir_document
 from twotower.indexing import Document
 
 DUPLICATE_POLICIES = ("error", "skip", "replace")
 
 
+def _as_document(doc: BeirDocument) -> Document:
+    return Document(id=doc.doc_id, title=doc.title, text=doc.text, metadata=dict(doc.metadata))
+
+
 def parse_document(obj: Any, where: str) -> Document:
-    """Turn one decoded JSON value into an `indexing.Document`; `where` ("file:line") prefixes every error.
+    """Turn one in-memory record into an `indexing.Document`; `where` (e.g. "docs[3]") prefixes every error.
 
-    BEIR's ``_id`` (or ``id``; an integer is accepted and turned into a string) and
-    ``text`` are required, ``title`` and ``metadata`` optional.
+    The rules are BEIR's, as ``twotower.eval.io.beir.parse_beir_document`` checks them
+    for every corpus line: ``_id`` (or ``id``; an integer becomes a string) and ``text``
+    are required, ``title`` and ``metadata`` optional; an index also refuses a document
+    with blank ``text`` and ``title`` (nothing to search).
     """
-    if not isinstance(obj, dict):
-        raise ValueError(f"{where}: expected a JSON object, got {type(obj).__name__}")
-    doc_id = obj.get("_id", obj.get("id"))
-    if doc_id is None:
-        raise ValueError(f"{where}: missing field '_id'")
-    if isinstance(doc_id, int) and not isinstance(doc_id, bool):
-        doc_id = str(doc_id)
-    if not isinstance(doc_id, str) or not doc_id.strip():
-        raise ValueError(f"{where}: field '_id' must be a non-empty string, got {doc_id!r}")
-    text = obj.get("text")
-    if not isinstance(text, str):
-        raise ValueError(f"{where}: missing string field 'text'")
-    title = obj.get("title") or ""
-    if not isinstance(title, str):
-        raise ValueError(f"{where}: field 'title' must be a string, got {type(title).__name__}")
-    if not text.strip() and not title.strip():
-        raise ValueError(f"{where}: document {doc_id!r} has empty 'text' and 'title'")
-    meta = obj.get("metadata") or {}
-    if not isinstance(meta, dict):
-        raise ValueError(f"{where}: field 'metadata' must be an object, got {type(meta).__name__}")
-    return Document(id=doc_id, title=title, text=text, metadata=meta)
-
-
-def _open(path: str):
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"corpus file not found: {path}")
-    opener = gzip.open if path.endswith(".gz") else open
-    return opener(path, "rt", encoding="utf-8")
+    return _as_document(parse_beir_document(obj, where, require_content=True))
 
 
 def iter_documents(path: str) -> Iterator[tuple[int, Document]]:
-    """Yield (line number, Document) for every non-blank line of a .jsonl(.gz) corpus."""
-    with _open(path) as f:
-        lineno = 0
-        try:
-            for lineno, line in enumerate(f, 1):  # noqa: B007 - lineno is read in the except clause
-                if not line.strip():
-                    continue
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
-                yield lineno, parse_document(obj, f"{path}:{lineno}")
-        except UnicodeDecodeError as exc:
-            raise ValueError(f"{path}:{lineno + 1}: not valid UTF-8 ({exc.reason})") from exc
+    """Yield (line number, Document) for every non-blank line of a .jsonl(.gz) corpus, streaming."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"corpus file not found: {path}")
+    for lineno, doc in iter_beir_corpus(path, require_content=True):
+        yield lineno, _as_document(doc)
 
 
 @dataclass
@@ -100,7 +71,7 @@ def validate_corpus(path: str, on_duplicate: str = "error", existing_ids: Iterab
         existing_ids: ids already in the index (for `add`): a collision is a duplicate too;
             with "replace" the caller must delete the old copy.
     Raises:
-        ValueError naming file and line; ValueError for an empty corpus.
+        DataError (a ValueError) naming file and line, or the file for an empty corpus.
     """
     if on_duplicate not in DUPLICATE_POLICIES:
         raise ValueError(f"on_duplicate={on_duplicate!r}; choose one of {DUPLICATE_POLICIES}")
@@ -117,8 +88,8 @@ def validate_corpus(path: str, on_duplicate: str = "error", existing_ids: Iterab
         dups += 1
         where = f"line {prev}" if prev is not None else "the index"
         if on_duplicate == "error":
-            raise ValueError(
-                f"{path}:{lineno}: duplicate document id {doc_id!r} (already in {where}); "
+            raise DataError(
+                path, lineno, f"duplicate document id {doc_id!r} (already in {where}); "
                 "use --on-duplicate skip|replace to choose"
             )
         if on_duplicate == "skip":
@@ -128,7 +99,7 @@ def validate_corpus(path: str, on_duplicate: str = "error", existing_ids: Iterab
                 skip.add(prev)
             first_line[doc_id] = lineno
     if not first_line and dups == 0:
-        raise ValueError(f"{path}: corpus is empty (no documents)")
+        raise DataError(path, None, "corpus is empty (no documents)")
     return CorpusPlan(path=path, num_documents=len(first_line), num_duplicates=dups, skip_lines=skip)
 
 
@@ -164,7 +135,7 @@ def resolve_duplicates(rows: list[Document], on_duplicate: str, existing: set[st
         if doc_id in seen or doc_id in existing:
             if on_duplicate == "error":
                 where = f"docs[{seen[doc_id]}]" if doc_id in seen else "the index"
-                raise ValueError(f"docs[{i}]: duplicate document id {doc_id!r} (already in {where})")
+                raise DataError(f"docs[{i}]", None, f"duplicate document id {doc_id!r} (already in {where})")
             if on_duplicate == "skip":
                 continue
             if doc_id in seen:  # replace: the later copy wins
@@ -190,7 +161,7 @@ def write_corpus_file(docs: Iterable[Mapping[str, Any]], directory: str) -> str:
                 f.write(json.dumps({"_id": doc["id"], "title": doc["title"], "text": doc["text"],
                                     "metadata": doc["metadata"]}, ensure_ascii=False) + "\n")
         if n == 0:
-            raise ValueError("no documents given (empty corpus)")
+            raise DataError("docs", None, "no documents given (empty corpus)")
     except BaseException:
         os.unlink(path)
         raise

@@ -4,11 +4,15 @@ Because the query and the document attend to each other, nothing can be
 precomputed: a cross-encoder costs one forward pass per (query, document) pair,
 which is why it reranks a short list recalled by the dual encoder.
 
-The model is exactly HF `BertForSequenceClassification` with ``num_labels=1``:
+The model is the encoder's sequence-classification head
+(`twotower.encoder.core.heads.BertForSequenceClassification`, HF's class of the
+same name) with ``num_labels=1`` and the [CLS] pooler:
 ``logit = classifier(dropout(pooler(h_[CLS])))``.  Keeping HF's parameter names
 (``bert.*``, ``classifier.weight``/``bias``) is what lets a directory we save be
 scored by `transformers` and `sentence_transformers.CrossEncoder` unchanged, and
-lets us load theirs (ms-marco MiniLM rerankers and the like).
+lets us load theirs (ms-marco MiniLM rerankers and the like).  This class adds
+what a reranker needs around that head: pair tokenization, batched ``predict``
+and the interpolation weight stored with the checkpoint.
 
 Scores are raw logits.  sentence-transformers applies a sigmoid to
 ``num_labels=1`` models by default; the directories we write name
@@ -43,7 +47,8 @@ from twotower.encoder.core.checkpoint import (
     split_prefix,
 )
 from twotower.encoder.core.config import EncoderConfig
-from twotower.encoder.core.model import BertModel, BertPooler
+from twotower.encoder.core.heads import BertForSequenceClassification
+from twotower.encoder.core.model import BertModel
 from twotower.encoder.core.tokenizer import Tokenizer
 from twotower.retrieval.interpolation import read_alpha, write_alpha
 
@@ -56,50 +61,33 @@ ST_IDENTITY = "torch.nn.modules.linear.Identity"
 _CHUNK = 2048
 
 
-class _Scorer(nn.Module):
-    """bert + dropout + classifier, the part of a CrossEncoder that runs on tensors (copied to bf16 for inference)."""
-
-    def __init__(self, bert: BertModel, dropout: nn.Dropout, classifier: nn.Linear) -> None:
-        super().__init__()
-        self.bert, self.dropout, self.classifier = bert, dropout, classifier
-
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None) -> torch.Tensor:
-        _, pooled = self.bert(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)  # (B, H)
-        # The head runs in its own dtype: fp32 even in the bf16 inference copy, because bf16's 8-bit
-        # mantissa would quantise logits (steps of ~0.02 at 5.0) and tie close candidates.
-        return self.classifier(self.dropout(pooled).to(self.classifier.weight.dtype)).squeeze(-1)  # (B,)
-
-
 class CrossEncoder(nn.Module):
-    """A BERT pair scorer: ``forward`` gives one logit per [CLS] query [SEP] doc [SEP] input."""
+    """A BERT pair scorer: ``forward`` gives one logit per [CLS] query [SEP] doc [SEP] input.
+
+    Args:
+        model: the scoring network, a [CLS]-pooled sequence-classification head with one label.
+        tokenizer: the tokenizer the encoder was trained with.
+        max_length: tokens per pair (query + document); None = the tokenizer's maximum, capped by the model's.
+    """
 
     def __init__(
         self,
-        bert: BertModel,
+        model: BertForSequenceClassification,
         tokenizer: Tokenizer,
         max_length: int | None = None,
         device: torch.device | str | None = None,
         bf16: bool | str = "auto",
     ) -> None:
         super().__init__()
-        config = bert.config
-        if bert.pooler is None:
-            # HF's classifier reads the pooled [CLS]; an encoder saved without a pooler gets a fresh one.
-            bert.pooler = BertPooler(config)
-            bert.pooler.apply(bert._init_weights)
-        self.bert = bert
-        dropout = config.extra.get("classifier_dropout")
-        self.dropout = nn.Dropout(config.hidden_dropout_prob if dropout is None else float(dropout))
-        self.classifier = nn.Linear(config.hidden_size, 1)
-        nn.init.normal_(self.classifier.weight, std=config.initializer_range)
-        nn.init.zeros_(self.classifier.bias)
+        if model.num_labels != 1 or model.pooling != "cls":
+            raise ValueError(f"a reranker scores with one [CLS]-pooled logit, got num_labels={model.num_labels} "
+                             f"and pooling={model.pooling!r}")
+        self.model = model
         self.tokenizer = tokenizer
         # The dev-chosen weight of this reranker's scores against the first stage's (retrieval.interpolation);
         # None = pure reranking. Loaded from / saved to ALPHA_FILE next to the weights.
         self.interpolation: float | None = None
-        # Not a registered submodule (it shares the parameters above); the key of the bf16 inference copy.
-        object.__setattr__(self, "_scorer", _Scorer(self.bert, self.dropout, self.classifier))
-        cap = config.max_position_embeddings
+        cap = model.config.max_position_embeddings
         self.max_length = min(int(max_length or tokenizer.model_max_length or cap), cap)
         if self.max_length < 8:
             raise ValueError(f"max_length={self.max_length} is too short for a query-document pair")
@@ -109,8 +97,16 @@ class CrossEncoder(nn.Module):
         self.eval()
 
     @property
+    def bert(self) -> BertModel:
+        return self.model.bert
+
+    @property
+    def classifier(self) -> nn.Linear:
+        return self.model.classifier
+
+    @property
     def config(self) -> EncoderConfig:
-        return self.bert.config
+        return self.model.config
 
     # ---- construction ------------------------------------------------------------------------------
     @classmethod
@@ -143,19 +139,19 @@ class CrossEncoder(nn.Module):
                 "relevance logit (num_labels=1)"
             )
         tokenizer = _load_tokenizer(directory)
-        bert = BertModel(config, add_pooling_layer=True)
-        has_pooler = any(k.startswith("pooler.") for k in enc_state)
+        model = BertForSequenceClassification(config, num_labels=1, pooling="cls")
+        has_pooler = _has_pooler(enc_state)
         if not has_pooler:
             logger.warning("%s: no pooler weights; the pooler is freshly initialised", directory)
-        load_into(bert, enc_state, source=os.path.join(directory, WEIGHTS_NAME),
-                  allow_missing=() if has_pooler else ("pooler.",))
+        state = {f"bert.{k}": v for k, v in enc_state.items()}
+        state.update({k: rest[k] for k in ("classifier.weight", "classifier.bias")})
+        load_into(model, state, source=os.path.join(directory, WEIGHTS_NAME),
+                  allow_missing=() if has_pooler else ("bert.pooler.",))
         if max_length is None:
             max_length = _st_max_length(directory)
-        model = cls(bert, tokenizer, max_length=max_length, device="cpu", bf16=False)
-        head = {"weight": rest["classifier.weight"], "bias": rest["classifier.bias"]}
-        load_into(model.classifier, head, source=os.path.join(directory, WEIGHTS_NAME))
-        model.interpolation = read_alpha(directory)
-        return model._place(device, bf16)
+        ce = cls(model, tokenizer, max_length=max_length, device=device, bf16=bf16)
+        ce.interpolation = read_alpha(directory)
+        return ce
 
     @classmethod
     def from_encoder(
@@ -172,23 +168,18 @@ class CrossEncoder(nn.Module):
         config = EncoderConfig.load(os.path.join(directory, CONFIG_NAME))
         tokenizer = _load_tokenizer(directory)
         enc_state, _ = split_prefix(read_weights(directory))
-        has_pooler = any(k.startswith("pooler.") for k in enc_state)
-        if seed is not None:
-            torch.manual_seed(seed)
-        bert = BertModel(config, add_pooling_layer=True)
-        load_into(bert, enc_state, source=os.path.join(directory, WEIGHTS_NAME),
-                  allow_missing=() if has_pooler else ("pooler.",))
-        # Task metadata of the source checkpoint (its labels) does not describe the new head.
-        for key in ("num_labels", "id2label", "label2id", "problem_type", "sentence_transformers"):
+        # Task metadata of the source checkpoint (its labels, its head's pooling) does not describe the new head.
+        for key in ("num_labels", "id2label", "label2id", "problem_type", "sentence_transformers",
+                    "classifier_pooling"):
             config.extra.pop(key, None)
+        if seed is not None:
+            torch.manual_seed(seed)  # draws the head (and a pooler the checkpoint lacks)
+        model = BertForSequenceClassification(config, num_labels=1, pooling="cls")
+        load_into(model.bert, enc_state, source=os.path.join(directory, WEIGHTS_NAME),
+                  allow_missing=() if _has_pooler(enc_state) else ("pooler.",))
         if max_length is None:
             max_length = _st_max_length(directory)
-        return cls(bert, tokenizer, max_length=max_length, device="cpu", bf16=False)._place(device, bf16)
-
-    def _place(self, device: torch.device | str | None, bf16: bool | str) -> CrossEncoder:
-        self.device = torch.device(device) if device is not None else default_device()
-        self.bf16 = resolve_bf16(bf16, self.device)
-        return self.to(self.device).eval()
+        return cls(model, tokenizer, max_length=max_length, device=device, bf16=bf16)
 
     # ---- model -------------------------------------------------------------------------------------
     def forward(
@@ -198,7 +189,7 @@ class CrossEncoder(nn.Module):
         token_type_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """input_ids/attention_mask/token_type_ids: (B, T) -> logits (B,)."""
-        return self._scorer(input_ids, attention_mask, token_type_ids)
+        return self.model(input_ids, attention_mask, token_type_ids).squeeze(-1)  # (B, 1) -> (B,)
 
     def encode_pairs(self, queries: Sequence[str], docs: Sequence[str]):
         """Tokenize pairs as [CLS] q [SEP] d [SEP], truncating only the document (queries are pre-clipped)."""
@@ -248,12 +239,14 @@ class CrossEncoder(nn.Module):
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         was_training = self.training
         self.eval()
-        net = self._scorer
+        net = self.model
         if self.bf16:
             from twotower.encoder.core.encode import inference_copy
 
-            net = inference_copy(self._scorer, torch.bfloat16, self.device)
-            net.classifier.float()  # idempotent on the cached copy; see _Scorer.forward
+            net = inference_copy(self.model, torch.bfloat16, self.device)
+            # The head runs in fp32 even in the bf16 copy (the head casts its input to its own dtype):
+            # bf16's 8-bit mantissa would quantise logits (steps of ~0.02 at 5.0) and tie close candidates.
+            net.classifier.float()  # idempotent on the cached copy
         scores = np.empty(len(pairs), dtype=np.float32)
         bar = None
         if progress:
@@ -270,7 +263,7 @@ class CrossEncoder(nn.Module):
                     idx = order[b:b + batch_size]
                     T = int(lengths[idx].max())
                     inputs = {k: v[idx, :T].to(self.device) for k, v in enc.model_inputs().items()}  # (b, T)
-                    logits = net(**inputs)  # (b,)
+                    logits = net(**inputs).squeeze(-1)  # (b, 1) -> (b,)
                     scores[start + idx.numpy()] = logits.float().cpu().numpy()
                     if bar is not None:
                         bar.update(len(idx))
@@ -294,11 +287,8 @@ class CrossEncoder(nn.Module):
 
     # ---- saving ------------------------------------------------------------------------------------
     def state_for_hf(self) -> dict[str, torch.Tensor]:
-        """Parameters under HF `BertForSequenceClassification` names."""
-        state = {f"bert.{k}": v for k, v in self.bert.state_dict().items()}
-        state["classifier.weight"] = self.classifier.weight
-        state["classifier.bias"] = self.classifier.bias
-        return {k: v.detach().float().cpu() for k, v in state.items()}
+        """Parameters under HF `BertForSequenceClassification` names (those of the head module itself)."""
+        return {k: v.detach().float().cpu() for k, v in self.model.state_dict().items()}
 
     def save_pretrained(self, directory: str) -> None:
         """Write an HF seq-classification directory (num_labels=1) that transformers and ST load as-is.
@@ -323,6 +313,10 @@ class CrossEncoder(nn.Module):
             tok.model_max_length = saved_max
         if self.interpolation is not None:
             write_alpha(directory, self.interpolation)
+
+
+def _has_pooler(enc_state: dict[str, torch.Tensor]) -> bool:
+    return any(k.startswith("pooler.") for k in enc_state)
 
 
 def _num_labels(config: EncoderConfig) -> int | None:

@@ -23,18 +23,16 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import uuid
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from twotower.common.atomic import fsync_dir
-from twotower.indexing import MISSING_ID, IndexStore, SearchResult, document_text
+from twotower.indexing import MISSING_ID, Document, IndexStore, document_text
 from twotower.indexing.manifest import MANIFEST_NAME
 from twotower.retrieval.build import DEFAULT_SHARD_SIZE, build_index
+from twotower.retrieval.candidates import Candidate, dense_candidates, fused_candidates
 from twotower.retrieval.corpus import (
     DUPLICATE_POLICIES,
     iter_chunks,
@@ -44,7 +42,7 @@ from twotower.retrieval.corpus import (
     write_corpus_file,
 )
 from twotower.retrieval.dual_encoder import DualEncoder
-from twotower.retrieval.fusion import RRF_K, reciprocal_rank_fusion, score_fusion
+from twotower.retrieval.fusion import RRF_K
 from twotower.retrieval.hit import Hit, gc_paused
 from twotower.retrieval.interpolation import interpolate
 from twotower.retrieval.manifest import (
@@ -58,6 +56,7 @@ from twotower.retrieval.manifest import (
     resolve_model_source,
 )
 from twotower.retrieval.reader import AnswerResult, label_hits, read_answers
+from twotower.retrieval.rerank import rerank_scores
 
 logger = logging.getLogger(__name__)
 
@@ -161,7 +160,7 @@ class SearchPipeline:
         else:
             corpus_path = os.fspath(corpus)
 
-        def extra(corpus_plan, build_plan) -> dict[str, Any]:
+        def extra(corpus_plan, build_plan, run) -> dict[str, Any]:
             desc = encoder.describe()
             desc["model"] = model_source(model_dir) if model_dir else None
             return {PIPELINE_KEY: {
@@ -172,6 +171,7 @@ class SearchPipeline:
                 "corpus": {"path": None if tmp_corpus else os.path.realpath(corpus_path),
                            "sha256": build_plan.corpus_sha256, "documents": build_plan.num_documents,
                            "duplicates": corpus_plan.num_duplicates, "on_duplicate": on_duplicate},
+                "build": run,
             }}
 
         try:
@@ -332,17 +332,16 @@ class SearchPipeline:
         dense = self.store.search(qvecs, recall_k)
         if hybrid:
             lexical = self.store.search_bm25(queries, recall_k)
-            candidates = [
-                _fuse(dense, lexical, qi, recall_k, fusion, rrf_k, weights) for qi in range(len(queries))
-            ]
+            candidates = [fused_candidates(dense, lexical, qi, recall_k, fusion, rrf_k, weights)
+                          for qi in range(len(queries))]
         else:
-            candidates = _first_stage(dense)
-        rerank_scores = final_scores = None
+            candidates = dense_candidates(dense)
+        cross_scores = final_scores = None
         if rerank and self.reranker is not None:
             alpha = self.rerank_alpha(rerank_alpha)
-            candidates, rerank_scores, final_scores = self._rerank(queries, candidates, k, batch_size, progress,
+            candidates, cross_scores, final_scores = self._rerank(queries, candidates, k, batch_size, progress,
                                                                    alpha)
-        hits = self._hits(candidates, k, rerank_scores, fetch_documents, final_scores)
+        hits = self._hits(candidates, k, cross_scores, fetch_documents, final_scores)
         if clf is not None:
             self._label(hits, clf, batch_size)
         return hits[0] if single else hits
@@ -416,8 +415,8 @@ class SearchPipeline:
             raise ValueError(f"k must be a positive int, got {k!r}")
         res = self.store.search(np.asarray(query_vectors), k)
         if fetch_documents:
-            return self._hits(_first_stage(res), k, None, True)
-        # The lean path (ids and scores only): Hits straight from the result arrays, no intermediate tuples.
+            return self._hits(dense_candidates(res), k, None, True)
+        # The lean path (ids and scores only): Hits straight from the result arrays, no Candidates between.
         ranks = range(1, k + 1)
         with gc_paused():
             return [[Hit(d, None, None, r, s, s, r) for r, d, s in zip(ranks, ids, scores) if d != MISSING_ID]
@@ -437,27 +436,21 @@ class SearchPipeline:
             )
 
     def _rerank(
-        self, queries: list[str], candidates: list[list[tuple]], k: int, batch_size: int, progress: bool,
-        alpha: float = 1.0,
-    ) -> tuple[list[list[tuple]], list[list[float]], list[list[float]]]:
+        self, queries: list[str], candidates: list[list[Candidate]], k: int, batch_size: int, progress: bool,
+        alpha: float,
+    ) -> tuple[list[list[Candidate]], list[list[float]], list[list[float]]]:
         """Score every (query, candidate) pair with the cross-encoder; keep the best k per query.
 
         Returns (candidates, cross-encoder scores, final scores).  With ``alpha < 1`` the final score
         mixes the z-normalised cross-encoder and first-stage scores (`twotower.retrieval.interpolation`).
         Ties keep the first-stage order.
         """
-        wanted = list(dict.fromkeys(c[0] for cands in candidates for c in cands))
-        docs = dict(zip(wanted, self.store.get(wanted)))
-        pairs = [(q, document_text(docs[c[0]])) for q, cands in zip(queries, candidates) for c in cands]
-        scores = np.asarray(self.reranker.predict(pairs, batch_size=batch_size, progress=progress), dtype=np.float64)
-        if scores.shape != (len(pairs),):
-            raise ValueError(f"reranker returned {scores.shape} scores for {len(pairs)} pairs")
-        out_c, out_s, out_f, pos = [], [], [], 0
-        for cands in candidates:
-            s = scores[pos:pos + len(cands)]
-            pos += len(cands)
-            final = interpolate(s, np.array([c[1] for c in cands]), alpha)  # alpha 1: s itself
-            order = sorted(range(len(cands)), key=lambda j: (-final[j], cands[j][2]))[:k]
+        docs = self._documents(candidates)
+        texts = [[document_text(docs[c.id]) for c in cands] for cands in candidates]
+        out_c, out_s, out_f = [], [], []
+        for cands, s in zip(candidates, rerank_scores(self.reranker, queries, texts, batch_size, progress)):
+            final = interpolate(s, np.array([c.score for c in cands]), alpha)  # alpha 1: s itself
+            order = sorted(range(len(cands)), key=lambda j: (-final[j], cands[j].rank))[:k]
             out_c.append([cands[j] for j in order])
             out_s.append([float(s[j]) for j in order])
             out_f.append([float(final[j]) for j in order])
@@ -471,36 +464,38 @@ class SearchPipeline:
             raise ValueError(f"rerank_alpha must be in [0, 1], got {alpha}")
         return alpha
 
+    def _documents(self, candidates: list[list[Candidate]]) -> dict[str, Document | None]:
+        """The stored documents of all queries' candidates, each read once."""
+        wanted = list(dict.fromkeys(c.id for cands in candidates for c in cands))
+        return dict(zip(wanted, self.store.get(wanted)))
+
     def _hits(
         self,
-        candidates: list[list[tuple]],
+        candidates: list[list[Candidate]],
         k: int,
-        rerank_scores: list[list[float]] | None,
+        cross_scores: list[list[float]] | None,
         fetch_documents: bool,
         final_scores: list[list[float]] | None = None,
     ) -> list[list[Hit]]:
-        """Cut each list to k and turn (id, score, rank, dense, bm25) candidates into Hits with their documents."""
+        """Cut each list to k and turn the candidates into Hits with their documents."""
         candidates = [cands[:k] for cands in candidates]
-        docs: dict[str, Any] = {}
-        if fetch_documents:
-            wanted = list(dict.fromkeys(c[0] for cands in candidates for c in cands))
-            docs = dict(zip(wanted, self.store.get(wanted)))
+        docs = self._documents(candidates) if fetch_documents else {}
         with gc_paused():
-            return self._build_hits(candidates, docs, rerank_scores, final_scores)
+            return self._build_hits(candidates, docs, cross_scores, final_scores)
 
     @staticmethod
-    def _build_hits(candidates: list[list[tuple]], docs: dict[str, Any], rerank_scores: list[list[float]] | None,
+    def _build_hits(candidates: list[list[Candidate]], docs: dict[str, Any], cross_scores: list[list[float]] | None,
                     final_scores: list[list[float]] | None) -> list[list[Hit]]:
+        """Hits from candidates; with rerank scores (and the final scores set with them) the hits are reranked."""
         out: list[list[Hit]] = []
         for qi, cands in enumerate(candidates):
-            rr = rerank_scores[qi] if rerank_scores is not None else None
-            ff = final_scores[qi] if final_scores is not None else None  # set together with rr
             hits = []
-            for j, (doc_id, score, rank, dense, bm25) in enumerate(cands):
-                d = docs.get(doc_id)
-                r = rr[j] if rr is not None else None
-                hits.append(Hit(doc_id, d["title"] if d else None, d["text"] if d else None, j + 1,
-                                ff[j] if ff is not None else score, score, rank, r, dense, bm25))
+            for j, c in enumerate(cands):
+                d = docs.get(c.id)
+                rr = cross_scores[qi][j] if cross_scores is not None else None
+                final = final_scores[qi][j] if final_scores is not None else c.score
+                hits.append(Hit(c.id, d["title"] if d else None, d["text"] if d else None, j + 1,
+                                final, c.score, c.rank, rr, c.dense, c.bm25))
             out.append(hits)
         return out
 
@@ -518,20 +513,8 @@ class SearchPipeline:
             self.store.commit()
         if directory is None or os.path.realpath(directory) == os.path.realpath(self.directory):
             return self.directory
-        target = os.fspath(directory)
-        if os.path.exists(target) and (not os.path.isdir(target) or os.listdir(target)):
-            raise FileExistsError(f"{target}: already exists and is not an empty directory")
-        parent = os.path.dirname(os.path.abspath(target))
-        os.makedirs(parent, exist_ok=True)
-        tmp = os.path.join(parent, f".{os.path.basename(target)}.save-{uuid.uuid4().hex[:8]}")
-        try:
-            _copy_generation(self.store, tmp)
-            os.rename(tmp, target)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        fsync_dir(parent)
-        return target
+        self.store.copy_to(directory)
+        return os.fspath(directory)
 
     def info(self) -> dict[str, Any]:
         """The index summary (`IndexStore.info`) plus the reranker in use."""
@@ -553,42 +536,3 @@ class SearchPipeline:
 
     def __repr__(self) -> str:
         return f"SearchPipeline({self.directory!r}, docs={len(self)}, encoder={self.encoder!r})"
-
-
-# ---------------------------------------------------------------------- helpers
-def _first_stage(res: SearchResult) -> list[list[tuple]]:
-    """Candidates per query as (id, score, rank, dense score, bm25 score) tuples, padding dropped."""
-    out = []
-    for ids, scores in zip(res.ids, res.scores.tolist()):
-        out.append([(d, s, r, None, None) for r, (d, s) in enumerate(zip(ids, scores), start=1) if d != MISSING_ID])
-    return out
-
-
-def _fuse(
-    dense: SearchResult, lexical: SearchResult, qi: int, limit: int, fusion: str, rrf_k: float,
-    weights: Sequence[float] | None,
-) -> list[tuple]:
-    d_ids = [d for d in dense.ids[qi] if d != MISSING_ID]
-    b_ids = [d for d in lexical.ids[qi] if d != MISSING_ID]
-    d_score = dict(zip(d_ids, dense.scores[qi].tolist()))
-    b_score = dict(zip(b_ids, lexical.scores[qi].tolist()))
-    if fusion == "rrf":
-        fused = reciprocal_rank_fusion([d_ids, b_ids], k=rrf_k, weights=weights, limit=limit)
-    else:
-        fused = score_fusion([d_score, b_score], weights=weights, normalization=fusion, limit=limit)
-    return [(d, float(s), r, d_score.get(d), b_score.get(d)) for r, (d, s) in enumerate(fused, start=1)]
-
-
-def _copy_generation(store: IndexStore, target: str) -> None:
-    """Copy the committed state of `store` (manifest, SQLite incl. WAL, current vectors and BM25) to `target`."""
-    from twotower.indexing.store import DOCS_NAME, LOCK_NAME, bm25_name, vectors_name
-
-    os.makedirs(target)
-    src = str(store.directory)
-    names = [MANIFEST_NAME, DOCS_NAME, DOCS_NAME + "-wal", vectors_name(store.generation),
-             bm25_name(store.generation)]
-    for name in names:
-        if os.path.exists(os.path.join(src, name)):
-            shutil.copy2(os.path.join(src, name), os.path.join(target, name))
-    open(os.path.join(target, LOCK_NAME), "w").close()
-    fsync_dir(target)

@@ -87,3 +87,4 @@ for n in runs:
     top3 = sum(1 for by in ranks.values() if by.get(n) and by[n] <= 3)
     print("%s: %d of %d claims have an evidence abstract in the top 3" % (n, top3, len(ranks)))
 PYEOF
+echo; echo "== serve this index with a search page: $PY -m twotower serve --index $IDX${RERANKER:+ --reranker $RERANKER}, then open http://127.0.0.1:8000/ (docs/serve.md)"

@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # Create .venv and install twotower with its test extras. Idempotent: a stamp
-# keyed on pyproject.toml skips the install when nothing changed.
+# keyed on pyproject.toml skips the install when nothing changed (and then prints nothing).
 # On machines without CUDA, torch is pinned to the local CPU build (2.13.0) so
 # that pip does not pull a multi-GB CUDA wheel; pyproject keeps a normal range.
+# Each step says what it does first: the first set-up takes minutes, mostly in pip.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
+step() { echo "setup: $*"; }
+if [ ! -x .venv/bin/python ]; then
+  step "creating .venv ($("$PY" --version 2>&1))"
+  "$PY" -m venv .venv
+fi
 stamp=.venv/.twotower-installed
 want=$(sha256sum pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
@@ -14,7 +19,10 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
 fi
 pip_=(.venv/bin/python -m pip install -q)
 if ! command -v nvidia-smi >/dev/null 2>&1; then
+  step "installing torch CPU build (no CUDA on this machine; a few minutes the first time)"
   "${pip_[@]}" "torch==2.13.0" || "${pip_[@]}" "torch>=2.2" --index-url https://download.pytorch.org/whl/cpu
 fi
+step "installing twotower (editable) + test extras"
 "${pip_[@]}" -e ".[test]"
 echo "$want" > "$stamp"
+step "done: .venv is ready"

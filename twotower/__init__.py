@@ -9,7 +9,8 @@ so the command line answers ``--help`` and argument errors without loading torch
 
 The packages, one namespace, arrows pointing one way:
 
-* ``twotower.common`` — atomic writes, device/precision, heap, ranks (imports nothing of ours)
+* ``twotower.common`` — atomic writes, ``DataError`` for bad input, device/precision, heap, ranks
+  (imports nothing of ours)
 * ``twotower.encoder`` — tokenizer, BERT, heads, checkpoints; pretraining and task fine-tuning
 * ``twotower.indexing`` — FAISS vectors with string ids, SQLite documents, BM25, crash-safe commits
 * ``twotower.retrieval`` — dual encoder, cross-encoder, fusion, ``SearchPipeline``;

@@ -2,7 +2,7 @@
 
 `torch.bernoulli_` (what `nn.Dropout` and SDPA's dropout call) costs ~6 ns per element on this
 2-core CPU: with dropout 0.1 on every hidden state and attention map of a `mini` model it was a
-fifth of a whole pretraining step (docs/benchmarks/mlm.md).  Drawing 64 random bits per call of
+fifth of a whole pretraining step (`benchmarks/mlm_throughput.py --profile 2`).  Drawing 64 random bits per call of
 the generator and reading them as four 16-bit lanes needs a quarter of the generator calls and no
 float conversion: about 3x cheaper for an 8192 x 256 mask (`benchmarks/cpu_train_kernels.py`).  The price is that the drop probability is rounded to a
 multiple of 2^-16 (0.1 becomes 6554/65536 = 0.100006); kept values are scaled by the exact

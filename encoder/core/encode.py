@@ -51,7 +51,7 @@ logger = logging.getLogger(__name__)
 
 BF16_MODES = ("weights", "autocast")
 # Padded tokens per batch when no batch size is given.  On CPU a 4096-token batch keeps MiniLM's
-# activations near the cache; measured 8-16 texts of 256 tokens beat 64 or 128 (docs/benchmarks/embed.md).
+# activations near the cache; measured 8-16 texts of 256 tokens beat 64 or 128 (`benchmarks/embed_speed.py --batch-size`).
 CPU_BATCH_TOKENS = 4096
 GPU_BATCH_TOKENS = 65536
 MAX_BATCH_TEXTS = 1024

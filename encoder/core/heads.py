@@ -4,6 +4,9 @@ Each is HF's class of the same name in miniature: the encoder sits under
 ``bert.`` and the head parameters carry HF's names (``classifier.*``,
 ``qa_outputs.*``), so a directory we save loads in
 ``transformers.BertFor*.from_pretrained`` and theirs load here (tested).
+The fine-tuned task models (`twotower.encoder.finetuning.task_model`) and the
+reranker (`twotower.retrieval.cross_encoder`, sequence classification with
+one label) are all built on these classes.
 
 Every head splits its forward into ``encode`` (the encoder, producing the
 features the head reads) and ``head`` (dropout + linear).  That split is what
@@ -11,7 +14,7 @@ makes frozen-encoder training cheap: ``encode`` runs once per example, its
 output is cached, and each epoch only runs ``head``.
 
 Classification: z = W·pooled + b, where pooled = tanh(dense(h_[CLS])) is the
-pooler output (DESIGN.md).  Example: logits [1, 3], true class 1 ->
+pooler output (docs/architecture.md, "Heads").  Example: logits [1, 3], true class 1 ->
 p = 0.880797, cross-entropy = 0.126928.
 
 ``pooling="mean"`` reads the average of the real-token states instead (no
@@ -114,7 +117,9 @@ class BertForSequenceClassification(_Head):
         return mean_pool(hidden, attention_mask).to(hidden.dtype)  # (B, H)
 
     def head(self, features: torch.Tensor) -> torch.Tensor:
-        return self.classifier(self.dropout(features))  # (B, H) -> (B, C)
+        # In the classifier's own dtype: a bf16 inference copy may keep its classifier in fp32 (the
+        # cross-encoder does, so that close logits are not quantised to bf16 steps and tied).
+        return self.classifier(self.dropout(features).to(self.classifier.weight.dtype))  # (B, H) -> (B, C)
 
     def reset_head(self, seed: int) -> None:
         g = torch.Generator().manual_seed(seed)

@@ -7,7 +7,7 @@ Module and parameter names follow HF `BertModel` exactly (``embeddings.word_embe
 on CPU and GPU alike, except when training on CPU (`explicit_attention`: faster
 there, forward and backward).
 
-Attention masks (DESIGN.md):
+Attention masks (docs/architecture.md, "Attention mask"):
 - padding keys are excluded; padding queries compute something finite but never
   enter a loss or a pooling;
 - ``[MASK]`` is an ordinary token;

@@ -1,7 +1,7 @@
 """Pooling: from per-token hidden states to one vector per text.
 
 Mean pooling must average over *real* tokens only: a padding position computes
-something finite but meaningless (DESIGN.md, attention mask), and letting it
+something finite but meaningless (docs/architecture.md, "Attention mask"), and letting it
 into the average would make a text's vector depend on the longest text it was
 batched with.  [CLS] pooling takes position 0, which is never padding.
 

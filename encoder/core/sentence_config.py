@@ -22,7 +22,23 @@ ST_CONFIG_NAME = "sentence_bert_config.json"
 POOLING_CONFIG = os.path.join("1_Pooling", "config.json")
 ST_VERSION_NAME = "config_sentence_transformers.json"
 
-_ST_MODULE = "sentence_transformers.models."
+_ST_MODULE = "sentence_transformers.models."  # the spelling we write: every release since 2.x loads it
+_ST_PACKAGE = "sentence_transformers."
+_KNOWN_MODULES = ("Transformer", "Pooling", "Normalize")
+
+
+def module_kind(type_name: str) -> str | None:
+    """The class name of a known sentence-transformers module type, in any of its module paths, else None.
+
+    Releases moved the classes: 2.x-4.x write ``sentence_transformers.models.Transformer``,
+    5.x and later ``sentence_transformers.base.modules.transformer.Transformer`` and
+    ``sentence_transformers.sentence_transformer.modules.pooling.Pooling``; all name the
+    same three modules, so the class name is what counts, within the package.
+    """
+    if not type_name.startswith(_ST_PACKAGE):
+        return None
+    name = type_name.rsplit(".", 1)[-1]
+    return name if name in _KNOWN_MODULES else None
 
 
 @dataclass(frozen=True)
@@ -48,10 +64,6 @@ def _read_json(path: str):
             raise ValueError(f"{path}: not valid JSON ({exc})") from exc
 
 
-def has_sentence_config(directory: str) -> bool:
-    return os.path.isfile(os.path.join(directory, MODULES_NAME))
-
-
 def read_sentence_config(directory: str) -> SentenceConfig | None:
     """The directory's sentence-transformers settings, or None when it has no ``modules.json``.
 
@@ -69,7 +81,7 @@ def read_sentence_config(directory: str) -> SentenceConfig | None:
     normalize = False
     for i, m in enumerate(modules):
         kind = m.get("type", "") if isinstance(m, dict) else ""
-        name = kind.removeprefix(_ST_MODULE)
+        name = module_kind(kind) if isinstance(kind, str) else None
         if name == "Transformer":
             continue
         if name == "Normalize":
@@ -102,7 +114,7 @@ def transformer_dir(directory: str) -> str:
         return directory
     modules = _read_json(modules_path)
     for m in modules if isinstance(modules, list) else []:
-        if isinstance(m, dict) and m.get("type", "").removeprefix(_ST_MODULE) == "Transformer":
+        if isinstance(m, dict) and module_kind(str(m.get("type", ""))) == "Transformer":
             return os.path.join(directory, m.get("path") or "")
     return directory
 

@@ -1,7 +1,7 @@
 """Extractive QA around the model: question + context -> overlapping windows -> best character span.
 
 Why windows: a context longer than the model's maximum length is not
-unanswerable, its answer is merely cut off by truncation (DESIGN.md).  So the
+unanswerable, its answer is merely cut off by truncation (docs/architecture.md, "Heads").  So the
 context is cut into windows of at most ``max_length`` tokens (with the
 question in front of each) that overlap by ``doc_stride`` tokens, every
 window is scored, and the best span over all windows wins.  ``doc_stride`` is
@@ -148,7 +148,7 @@ def best_span(
     position is allowed.  Exact (not an n-best heuristic): every band of
     widths ``0 .. max_answer_length - 1`` is scanned, O(T * max_answer_length).
 
-    Example (DESIGN.md):
+    Example (docs/architecture.md, "Heads"):
         >>> best_span([0, 0, 0, 4, 1, -2], [0, 0, 0, 1, 5, -2], max_answer_length=3)
         (9.0, 3, 4)
     """

@@ -3,7 +3,7 @@
 A tagging set labels *words*; the model sees WordPiece sub-tokens.  Each word's
 label goes on its first sub-token and every other sub-token gets -100, so the
 loss counts each word exactly once however many pieces it was cut into
-(DESIGN.md, heads).  At prediction the first sub-token's argmax is the word's
+(docs/architecture.md, "Heads").  At prediction the first sub-token's argmax is the word's
 tag.
 
 Words are joined with single spaces and each sub-token is assigned to a word

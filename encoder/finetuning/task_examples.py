@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class TextExample:
@@ -117,3 +119,25 @@ def check_qa_examples(examples: Sequence[QAExample]) -> None:
                 found = ex.context[start:start + len(text)]
                 raise ValueError(f"{where(ex, i)}: question {ex.id!r}: answer {text!r} is not at character "
                                  f"{start} of the context (found {found!r})")
+
+
+def carve_dev(task: str, examples: Sequence, fraction: float, seed: int = 0) -> tuple[list, list]:
+    """Split a seeded dev set off the training examples (when no dev file is given).
+
+    QA splits by context, so no paragraph is in both halves: a dev question about a
+    paragraph the model trained on would overstate the score.  Other tasks split by example.
+    Returns ``(train, dev)``, each in the input order.
+    """
+    if not 0.0 < fraction < 1.0:
+        raise ValueError(f"the dev fraction must be in (0, 1), got {fraction}")
+    keys = [ex.context for ex in examples] if task == "qa" else list(range(len(examples)))
+    groups = list(dict.fromkeys(keys))
+    rng = np.random.default_rng(seed)
+    n_dev = max(1, round(len(groups) * fraction))
+    dev_groups = {groups[i] for i in rng.permutation(len(groups))[:n_dev]}
+    train = [ex for ex, k in zip(examples, keys) if k not in dev_groups]
+    dev = [ex for ex, k in zip(examples, keys) if k in dev_groups]
+    if not train or not dev:
+        unit = "contexts" if task == "qa" else "examples"
+        raise ValueError(f"a dev fraction of {fraction} of {len(groups)} {unit} leaves an empty train or dev split")
+    return train, dev

@@ -6,7 +6,7 @@ scored by the loss, how model outputs become predictions (``decode``) and the
 dev metric that picks the best epoch (``score``).
 
 Inputs are kept as unpadded lists and padded per batch to the batch's longest
-item (DESIGN.md), so sorting by length (done by the loop) removes most padding.
+item (docs/architecture.md, "Input format"), so sorting by length (done by the loop) removes most padding.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""MLM example construction: which positions to predict and how to corrupt them (DESIGN.md, "MLM").
+"""MLM example construction: which positions to predict and how to corrupt them (docs/architecture.md, "MLM").
 
 The rules, in the order the code applies them:
 

@@ -57,5 +57,6 @@ def lr_factor(progress: float, warmup: float = 0.06, decay: str = "linear", min_
 
 
 def set_lr(optimizer: torch.optim.Optimizer, base_lr: float, factor: float) -> None:
+    """Every group's lr = base_lr * factor, times the group's ``lr_scale`` where it has one (a fresh head)."""
     for group in optimizer.param_groups:
-        group["lr"] = base_lr * factor
+        group["lr"] = base_lr * factor * group.get("lr_scale", 1.0)

@@ -1,6 +1,6 @@
 """Resumable training state without pickle: tensors in safetensors, scalars in JSON, one atomic directory.
 
-`torch.save` is pickle, and DESIGN.md says nothing is ever unpickled, so the
+`torch.save` is pickle, and docs/architecture.md ("Checkpoints and files") says nothing is ever unpickled, so the
 optimizer's ``state_dict`` is split: its per-parameter tensors (AdamW's
 ``exp_avg``, ``exp_avg_sq``, ``step``) go to ``optimizer.safetensors`` under keys
 ``"<param index>/<name>"``, everything else (param groups, non-tensor values) to

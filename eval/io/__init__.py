@@ -1,6 +1,5 @@
 """Readers and writers for evaluation data; every malformed line raises ``DataError`` naming ``path:line``."""
 
-from twotower.eval.io.atomic import atomic_open, atomic_write_bytes, atomic_write_text
 from twotower.eval.io.beir import (
     BeirDataset,
     BeirDocument,
@@ -39,9 +38,6 @@ __all__ = [
     "LabeledExample",
     "SquadExample",
     "TaggedSentence",
-    "atomic_open",
-    "atomic_write_bytes",
-    "atomic_write_text",
     "available_splits",
     "detect_qrels_format",
     "iter_beir_corpus",

@@ -2,13 +2,23 @@
 
 Layout (Thakur et al. 2021, the BEIR benchmark):
 
-* ``corpus.jsonl``: one JSON object a line, ``{"_id", "title", "text"}``
-  (``title`` may be missing or empty; other keys such as ``metadata`` are ignored);
+* ``corpus.jsonl``: one JSON object a line, ``{"_id", "title", "text", "metadata"}``;
 * ``queries.jsonl``: ``{"_id", "text"}``;
 * ``qrels/<split>.tsv``: tab-separated ``query-id corpus-id score`` with that header line.
 
-Ids are kept as strings (a JSON number id is converted with ``str``) because
-run files and qrels compare ids as text.
+``parse_beir_document`` is the project's one reading of a corpus record: the
+evaluation readers here and the index builds of ``twotower.retrieval.corpus``
+both call it, so a file accepted by one is accepted by the other.  Its rules:
+``_id`` (or ``id``) is a non-empty string, an integer id is turned into one
+(run files and qrels compare ids as text); ``text`` is a string; ``title`` is
+a string or absent; ``metadata`` is an object or absent.  Other keys are
+ignored.  Files may be gzip-compressed (``corpus.jsonl.gz``).
+
+One rule depends on the reader's purpose, so it is an argument: an index build
+refuses a document whose ``text`` and ``title`` are both blank (nothing to
+search: ``require_content=True``), while evaluation keeps it, because benchmark
+corpora have such documents (Cranfield has two) and dropping them would change
+the collection that the qrels judge.
 """
 
 from __future__ import annotations
@@ -17,20 +27,23 @@ import json
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import NamedTuple
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
-from twotower.eval.errors import DataError
-from twotower.eval.io.atomic import atomic_open
-from twotower.eval.io.lines import numbered_lines
+from twotower.common.atomic import atomic_open
+from twotower.common.errors import DataError
+from twotower.eval.io.lines import json_lines, numbered_lines
 from twotower.eval.io.trec import Qrels, parse_int
 
 QRELS_HEADER = "query-id\tcorpus-id\tscore"
+_NO_METADATA: Mapping[str, Any] = MappingProxyType({})
 
 
 class BeirDocument(NamedTuple):
     doc_id: str
     title: str
     text: str
+    metadata: Mapping[str, Any] = _NO_METADATA
 
 
 class BeirDataset(NamedTuple):
@@ -51,53 +64,78 @@ class BeirDataset(NamedTuple):
         return {qid: self.queries[qid] for qid in self.qrels if qid in self.queries}
 
 
-def _json_objects(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict]]:
-    for number, line in numbered_lines(path):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(path, number, f"invalid JSON ({exc.msg} at column {exc.colno})") from None
-        if not isinstance(obj, dict):
-            raise DataError(path, number, f"expected a JSON object, got {type(obj).__name__}")
-        yield number, obj
-
-
-def _string_field(path: str | os.PathLike[str], number: int, obj: dict, key: str, required: bool) -> str:
-    if key not in obj or obj[key] is None:
-        if required:
-            raise DataError(path, number, f"missing field {key!r}")
-        return ""
-    value = obj[key]
-    if key == "_id" and isinstance(value, int) and not isinstance(value, bool):
+def _record_id(obj: Mapping[str, Any], path: str | os.PathLike[str], line: int | None) -> str:
+    """The ``_id`` (or ``id``) of a record as a non-empty string; an integer id becomes its decimal text."""
+    value = obj.get("_id", obj.get("id"))
+    if value is None:
+        raise DataError(path, line, "missing field '_id'")
+    if isinstance(value, int) and not isinstance(value, bool):
         value = str(value)
-    if not isinstance(value, str):
-        raise DataError(path, number, f"field {key!r} must be a string, got {type(value).__name__}")
-    if key == "_id" and not value.strip():
-        raise DataError(path, number, "field '_id' is empty")
+    if not isinstance(value, str) or not value.strip():
+        raise DataError(path, line, f"field '_id' must be a non-empty string, got {value!r}")
     return value
 
 
-def iter_beir_corpus(path: str | os.PathLike[str]) -> Iterator[BeirDocument]:
-    """Stream ``corpus.jsonl`` one document at a time (large corpora need not fit twice in memory)."""
-    for number, obj in _json_objects(path):
-        yield BeirDocument(
-            _string_field(path, number, obj, "_id", True),
-            _string_field(path, number, obj, "title", False),
-            _string_field(path, number, obj, "text", True),
-        )
+def _record_text(obj: Mapping[str, Any], path: str | os.PathLike[str], line: int | None) -> str:
+    value = obj.get("text")
+    if not isinstance(value, str):
+        found = "" if value is None else f" (got {type(value).__name__})"
+        raise DataError(path, line, f"missing string field 'text'{found}")
+    return value
+
+
+def parse_beir_document(
+    obj: Any, path: str | os.PathLike[str], line: int | None = None, require_content: bool = False
+) -> BeirDocument:
+    """Check one decoded corpus record and return it as a ``BeirDocument``.
+
+    Args:
+        obj: the decoded JSON value of one line (or an in-memory mapping).
+        path, line: where it came from, for the error (``path`` may name a record, e.g. ``"docs[3]"``).
+        require_content: refuse a document whose ``text`` and ``title`` are both blank.
+
+    Raises:
+        DataError: naming ``path:line`` and the field, by the rules of the module docstring.
+
+    Example:
+        >>> parse_beir_document({"_id": 7, "text": "tea"}, "corpus.jsonl", 1)
+        BeirDocument(doc_id='7', title='', text='tea', metadata=mappingproxy({}))
+        >>> parse_beir_document({"_id": "a", "title": 3, "text": "x"}, "corpus.jsonl", 2)
+        Traceback (most recent call last):
+        ...
+        twotower.common.errors.DataError: corpus.jsonl:2: field 'title' must be a string, got int
+    """
+    if not isinstance(obj, Mapping):
+        raise DataError(path, line, f"expected a JSON object, got {type(obj).__name__}")
+    doc_id = _record_id(obj, path, line)
+    text = _record_text(obj, path, line)
+    title = obj.get("title")
+    if title is None:
+        title = ""
+    if not isinstance(title, str):
+        raise DataError(path, line, f"field 'title' must be a string, got {type(title).__name__}")
+    if require_content and not text.strip() and not title.strip():
+        raise DataError(path, line, f"document {doc_id!r} has empty 'text' and 'title'")
+    metadata = obj.get("metadata")
+    if metadata is None:
+        metadata = _NO_METADATA
+    elif not isinstance(metadata, Mapping):
+        raise DataError(path, line, f"field 'metadata' must be an object, got {type(metadata).__name__}")
+    return BeirDocument(doc_id, title, text, metadata)
+
+
+def iter_beir_corpus(
+    path: str | os.PathLike[str], require_content: bool = False
+) -> Iterator[tuple[int, BeirDocument]]:
+    """Stream ``(line number, document)`` of ``corpus.jsonl(.gz)`` (large corpora need not fit in memory)."""
+    for number, obj in json_lines(path):
+        yield number, parse_beir_document(obj, path, number, require_content)
 
 
 def read_beir_corpus(path: str | os.PathLike[str]) -> dict[str, BeirDocument]:
     """Read ``corpus.jsonl`` into ``{doc id: BeirDocument}``; a repeated id is an error."""
     corpus: dict[str, BeirDocument] = {}
-    for number, obj in _json_objects(path):
-        doc = BeirDocument(
-            _string_field(path, number, obj, "_id", True),
-            _string_field(path, number, obj, "title", False),
-            _string_field(path, number, obj, "text", True),
-        )
+    for number, doc in iter_beir_corpus(path):
         if doc.doc_id in corpus:
             raise DataError(path, number, f"document id {doc.doc_id!r} appears twice")
         corpus[doc.doc_id] = doc
@@ -107,11 +145,11 @@ def read_beir_corpus(path: str | os.PathLike[str]) -> dict[str, BeirDocument]:
 def read_beir_queries(path: str | os.PathLike[str]) -> dict[str, str]:
     """Read ``queries.jsonl`` into ``{query id: text}``; a repeated id is an error."""
     queries: dict[str, str] = {}
-    for number, obj in _json_objects(path):
-        qid = _string_field(path, number, obj, "_id", True)
+    for number, obj in json_lines(path):
+        qid = _record_id(obj, path, number)
         if qid in queries:
             raise DataError(path, number, f"query id {qid!r} appears twice")
-        queries[qid] = _string_field(path, number, obj, "text", True)
+        queries[qid] = _record_text(obj, path, number)
     return queries
 
 
@@ -180,10 +218,10 @@ def write_beir_corpus(documents: Iterable[BeirDocument], path: str | os.PathLike
     """Write ``corpus.jsonl`` atomically."""
     with atomic_open(path) as handle:
         for doc in documents:
-            handle.write(
-                json.dumps({"_id": doc.doc_id, "title": doc.title, "text": doc.text}, ensure_ascii=False)
-            )
-            handle.write("\n")
+            record = {"_id": doc.doc_id, "title": doc.title, "text": doc.text}
+            if doc.metadata:
+                record["metadata"] = dict(doc.metadata)
+            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
 
 
 def write_beir_queries(queries: Mapping[str, str], path: str | os.PathLike[str]) -> None:

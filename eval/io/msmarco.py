@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Mapping
 
-from twotower.eval.errors import DataError
-from twotower.eval.io.atomic import atomic_open
+from twotower.common.atomic import atomic_open
+from twotower.common.errors import DataError
 from twotower.eval.io.lines import numbered_lines
 from twotower.eval.io.trec import Run, parse_int, read_trec_qrels
 from twotower.eval.metrics.ranking import rank_documents

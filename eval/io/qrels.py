@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from twotower.eval.errors import DataError
+from twotower.common.errors import DataError
 from twotower.eval.io.beir import read_beir_qrels
 from twotower.eval.io.lines import numbered_lines
 from twotower.eval.io.trec import Qrels, read_trec_qrels

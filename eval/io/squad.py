@@ -13,8 +13,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
-from twotower.eval.errors import DataError
-from twotower.eval.io.atomic import atomic_write_text
+from twotower.common.atomic import atomic_write_text
+from twotower.common.errors import DataError
 
 
 class SquadExample(NamedTuple):
@@ -36,7 +36,7 @@ def _load_json(path: str | os.PathLike[str]) -> object:
         try:
             return json.load(handle)
         except json.JSONDecodeError as exc:
-            raise DataError(path, exc.lineno, f"invalid JSON ({exc.msg} at column {exc.colno})") from None
+            raise DataError(path, exc.lineno, f"not valid JSON ({exc.msg} at column {exc.colno})") from None
         except UnicodeDecodeError as exc:
             raise DataError(path, None, f"not valid UTF-8 ({exc.reason})") from None
 

@@ -16,8 +16,8 @@ import math
 import os
 from collections.abc import Mapping
 
-from twotower.eval.errors import DataError
-from twotower.eval.io.atomic import atomic_open
+from twotower.common.atomic import atomic_open
+from twotower.common.errors import DataError
 from twotower.eval.io.lines import numbered_lines
 from twotower.eval.metrics.ranking import rank_documents
 

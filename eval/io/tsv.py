@@ -11,8 +11,8 @@ import os
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from twotower.eval.errors import DataError
-from twotower.eval.io.atomic import atomic_open
+from twotower.common.atomic import atomic_open
+from twotower.common.errors import DataError
 from twotower.eval.io.lines import numbered_lines
 
 TEXT_COLUMNS = ("text", "sentence", "sentence1", "question")

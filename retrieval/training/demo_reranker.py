@@ -18,7 +18,7 @@ layers, which trains and reranks twice as fast) and is trained with
 `twotower.retrieval.training.train_reranker` (listwise loss), so the demo exercises the same code
 as the benchmarks.  A relevance head on a mean-pooling sentence encoder starts
 from a [CLS] that carries almost no match signal: the learning rate (1e-4, head
-10x) was chosen by a sweep on the title pairs (see docs/benchmarks/training.md;
+10x) was chosen by a sweep on the title pairs (see docs/training.md;
 2e-5..5e-5 does not move in a few hundred steps, 3e-4 collapses to constant
 scores).  The result is cached: a second call with the same settings returns
 the existing directory at once.

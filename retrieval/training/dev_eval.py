@@ -1,11 +1,11 @@
 """Dev-split evaluation used for model selection while training (never the test split).
 
 `dense_run` retrieves with a dual encoder over a corpus (or a pool of it),
-`rerank_run` reorders a first-stage run with a cross-encoder, and `ndcg_at_10`
-scores a run with the project's trec_eval-exact metrics.  A dev pool (the dev
-positives plus a seeded sample of other documents) makes evaluation affordable
-on a CPU; a run reports which pool it used, since nDCG over a pool is higher
-than over the full corpus.
+`rerank_run` reorders a first-stage run with a cross-encoder, and `dev_metrics`
+scores a run (nDCG@10, which picks checkpoints, and recall@100) with the
+project's trec_eval-exact metrics.  A dev pool (the dev positives plus a seeded
+sample of other documents) makes evaluation affordable on a CPU; a run reports
+which pool it used, since nDCG over a pool is higher than over the full corpus.
 """
 
 from __future__ import annotations
@@ -48,23 +48,25 @@ def top_k(run: Mapping[str, Mapping[str, float]], k: int) -> dict[str, list[str]
 def rerank_run(cross_encoder, queries: Mapping[str, str], first_stage: Mapping[str, Mapping[str, float]],
                corpus: Mapping[str, str], k: int = 100, batch_size: int = 32,
                progress: bool = False) -> tuple[Run, np.ndarray]:
-    """Rescore each query's first-stage top-k with the cross-encoder. Returns (run, all scores (N,))."""
+    """Rescore each query's first-stage top-k with the cross-encoder. Returns (run, all scores (N,)).
+
+    Scored by `twotower.retrieval.rerank.rerank_scores`, the step `SearchPipeline` reranks with.
+    """
+    from twotower.retrieval.rerank import rerank_scores
+
     tops = top_k({q: first_stage.get(q, {}) for q in queries}, k)
-    pairs, owners = [], []
-    for q, docs in tops.items():
-        for d in docs:
-            pairs.append((queries[q], corpus[d]))
-            owners.append((q, d))
-    scores = cross_encoder.predict(pairs, batch_size=batch_size, progress=progress)
-    run: Run = {q: {} for q in queries}
-    for (q, d), s in zip(owners, scores):
-        run[q][d] = float(s)
-    return run, scores
+    texts = [[corpus[d] for d in docs] for docs in tops.values()]
+    scores = rerank_scores(cross_encoder, [queries[q] for q in tops], texts, batch_size=batch_size, progress=progress)
+    run: Run = {q: dict(zip(docs, s.tolist())) for (q, docs), s in zip(tops.items(), scores)}
+    return run, np.concatenate(scores) if scores else np.zeros(0, dtype=np.float32)
 
 
-def ndcg_at_10(run: Mapping[str, Mapping[str, float]], qrels: Mapping[str, Mapping[str, int]],
-               extra: Sequence[str] = ("recall@100",)) -> dict[str, float]:
-    """Mean nDCG@10 (plus `extra` metrics) over the judged queries, trec_eval -c semantics."""
+DEV_METRICS = ("ndcg@10", "recall@100")
+
+
+def dev_metrics(run: Mapping[str, Mapping[str, float]], qrels: Mapping[str, Mapping[str, int]],
+                metrics: Sequence[str] = DEV_METRICS) -> dict[str, float]:
+    """Mean `metrics` over the judged queries, trec_eval -c semantics: {"ndcg@10": ..., "recall@100": ...}."""
     from twotower.eval.metrics.retrieval import evaluate
 
-    return evaluate(run, qrels, ["ndcg@10", *extra]).means
+    return evaluate(run, qrels, list(metrics)).means

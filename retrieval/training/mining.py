@@ -32,6 +32,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from twotower.common.atomic import atomic_path, atomic_write_text
+from twotower.common.errors import DataError
+from twotower.eval.io.lines import json_lines
 from twotower.retrieval.training.training_data import TrainExample
 
 logger = logging.getLogger(__name__)
@@ -221,22 +223,13 @@ def read_mined_negatives(path: str) -> dict[str, list[str]]:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"mined negatives file not found: {path}")
     out: dict[str, list[str]] = {}
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
-            qid, neg = obj.get("query_id") if isinstance(obj, dict) else None, None
-            if isinstance(obj, dict):
-                neg = obj.get("neg_ids")
-            if not isinstance(qid, str) or not isinstance(neg, list):
-                raise ValueError(f"{path}:{lineno}: expected fields 'query_id' (string) and 'neg_ids' (list)")
-            out.setdefault(qid, []).extend(str(d) for d in neg)
+    for lineno, obj in json_lines(path):
+        qid, neg = obj.get("query_id"), obj.get("neg_ids")
+        if not isinstance(qid, str) or not isinstance(neg, list):
+            raise DataError(path, lineno, "expected fields 'query_id' (string) and 'neg_ids' (list)")
+        out.setdefault(qid, []).extend(str(d) for d in neg)
     if not out:
-        raise ValueError(f"{path}: no mined queries")
+        raise DataError(path, None, "no mined queries")
     return out
 
 
@@ -258,27 +251,35 @@ def bm25_retriever(corpus: Mapping[str, str], **bm25_kwargs) -> Retrieve:
 class DenseRetriever:
     """Exact inner-product search over a corpus embedded once with a dual encoder (for mining and dev runs).
 
-    `__call__` is a `Retrieve`; `score_docs` a `ScoreDocs` (exact scores of named documents).
+    The vectors live in a flat `twotower.indexing.VectorIndex` (metric "ip"), the index the
+    search pipeline uses, so mining and dev runs rank exactly as a Flat index would.
+    `__call__` is a `Retrieve` (ties by doc id); `score_docs` a `ScoreDocs` (exact scores of named documents).
     """
 
     def __init__(self, dual, corpus: Mapping[str, str], batch_size: int = 64, progress: bool = False) -> None:
+        vectors = dual.encode_documents(list(corpus.values()), batch_size=batch_size, progress=progress)  # (N, H)
+        self._setup(dual, list(corpus), vectors)
+
+    @classmethod
+    def from_vectors(cls, dual, ids: Sequence[str], vectors: np.ndarray) -> DenseRetriever:
+        """A retriever over document vectors (N, H) encoded earlier (e.g. saved by a frozen-document run)."""
+        self = cls.__new__(cls)
+        self._setup(dual, list(ids), vectors)
+        return self
+
+    def _setup(self, dual, ids: list[str], vectors: np.ndarray) -> None:
+        from twotower.indexing import VectorIndex
+
         self.dual = dual
-        self.ids = list(corpus)
-        self.pos = {d: i for i, d in enumerate(self.ids)}
-        self.vectors = dual.encode_documents(list(corpus.values()), batch_size=batch_size, progress=progress)  # (N, H)
+        self.index = VectorIndex.build(ids, vectors, factory="Flat", metric="ip")
 
     def __call__(self, queries: Sequence[str], k: int) -> list[Ranked]:
-        q = self.dual.encode_queries(list(queries))  # (Q, H)
-        scores = q @ self.vectors.T  # (Q, N)
-        k = min(k, scores.shape[1])
-        top = np.argpartition(-scores, k - 1, axis=1)[:, :k]  # (Q, k) unordered
-        out = []
-        for qi, row in enumerate(top):
-            order = sorted(row.tolist(), key=lambda j: (-scores[qi, j], self.ids[j]))
-            out.append([(self.ids[j], float(scores[qi, j])) for j in order])
-        return out
+        res = self.index.search(self.dual.encode_queries(list(queries)), k)  # (Q, H) -> Q rows of k
+        # Rows are padded with "" ids when k exceeds the corpus; equal scores are ordered by doc id.
+        return [sorted(((d, s) for d, s in zip(ids, row) if d), key=lambda x: (-x[1], x[0]))
+                for ids, row in zip(res.ids, res.scores.tolist())]
 
     def score_docs(self, queries: Sequence[str], doc_ids: Sequence[Sequence[str]]) -> list[list[float]]:
         q = self.dual.encode_queries(list(queries))  # (Q, H)
-        return [[float(q[i] @ self.vectors[self.pos[d]]) for d in ids if d in self.pos]
-                for i, ids in enumerate(doc_ids)]
+        known = [[d for d in ids if d in self.index] for ids in doc_ids]
+        return [(self.index.reconstruct(ids) @ q[i]).tolist() for i, ids in enumerate(known)]

@@ -47,6 +47,26 @@ def _crop(words: list[str], rng: random.Random, min_ratio: float, max_ratio: flo
     return " ".join(words[start:start + length])
 
 
+class _Pairs:
+    """Generated (query, positive text) pairs collected into a `TrainingSet` whose corpus is the positives."""
+
+    def __init__(self) -> None:
+        self.skipped = Skipped()
+        self.corpus: dict[str, str] = {}
+        self.examples: list[TrainExample] = []
+
+    def add(self, query_id: str, query: str, positive: str) -> None:
+        pid = text_id(positive)
+        self.corpus[pid] = positive
+        self.examples.append(TrainExample(query_id, query, (pid,)))
+
+    def training_set(self, source: str, none_made: str) -> TrainingSet:
+        """The set; with no pair at all, a ValueError saying `none_made` and what was skipped."""
+        if not self.examples:
+            raise ValueError(f"{none_made} ({self.skipped.summary()})")
+        return TrainingSet(self.examples, self.corpus, self.skipped, source)
+
+
 def independent_crops(
     documents: Mapping[str, str],
     pairs_per_document: int = 1,
@@ -59,23 +79,16 @@ def independent_crops(
     if not 0 < min_ratio <= max_ratio <= 1:
         raise ValueError(f"need 0 < min_ratio <= max_ratio <= 1, got {min_ratio}, {max_ratio}")
     rng = random.Random(seed)
-    skipped = Skipped()
-    corpus: dict[str, str] = {}
-    examples = []
+    pairs = _Pairs()
     for doc_id, text in documents.items():
         words = text.split()
         if len(words) < 2 * min_words:
-            skipped.add(f"documents shorter than {2 * min_words} words", doc_id)
+            pairs.skipped.add(f"documents shorter than {2 * min_words} words", doc_id)
             continue
         for j in range(pairs_per_document):
             query = _crop(words, rng, min_ratio, max_ratio, min_words)
-            positive = _crop(words, rng, min_ratio, max_ratio, min_words)
-            pid = text_id(positive)
-            corpus[pid] = positive
-            examples.append(TrainExample(f"crop:{doc_id}:{j}", query, (pid,)))
-    if not examples:
-        raise ValueError(f"no document is long enough for cropping ({skipped.summary()})")
-    return TrainingSet(examples, corpus, skipped, "independent-cropping")
+            pairs.add(f"crop:{doc_id}:{j}", query, _crop(words, rng, min_ratio, max_ratio, min_words))
+    return pairs.training_set("independent-cropping", "no document is long enough for cropping")
 
 
 def inverse_cloze(
@@ -86,24 +99,16 @@ def inverse_cloze(
 ) -> TrainingSet:
     """ICT pairs: (one sentence, the document without it) per document; the sentence stays with prob 0.1."""
     rng = random.Random(seed)
-    skipped = Skipped()
-    corpus: dict[str, str] = {}
-    examples = []
+    pairs = _Pairs()
     for doc_id, text in documents.items():
         sentences = split_sentences(text)
         if len(sentences) < min_sentences:
-            skipped.add(f"documents with fewer than {min_sentences} sentences", doc_id)
+            pairs.skipped.add(f"documents with fewer than {min_sentences} sentences", doc_id)
             continue
         i = rng.randrange(len(sentences))
-        query = sentences[i]
         context = sentences if rng.random() < keep_sentence else sentences[:i] + sentences[i + 1:]
-        positive = " ".join(context)
-        pid = text_id(positive)
-        corpus[pid] = positive
-        examples.append(TrainExample(f"ict:{doc_id}", query, (pid,)))
-    if not examples:
-        raise ValueError(f"no document has {min_sentences}+ sentences ({skipped.summary()})")
-    return TrainingSet(examples, corpus, skipped, "inverse-cloze")
+        pairs.add(f"ict:{doc_id}", sentences[i], " ".join(context))
+    return pairs.training_set("inverse-cloze", f"no document has {min_sentences}+ sentences")
 
 
 def write_pairs_jsonl(path: str, data: TrainingSet) -> int:

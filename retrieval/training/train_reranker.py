@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import random
 from collections import deque
@@ -35,20 +34,21 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from twotower.common.device import autocast, default_device
-from twotower.common.malloc import retain_freed_memory_for
-from twotower.encoder.training.optim import lr_factor, param_groups
+from twotower.common.device import autocast
+from twotower.encoder.training.optim import param_groups
 from twotower.retrieval.cross_encoder import CrossEncoder
 from twotower.retrieval.export import write_training_args
-from twotower.retrieval.interpolation import choose_alpha, write_alpha
+from twotower.retrieval.interpolation import write_alpha
+from twotower.retrieval.training.alpha import choose_alpha
+from twotower.retrieval.training.loop import Schedule, StopTraining, TrainingLoop, TrainSettings, start_run
 from twotower.retrieval.training.losses.listwise import listwise_ce
 from twotower.retrieval.training.losses.pointwise import pointwise_bce
+from twotower.retrieval.training.negatives import add_mined_negatives, mine_bm25_negatives, sample_negatives
 from twotower.retrieval.training.training_data import (
     LabeledPair,
     PairSet,
     TrainExample,
     TrainingSet,
-    merge_negatives,
     pairs_from_training,
     qrels_of,
     queries_of,
@@ -57,7 +57,6 @@ from twotower.retrieval.training.training_data import (
     split_dev,
     training_from_pairs,
 )
-from twotower.retrieval.training.training_run import TrainingRun
 
 logger = logging.getLogger(__name__)
 
@@ -65,12 +64,16 @@ LOSSES = ("listwise", "pointwise")
 
 
 @dataclass
-class RerankerTrainConfig:
+class RerankerTrainConfig(TrainSettings):
     """Settings of a reranker training run.
+
+    The settings both trainers share (split, corpus, negatives, length, schedule, dev split, evaluation
+    schedule) come from `TrainSettings`; these are the reranker's own.
 
     model: encoder checkpoint (a fresh relevance head is added) or a reranker directory (continued).
     pairs: labeled pairs .tsv/.jsonl ({query, passage, label}), a BEIR directory, or {query, pos, neg} JSONL.
-    negatives: mined JSONL (`twotower.retrieval.training.mining.write_mined`); else `mine` ("bm25") mines ranks `mine_ranks`.
+    out: the run directory (`twotower.retrieval.training.training_run`).
+    mine: without `negatives`, "bm25" mines ranks `mine_ranks` for the listwise groups (None: no mining).
     first_stage: TREC run covering the dev queries (their top-k is reranked at evaluation);
         None = BM25 over the corpus.
     loss: "listwise" (group_size = 1 positive + group_size-1 negatives) or "pointwise" (BCE on pairs).
@@ -80,15 +83,13 @@ class RerankerTrainConfig:
         it takes hundreds of steps to move, which a CPU budget cannot spare.
     dev_rerank_k: first-stage depth reranked at dev evaluation (100 as at test time; lower is cheaper).
     eval_at_start: evaluate the untrained model too (a fresh head ranks at random: skip it to save time).
-    collapse_std: stop when the standard deviation of scores falls below this.
+    collapse_std: stop when the standard deviation of dev scores, or of the training logits over the last
+        collapse_window steps, falls below this (`CollapseGuard`).
     """
 
     model: str
     pairs: str
     out: str
-    split: str = "train"
-    corpus: str | None = None
-    negatives: str | None = None
     mine: str | None = "bm25"
     mine_ranks: tuple[int, int] = (1, 100)
     first_stage: str | None = None
@@ -98,27 +99,11 @@ class RerankerTrainConfig:
     max_length: int = 256
     lr: float = 3e-5
     head_lr_scale: float = 20.0
-    warmup: float = 0.1
-    weight_decay: float = 0.01
-    max_grad_norm: float = 1.0
-    epochs: float = 1.0
-    max_steps: int | None = None
-    time_budget: float | None = None
-    bf16: bool | str = "auto"
-    seed: int = 0
-    dev_fraction: float = 0.1
-    dev_size: int | None = None
     dev_rerank_k: int = 100
-    eval_every: int | None = None
-    eval_interval_s: float | None = None
     eval_batch_size: int = 32
     eval_at_start: bool = True
     collapse_std: float = 1e-3
     collapse_window: int = 20
-    save_last: bool = False
-    progress: bool = True
-    device: str | None = None
-    dry_run: bool = False
 
     def __post_init__(self) -> None:
         if self.loss not in LOSSES:
@@ -140,8 +125,34 @@ class RerankerTrainResult:
     skipped: dict[str, int] = field(default_factory=dict)
 
 
-class ScoreCollapse(RuntimeError):
+class ScoreCollapse(StopTraining):
     """The reranker's scores no longer vary: it cannot rank."""
+
+    kind = "collapse"
+
+
+class CollapseGuard:
+    """The collapse guard of the module docstring, as a `TrainingLoop` guard: it reads the step and eval records.
+
+    Dev scores (``score_std`` of an eval after step 0) or the training logits of the last `window` steps
+    (``logit_std``) spread less than `min_std`: raise `ScoreCollapse`.
+    """
+
+    def __init__(self, min_std: float, window: int) -> None:
+        self.min_std = min_std
+        self.recent: deque[float] = deque(maxlen=window)
+
+    def __call__(self, record: dict) -> None:
+        step = record["step"]
+        if record["event"] == "eval":
+            if step > 0 and record["score_std"] < self.min_std:
+                raise ScoreCollapse(f"dev scores collapsed to a constant at step {step} (std {record['score_std']:.2e} "
+                                    f"< {self.min_std:g}); lower the learning rate or check the labels")
+            return
+        self.recent.append(record["logit_std"])
+        if len(self.recent) == self.recent.maxlen and max(self.recent) < self.min_std:
+            raise ScoreCollapse(f"training logits have been constant for {self.recent.maxlen} steps "
+                                f"(std < {self.min_std:g}) at step {step}")
 
 
 # ---- data --------------------------------------------------------------------------------------------
@@ -191,27 +202,6 @@ def first_stage_run(cfg: RerankerTrainConfig, dev: Sequence[TrainExample], corpu
     return {e.query_id: dict(h) for e, h in zip(dev, hits)}
 
 
-def mine_for_reranker(cfg: RerankerTrainConfig, train: list[TrainExample], corpus: dict[str, str],
-                      run: TrainingRun) -> list[TrainExample]:
-    from twotower.retrieval.training.mining import (
-        MiningConfig,
-        bm25_retriever,
-        mine_hard_negatives,
-        write_mined,
-    )
-
-    if cfg.mine != "bm25":
-        raise ValueError(f"mine={cfg.mine!r}: only 'bm25' runs inside training; pass other negatives as a file")
-    mcfg = MiningConfig(rank_start=cfg.mine_ranks[0], rank_end=cfg.mine_ranks[1],
-                        num_negatives=max(4 * (cfg.group_size - 1), 16), seed=cfg.seed)
-    mined, stats = mine_hard_negatives(train, bm25_retriever(corpus), list(corpus), mcfg, progress=cfg.progress)
-    if run.enabled:
-        write_mined(os.path.join(cfg.out, "negatives.jsonl"), mined,
-                    {"retriever": "bm25", **asdict(mcfg), "stats": stats.as_dict()})
-    run.log("mining", retriever="bm25", **stats.as_dict())
-    return merge_negatives(train, {m.query_id: m.negatives for m in mined})
-
-
 # ---- batches -----------------------------------------------------------------------------------------
 def listwise_batches(train: Sequence[TrainExample], corpus_ids: Sequence[str], group_size: int,
                      batch_size: int, rng: random.Random):
@@ -226,15 +216,9 @@ def listwise_batches(train: Sequence[TrainExample], corpus_ids: Sequence[str], g
         for s in range(0, len(items) - batch_size + 1, batch_size):
             groups, filled = [], 0
             for i, p in items[s:s + batch_size]:
-                ex = train[i]
-                pool = list(ex.negatives)
-                neg = rng.sample(pool, n) if len(pool) >= n else pool[:]
-                while len(neg) < n:
-                    d = corpus_ids[rng.randrange(len(corpus_ids))]
-                    if d not in ex.positives and d not in neg:
-                        neg.append(d)
-                        filled += 1
-                groups.append((ex.query, [p, *neg]))
+                neg, n_random = sample_negatives(train[i], n, corpus_ids, rng)
+                filled += n_random
+                groups.append((train[i].query, [p, *neg]))
             yield groups, filled
 
 
@@ -278,29 +262,19 @@ def load_reranker(cfg: RerankerTrainConfig, device: torch.device) -> CrossEncode
 
 def train_reranker(cfg: RerankerTrainConfig) -> RerankerTrainResult:
     """Train, evaluate on the dev split by reranking its first stage, keep the best. See the module docstring."""
-    from twotower.retrieval.training.dev_eval import ndcg_at_10, rerank_run
+    from twotower.retrieval.training.dev_eval import dev_metrics, rerank_run
 
-    torch.manual_seed(cfg.seed)
-    rng = random.Random(cfg.seed)
-    device = torch.device(cfg.device) if cfg.device else default_device()
-    retain_freed_memory_for(device)  # reuse freed activation memory across steps (common/malloc.py)
-    run = TrainingRun(cfg.out)
-    run.log("config", **asdict(cfg))
-
+    run, rng, device, _ = start_run(cfg, cfg.out)
     model = load_reranker(cfg, device)  # first: a bad model directory fails before any data work
     data, labeled = load_reranker_data(cfg)
     train, dev = split_dev(data.examples, cfg.dev_fraction, cfg.seed, cfg.dev_size)
     corpus = data.corpus
     if cfg.negatives:
-        from twotower.retrieval.training.mining import read_mined_negatives
-
-        mined = read_mined_negatives(cfg.negatives)
-        missing = sum(1 for ids in mined.values() for d in ids if d not in corpus)
-        if missing:
-            data.skipped.add("mined negatives missing from the corpus", cfg.negatives, missing)
-        train = merge_negatives(train, {q: [d for d in ids if d in corpus] for q, ids in mined.items()})
+        train = add_mined_negatives(train, cfg.negatives, corpus, data.skipped)
     elif cfg.mine and cfg.loss == "listwise":
-        train = mine_for_reranker(cfg, train, corpus, run)
+        train = mine_bm25_negatives(train, corpus, run, method=cfg.mine, ranks=cfg.mine_ranks,
+                                    num_negatives=max(4 * (cfg.group_size - 1), 16), seed=cfg.seed,
+                                    progress=cfg.progress)
     if data.skipped:
         logger.warning("training data: skipped %s", data.skipped.summary())
     dev_ids = {e.query_id for e in dev}
@@ -315,7 +289,7 @@ def train_reranker(cfg: RerankerTrainConfig) -> RerankerTrainResult:
 
     first = first_stage_run(cfg, dev, corpus, cfg.dev_rerank_k)
     dev_queries, dev_qrels = queries_of(dev), qrels_of(dev)
-    first_score = ndcg_at_10(first, dev_qrels)["ndcg@10"]
+    first_score = dev_metrics(first, dev_qrels)["ndcg@10"]
     run.log("first_stage", source=cfg.first_stage or "bm25", dev_ndcg10=first_score)
 
     opt = make_head_optimizer(model, cfg.lr, cfg.weight_decay, cfg.head_lr_scale)
@@ -328,118 +302,59 @@ def train_reranker(cfg: RerankerTrainConfig) -> RerankerTrainResult:
             raise ValueError(f"{len(train_pairs)} training pairs cannot fill a batch of {cfg.batch_size}")
         per_epoch = max(1, len(train_pairs) // cfg.batch_size)
         batches = pointwise_batches(train_pairs, cfg.batch_size, rng)
-    total = 1 if cfg.dry_run else (cfg.max_steps or max(1, math.ceil(cfg.epochs * per_epoch)))
-    eval_every = cfg.eval_every or per_epoch
+    filled_total = 0
 
-    def do_eval(step: int) -> float:
-        reranked, scores = rerank_run(model, dev_queries, first, corpus, k=cfg.dev_rerank_k,
-                                      batch_size=cfg.eval_batch_size, progress=cfg.progress)
-        metrics = ndcg_at_10(reranked, dev_qrels)
-        spread = float(np.std(scores)) if len(scores) else 0.0
-        alpha, curve = choose_alpha(reranked, first, dev_qrels)
-        last_alpha.update(alpha=alpha, curve=curve)
-        run.log("eval", step=step, score_std=spread, rerank_k=cfg.dev_rerank_k, **metrics,
-                interpolation_alpha=alpha, interpolated_ndcg10=curve[alpha])
-        run.plot(title=f"reranker: dev nDCG@10 of first-stage top-{cfg.dev_rerank_k} ({len(dev)} queries)")
-        model.train()
-        if step > 0 and spread < cfg.collapse_std:
-            raise ScoreCollapse(f"dev scores collapsed to a constant at step {step} (std {spread:.2e} < "
-                                f"{cfg.collapse_std:g}); lower the learning rate or check the labels")
-        return metrics["ndcg@10"]
+    def step(done: int) -> tuple[torch.Tensor, dict]:
+        nonlocal filled_total
+        if cfg.loss == "listwise":
+            groups, filled = next(batches)
+            filled_total += filled
+            queries = [q for q, docs in groups for _ in docs]
+            texts = [corpus[d] for _, docs in groups for d in docs]
+            labels = None
+        else:
+            chunk = next(batches)
+            queries = [p.query for p in chunk]
+            texts = [corpus[p.doc_id] for p in chunk]
+            labels = torch.tensor([p.label / scale for p in chunk], device=device)
+        enc = model.encode_pairs(queries, texts).model_inputs(device)
+        with autocast(device, model.bf16):
+            logits = model(**enc).float()  # (N,)
+        if labels is None:
+            loss = listwise_ce(logits.view(len(groups), cfg.group_size))  # (G, 1 + n)
+        else:
+            loss = pointwise_bce(logits, labels)
+        loss.backward()
+        return loss, {"logit_std": float(logits.detach().std())}
 
-    best = {"score": -1.0, "step": -1, "dir": None}
     last_alpha: dict = {}
 
-    def consider(step: int, score: float) -> None:
-        if score > best["score"]:
-            def save(directory: str) -> None:
-                model.save_pretrained(directory)
-                write_training_args(directory, {**asdict(cfg), "step": step, "dev_ndcg@10": score})
-                # The rerank/first-stage mix that was best on dev for *this* checkpoint (retrieval.interpolation).
-                write_alpha(directory, last_alpha["alpha"],
-                            chosen_on=f"dev nDCG@10 of the first stage's top-{cfg.dev_rerank_k} ({len(dev)} "
-                                      f"queries, first stage {cfg.first_stage or 'bm25'})",
-                            **{"dev_ndcg@10_by_alpha": {str(a): v for a, v in last_alpha["curve"].items()}})
+    def evaluate(step: int) -> dict:
+        reranked, scores = rerank_run(model, dev_queries, first, corpus, k=cfg.dev_rerank_k,
+                                      batch_size=cfg.eval_batch_size, progress=cfg.progress)
+        metrics = dev_metrics(reranked, dev_qrels)
+        alpha, curve = choose_alpha(reranked, first, dev_qrels)
+        last_alpha.update(alpha=alpha, curve=curve)
+        return {"score_std": float(np.std(scores)) if len(scores) else 0.0, "rerank_k": cfg.dev_rerank_k,
+                **metrics, "interpolation_alpha": alpha, "interpolated_ndcg10": curve[alpha]}
 
-            best.update(score=score, step=step, dir=run.save_checkpoint("best", save))
+    def save(directory: str, step: int, score: float) -> None:
+        model.save_pretrained(directory)
+        write_training_args(directory, {**asdict(cfg), "step": step, "dev_ndcg@10": score})
+        # The rerank/first-stage mix that was best on dev for *this* checkpoint (retrieval.interpolation).
+        write_alpha(directory, last_alpha["alpha"],
+                    chosen_on=f"dev nDCG@10 of the first stage's top-{cfg.dev_rerank_k} ({len(dev)} "
+                              f"queries, first stage {cfg.first_stage or 'bm25'})",
+                    **{"dev_ndcg@10_by_alpha": {str(a): v for a, v in last_alpha["curve"].items()}})
 
-    initial = None
-    if cfg.eval_at_start:
-        initial = do_eval(0)
-        consider(0, initial)
-    last_eval = run.elapsed
-    model.train()
-    bar = None
-    if cfg.progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=total, desc=f"train reranker ({cfg.loss})", unit="step")
-    recent_std: deque[float] = deque(maxlen=cfg.collapse_window)
-    step, stop_reason, filled_total = 0, "steps", 0
-    try:
-        while step < total:
-            if cfg.loss == "listwise":
-                groups, filled = next(batches)
-                filled_total += filled
-                queries = [q for q, docs in groups for _ in docs]
-                texts = [corpus[d] for _, docs in groups for d in docs]
-                labels = None
-            else:
-                chunk = next(batches)
-                queries = [p.query for p in chunk]
-                texts = [corpus[p.doc_id] for p in chunk]
-                labels = torch.tensor([p.label / scale for p in chunk], device=device)
-            enc = model.encode_pairs(queries, texts).model_inputs(device)
-            progress = max(step / total, run.elapsed / cfg.time_budget if cfg.time_budget else 0.0)
-            factor = lr_factor(progress, warmup=cfg.warmup)
-            for group in opt.param_groups:
-                group["lr"] = cfg.lr * factor * group["lr_scale"]
-            with autocast(device, model.bf16):
-                logits = model(**enc).float()  # (N,)
-            if labels is None:
-                loss = listwise_ce(logits.view(len(groups), cfg.group_size))  # (G, 1 + n)
-            else:
-                loss = pointwise_bce(logits, labels)
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            step += 1
-            loss_value, logit_std = float(loss.detach()), float(logits.detach().std())
-            if not math.isfinite(loss_value):
-                raise FloatingPointError(f"training loss became {loss_value} at step {step}; lower the learning rate")
-            recent_std.append(logit_std)
-            run.log("step", step=step, loss=loss_value, lr=cfg.lr * factor, grad_norm=float(grad_norm),
-                    logit_std=logit_std)
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(loss=f"{loss_value:.3f}")
-            if len(recent_std) == cfg.collapse_window and max(recent_std) < cfg.collapse_std:
-                raise ScoreCollapse(f"training logits have been constant for {cfg.collapse_window} steps "
-                                    f"(std < {cfg.collapse_std:g}) at step {step}")
-            out_of_time = cfg.time_budget is not None and run.elapsed > cfg.time_budget
-            due = cfg.eval_interval_s is not None and run.elapsed - last_eval > cfg.eval_interval_s
-            if step % eval_every == 0 or step == total or out_of_time or due:
-                consider(step, do_eval(step))
-                last_eval = run.elapsed
-            if out_of_time:
-                stop_reason = "time budget"
-                break
-    except ScoreCollapse as exc:
-        stop_reason = f"collapse: {exc}"
-        run.log("stop", step=step, reason=str(exc))
-        logger.error("%s", exc)
-    finally:
-        if bar is not None:
-            bar.close()
-    if cfg.save_last:
-        run.save_checkpoint("last", model.save_pretrained)
-    history = [r for r in run.records if r["event"] == "eval"]
-    summary = {"best_dir": best["dir"], "best_step": best["step"], "best_dev_ndcg@10": best["score"],
-               "initial_dev_ndcg@10": initial, "first_stage_dev_ndcg@10": first_score, "steps": step,
-               "stopped_by": stop_reason, "random_negative_fill_ins": filled_total,
-               "skipped": data.skipped.as_dict(), "dev_queries": len(dev), "seconds": round(run.elapsed, 1)}
-    run.log("done", **summary)
-    run.write_summary(summary)
-    return RerankerTrainResult(best["dir"], best["step"], best["score"], initial, first_score, step, stop_reason,
-                               history, data.skipped.as_dict())
+    result = TrainingLoop(
+        run, Schedule.of(cfg, per_epoch, cfg.lr, eval_at_start=cfg.eval_at_start), opt, params, cfg.max_grad_norm, [model],
+        step, evaluate, save, guard=CollapseGuard(cfg.collapse_std, cfg.collapse_window),
+        save_last=(lambda directory, steps: model.save_pretrained(directory)) if cfg.save_last else None,
+        progress=cfg.progress, desc=f"train reranker ({cfg.loss})",
+        plot_title=f"reranker: dev nDCG@10 of first-stage top-{cfg.dev_rerank_k} ({len(dev)} queries)",
+    ).train()
+    run.finish({**result.summary(), "first_stage_dev_ndcg@10": first_score,
+                "random_negative_fill_ins": filled_total, "skipped": data.skipped.as_dict(), "dev_queries": len(dev)})
+    return RerankerTrainResult(result.best_dir, result.best_step, result.best_score, result.initial_score,
+                               first_score, result.steps, result.stopped_by, result.history, data.skipped.as_dict())

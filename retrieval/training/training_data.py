@@ -21,16 +21,15 @@ the trainers log and report; malformed input raises with ``file:line``.
 from __future__ import annotations
 
 import csv
-import gzip
 import hashlib
-import json
 import math
 import os
 import random
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from twotower.eval.io.lines import json_lines
 from twotower.indexing import document_text
 from twotower.retrieval.corpus import iter_documents
 
@@ -127,23 +126,6 @@ def read_corpus(path: str) -> dict[str, str]:
     return corpus
 
 
-def _json_lines(path: str) -> Iterator[tuple[int, dict]]:
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"training file not found: {path}")
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
-            if not isinstance(obj, dict):
-                raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
-            yield lineno, obj
-
-
 def _string(obj: dict, key: str, where: str, required: bool = True) -> str | None:
     value = obj.get(key)
     if value is None:
@@ -198,12 +180,14 @@ def read_jsonl_training(path: str, corpus: dict[str, str] | None = None) -> Trai
     about: the line may be stale against a rebuilt corpus).  Lines with the
     same query are merged.
     """
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"training file not found: {path}")
     corpus = dict(corpus) if corpus is not None else {}
     own_texts = corpus == {}
     skipped = Skipped()
     merged: dict[str, dict] = {}
     n_lines = 0
-    for lineno, obj in _json_lines(path):
+    for lineno, obj in json_lines(path):
         n_lines += 1
         where = f"{path}:{lineno}"
         query = _string(obj, "query", where)
@@ -292,7 +276,7 @@ def read_labeled_pairs(path: str, max_label: float | None = None) -> PairSet:
         raise FileNotFoundError(f"pairs file not found: {path}")
     rows: list[tuple[str, str | None, str, str | None, float, str]] = []
     if path.endswith((".jsonl", ".json")):
-        for lineno, obj in _json_lines(path):
+        for lineno, obj in json_lines(path):
             where = f"{path}:{lineno}"
             query = _string(obj, "query", where)
             key = next((k for k in ("passage", "text", "document", "doc") if k in obj), "passage")

@@ -63,6 +63,13 @@ class TrainingRun:
             shutil.rmtree(tmp, ignore_errors=True)
         return target
 
+    def finish(self, summary: dict) -> dict:
+        """Close the run: `summary` plus the seconds it took, as the ``done`` record and ``summary.json``."""
+        summary = {**summary, "seconds": round(self.elapsed, 1)}
+        self.log("done", **summary)
+        self.write_summary(summary)
+        return summary
+
     def write_summary(self, summary: dict) -> None:
         if self.enabled:
             atomic_write_text(os.path.join(self.out, "summary.json"),

@@ -125,7 +125,6 @@ def test_bad_input_names_file_and_line(tiny_dir, tmp_path, capsys):
 
 
 def test_readers_attach_the_right_line_numbers(tmp_path):
-    from twotower.cli.finetune_cmd import carve_dev
     from twotower.eval.tasks import read_qa_examples, read_tag_examples, read_text_examples
 
     # WNUT-17 separates sentences with a lone tab; -DOCSTART- lines are breaks too
@@ -141,7 +140,7 @@ def test_readers_attach_the_right_line_numbers(tmp_path):
     (q,) = read_qa_examples(jsonl)
     assert q.id == "1" and q.answers == [("cd", 3)] and q.source == f"{jsonl}:1"
     # QA dev is carved by context: no paragraph lands on both sides
-    from twotower.encoder.finetuning.task_examples import QAExample
+    from twotower.encoder.finetuning.task_examples import QAExample, carve_dev
 
     exs = [QAExample(f"q{i}", "q", f"context {i % 5}") for i in range(40)]
     train, dev = carve_dev("qa", exs, 0.2)

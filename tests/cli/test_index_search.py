@@ -12,8 +12,8 @@ import sys
 import numpy as np
 import pytest
 
+from tests.cli.cli_run import build_index, run_cli
 from tests.retrieval.pipeline_fixtures import tiny_model_dir, toy_docs, write_corpus
-from twotower.cli import main
 from twotower.indexing import IndexStore
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -21,35 +21,28 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    root = tmp_path_factory.mktemp("cli")
-    corpus = write_corpus(str(root / "corpus.jsonl"), toy_docs(40))
-    rc = main(["index", "build", "--corpus", corpus, "--out", str(root / "idx"), "--model", tiny_model_dir(),
-               "--bm25", "--no-progress", "--shard-size", "16"])
-    assert rc == 0
-    return root
-
-
-def _run(capsys, *argv) -> tuple[int, str, str]:
-    rc = main(list(argv))
-    out, err = capsys.readouterr()
-    return rc, out, err
+    return build_index(tmp_path_factory.mktemp("cli"), 40, "--bm25", "--shard-size", "16")
 
 
 def test_build_prints_a_summary_and_info(built, capsys):
-    rc, out, _ = _run(capsys, "index", "info", "--index", str(built / "idx"))
+    rc, out, _ = run_cli(capsys, "index", "info", "--index", str(built / "idx"))
     assert rc == 0
     assert "documents   40" in out and "Flat, ip, dim 36" in out and "bm25        yes" in out
-    rc, out, _ = _run(capsys, "index", "info", "--index", str(built / "idx"), "--json")
+    rc, out, _ = run_cli(capsys, "index", "info", "--index", str(built / "idx"), "--json")
     info = json.loads(out)
     assert info["documents"] == 40 and info["extra"]["pipeline"]["encoder"]["dim"] == 36
+    with IndexStore.open(built / "idx", readonly=True) as store:  # the parameters the index searches with
+        bm = store.bm25
+        used = {"k1": bm.k1, "b": bm.b, "method": bm.method, "stopwords": bm.stopwords, "stemmer": bm.stemmer}
+    assert info["bm25"] is True and info["bm25_params"] == used
 
 
 def test_search_table_and_json(built, capsys):
-    rc, out, _ = _run(capsys, "search", "--index", str(built / "idx"), "-k", "3", "tea coffee", "gene cell")
+    rc, out, _ = run_cli(capsys, "search", "--index", str(built / "idx"), "-k", "3", "tea coffee", "gene cell")
     assert rc == 0
     assert "recall only (no reranker)" in out
     assert out.count("query: ") == 2 and "rank     score" in out
-    rc, out, _ = _run(capsys, "search", "--index", str(built / "idx"), "-k", "3", "--json", "--hybrid", "tea coffee")
+    rc, out, _ = run_cli(capsys, "search", "--index", str(built / "idx"), "-k", "3", "--json", "--hybrid", "tea coffee")
     assert rc == 0
     res = json.loads(out)
     assert len(res) == 1 and res[0]["query"] == "tea coffee" and len(res[0]["hits"]) == 3
@@ -64,7 +57,7 @@ def test_batch_run_in_trec_format(built, tmp_path, capsys):
     queries.write_text("".join(json.dumps({"_id": f"Q{i}", "text": t}) + "\n"
                                for i, t in enumerate(["tea", "virus mouse", "drug dose"])))
     run = tmp_path / "out.trec"
-    rc, _, err = _run(capsys, "search", "--index", str(built / "idx"), "--queries", str(queries), "--run", str(run),
+    rc, _, err = run_cli(capsys, "search", "--index", str(built / "idx"), "--queries", str(queries), "--run", str(run),
                       "-k", "5", "--tag", "mine")
     assert rc == 0 and "wrote 15 lines" in err
     lines = [line.split() for line in run.read_text().splitlines()]
@@ -75,7 +68,7 @@ def test_batch_run_in_trec_format(built, tmp_path, capsys):
     assert scores == sorted(scores, reverse=True)
     tsv = tmp_path / "queries.tsv"
     tsv.write_text("a\ttea\nb\tgene\n")
-    rc, out, _ = _run(capsys, "search", "--index", str(built / "idx"), "--queries", str(tsv), "--json", "-k", "2")
+    rc, out, _ = run_cli(capsys, "search", "--index", str(built / "idx"), "--queries", str(tsv), "--json", "-k", "2")
     assert [r["qid"] for r in json.loads(out)] == ["a", "b"]
 
 
@@ -83,16 +76,16 @@ def test_add_delete_roundtrip(built, tmp_path, capsys):
     idx = tmp_path / "idx"
     shutil.copytree(built / "idx", idx)
     more = write_corpus(str(tmp_path / "more.jsonl"), [{"_id": "new", "text": "black tea leaf"}])
-    rc, out, _ = _run(capsys, "index", "add", "--index", str(idx), "--corpus", more, "--no-progress")
+    rc, out, _ = run_cli(capsys, "index", "add", "--index", str(idx), "--corpus", more, "--no-progress")
     assert rc == 0 and "added 1 documents" in out and "(now 41)" in out
-    rc, _, err = _run(capsys, "index", "add", "--index", str(idx), "--corpus", more, "--no-progress")
+    rc, _, err = run_cli(capsys, "index", "add", "--index", str(idx), "--corpus", more, "--no-progress")
     assert rc == 2 and "more.jsonl:1: duplicate document id 'new'" in err
-    rc, out, _ = _run(capsys, "index", "add", "--index", str(idx), "--corpus", more, "--on-duplicate", "skip")
+    rc, out, _ = run_cli(capsys, "index", "add", "--index", str(idx), "--corpus", more, "--on-duplicate", "skip")
     assert rc == 0 and "added 0 documents" in out
-    rc, out, err = _run(capsys, "index", "delete", "--index", str(idx), "new", "d1", "ghost")
+    rc, out, err = run_cli(capsys, "index", "delete", "--index", str(idx), "new", "d1", "ghost")
     assert rc == 1 and "deleted 2 documents" in out and "(now 39)" in out
     assert "1 id(s) not in the index: ghost" in err
-    rc, out, _ = _run(capsys, "index", "delete", "--index", str(idx), "d2")
+    rc, out, _ = run_cli(capsys, "index", "delete", "--index", str(idx), "d2")
     assert rc == 0 and "(now 38)" in out
 
 
@@ -112,7 +105,7 @@ def test_add_delete_roundtrip(built, tmp_path, capsys):
 )
 def test_bad_input_exits_2_with_a_message(built, capsys, argv, message):
     fill = {"idx": str(built / "idx"), "root": str(built), "model": tiny_model_dir()}
-    rc, _, err = _run(capsys, *[a.format(**fill) for a in argv])
+    rc, _, err = run_cli(capsys, *[a.format(**fill) for a in argv])
     assert rc == 2
     assert message in err and err.startswith("twotower ")
 
@@ -120,14 +113,14 @@ def test_bad_input_exits_2_with_a_message(built, capsys, argv, message):
 def test_bad_corpus_line_names_file_and_line(tmp_path, capsys):
     corpus = tmp_path / "c.jsonl"
     corpus.write_text('{"_id": "a", "text": "tea"}\n{"_id": "b", "title": "x"}\n')
-    rc, _, err = _run(capsys, "index", "build", "--corpus", str(corpus), "--out", str(tmp_path / "idx"),
+    rc, _, err = run_cli(capsys, "index", "build", "--corpus", str(corpus), "--out", str(tmp_path / "idx"),
                       "--model", tiny_model_dir(), "--no-progress")
     assert rc == 2 and f"{corpus}:2: missing string field 'text'" in err
     assert not (tmp_path / "idx").exists()
 
 
 def test_model_of_other_dimension_is_refused(built, capsys):
-    rc, _, err = _run(capsys, "search", "--index", str(built / "idx"), "--model", tiny_model_dir(hidden=24), "tea")
+    rc, _, err = run_cli(capsys, "search", "--index", str(built / "idx"), "--model", tiny_model_dir(hidden=24), "tea")
     assert rc == 2 and "36-dimensional vectors but the query encoder produces 24-dimensional" in err
 
 
@@ -135,7 +128,7 @@ def test_corrupt_index_is_a_clear_error(built, tmp_path, capsys):
     idx = tmp_path / "idx"
     shutil.copytree(built / "idx", idx)
     (idx / "manifest.json").write_text("garbage")
-    rc, _, err = _run(capsys, "search", "--index", str(idx), "tea")
+    rc, _, err = run_cli(capsys, "search", "--index", str(idx), "tea")
     assert rc == 2 and "corrupt manifest JSON" in err
 
 
@@ -182,10 +175,10 @@ def test_search_rerank_alpha(built, tmp_path, capsys):
         ce.classifier.weight.normal_(0, 1.0)
     ce.save_pretrained(str(tmp_path / "ce"))
     base = ["search", "--index", str(built / "idx"), "-k", "8", "--recall-k", "8", "--json", "tea coffee milk"]
-    rc, out, _ = _run(capsys, *base, "--no-rerank")
+    rc, out, _ = run_cli(capsys, *base, "--no-rerank")
     recall = [h["id"] for h in json.loads(out)[0]["hits"]]
-    rc, out, _ = _run(capsys, *base, "--reranker", str(tmp_path / "ce"), "--rerank-alpha", "0")
+    rc, out, _ = run_cli(capsys, *base, "--reranker", str(tmp_path / "ce"), "--rerank-alpha", "0")
     hits = json.loads(out)[0]["hits"]
     assert rc == 0 and [h["id"] for h in hits] == recall and all(h["rerank_score"] is not None for h in hits)
-    rc, _, err = _run(capsys, *base, "--reranker", str(tmp_path / "ce"), "--rerank-alpha", "2")
+    rc, _, err = run_cli(capsys, *base, "--reranker", str(tmp_path / "ce"), "--rerank-alpha", "2")
     assert rc == 2 and "rerank_alpha" in err

@@ -8,7 +8,7 @@ lists, run queries without judgments, documents named like their query (for
 drop_self_hits), and rankings longer than the largest cutoff.
 
 ``python -m tests.eval.retrieval_cases`` prints the number of cases and the
-largest absolute difference to pytrec_eval, as recorded in docs/benchmarks/eval.md.
+largest absolute difference to pytrec_eval, as recorded in docs/results.md ("Evaluation parity").
 """
 
 from __future__ import annotations

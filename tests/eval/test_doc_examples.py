@@ -10,7 +10,7 @@ import pytest
 
 import twotower.eval as eval_package
 
-MODULES = sorted(m.name for m in pkgutil.walk_packages(eval_package.__path__, prefix="eval.") if not m.ispkg)
+MODULES = sorted(m.name for m in pkgutil.walk_packages(eval_package.__path__, prefix="twotower.eval.") if not m.ispkg)
 
 
 @pytest.mark.parametrize("name", MODULES)

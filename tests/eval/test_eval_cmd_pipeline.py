@@ -6,11 +6,10 @@ import json
 
 import pytest
 
+from tests.retrieval import pipeline_fixtures as fixtures
 from twotower.cli import main
 from twotower.eval import evaluate, read_trec_run, write_beir_qrels, write_beir_queries
-
-pipeline = pytest.importorskip("twotower.retrieval.pipeline")
-fixtures = pytest.importorskip("tests.retrieval.pipeline_fixtures")
+from twotower.retrieval import pipeline
 
 
 def test_index_mode_with_the_real_pipeline(tmp_path, capsys):

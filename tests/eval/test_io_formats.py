@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import gzip
 import json
-import os
 
 import pytest
 
@@ -12,7 +12,6 @@ from twotower.eval.io import (
     BeirDocument,
     LabeledExample,
     TaggedSentence,
-    atomic_open,
     detect_qrels_format,
     iter_msmarco_triples,
     load_beir,
@@ -130,11 +129,11 @@ def test_beir_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="no such folder"):
         load_beir(tmp_path / "nope")
     corpus = _write(tmp_path / "c.jsonl", '{"_id": "a", "text": "x"}\n{"_id": "b", "text": 3}\n')
-    _raises_at(corpus, 2, read_beir_corpus, "'text' must be a string")
+    _raises_at(corpus, 2, read_beir_corpus, r"missing string field 'text' \(got int\)")
     corpus = _write(tmp_path / "c2.jsonl", '{"_id": "a", "text": "x"}\n{"_id": "a", "text": "y"}\n')
     _raises_at(corpus, 2, read_beir_corpus, "appears twice")
     queries = _write(tmp_path / "q.jsonl", '{"_id": "a", "text": "x"}\n{"_id": "b", "text": "y"\n')
-    _raises_at(queries, 2, read_beir_queries, "invalid JSON")
+    _raises_at(queries, 2, read_beir_queries, "not valid JSON")
     queries = _write(tmp_path / "q2.jsonl", '{"text": "x"}\n')
     _raises_at(queries, 1, read_beir_queries, "missing field '_id'")
     qrels = _write(tmp_path / "qr.tsv", "query-id\tcorpus-id\tscore\nq1\td1\t1\nq1\td2\n")
@@ -221,7 +220,7 @@ def test_squad_errors_name_the_json_path(tmp_path):
     with pytest.raises(DataError, match="answer_start: expected int"):
         read_squad(path)
     broken = _write(tmp_path / "broken.json", '{"data": [\n  {"title": }\n]}')
-    _raises_at(broken, 2, read_squad, "invalid JSON")
+    _raises_at(broken, 2, read_squad, "not valid JSON")
     dup = _squad(tmp_path, [{"id": "a", "question": "?", "answers": []}] * 2, "dup.json")
     with pytest.raises(DataError, match="appears twice"):
         read_squad(dup)
@@ -290,15 +289,58 @@ def test_classification_tsv_errors(tmp_path):
         read_classification_tsv(tmp_path / "a.tsv", label_column="nope")
 
 
-# --- atomic writes ---------------------------------------------------------------------------------
+# --- one corpus-line parser for evaluation and index builds ---------------------------------------
+
+CORPUS_LINES = [
+    ('{"_id": "a", "title": "T", "text": "body", "metadata": {"year": 2001}, "extra": 1}', None),
+    ('{"id": 12, "text": "integer id under the id key"}', None),
+    ('{"_id": "t", "title": "title only", "text": ""}', None),
+    ("{not json", "not valid JSON"),
+    ('["a list"]', "expected a JSON object, got list"),
+    ('{"text": "no id"}', "missing field '_id'"),
+    ('{"_id": "", "text": "t"}', "field '_id' must be a non-empty string"),
+    ('{"_id": "x"}', "missing string field 'text'"),
+    ('{"_id": "x", "text": 3}', "missing string field 'text' (got int)"),
+    ('{"_id": "x", "text": "t", "title": 5}', "field 'title' must be a string, got int"),
+    ('{"_id": "x", "text": "t", "metadata": [1]}', "field 'metadata' must be an object, got list"),
+]
 
 
-def test_atomic_write_keeps_old_file_on_error(tmp_path):
-    target = tmp_path / "sub" / "file.txt"
-    with atomic_open(target) as handle:
-        handle.write("old\n")
-    with pytest.raises(RuntimeError), atomic_open(target) as handle:
-        handle.write("half")
-        raise RuntimeError("interrupted")
-    assert target.read_text() == "old\n"
-    assert os.listdir(target.parent) == ["file.txt"]  # the temporary file was removed
+@pytest.mark.parametrize("line, message", CORPUS_LINES)
+def test_eval_and_index_builds_read_a_corpus_line_alike(tmp_path, line, message):
+    """read_beir_corpus (evaluation) and retrieval.corpus.iter_documents (index builds) share one parser."""
+    from twotower.retrieval.corpus import iter_documents
+
+    path = _write(tmp_path / "corpus.jsonl", '{"_id": "first", "text": "ok"}\n\n' + line + "\n")
+    if message is None:
+        (_, beir), (_, doc) = list(read_beir_corpus(path).items())[1], list(iter_documents(str(path)))[1]
+        assert (doc["id"], doc["title"], doc["text"], doc["metadata"]) == (
+            beir.doc_id, beir.title, beir.text, dict(beir.metadata))
+        return
+    errors = []
+    for read in (read_beir_corpus, lambda p: list(iter_documents(str(p)))):
+        with pytest.raises(DataError) as info:
+            read(path)
+        errors.append(str(info.value))
+    assert errors[0] == errors[1] and errors[0].startswith(f"{path}:3: ") and message in errors[0]
+
+
+def test_an_empty_document_is_kept_for_evaluation_and_refused_by_an_index(tmp_path):
+    """Benchmark corpora hold documents with blank text and title (Cranfield has two): eval keeps them."""
+    from twotower.retrieval.corpus import iter_documents
+
+    path = _write(tmp_path / "corpus.jsonl", '{"_id": "a", "text": "ok"}\n{"_id": "x", "text": " ", "title": ""}\n')
+    assert read_beir_corpus(path)["x"] == BeirDocument("x", "", " ")
+    with pytest.raises(DataError, match="document 'x' has empty 'text' and 'title'") as info:
+        list(iter_documents(str(path)))
+    assert str(info.value).startswith(f"{path}:2: ")
+
+
+def test_beir_corpus_keeps_metadata_and_reads_gzip(tmp_path):
+    docs = [BeirDocument("a", "T", "x", {"year": 2001}), BeirDocument("b", "", "y")]
+    write_beir_corpus(docs, tmp_path / "corpus.jsonl")
+    assert list(read_beir_corpus(tmp_path / "corpus.jsonl").values()) == docs
+    packed = tmp_path / "corpus.jsonl.gz"
+    with gzip.open(packed, "wb") as f:
+        f.write((tmp_path / "corpus.jsonl").read_bytes())
+    assert list(read_beir_corpus(packed).values()) == docs

@@ -1,4 +1,4 @@
-"""IndexStore: staging, commit/rollback, manifest, readers, resumable ingest, BM25 integration."""
+"""IndexStore: staging, commit/rollback, manifest, readers, copies, BM25 integration."""
 
 import json
 
@@ -211,35 +211,27 @@ def test_set_extra_is_written_at_commit(tmp_path):
     assert m.extra == {"encoder": {"name": "minilm", "sha": "123"}, "pooling": "mean"}
 
 
-def test_ingest_skips_present_ids_and_commits_in_batches(tmp_path, vecs):
-    calls = []
-
-    def embed(batch):
-        calls.extend(d["id"] for d in batch)
-        return vecs[[int(d["id"][1:]) for d in batch]]
-
-    store = IndexStore.create(tmp_path / "i", DIM, "Flat")
-    stats = store.ingest(docs(0, 60), embed, batch_size=16, commit_every=32)
-    assert (stats.added, stats.skipped, stats.commits) == (60, 0, 2)
-    assert store.generation == 2
-    calls.clear()
-    stats = store.ingest(docs(0, 100), embed, batch_size=16, commit_every=1000)
-    assert (stats.added, stats.skipped, stats.commits) == (40, 60, 1)
-    assert calls == [f"d{i}" for i in range(60, 100)]  # only unseen documents were encoded
-    assert len(store) == 100 and store.search(vecs[77:78], 1).ids == [["d77"]]
-    store.close()
-
-
-def test_ingest_trains_ivf_on_buffered_batches(tmp_path):
-    x = clustered(900, DIM, seed=9)
-    store = IndexStore.create(tmp_path / "i", DIM, "IVF8,Flat", "l2", nprobe=8, train_sample=400)
-    stats = store.ingest(
-        docs(0, 900), lambda b: x[[int(d["id"][1:]) for d in b]], batch_size=100, commit_every=500
-    )
-    assert stats.added == 900 and store.vectors.is_trained
-    assert store.search(x[123:124], 1).ids == [["d123"]]
-    store.close()
-    assert len(IndexStore.open(tmp_path / "i", readonly=True)) == 900
+def test_copy_to_holds_the_committed_generation_only(tmp_path, vecs):
+    src = IndexStore.create(tmp_path / "i", DIM, "Flat", bm25=True, extra={"encoder": "abc"})
+    src.add(docs(0, 20), vecs[:20])
+    src.commit()
+    assert src.search_bm25(["word3"], 1).ids == [["d3"]]  # BM25 built in memory ...
+    src.commit()  # ... and saved with the generation
+    src.add(docs(20, 25), vecs[20:25])  # staged, not committed: not part of the copy
+    target = src.copy_to(tmp_path / "sub" / "copy")
+    assert target == tmp_path / "sub" / "copy"
+    assert sorted(p.name for p in (tmp_path / "sub").iterdir()) == ["copy"]  # nothing left beside it
+    with IndexStore.open(target) as copy:  # a writer: the copy has its own LOCK
+        assert copy.generation == src.generation and len(copy) == 20
+        assert copy.manifest.extra == {"encoder": "abc"}
+        assert copy.get(["d7"])[0]["metadata"] == {"i": 7} and copy.get(["d21"]) == [None]
+        assert copy.search(vecs[7:8], 1).ids == [["d7"]]
+        assert copy.search_bm25(["word11"], 1).ids == [["d11"]]
+    assert (target / f"bm25-{src.generation:08d}.npz").exists()  # the BM25 cache came along
+    assert len(src) == 25 and src.has_pending  # the source keeps working on its own directory
+    with pytest.raises(FileExistsError, match="not an empty directory"):
+        src.copy_to(target)
+    src.close()
 
 
 def test_bm25_follows_the_documents(tmp_path, vecs):

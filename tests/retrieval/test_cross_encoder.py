@@ -135,6 +135,21 @@ def test_bf16_close_to_fp32(saved):
     np.testing.assert_allclose(fast.predict(PAIRS), ce.predict(PAIRS), atol=0.1)
 
 
+def test_bf16_copy_runs_the_head_in_fp32(saved):
+    """The bf16 path on any CPU (emulated where unsupported): a bf16 copy of the encoder, an fp32 head."""
+    from twotower.encoder.core.encode import inference_copy
+
+    ce, out = saved
+    fast = CrossEncoder.from_pretrained(out, device="cpu", bf16=False)
+    fast.bf16 = True  # as resolve_bf16 would set it on a CPU with bf16 support
+    got = fast.predict(PAIRS)
+    copy = inference_copy(fast.model, torch.bfloat16, fast.device)
+    assert copy.bert.embeddings.word_embeddings.weight.dtype == torch.bfloat16
+    assert copy.classifier.weight.dtype == torch.float32 and fast.classifier.weight.dtype == torch.float32
+    np.testing.assert_allclose(got, ce.predict(PAIRS), atol=0.1)
+    assert got.dtype == np.float32 and len(set(got.tolist())) == len(PAIRS)  # close logits are not tied
+
+
 def test_bad_directories(tmp_path):
     with pytest.raises(ValueError, match="from_encoder"):
         CrossEncoder.from_pretrained(tiny_model_dir(), device="cpu")

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import doctest
 import math
 import random
 
 import numpy as np
 import pytest
 
+import twotower.retrieval.fusion
 from twotower.retrieval.fusion import RRF_K, normalize_scores, reciprocal_rank_fusion, score_fusion
 
 
@@ -114,3 +116,8 @@ def test_score_fusion_limit_and_weight_count():
     assert len(score_fusion([{"a": 1.0, "b": 0.0, "c": 0.5}], limit=2)) == 2
     with pytest.raises(ValueError, match="1 weights for 2"):
         score_fusion([{"a": 1.0}, {"a": 1.0}], weights=[1.0])
+
+
+def test_docstring_examples():
+    result = doctest.testmod(twotower.retrieval.fusion)
+    assert result.attempted > 0 and result.failed == 0

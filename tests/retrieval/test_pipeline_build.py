@@ -6,6 +6,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,7 +19,9 @@ import pytest
 from tests.retrieval.pipeline_fixtures import tiny_model_dir, toy_docs, write_corpus
 from twotower.indexing import IndexFormatError, IndexStore
 from twotower.retrieval import DualEncoder, EncoderMismatchError, SearchPipeline
-from twotower.retrieval.build import PLAN_NAME, shard_path
+from twotower.retrieval.build import PLAN_NAME, build_index, shard_path
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +84,77 @@ def test_interrupted_build_resumes_from_finished_shards(tmp_path, encoder, monke
     ids_b, vec_b = _vectors(fresh)
     assert ids_a == ids_b == [f"d{i}" for i in range(50)]
     np.testing.assert_allclose(vec_a, vec_b, atol=1e-6)
+
+
+class NumberEncoder:
+    """A document encoder for a build in a child process: the vector of "doc i" is drawn from seed i.
+
+    It has what `build_index` uses of a DualEncoder (dim, metric, fingerprint, encode_documents) and
+    counts the documents it encoded; no model, so the child starts fast.
+    """
+
+    dim, metric = 8, "cosine"
+
+    def __init__(self) -> None:
+        self.encoded: list[int] = []
+
+    def fingerprint(self) -> str:
+        return "number-encoder-1"
+
+    def encode_documents(self, texts, batch_size=64, progress=False):
+        numbers = [int(t.split()[-1]) for t in texts]
+        self.encoded.extend(numbers)
+        return np.stack([np.random.default_rng(n).normal(size=self.dim) for n in numbers]).astype(np.float32)
+
+
+def test_sigkill_mid_build_then_resume(tmp_path):
+    """Kill a build (a real process, no cleanup runs) while it encodes; the rerun encodes only unfinished shards."""
+    corpus = write_corpus(str(tmp_path / "c.jsonl"), [{"_id": f"d{i}", "text": f"doc {i}"} for i in range(200)])
+    out, flag = tmp_path / "idx", tmp_path / "signal"
+    script = tmp_path / "child.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {str(REPO)!r})
+        from tests.retrieval.test_pipeline_build import NumberEncoder
+        from twotower.retrieval.build import build_index
+
+        class Slow(NumberEncoder):
+            def encode_documents(self, texts, batch_size=64, progress=False):
+                first = int(texts[0].split()[-1])
+                if first >= 75:
+                    open({str(flag)!r}, "a").close()  # shards 0-2 are on disk: tell the parent
+                # Slow enough that the parent's random kill lands in the next shards on any machine;
+                # from shard 5 on stall, so a fast machine can never finish before the kill.
+                time.sleep(0.02 if first < 125 else 120)
+                return super().encode_documents(texts, batch_size, progress)
+
+        build_index({corpus!r}, {str(out)!r}, Slow(), shard_size=25, progress=False)
+    """))
+    proc = subprocess.Popen([sys.executable, str(script)])
+    try:
+        deadline = time.monotonic() + 120
+        while not flag.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert flag.exists(), "the child build never reached its fourth shard"
+        time.sleep(float(np.random.default_rng().uniform(0, 0.3)))  # somewhere in the next shards
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not out.exists()  # the index appears only whole, at the very end
+    work = str(tmp_path / "idx.build")
+    done = [i for i in range(8) if os.path.isfile(shard_path(work, i))]
+    assert done == list(range(len(done))) and 3 <= len(done) <= 5  # whole shards, in order
+
+    resume = NumberEncoder()
+    assert build_index(corpus, str(out), resume, shard_size=25, progress=False)
+    assert resume.encoded == list(range(25 * len(done), 200))  # finished shards were not encoded again
+    with IndexStore.open(out, readonly=True) as store:
+        assert len(store) == 200 and store.vectors.ids() == [f"d{i}" for i in range(200)]
+        want = NumberEncoder().encode_documents(["doc 10", "doc 199"])  # (2, 8)
+        want /= np.linalg.norm(want, axis=1, keepdims=True)  # a cosine index stores unit vectors
+        np.testing.assert_allclose(store.vectors.reconstruct(["d10", "d199"]), want, atol=1e-6)
+    assert not os.path.exists(work)
 
 
 def test_stale_work_dir_for_another_corpus_is_discarded(tmp_path, encoder):

@@ -24,6 +24,7 @@ _COMMAND_MODULES = [
     "search_cmd",
     "answer_cmd",
     "eval_cmd",
+    "serve_cmd",
 ]
 
 
@@ -32,17 +33,14 @@ class CLIError(Exception):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from twotower import __version__
+
     parser = argparse.ArgumentParser(prog="twotower", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"twotower {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _COMMAND_MODULES:
-        try:
-            module = importlib.import_module(f"twotower.cli.{name}")
-        except ModuleNotFoundError as exc:  # a command group not built yet
-            if exc.name == f"twotower.cli.{name}":
-                continue
-            raise
-        module.register(sub)
+        importlib.import_module(f"twotower.cli.{name}").register(sub)
     return parser
 
 

@@ -13,6 +13,7 @@ import json
 import sys
 
 from twotower.cli import CLIError
+from twotower.cli.checks import model_directory, require_bm25
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -40,6 +41,13 @@ def run_answer(args: argparse.Namespace) -> int:
         raise CLIError("--passages and --answers must be >= 1")
     if args.retrieval_weight < 0:
         raise CLIError("--retrieval-weight must be >= 0")
+    if any(not q.strip() for q in args.questions):
+        raise CLIError("a question is empty")
+    for flag, path in (("--reader", args.reader), ("--classifier", args.classifier), ("--reranker", args.reranker)):
+        if path:
+            model_directory(flag, path)
+    if args.hybrid:
+        require_bm25(args.index)
     from twotower.encoder.finetuning.task_model import TaskModel
     from twotower.retrieval.pipeline import SearchPipeline
 
@@ -49,8 +57,6 @@ def run_answer(args: argparse.Namespace) -> int:
     classifier = TaskModel.from_pretrained(args.classifier, device=args.device) if args.classifier else None
     if classifier is not None and classifier.info.head != "classify":
         raise CLIError(f"{args.classifier} holds a {classifier.info.head!r} head; --classifier needs 'classify'")
-    if any(not q.strip() for q in args.questions):
-        raise CLIError("a question is empty")
     with SearchPipeline.load(args.index, reranker=args.reranker, use_default_reranker=not args.no_rerank,
                              device=args.device) as pipe:
         results = pipe.answer(args.questions, reader, k=args.passages, recall_k=args.recall_k,

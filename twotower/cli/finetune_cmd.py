@@ -78,26 +78,6 @@ def _read(task: str, path: str, args: argparse.Namespace, need_labels: bool) -> 
     return read_qa_examples(path)
 
 
-def carve_dev(task: str, examples: list, fraction: float, seed: int = 0) -> tuple[list, list]:
-    """Split off a dev set; QA splits by context so no paragraph is in both halves."""
-    import numpy as np
-
-    from twotower.cli import CLIError
-
-    if not 0.0 < fraction < 1.0:
-        raise CLIError(f"--dev-fraction must be in (0, 1), got {fraction}")
-    keys = [ex.context for ex in examples] if task == "qa" else list(range(len(examples)))
-    groups = list(dict.fromkeys(keys))
-    rng = np.random.default_rng(seed)
-    n_dev = max(1, round(len(groups) * fraction))
-    dev_groups = {groups[i] for i in rng.permutation(len(groups))[:n_dev]}
-    train = [ex for ex, k in zip(examples, keys) if k not in dev_groups]
-    dev = [ex for ex, k in zip(examples, keys) if k in dev_groups]
-    if not train or not dev:
-        raise CLIError(f"--dev-fraction {fraction} leaves an empty train or dev split")
-    return train, dev
-
-
 def _bf16(value: str):
     return {"auto": "auto", "on": True, "off": False}[value]
 
@@ -122,7 +102,12 @@ def run_finetune(args: argparse.Namespace) -> int:
     if args.dev:
         dev = _read(args.task, args.dev, args, True)
     else:
-        train, dev = carve_dev(args.task, train, args.dev_fraction)
+        from twotower.encoder.finetuning.task_examples import carve_dev
+
+        try:
+            train, dev = carve_dev(args.task, train, args.dev_fraction)
+        except ValueError as exc:
+            raise CLIError(f"--dev-fraction {args.dev_fraction}: {exc}") from None
     test = _read(args.task, args.test, args, True) if args.test else None
     metric_fn, metric = METRICS[args.task]
     cfg = FinetuneConfig(

@@ -16,6 +16,7 @@ import os
 import sys
 
 from twotower.cli import CLIError
+from twotower.cli.checks import model_directory
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -74,8 +75,8 @@ def run_build(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"corpus file not found: {args.corpus}")
     if args.model and not os.path.isdir(args.model):
         raise FileNotFoundError(f"model directory not found: {args.model}")
-    if args.reranker and not os.path.isdir(args.reranker):
-        raise FileNotFoundError(f"reranker directory not found: {args.reranker}")
+    if args.reranker:
+        model_directory("--reranker", args.reranker)
     from twotower.retrieval.pipeline import SearchPipeline
 
     try:
@@ -144,6 +145,21 @@ def run_delete(args: argparse.Namespace) -> int:
     return 0
 
 
+def _honest_bm25(info: dict) -> dict:
+    """``"bm25": true`` plus the parameters in force, or ``false`` (the manifest records only the
+    arguments given at build time, so a default BM25 would print as ``{}``)."""
+    import inspect
+
+    from twotower.indexing import BM25
+
+    options = info["bm25"]
+    out = {**info, "bm25": options is not None}
+    if options is not None:
+        defaults = {name: p.default for name, p in inspect.signature(BM25).parameters.items()}
+        out["bm25_params"] = {**defaults, **options}
+    return out
+
+
 def run_info(args: argparse.Namespace) -> int:
     from twotower.indexing import IndexStore
     from twotower.retrieval.manifest import pipeline_block
@@ -152,7 +168,7 @@ def run_info(args: argparse.Namespace) -> int:
         info = store.info()
         block = pipeline_block(store.manifest.extra, os.path.join(args.index, "manifest.json"))
     if args.json:
-        print(json.dumps(info, indent=2, default=str))
+        print(json.dumps(_honest_bm25(info), indent=2, default=str))
         return 0
     enc = block["encoder"]
     model = enc.get("model") or {}

@@ -16,6 +16,7 @@ import sys
 import textwrap
 
 from twotower.cli import CLIError
+from twotower.cli.checks import model_directory, require_bm25
 
 QUERY_BATCH = 256
 
@@ -47,43 +48,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def read_queries(path: str) -> list[tuple[str, str]]:
-    """(qid, text) pairs from BEIR queries.jsonl or a qid<TAB>text file; errors name file and line."""
+    """(qid, text) pairs from BEIR queries.jsonl or a qid<TAB>text file (eval's readers; errors name file and line)."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"queries file not found: {path}")
-    out: list[tuple[str, str]] = []
-    seen: set[str] = set()
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            if path.endswith((".jsonl", ".json")):
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"{path}:{n}: not valid JSON ({exc.msg})") from exc
-                if not isinstance(obj, dict):
-                    raise ValueError(f"{path}:{n}: expected a JSON object")
-                qid, text = obj.get("_id", obj.get("id")), obj.get("text")
-                if isinstance(qid, int) and not isinstance(qid, bool):
-                    qid = str(qid)
-                if not isinstance(qid, str) or not qid:
-                    raise ValueError(f"{path}:{n}: missing field '_id'")
-                if not isinstance(text, str):
-                    raise ValueError(f"{path}:{n}: missing string field 'text'")
-            else:
-                parts = line.rstrip("\n").split("\t")
-                if len(parts) < 2 or not parts[0]:
-                    raise ValueError(f"{path}:{n}: expected 'qid<TAB>text'")
-                qid, text = parts[0], "\t".join(parts[1:])
-            if not text.strip():
-                raise ValueError(f"{path}:{n}: query {qid!r} is empty")
-            if qid in seen:
-                raise ValueError(f"{path}:{n}: duplicate query id {qid!r}")
-            seen.add(qid)
-            out.append((qid, text))
-    if not out:
-        raise ValueError(f"{path}: no queries")
-    return out
+    from twotower.common.errors import DataError
+    from twotower.eval.io import read_beir_queries, read_id_text_tsv
+
+    queries = read_beir_queries(path) if path.endswith((".jsonl", ".json")) else read_id_text_tsv(path)
+    if not queries:
+        raise DataError(path, None, "no queries")
+    return list(queries.items())
 
 
 def _table(query: str, hits: list, reranked: bool, width: int = 100) -> str:
@@ -114,11 +88,13 @@ def run_search(args: argparse.Namespace) -> int:
         raise CLIError("give at least one QUERY, or --queries FILE")
     for qid, text in items:
         if not text.strip():
-            raise CLIError(f"query {qid} is empty")
+            raise CLIError(f"{args.queries_file}: query {qid} is empty" if args.queries_file else f"query {qid} is empty")
     if not os.path.isdir(args.index):
         raise FileNotFoundError(f"index directory not found: {args.index}")
-    if args.reranker and not os.path.isdir(args.reranker):
-        raise FileNotFoundError(f"reranker directory not found: {args.reranker}")
+    if args.reranker:
+        model_directory("--reranker", args.reranker)
+    if args.hybrid:
+        require_bm25(args.index)
     from tqdm.auto import tqdm
 
     from twotower.retrieval.pipeline import SearchPipeline
@@ -127,6 +103,7 @@ def run_search(args: argparse.Namespace) -> int:
                                use_default_reranker=not args.no_rerank)
     with pipe:
         reranked = pipe.reranker is not None and not args.no_rerank
+        recall = min(args.recall_k, len(pipe))  # the first stage cannot return more than the index holds
         results = []
         show = not args.no_progress and len(items) > QUERY_BATCH
         for s in tqdm(range(0, len(items), QUERY_BATCH), desc="search", unit="batch", disable=not show):
@@ -135,12 +112,12 @@ def run_search(args: argparse.Namespace) -> int:
                                    hybrid=args.hybrid, fusion=args.fusion, batch_size=args.batch_size,
                                    rerank_alpha=args.rerank_alpha)
     if args.run:
-        from twotower.common.atomic import atomic_write_text
+        from twotower.eval.io import write_trec_run
 
-        lines = [f"{qid} Q0 {h.id} {h.rank} {h.score:.6f} {args.tag}\n"
-                 for (qid, _), hits in zip(items, results) for h in hits]
-        atomic_write_text(args.run, "".join(lines))
-        print(f"wrote {len(lines)} lines for {len(items)} queries to {args.run}", file=sys.stderr)
+        run = {qid: {h.id: h.score for h in hits} for (qid, _), hits in zip(items, results)}
+        write_trec_run(run, args.run, tag=args.tag)
+        lines = sum(len(scores) for scores in run.values())
+        print(f"wrote {lines} lines for {len(items)} queries to {args.run}", file=sys.stderr)
         return 0
     if args.json:
         print(json.dumps([{"qid": qid, "query": text, "hits": [h.to_dict() for h in hits]}
@@ -148,7 +125,7 @@ def run_search(args: argparse.Namespace) -> int:
         return 0
     mode = "hybrid (dense + BM25, " + args.fusion + ")" if args.hybrid else "dense"
     note = "reranked by the cross-encoder" if reranked else "recall only (no reranker)"
-    print(f"# {mode} recall of {args.recall_k}, {note}")
+    print(f"# {mode} recall of {recall}, {note}")
     for (_, text), hits in zip(items, results):
         print(_table(text, hits, reranked))
         print()

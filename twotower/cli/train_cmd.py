@@ -20,14 +20,16 @@ import os
 import re
 
 
-def parse_duration(text: str | None) -> float | None:
-    """'45m', '2h', '90s', '1.5h' or plain seconds -> seconds."""
+def parse_duration(flag: str, text: str | None) -> float | None:
+    """The seconds of a duration flag ('45m', '2h', '1h30m', '90s' or plain seconds); None stays None."""
     if text is None:
         return None
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([smh]?)\s*", str(text))
-    if not m:
-        raise ValueError(f"--time-budget {text!r}: expected a duration like 45m, 2h, 90s or a number of seconds")
-    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+    from twotower.encoder.training.budget import parse_duration as seconds
+
+    try:
+        return seconds(text)
+    except ValueError:
+        raise ValueError(f"{flag} {text!r}: expected a duration like 45m, 2h, 1h30m, 90s or a number of seconds") from None
 
 
 def parse_ranks(text: str) -> tuple[int, int]:
@@ -78,8 +80,9 @@ def register(subparsers) -> None:
     p.add_argument("--separate-towers", action="store_true", help="untie query and document weights")
     p.add_argument("--pooling", choices=["mean", "cls", "max"], default=None)
     p.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None)
-    p.add_argument("--query-prefix", default=None)
-    p.add_argument("--doc-prefix", default=None)
+    p.add_argument("--query-prefix", default=None, help="text put before every query (default: the model directory's)")
+    p.add_argument("--document-prefix", "--doc-prefix", dest="document_prefix", default=None,
+                   help="text put before every document (default: the model directory's)")
     p.add_argument("--query-max-length", type=int, default=64)
     p.add_argument("--doc-max-length", type=int, default=256)
     p.add_argument("--train-doc-max-length", type=int, default=None)
@@ -153,8 +156,19 @@ def _check_out(path: str) -> None:
         raise ValueError(f"--out {path} is a file; give a directory")
 
 
-def _budget(args) -> dict:
-    return {"time_budget": parse_duration(args.time_budget), "eval_interval_s": parse_duration(args.eval_interval)}
+def _settings(args, default_ranks: tuple[int, int]) -> dict:
+    """The `TrainSettings` (and mining) fields of the flags `_common` adds, as config keywords."""
+    return dict(
+        out=args.out, split=args.split, corpus=args.corpus, negatives=args.negatives,
+        mine=None if (args.negatives or args.mine == "none") else args.mine,
+        mine_ranks=parse_ranks(args.mine_ranks) if args.mine_ranks else default_ranks,
+        epochs=args.epochs, max_steps=args.max_steps, time_budget=parse_duration("--time-budget", args.time_budget),
+        warmup=args.warmup, weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm,
+        bf16=False if args.no_bf16 else "auto", seed=args.seed, dev_fraction=args.dev_fraction,
+        dev_size=args.dev_size, eval_every=args.eval_every,
+        eval_interval_s=parse_duration("--eval-interval", args.eval_interval), save_last=args.save_last,
+        progress=not args.no_progress, device=args.device, dry_run=args.dry_run,
+    )
 
 
 def run_dual(args) -> int:
@@ -164,19 +178,13 @@ def run_dual(args) -> int:
 
     info = init_distributed()  # joins torchrun's group when WORLD_SIZE > 1
     cfg = DualTrainConfig(
-        model=args.model, data=args.data, out=args.out, split=args.split, corpus=args.corpus,
-        negatives=args.negatives, mine=None if (args.negatives or args.mine == "none") else args.mine,
-        mine_ranks=parse_ranks(args.mine_ranks) if args.mine_ranks else (10, 100),
-        shared=not args.separate_towers, pooling=args.pooling, normalize=args.normalize,
-        query_prefix=args.query_prefix, doc_prefix=args.doc_prefix, query_max_length=args.query_max_length,
-        doc_max_length=args.doc_max_length, train_doc_max_length=args.train_doc_max_length,
-        batch_size=args.batch_size, hard_negatives=args.hard_negatives, chunk_size=args.grad_cache_chunk,
-        temperature=args.temperature, learn_temperature=args.learn_temperature, symmetric=args.symmetric,
-        epochs=args.epochs, max_steps=args.max_steps, lr=args.lr or 2e-5, warmup=args.warmup,
-        weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm, bf16=False if args.no_bf16 else "auto",
-        seed=args.seed, dev_fraction=args.dev_fraction, dev_size=args.dev_size, dev_pool=args.dev_pool,
-        eval_every=args.eval_every, save_last=args.save_last, progress=not args.no_progress, device=args.device,
-        dry_run=args.dry_run, **_budget(args),
+        model=args.model, data=args.data, shared=not args.separate_towers, pooling=args.pooling,
+        normalize=args.normalize, query_prefix=args.query_prefix, document_prefix=args.document_prefix,
+        query_max_length=args.query_max_length, doc_max_length=args.doc_max_length,
+        train_doc_max_length=args.train_doc_max_length, batch_size=args.batch_size,
+        hard_negatives=args.hard_negatives, chunk_size=args.grad_cache_chunk, temperature=args.temperature,
+        learn_temperature=args.learn_temperature, symmetric=args.symmetric, lr=args.lr or 2e-5,
+        dev_pool=args.dev_pool, **_settings(args, default_ranks=(10, 100)),
     )
     res = train_dual(cfg)
     cleanup(info)  # success path only: a barrier after one rank failed would just hang
@@ -190,15 +198,9 @@ def run_reranker(args) -> int:
     from twotower.retrieval.training.train_reranker import RerankerTrainConfig, train_reranker
 
     cfg = RerankerTrainConfig(
-        model=args.model, pairs=args.pairs, out=args.out, split=args.split, corpus=args.corpus,
-        negatives=args.negatives, mine=None if (args.negatives or args.mine == "none") else args.mine,
-        mine_ranks=parse_ranks(args.mine_ranks) if args.mine_ranks else (1, 100), first_stage=args.first_stage,
-        loss=args.loss, group_size=args.group_size, batch_size=args.batch_size, max_length=args.max_length,
-        lr=args.lr or 3e-5, warmup=args.warmup, weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm,
-        epochs=args.epochs, max_steps=args.max_steps, bf16=False if args.no_bf16 else "auto", seed=args.seed,
-        dev_fraction=args.dev_fraction, dev_size=args.dev_size, dev_rerank_k=args.dev_rerank_k,
-        eval_every=args.eval_every, collapse_std=args.collapse_std, save_last=args.save_last,
-        progress=not args.no_progress, device=args.device, dry_run=args.dry_run, **_budget(args),
+        model=args.model, pairs=args.pairs, first_stage=args.first_stage, loss=args.loss,
+        group_size=args.group_size, batch_size=args.batch_size, max_length=args.max_length, lr=args.lr or 3e-5,
+        dev_rerank_k=args.dev_rerank_k, collapse_std=args.collapse_std, **_settings(args, default_ranks=(1, 100)),
     )
     res = train_reranker(cfg)
     print(json.dumps({"best": res.best_dir, "best_step": res.best_step, "best_dev_ndcg@10": round(res.best_score, 4),

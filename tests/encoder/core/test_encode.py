@@ -14,7 +14,12 @@ from twotower.cli import main
 from twotower.common.device import bf16_supported
 from twotower.encoder.core.encode import SentenceEncoder, batch_spans, encode_texts, inference_copy
 from twotower.encoder.core.pooling import cls_pool, max_pool, mean_pool, pool
-from twotower.encoder.core.sentence_config import SentenceConfig, read_sentence_config, write_sentence_config
+from twotower.encoder.core.sentence_config import (
+    SentenceConfig,
+    module_kind,
+    read_sentence_config,
+    write_sentence_config,
+)
 
 TEXTS = ["the tea is cold", "hot", "", "paris is the capital of france and berlin is the capital of germany",
          "who wrote the book", "the quick brown fox jumps over the lazy dog " * 2, "cats", "the tower"]
@@ -189,6 +194,45 @@ def test_sentence_encoder_loads_older_layout_with_0_transformer_folder(tiny_mode
     assert (enc.pooling, enc.max_length) == ("max", 24)
     want = st.SentenceTransformer(str(root), device="cpu").encode(TEXTS)
     np.testing.assert_allclose(enc.encode(TEXTS, progress=False), want, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "type_name, kind",
+    [
+        ("sentence_transformers.models.Transformer", "Transformer"),  # 2.x-4.x, and what we write
+        ("sentence_transformers.base.modules.transformer.Transformer", "Transformer"),  # 5.x and later
+        ("sentence_transformers.sentence_transformer.modules.pooling.Pooling", "Pooling"),
+        ("sentence_transformers.base.modules.normalize.Normalize", "Normalize"),
+        ("sentence_transformers.models.Dense", None),
+        ("my_package.Transformer", None),  # a class of that name outside sentence-transformers
+    ],
+)
+def test_module_types_of_every_sentence_transformers_layout(type_name, kind):
+    assert module_kind(type_name) == kind
+
+
+def test_directory_saved_by_the_installed_sentence_transformers_embeds_the_same(tiny_model_dir, tmp_path):
+    """A model saved by this sentence-transformers (whatever module paths it writes) gives its vectors in `embed`."""
+    st = pytest.importorskip("sentence_transformers")
+    from sentence_transformers import models
+
+    hidden = json.loads(open(os.path.join(tiny_model_dir, "config.json")).read())["hidden_size"]
+    bert = models.Transformer(tiny_model_dir, max_seq_length=12)
+    ref = st.SentenceTransformer(modules=[bert, models.Pooling(hidden, "max"), models.Normalize()], device="cpu")
+    saved = tmp_path / "st"
+    ref.save(str(saved))
+    types = [m["type"] for m in json.loads((saved / "modules.json").read_text())]
+    assert [module_kind(t) for t in types] == ["Transformer", "Pooling", "Normalize"], types
+    config = read_sentence_config(str(saved))
+    assert (config.pooling, config.normalize) == ("max", True)
+    texts = [t for t in TEXTS if t]  # long ones exceed the 12-token cap, so truncation is compared too
+    inp, out = tmp_path / "in.txt", tmp_path / "out.npy"
+    inp.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    assert main(["embed", "--model", str(saved), "--input", str(inp), "--out", str(out), "--no-progress",
+                 "--no-bf16"]) == 0
+    want = st.SentenceTransformer(str(saved), device="cpu").encode(texts)
+    np.testing.assert_allclose(np.load(out), want, atol=1e-5)
+    assert SentenceEncoder.from_pretrained(str(saved)).max_length == ref.max_seq_length == 12
 
 
 def test_sentence_encoder_defaults_without_st_files(tiny_model_dir):

@@ -1,4 +1,4 @@
-"""Heads: the DESIGN.md worked example, losses, and parity with the transformers classes both ways."""
+"""Heads: the worked example of docs/architecture.md ("Heads"), losses, and parity with the transformers classes both ways."""
 
 from __future__ import annotations
 

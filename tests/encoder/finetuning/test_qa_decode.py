@@ -1,4 +1,4 @@
-"""QA decoding: the DESIGN.md worked example, windows with doc stride, spans across windows, no-answer."""
+"""QA decoding: the worked example of docs/architecture.md ("Heads"), windows with doc stride, spans across windows, no-answer."""
 
 from __future__ import annotations
 

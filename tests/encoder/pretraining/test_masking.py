@@ -1,4 +1,4 @@
-"""MLM masking: the DESIGN.md worked example, the 15% / 80-10-10 statistics, and the exclusion rules."""
+"""MLM masking: the worked example of docs/architecture.md ("MLM"), the 15% / 80-10-10 statistics, and the exclusion rules."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from twotower.encoder.pretraining.masking import (
     select_positions,
 )
 
-# Toy vocabulary of DESIGN.md: PAD=0 CLS=1 SEP=2 MASK=3 the=4 tea=5 is=6 cold=7 hot=8
+# Toy vocabulary of docs/architecture.md ("MLM"): PAD=0 CLS=1 SEP=2 MASK=3 the=4 tea=5 is=6 cold=7 hot=8
 PAD, CLS, SEP, MASK = 0, 1, 2, 3
 TOY = TokenSpace(vocab_size=9, mask_id=MASK, special_ids=[0, 1, 2, 3], never_select=[PAD, CLS, SEP, MASK])
 

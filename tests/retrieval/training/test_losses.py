@@ -144,8 +144,8 @@ def test_gradcache_equals_uncached_without_dropout():
     torch.testing.assert_close(_grads(enc), ref, atol=1e-5, rtol=1e-4)
 
 
-def test_gradcache_replays_dropout_exactly():
-    enc = _towers(0.3)
+def _dropout_reference_then_cached(enc) -> torch.Tensor:
+    """Gradients of the chunked reference under seed 123; then, zeroed, GradCache runs under the same seed."""
     q_in, d_in = _inputs(enc, QUERIES), _inputs(enc, DOCS)
     torch.manual_seed(123)
     _loss_fn([_chunked(enc, q_in, 2), _chunked(enc, d_in, 2)]).backward()
@@ -153,6 +153,12 @@ def test_gradcache_replays_dropout_exactly():
     enc.zero_grad()
     torch.manual_seed(123)
     cached_step([(lambda x: enc(**x), q_in), (lambda x: enc(**x), d_in)], _loss_fn, chunk_size=2)
+    return ref
+
+
+def test_gradcache_replays_dropout_exactly():
+    enc = _towers(0.3)
+    ref = _dropout_reference_then_cached(enc)
     torch.testing.assert_close(_grads(enc), ref, atol=1e-5, rtol=1e-4)
 
 
@@ -160,15 +166,9 @@ def test_gradcache_without_replay_would_differ(monkeypatch):
     """The replay is what makes dropout gradients exact: disabling it must break equality."""
     from twotower.retrieval.training.losses import gradcache
 
-    enc = _towers(0.3)
-    q_in, d_in = _inputs(enc, QUERIES), _inputs(enc, DOCS)
-    torch.manual_seed(123)
-    _loss_fn([_chunked(enc, q_in, 2), _chunked(enc, d_in, 2)]).backward()
-    ref = _grads(enc).clone()
-    enc.zero_grad()
     monkeypatch.setattr(gradcache.RngState, "replay", lambda self: contextlib.nullcontext())
-    torch.manual_seed(123)
-    cached_step([(lambda x: enc(**x), q_in), (lambda x: enc(**x), d_in)], _loss_fn, chunk_size=2)
+    enc = _towers(0.3)
+    ref = _dropout_reference_then_cached(enc)
     assert not torch.allclose(_grads(enc), ref, atol=1e-5)
 
 

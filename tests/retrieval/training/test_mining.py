@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from twotower.retrieval.training.mining import (
+    DenseRetriever,
     MiningConfig,
     bm25_retriever,
     mine_hard_negatives,
@@ -102,6 +104,41 @@ def test_bm25_retriever_ranks_lexical_match_first():
     hits = bm25_retriever(corpus)(["green tea", "roads"], 2)
     assert hits[0][0][0] == "a" and {d for d, _ in hits[0]} == {"a", "c"}
     assert [d for d, _ in hits[1]] == ["b"]
+
+
+class _FixedDual:
+    """A dual encoder stand-in whose vectors are given: texts are looked up, not encoded."""
+
+    def __init__(self, vectors: dict[str, np.ndarray]) -> None:
+        self.vectors = vectors
+
+    def encode_documents(self, texts, batch_size=64, progress=False):
+        return np.stack([self.vectors[t] for t in texts]).astype(np.float32)
+
+    encode_queries = encode_documents
+
+
+def test_dense_retriever_is_exact_inner_product_search():
+    rng = np.random.default_rng(3)
+    corpus = {f"d{i}": f"text {i}" for i in range(12)}
+    vecs = {t: rng.normal(size=6) for t in [*corpus.values(), "q0", "q1"]}
+    vecs["text 5"] = vecs["text 2"]  # a tie: ordered by doc id
+    dual = _FixedDual(vecs)
+    retriever = DenseRetriever(dual, corpus)
+    doc_matrix = np.stack([vecs[t] for t in corpus.values()])  # (12, 6)
+    for q, hits in zip(["q0", "q1"], retriever(["q0", "q1"], 5)):
+        exact = doc_matrix @ vecs[q]  # (12,)
+        want = sorted(range(12), key=lambda j: (-exact[j], f"d{j}"))[:5]
+        assert [d for d, _ in hits] == [f"d{j}" for j in want]
+        assert [s for _, s in hits] == pytest.approx(exact[want].tolist(), abs=1e-5)
+    tied = [d for d, _ in retriever(["text 2"], 12)[0]]
+    assert tied[:2] == ["d2", "d5"]
+    assert len(retriever(["q0"], 50)[0]) == 12  # k beyond the corpus: every document once, no padding
+    scores = retriever.score_docs(["q0", "q1"], [["d3", "missing", "d0"], []])
+    assert scores[0] == pytest.approx([doc_matrix[3] @ vecs["q0"], doc_matrix[0] @ vecs["q0"]], abs=1e-5)
+    assert scores[1] == []
+    same = DenseRetriever.from_vectors(dual, list(corpus), doc_matrix)
+    assert same(["q1"], 4) == retriever(["q1"], 4)
 
 
 def test_config_validation():

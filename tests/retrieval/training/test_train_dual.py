@@ -91,7 +91,7 @@ def test_training_reduces_the_loss_and_writes_the_run(tmp_path):
 
 def test_gradcache_and_separate_towers_and_learned_temperature(tmp_path):
     res = train_dual(_cfg(tmp_path, max_steps=2, eval_every=2, chunk_size=3, shared=False, learn_temperature=True,
-                          query_prefix="q: ", doc_prefix="d: "))
+                          query_prefix="q: ", document_prefix="d: "))
     cfg = json.load(open(os.path.join(res.best_dir, "dual_encoder.json")))
     assert cfg["query_prefix"] == "q: " and cfg["document_prefix"] == "d: "
     taus = [json.loads(x)["tau"] for x in open(os.path.join(str(tmp_path / "run"), "train_log.jsonl"))
@@ -118,7 +118,10 @@ def test_cli_bad_input_exits_2(tmp_path, capsys):
     assert rc == 2 and "training file is empty" in capsys.readouterr().err
     rc = main(["train", "dual", "--model", str(tmp_path), "--data", tiny_beir_dir(), "--out", str(tmp_path / "o"),
                "--time-budget", "soon"])
-    assert rc == 2 and "--time-budget" in capsys.readouterr().err
+    assert rc == 2 and "--time-budget 'soon'" in capsys.readouterr().err
+    rc = main(["train", "dual", "--model", str(tmp_path), "--data", tiny_beir_dir(), "--out", str(tmp_path / "o"),
+               "--eval-interval", "later"])
+    assert rc == 2 and "--eval-interval 'later'" in capsys.readouterr().err
     import shutil
 
     no_tok = tmp_path / "no_tok"
@@ -164,3 +167,37 @@ def test_frozen_documents_train_the_query_tower_only(tmp_path):
     corpus = read_corpus(os.path.join(tiny_beir_dir(), "corpus.jsonl"))
     saved = np.load(os.path.join(out, "document_vectors.npy"))
     np.testing.assert_allclose(saved[:5], trained.encode_documents([corpus[d] for d in ids[:5]]), atol=1e-5)
+
+
+def test_document_prefix_flag_and_its_old_spelling(capsys):
+    from twotower.cli import build_parser
+
+    base = ["train", "dual", "--model", "m", "--data", "d", "--out", "o"]
+    for flag in ("--document-prefix", "--doc-prefix"):
+        assert build_parser().parse_args([*base, flag, "passage: "]).document_prefix == "passage: "
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["train", "dual", "--help"])
+    assert "--document-prefix DOCUMENT_PREFIX, --doc-prefix" in capsys.readouterr().out
+
+
+def _step_and_eval_records(out: str) -> list[dict]:
+    records = [json.loads(x) for x in open(os.path.join(out, "train_log.jsonl"))]
+    return [{k: v for k, v in r.items() if k != "time"} for r in records if r["event"] in ("step", "eval")]
+
+
+def test_same_seed_same_run(tmp_path):
+    """Two runs with one seed log the same losses, negatives and dev scores and keep the same weights."""
+    from safetensors.torch import load_file
+
+    runs = []
+    for name, seed in (("a", 0), ("b", 0), ("c", 1)):
+        res = train_dual(_cfg(tmp_path, out=str(tmp_path / name), max_steps=3, eval_every=2, hard_negatives=3,
+                              seed=seed))
+        runs.append((_step_and_eval_records(str(tmp_path / name)), res))
+    (log_a, a), (log_b, b), (log_c, _) = runs
+    assert log_a == log_b and [r["step"] for r in log_a if r["event"] == "eval"] == [0, 2, 3]
+    assert sum(r.get("random_negatives", 0) for r in log_a) == 3 * 4 * 3  # no mined negatives: all fill-ins
+    assert (a.best_step, a.best_score) == (b.best_step, b.best_score)
+    wa, wb = (load_file(os.path.join(r.best_dir, "model.safetensors")) for r in (a, b))
+    assert wa.keys() == wb.keys() and all(wa[k].equal(wb[k]) for k in wa)
+    assert log_c != log_a  # another seed: another dev split and other negatives

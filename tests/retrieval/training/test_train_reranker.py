@@ -9,7 +9,13 @@ import random
 import pytest
 
 from tests.retrieval.training_fixtures import WORDS, tiny_beir_dir, tiny_model_dir
-from twotower.retrieval.training.train_reranker import RerankerTrainConfig, load_reranker, train_reranker
+from twotower.retrieval.training.train_reranker import (
+    CollapseGuard,
+    RerankerTrainConfig,
+    ScoreCollapse,
+    load_reranker,
+    train_reranker,
+)
 
 
 def _cfg(tmp_path, **kw):
@@ -67,6 +73,27 @@ def test_collapse_guard_stops_and_reports(tmp_path):
     res = train_reranker(_cfg(tmp_path, max_steps=50, eval_every=40, collapse_std=1e9, collapse_window=3))
     assert res.steps == 3 and "training logits have been constant" in res.stopped_by
     assert [r for r in _log(str(tmp_path / "rr")) if r["event"] == "stop"]
+
+
+def test_collapse_guard_reads_eval_and_step_records():
+    guard = CollapseGuard(min_std=0.1, window=3)
+    guard({"event": "eval", "step": 0, "score_std": 0.0})  # the untrained model may score everything alike
+    with pytest.raises(ScoreCollapse, match="dev scores collapsed to a constant at step 4"):
+        guard({"event": "eval", "step": 4, "score_std": 0.05})
+    for step, spread in enumerate([0.05, 0.2, 0.05, 0.05], 1):  # the window holds one spread above 0.1
+        guard({"event": "step", "step": step, "logit_std": spread})
+    with pytest.raises(ScoreCollapse, match="constant for 3 steps .* at step 5") as exc:
+        guard({"event": "step", "step": 5, "logit_std": 0.01})
+    assert exc.value.kind == "collapse"
+
+
+def test_same_seed_same_run(tmp_path):
+    logs = []
+    for name in ("a", "b"):
+        train_reranker(_cfg(tmp_path, out=str(tmp_path / name), max_steps=2, eval_every=2))
+        logs.append([{k: v for k, v in r.items() if k != "time"} for r in _log(str(tmp_path / name))
+                     if r["event"] in ("step", "eval")])
+    assert logs[0] == logs[1] and len(logs[0]) == 4  # eval 0, step 1, step 2, eval 2
 
 
 def test_first_stage_run_must_cover_the_dev_queries(tmp_path):
@@ -128,7 +155,8 @@ def test_demo_reranker_trains_on_labeled_claims(tmp_path):
     assert os.path.isfile(os.path.join(path, "model.safetensors"))
     # The trainer stores the rerank/first-stage weight it chose on dev with the checkpoint, and loading uses it.
     from twotower.retrieval.cross_encoder import CrossEncoder
-    from twotower.retrieval.interpolation import ALPHA_GRID, read_alpha
+    from twotower.retrieval.interpolation import read_alpha
+    from twotower.retrieval.training.alpha import ALPHA_GRID
 
     alpha = read_alpha(path)
     assert alpha in ALPHA_GRID and CrossEncoder.from_pretrained(path, bf16=False).interpolation == alpha

@@ -1,10 +1,11 @@
-"""The one error type for bad evaluation data.
+"""The one error type for bad input data: a file (or an in-memory record) that cannot be read as what it claims to be.
 
-Why a dedicated class: a user who points ``twotower eval`` at a malformed run
+Why a dedicated class: a user who points a command at a malformed corpus, run
 or qrels file needs to know *where* it is broken, not just that a ``float()``
 failed somewhere.  ``DataError`` always renders as ``path:line: message`` (or
-``path: message`` when no line applies, e.g. a JSON field), and it subclasses
-``ValueError`` so the CLI's generic handler reports it and exits 2.
+``path: message`` when no line applies, e.g. a JSON field or a whole file),
+and it subclasses ``ValueError`` so existing ``except ValueError`` callers, and
+the CLI's handler (exit status 2), keep working.
 """
 
 from __future__ import annotations
@@ -16,13 +17,15 @@ class DataError(ValueError):
     """Malformed input data, located by file and (1-based) line or field.
 
     Args:
-        path: the offending file.
+        path: the offending file, or a name for an in-memory record such as ``"docs[3]"``.
         line: 1-based line number, or ``None`` when the problem is not tied to a line.
         message: what is wrong, phrased for the user.
 
     Example:
         >>> str(DataError("run.trec", 3, "expected 6 columns, got 5"))
         'run.trec:3: expected 6 columns, got 5'
+        >>> isinstance(DataError("docs[0]", None, "missing field '_id'"), ValueError)
+        True
     """
 
     def __init__(self, path: str | os.PathLike[str], line: int | None, message: str) -> None:

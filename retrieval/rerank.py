@@ -1,0 +1,41 @@
+"""Scoring first-stage candidates with a cross-encoder: one batched ``predict`` over every (query, text) pair.
+
+The one reranking step of the project: `SearchPipeline` reranks the candidates
+it recalled from the index, and the dev evaluation of training
+(`twotower.retrieval.training.dev_eval.rerank_run`) reranks a first-stage run,
+so a reranker is judged on dev exactly as it will be used.
+
+All queries' pairs go to the reranker in one call, not one call per query:
+`CrossEncoder.predict` sorts pairs by length across the whole call, so batches
+pad less than they would inside one query's candidates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+
+def rerank_scores(
+    reranker: Any, queries: Sequence[str], texts: Sequence[Sequence[str]], batch_size: int = 32,
+    progress: bool = False,
+) -> list[np.ndarray]:
+    """Scores of each query's candidate texts, one (n_i,) array per query, in the candidates' order.
+
+    Args:
+        reranker: a `CrossEncoder`, or anything with ``predict(pairs, batch_size=..., progress=...)``
+            returning one score per (query, text) pair.
+        queries: Q query strings.
+        texts: Q lists of candidate texts (`twotower.indexing.document_text` of each document).
+    """
+    pairs = [(q, t) for q, candidates in zip(queries, texts) for t in candidates]
+    scores = np.asarray(reranker.predict(pairs, batch_size=batch_size, progress=progress))  # (N,)
+    if scores.shape != (len(pairs),):
+        raise ValueError(f"reranker returned {scores.shape} scores for {len(pairs)} pairs")
+    out, pos = [], 0
+    for candidates in texts:
+        out.append(scores[pos:pos + len(candidates)])
+        pos += len(candidates)
+    return out

@@ -1,0 +1,281 @@
+"""The loop both retrieval trainers run: steps under a budget, dev evaluation on a schedule, the best kept.
+
+`train_dual` and `train_reranker` differ in what one step computes and in what a dev evaluation
+measures; they hand those to `TrainingLoop` as functions, and everything around them is here once:
+
+* the learning rate is ``lr * lr_factor(progress)`` (`twotower.encoder.training.optim`), where progress
+  is the larger of steps done / total and seconds spent / time budget, so warmup and decay end when
+  the first of the two runs out;
+* after each step: gradient clipping, the optimizer step, a ``step`` record in the run log; a
+  non-finite loss writes a ``stop`` record and raises `FloatingPointError` (no later step could help);
+* dev evaluation at step 0 (unless switched off), every `Schedule.eval_every` steps, when
+  `Schedule.eval_interval_s` seconds passed since the last one, at the last step and when the time
+  budget runs out; each writes an ``eval`` record and redraws the curve (`TrainingRun.plot`);
+* a better dev score replaces ``OUT/best`` atomically (`TrainingRun.save_checkpoint`), so an
+  interrupted run still leaves its best checkpoint whole;
+* a guard sees every step and eval record and may end the run by raising `StopTraining` (the
+  reranker's collapse guard): the run then stops with a ``stop`` record, its best checkpoint so
+  far, and the reason in `LoopResult.stopped_by`.
+
+Under torchrun every rank runs the loop (the steps are collective); only the main process logs,
+evaluates into the log and writes checkpoints.  Nothing here draws random numbers, so a seeded
+run is reproduced exactly by the trainer's own seeding.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from twotower.common.device import default_device, resolve_bf16
+from twotower.common.malloc import retain_freed_memory_for
+from twotower.encoder.training.optim import lr_factor, set_lr
+from twotower.retrieval.training.training_run import TrainingRun
+
+logger = logging.getLogger(__name__)
+
+StepFn = Callable[[int], tuple[torch.Tensor, dict]]
+"""step(steps done) -> (loss, extra step-record fields); runs the forward and backward passes of one step."""
+EvalFn = Callable[[int], dict]
+"""evaluate(step) -> the eval record's fields (dev metrics and whatever else the trainer logs)."""
+SaveFn = Callable[[str, int, float], None]
+"""save(directory, step, dev score): write a checkpoint into `directory` (swapped into place afterwards)."""
+
+
+class StopTraining(RuntimeError):
+    """Raised by a guard to end the run early; `kind` heads `LoopResult.stopped_by` (``"<kind>: <message>"``)."""
+
+    kind = "stopped"
+
+
+@dataclass(kw_only=True)
+class TrainSettings:
+    """The settings both trainers share (`DualTrainConfig` and `RerankerTrainConfig` extend it).
+
+    Each trainer adds its model and data, ``out`` (the run directory) and the settings whose defaults
+    differ between them (``lr``, ``mine``, ``mine_ranks``, ``eval_batch_size``).
+
+    split: qrels split of a BEIR directory to train on; corpus: corpus.jsonl resolving ids in JSONL data.
+    negatives: mined JSONL (`twotower.retrieval.training.mining.write_mined`) whose negatives are added
+        to each training query (`twotower.retrieval.training.negatives.add_mined_negatives`).
+    epochs / max_steps: training length (max_steps wins); time_budget (seconds) stops early, and the
+        LR schedule follows whichever of steps and time runs out first.
+    warmup: fraction of the run spent warming up the learning rate; weight_decay, max_grad_norm: AdamW's
+        decay (not on biases and norms) and the gradient clipping norm.
+    bf16: "auto" = bf16 autocast where the hardware has it natively; True/False force it.
+    dev_fraction / dev_size: dev split carved from train by query (dev_size, a query count, wins).
+    eval_every: steps between dev evaluations (None = once per epoch); eval_interval_s: also evaluate
+        when this many seconds passed since the last evaluation.
+    save_last: also keep the final weights in ``out/last``; dry_run: one step and one evaluation.
+    """
+
+    split: str = "train"
+    corpus: str | None = None
+    negatives: str | None = None
+    epochs: float = 1.0
+    max_steps: int | None = None
+    time_budget: float | None = None
+    warmup: float = 0.1
+    weight_decay: float = 0.01
+    max_grad_norm: float = 1.0
+    bf16: bool | str = "auto"
+    seed: int = 0
+    dev_fraction: float = 0.1
+    dev_size: int | None = None
+    eval_every: int | None = None
+    eval_interval_s: float | None = None
+    save_last: bool = False
+    progress: bool = True
+    device: str | None = None
+    dry_run: bool = False
+
+
+def start_run(cfg: TrainSettings, out: str, enabled: bool = True,
+              **config_fields: Any) -> tuple[TrainingRun, random.Random, torch.device, bool]:
+    """Seed torch, pick the device and bf16, open the run directory `out` with a ``config`` record.
+
+    `config_fields` are logged with the config. Returns (run, a `random.Random(seed)` for the trainer's
+    own draws, device, bf16).
+    """
+    torch.manual_seed(cfg.seed)
+    device = torch.device(cfg.device) if cfg.device else default_device()
+    bf16 = resolve_bf16(cfg.bf16, device)
+    retain_freed_memory_for(device)  # reuse freed activation memory across steps (common/malloc.py)
+    run = TrainingRun(out, enabled=enabled)
+    run.log("config", **asdict(cfg), **config_fields, bf16_resolved=bf16)
+    return run, random.Random(cfg.seed), device, bf16
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How long to train, at what learning rate, and when to evaluate.
+
+    total_steps: optimizer steps; eval_every: steps between evaluations; lr / warmup: the peak rate and
+    the warmup fraction of `lr_factor`; time_budget: seconds after which training stops (the schedule
+    then follows time); eval_interval_s: evaluate also after this many seconds since the last time.
+    """
+
+    total_steps: int
+    eval_every: int
+    lr: float
+    warmup: float
+    time_budget: float | None = None
+    eval_interval_s: float | None = None
+    eval_at_start: bool = True
+
+    @classmethod
+    def of(cls, cfg: TrainSettings, steps_per_epoch: int, lr: float, eval_at_start: bool = True) -> Schedule:
+        """From a trainer's settings: max_steps wins over epochs, a dry run is one step, and eval_every
+        defaults to an epoch."""
+        total = 1 if cfg.dry_run else (cfg.max_steps or max(1, math.ceil(cfg.epochs * steps_per_epoch)))
+        return cls(total, cfg.eval_every or steps_per_epoch, lr, cfg.warmup, cfg.time_budget, cfg.eval_interval_s,
+                   eval_at_start)
+
+    def lr_factor(self, step: int, elapsed: float) -> float:
+        progress = max(step / self.total_steps, elapsed / self.time_budget if self.time_budget else 0.0)
+        return lr_factor(progress, warmup=self.warmup)
+
+    def out_of_time(self, elapsed: float) -> bool:
+        return self.time_budget is not None and elapsed > self.time_budget
+
+    def eval_due(self, step: int, elapsed: float, since_eval: float) -> bool:
+        """After `step` steps: a scheduled step, the last one, the time budget spent, or the interval passed."""
+        due = self.eval_interval_s is not None and since_eval > self.eval_interval_s
+        return step % self.eval_every == 0 or step == self.total_steps or self.out_of_time(elapsed) or due
+
+
+@dataclass
+class LoopResult:
+    best_dir: str | None
+    best_step: int
+    best_score: float
+    initial_score: float | None
+    steps: int
+    stopped_by: str  # "steps", "time budget" or "<StopTraining.kind>: <message>"
+    history: list[dict]  # the eval records
+
+    def summary(self, metric: str = "ndcg@10") -> dict:
+        """The part of ``summary.json`` every trainer writes (trainers add their own fields)."""
+        return {"best_dir": self.best_dir, "best_step": self.best_step, f"best_dev_{metric}": self.best_score,
+                f"initial_dev_{metric}": self.initial_score, "steps": self.steps, "stopped_by": self.stopped_by}
+
+
+@dataclass
+class TrainingLoop:
+    """One training run's loop (see the module docstring); `train()` runs it once.
+
+    modules: put in eval mode while evaluating, in train mode otherwise (frozen parts are left out).
+    params: clipped to `max_grad_norm` before each optimizer step.
+    step / evaluate / save: the trainer's parts (`StepFn`, `EvalFn`, `SaveFn`); `metric` names the
+        field of the eval record that picks the best checkpoint.
+    update_fields: step-record fields read after the optimizer step (a learned temperature's new value).
+    guard: called with every step and eval record the main process logs; raises `StopTraining` to stop.
+    save_last: save(directory, steps) for ``OUT/last`` at the end (None: no ``last``).
+    """
+
+    run: TrainingRun
+    schedule: Schedule
+    optimizer: torch.optim.Optimizer
+    params: Sequence[torch.nn.Parameter]
+    max_grad_norm: float
+    modules: Sequence[torch.nn.Module]
+    step: StepFn
+    evaluate: EvalFn
+    save: SaveFn
+    metric: str = "ndcg@10"
+    update_fields: Callable[[], dict] | None = None
+    guard: Callable[[dict], None] | None = None
+    save_last: Callable[[str, int], None] | None = None
+    main_process: bool = True
+    progress: bool = True
+    desc: str = "train"
+    plot_title: str = ""
+
+    def __post_init__(self) -> None:
+        self.steps = 0  # optimizer steps done
+        self.best_score, self.best_step, self.best_dir = -1.0, -1, None
+
+    def train(self) -> LoopResult:
+        run, schedule = self.run, self.schedule
+        bar = None
+        if self.progress and self.main_process:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=schedule.total_steps, desc=self.desc, unit="step")
+        stopped_by, initial = "steps", None
+        try:
+            if schedule.eval_at_start:
+                initial = self._evaluate(0)
+            last_eval = run.elapsed
+            self._set_mode(train=True)
+            while self.steps < schedule.total_steps:
+                self._step(bar)
+                elapsed = run.elapsed
+                out_of_time = schedule.out_of_time(elapsed)
+                if schedule.eval_due(self.steps, elapsed, elapsed - last_eval):
+                    self._evaluate(self.steps)
+                    last_eval = run.elapsed
+                if out_of_time:
+                    stopped_by = "time budget"
+                    break
+        except StopTraining as exc:
+            stopped_by = f"{exc.kind}: {exc}"
+            run.log("stop", step=self.steps, reason=str(exc))
+            logger.error("%s", exc)
+        finally:
+            if bar is not None:
+                bar.close()
+        if self.save_last is not None and self.main_process:
+            run.save_checkpoint("last", lambda directory: self.save_last(directory, self.steps))
+        history = [r for r in run.records if r["event"] == "eval"]
+        return LoopResult(self.best_dir, self.best_step, self.best_score, initial, self.steps, stopped_by, history)
+
+    def _set_mode(self, train: bool) -> None:
+        for m in self.modules:
+            m.train(train)
+
+    def _step(self, bar) -> None:
+        """One optimizer step, its record, the guard."""
+        factor = self.schedule.lr_factor(self.steps, self.run.elapsed)
+        set_lr(self.optimizer, self.schedule.lr, factor)
+        loss, fields = self.step(self.steps)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.steps += 1
+        step = self.steps
+        loss_value = float(loss.detach())
+        if not math.isfinite(loss_value):
+            self.run.log("stop", step=step, reason=f"loss is {loss_value}")
+            raise FloatingPointError(f"training loss became {loss_value} at step {step}; lower the learning rate")
+        if self.update_fields is not None:
+            fields = {**fields, **self.update_fields()}
+        record = self.run.log("step", step=step, loss=loss_value, lr=self.schedule.lr * factor,
+                              grad_norm=float(grad_norm), **fields)
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss_value:.3f}")
+        if self.guard is not None and self.main_process:
+            self.guard(record)
+
+    def _evaluate(self, step: int) -> float:
+        """Evaluate, log, keep the checkpoint if it is the best so far; returns the dev score (nan off main)."""
+        self._set_mode(train=False)
+        fields = self.evaluate(step)
+        self._set_mode(train=True)
+        score = fields.get(self.metric, float("nan"))
+        if self.main_process:
+            record = self.run.log("eval", step=step, **fields)
+            self.run.plot(metric=self.metric, title=self.plot_title)
+            if self.guard is not None:
+                self.guard(record)
+            if score > self.best_score:
+                self.best_dir = self.run.save_checkpoint("best", lambda directory: self.save(directory, step, score))
+                self.best_score, self.best_step = score, step
+        return score

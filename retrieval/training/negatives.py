@@ -1,0 +1,79 @@
+"""Negatives for the trainers: a mined file merged in, BM25 mining before training, random fill-ins.
+
+`train_dual` and `train_reranker` get their hard negatives the same three ways, from here:
+
+* `add_mined_negatives`: a file written by `twotower.retrieval.training.mining.write_mined` (for instance
+  by ``twotower train mine --retriever dense``); ids the corpus does not have are dropped and counted,
+  since a file mined against another corpus build would otherwise fail far into training;
+* `mine_bm25_negatives`: BM25 over the training corpus, just before training, written to
+  ``OUT/negatives.jsonl`` so that a run can be inspected and its negatives reused;
+* `sample_negatives`: the k negatives of one query for one batch, drawn from its hard negatives and,
+  when it has fewer than k, topped up with random corpus documents that are not its positives
+  (counted, since a run that is mostly random fill-ins learns much less than its settings suggest).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+
+from twotower.retrieval.training.mining import (
+    MiningConfig,
+    bm25_retriever,
+    mine_hard_negatives,
+    read_mined_negatives,
+    write_mined,
+)
+from twotower.retrieval.training.training_data import Skipped, TrainExample, merge_negatives
+from twotower.retrieval.training.training_run import TrainingRun
+
+
+def add_mined_negatives(examples: Sequence[TrainExample], path: str, corpus: Mapping[str, str],
+                        skipped: Skipped) -> list[TrainExample]:
+    """The examples with the negatives of a mined JSONL file appended (ids missing from `corpus` are skips)."""
+    mined = read_mined_negatives(path)
+    missing = sum(1 for ids in mined.values() for d in ids if d not in corpus)
+    if missing:
+        skipped.add("mined negatives missing from the corpus", path, missing)
+    return merge_negatives(examples, {q: [d for d in ids if d in corpus] for q, ids in mined.items()})
+
+
+def mine_bm25_negatives(train: Sequence[TrainExample], corpus: Mapping[str, str], run: TrainingRun, *,
+                        method: str, ranks: tuple[int, int], num_negatives: int, seed: int,
+                        progress: bool) -> list[TrainExample]:
+    """BM25 negatives from `ranks` (1-based, inclusive), written to ``run.out/negatives.jsonl`` and merged in.
+
+    method: the trainer's ``mine`` setting; only "bm25" runs inside training (dense mining needs a
+    trained model: ``twotower train mine --retriever dense``, then pass the file as negatives).
+    """
+    if method != "bm25":
+        raise ValueError(f"mine={method!r}: only 'bm25' mining runs inside training; mine densely with "
+                         "`twotower train mine` and pass the file as negatives")
+    config = MiningConfig(rank_start=ranks[0], rank_end=ranks[1], num_negatives=num_negatives, seed=seed)
+    mined, stats = mine_hard_negatives(train, bm25_retriever(corpus), list(corpus), config, progress=progress)
+    if run.enabled:
+        write_mined(os.path.join(run.out, "negatives.jsonl"), mined,
+                    {"retriever": "bm25", **asdict(config), "stats": stats.as_dict()})
+    run.log("mining", retriever="bm25", **stats.as_dict())
+    return merge_negatives(train, {m.query_id: m.negatives for m in mined})
+
+
+def sample_negatives(example: TrainExample, k: int, corpus_ids: Sequence[str],
+                     rng: random.Random) -> tuple[list[str], int]:
+    """k negative ids for `example` and how many of them are random fill-ins.
+
+    k of its hard negatives drawn without replacement; with fewer than k, all of them and then random
+    corpus documents that are neither a positive nor already chosen.  The draws come from `rng` in a
+    fixed order, so a seeded run gets the same negatives every time.
+    """
+    pool = list(example.negatives)
+    chosen = rng.sample(pool, k) if len(pool) >= k else pool[:]
+    filled = 0
+    while len(chosen) < k:
+        d = corpus_ids[rng.randrange(len(corpus_ids))]
+        if d not in example.positives and d not in chosen:
+            chosen.append(d)
+            filled += 1
+    return chosen, filled

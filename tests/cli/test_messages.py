@@ -1,0 +1,90 @@
+"""What the command line says when a request cannot be served: the flag, the path, and the command that fixes it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import twotower
+from tests.cli.cli_run import build_index, run_cli
+from tests.retrieval.pipeline_fixtures import tiny_model_dir
+from twotower.eval import write_beir_qrels, write_beir_queries
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DOCS = 30
+
+
+@pytest.fixture(scope="module")
+def plain_index(tmp_path_factory):
+    """A 30-document index built without BM25."""
+    return build_index(tmp_path_factory.mktemp("plain"), DOCS)
+
+
+def test_hybrid_on_an_index_without_bm25_says_how_to_rebuild(plain_index, capsys):
+    idx = str(plain_index / "idx")
+    rc, out, err = run_cli(capsys, "search", "--index", idx, "--hybrid", "tea")
+    assert rc == 2 and out == ""
+    assert f"--hybrid: the index {idx} was built without BM25" in err
+    assert "twotower index build --bm25" in err and "IndexStore.create" not in err
+    beir = plain_index / "beir"
+    write_beir_queries({"q1": "tea"}, beir / "queries.jsonl")
+    write_beir_qrels({"q1": {"d1": 1}}, beir / "qrels" / "test.tsv")
+    rc, _, err = run_cli(capsys, "eval", "--index", idx, "--dataset", str(beir), "--out", str(plain_index / "rep"),
+                      "--hybrid", "--no-progress")
+    assert rc == 2 and "twotower index build --bm25" in err and not (plain_index / "rep").exists()
+
+
+def test_hybrid_through_the_python_api_names_the_python_call(plain_index):
+    from twotower.retrieval.pipeline import SearchPipeline
+
+    with SearchPipeline.load(plain_index / "idx") as pipe, pytest.raises(ValueError) as info:
+        pipe.search("tea", hybrid=True)
+    assert "created without BM25" in str(info.value) and "SearchPipeline.build(..., bm25=True)" in str(info.value)
+
+
+def test_a_reranker_that_is_not_a_model_directory_is_named(plain_index, tmp_path, capsys):
+    idx = str(plain_index / "idx")
+    rc, _, err = run_cli(capsys, "search", "--index", idx, "--reranker", str(tmp_path), "tea")
+    assert rc == 2
+    assert f"--reranker {tmp_path}: not a model directory (it has no config.json)" in err
+    assert "config file not found" not in err
+    rc, _, err = run_cli(capsys, "search", "--index", idx, "--reranker", str(tmp_path / "nope"), "tea")
+    assert rc == 2 and f"--reranker {tmp_path / 'nope'}: no such directory" in err
+    rc, _, err = run_cli(capsys, "index", "build", "--corpus", str(plain_index / "corpus.jsonl"), "--out",
+                      str(tmp_path / "new"), "--model", tiny_model_dir(), "--reranker", str(tmp_path))
+    assert rc == 2 and f"--reranker {tmp_path}: not a model directory" in err
+    assert not (tmp_path / "new").exists()
+
+
+def test_adding_to_a_read_only_pipeline_says_how_to_open_it(plain_index):
+    from twotower.retrieval.pipeline import SearchPipeline
+
+    with SearchPipeline.load(plain_index / "idx") as pipe, pytest.raises(ValueError) as info:
+        pipe.add([{"_id": "new", "text": "green tea"}])
+    assert "opened read-only" in str(info.value) and "readonly=False" in str(info.value)
+
+
+def test_index_info_json_says_whether_there_is_bm25(plain_index, capsys):
+    rc, out, _ = run_cli(capsys, "index", "info", "--index", str(plain_index / "idx"), "--json")
+    info = json.loads(out)
+    assert rc == 0 and info["bm25"] is False and "bm25_params" not in info
+    rc, out, _ = run_cli(capsys, "index", "info", "--index", str(plain_index / "idx"))
+    assert "bm25        no" in out
+
+
+def test_search_header_gives_the_recall_the_index_can_give(plain_index, capsys):
+    idx = str(plain_index / "idx")
+    rc, out, _ = run_cli(capsys, "search", "--index", idx, "-k", "2", "tea")
+    assert rc == 0 and out.startswith(f"# dense recall of {DOCS}, ")  # --recall-k 100 on 30 documents
+    rc, out, _ = run_cli(capsys, "search", "--index", idx, "-k", "2", "--recall-k", "7", "tea")
+    assert rc == 0 and out.startswith("# dense recall of 7, ")
+
+
+def test_version_flag_prints_the_package_version():
+    out = subprocess.run([sys.executable, "-m", "twotower", "--version"], cwd=REPO, capture_output=True,
+                         text=True, check=True)
+    assert out.stdout.strip() == f"twotower {twotower.__version__}"

@@ -1,0 +1,55 @@
+"""scripts/setup.sh says what it installs, one line a step, and nothing when there is nothing to do.
+
+The script runs on a copy of the repository's set-up files with a stand-in Python whose
+``-m venv`` makes a ``.venv/bin/python`` that only records how it was called, so the test
+installs nothing and needs no network.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+FAKE_PYTHON = """#!/usr/bin/env bash
+if [ "$1" = "-m" ] && [ "$2" = "venv" ]; then
+  mkdir -p "$3/bin"
+  printf '#!/usr/bin/env bash\\necho "$*" >> "$(dirname "$0")/../calls.log"\\n' > "$3/bin/python"
+  chmod +x "$3/bin/python"
+  exit 0
+fi
+echo "Python 3.99 (stand-in)"
+"""
+
+
+def _executable(path, text: str) -> str:
+    path.write_text(text)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return str(path)
+
+
+def test_first_setup_names_each_step_and_the_no_op_is_quiet(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "scripts").mkdir(parents=True)
+    shutil.copy(os.path.join(REPO, "scripts", "setup.sh"), repo / "scripts" / "setup.sh")
+    shutil.copy(os.path.join(REPO, "pyproject.toml"), repo / "pyproject.toml")
+    env = {"PATH": "/usr/bin:/bin", "PYTHON": _executable(tmp_path / "python", FAKE_PYTHON), "HOME": str(tmp_path)}
+    cuda = shutil.which("nvidia-smi", path=env["PATH"]) is not None
+
+    first = subprocess.run(["bash", "scripts/setup.sh"], cwd=repo, env=env, capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr
+    lines = first.stdout.splitlines()
+    expected = ["setup: creating .venv (Python 3.99 (stand-in))"]
+    if not cuda:
+        expected.append("setup: installing torch CPU build (no CUDA on this machine; a few minutes the first time)")
+    expected += ["setup: installing twotower (editable) + test extras", "setup: done: .venv is ready"]
+    assert lines == expected
+    calls = (repo / ".venv" / "calls.log").read_text().splitlines()
+    assert calls[-1] == "-m pip install -q -e .[test]" and len(calls) == len(expected) - 2
+
+    again = subprocess.run(["bash", "scripts/setup.sh"], cwd=repo, env=env, capture_output=True, text=True)
+    assert (again.returncode, again.stdout, again.stderr) == (0, "", "")
+    assert (repo / ".venv" / "calls.log").read_text().splitlines() == calls  # nothing was installed again

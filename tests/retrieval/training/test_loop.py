@@ -1,0 +1,153 @@
+"""The shared training loop: schedule, learning rate, evaluation steps, best checkpoint, guard, stops.
+
+A one-parameter model and scripted dev scores make every expectation a worked example.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from twotower.retrieval.training.loop import LoopResult, Schedule, StopTraining, TrainingLoop, TrainSettings
+from twotower.retrieval.training.training_run import TrainingRun
+
+
+class _Halt(StopTraining):
+    kind = "halted"
+
+
+def _loop(tmp_path, scores, schedule, main_process=True, losses=None, **kw):
+    """A loop over w (one weight, loss (w - 1)^2 or scripted losses) whose dev scores are `scores` in order."""
+    w = torch.nn.Parameter(torch.zeros(1))
+    module = torch.nn.Linear(1, 1)  # only its train/eval mode is observed
+    opt = torch.optim.SGD([{"params": [w]}, {"params": module.parameters(), "lr_scale": 10.0}], lr=0.0)
+    run = TrainingRun(str(tmp_path / "run"), enabled=main_process)
+    modes = []
+    scripted = iter(scores)
+    saved = []
+
+    def step(done):
+        modes.append(("step", done, module.training))
+        loss = (w - 1.0).pow(2).sum() if losses is None else w.sum() * 0 + losses[done]
+        loss.backward()
+        return loss, {"done_before": done}
+
+    def evaluate(step):
+        modes.append(("eval", step, module.training))
+        return {"ndcg@10": next(scripted), "extra": step}
+
+    def save(directory, step, score):
+        saved.append((step, score))
+        with open(os.path.join(directory, "step.json"), "w") as f:
+            json.dump({"step": step, "score": score}, f)
+
+    loop = TrainingLoop(run, schedule, opt, [w], 1.0, [module], step, evaluate, save, main_process=main_process,
+                        progress=False, **kw)
+    return loop, SimpleNamespace(run=run, opt=opt, modes=modes, saved=saved, w=w)
+
+
+def _records(parts, event):
+    return [r for r in parts.run.records if r["event"] == event]
+
+
+def test_schedule_from_settings():
+    cfg = TrainSettings()  # an epoch, evaluated once an epoch
+    assert Schedule.of(cfg, steps_per_epoch=10, lr=1e-3) == Schedule(10, 10, 1e-3, 0.1)
+    cfg.epochs, cfg.eval_every = 2.5, 4
+    assert (Schedule.of(cfg, 10, 1e-3).total_steps, Schedule.of(cfg, 10, 1e-3).eval_every) == (25, 4)
+    cfg.max_steps = 7  # max_steps wins over epochs
+    assert Schedule.of(cfg, 10, 1e-3).total_steps == 7
+    cfg.dry_run = True
+    assert Schedule.of(cfg, 10, 1e-3, eval_at_start=False) == Schedule(1, 4, 1e-3, 0.1, eval_at_start=False)
+
+
+def test_steps_lr_and_evaluation_schedule(tmp_path):
+    # 5 steps, warmup a quarter: progress p = 0, .2, .4, .6, .8 before each step
+    schedule = Schedule(total_steps=5, eval_every=2, lr=0.5, warmup=0.25)
+    loop, parts = _loop(tmp_path, [0.1, 0.4, 0.3, 0.2], schedule)
+    result = loop.train()
+    steps = _records(parts, "step")
+    expected_factor = [0.0, 0.8, 0.8, 0.5333333, 0.2666667]  # p / .25 while p < .25, then 1 - (p - .25) / .75
+    assert [r["lr"] for r in steps] == pytest.approx([0.5 * f for f in expected_factor])
+    assert [r["step"] for r in steps] == [1, 2, 3, 4, 5] and [r["done_before"] for r in steps] == [0, 1, 2, 3, 4]
+    # the group with lr_scale 10 trains at 10x the rate of the last step
+    assert parts.opt.param_groups[1]["lr"] == pytest.approx(10 * 0.5 * expected_factor[-1])
+    # at start, every eval_every steps, and at the last step; evaluations run in eval mode, steps in train mode
+    assert [r["step"] for r in _records(parts, "eval")] == [0, 2, 4, 5]
+    assert [r["extra"] for r in _records(parts, "eval")] == [0, 2, 4, 5]
+    assert all(training for kind, _, training in parts.modes if kind == "step")
+    assert not any(training for kind, _, training in parts.modes if kind == "eval")
+    assert result == LoopResult(str(tmp_path / "run" / "best"), 2, 0.4, 0.1, 5, "steps", _records(parts, "eval"))
+    # the best checkpoint is the one saved at its step; a lower score later never replaces it
+    assert parts.saved == [(0, 0.1), (2, 0.4)]
+    assert json.load(open(os.path.join(result.best_dir, "step.json"))) == {"step": 2, "score": 0.4}
+    assert os.path.isfile(tmp_path / "run" / "dev_ndcg.png")
+    # the optimizer did step: SGD on (w - 1)^2 moves w towards 1 whenever the rate is positive
+    assert 0 < float(parts.w.detach()) < 1
+
+
+def test_no_start_eval_and_a_tie_keeps_the_first(tmp_path):
+    schedule = Schedule(total_steps=4, eval_every=2, lr=0.1, warmup=0.0, eval_at_start=False)
+    loop, parts = _loop(tmp_path, [0.3, 0.3], schedule)
+    result = loop.train()
+    assert [r["step"] for r in _records(parts, "eval")] == [2, 4]
+    assert result.initial_score is None and result.best_step == 2 and parts.saved == [(2, 0.3)]
+
+
+def test_guard_stops_the_run_and_keeps_the_best(tmp_path):
+    def guard(record):
+        if record["event"] == "step" and record["step"] == 3:
+            raise _Halt("enough at step 3")
+
+    last = []
+    schedule = Schedule(total_steps=10, eval_every=2, lr=0.1, warmup=0.0)
+    loop, parts = _loop(tmp_path, [0.1, 0.5, 0.9], schedule, guard=guard,
+                        save_last=lambda directory, steps: last.append(steps))
+    result = loop.train()
+    assert result.steps == 3 and result.stopped_by == "halted: enough at step 3"
+    assert [(r["step"], r["reason"]) for r in _records(parts, "stop")] == [(3, "enough at step 3")]
+    assert result.best_step == 2 and result.best_score == 0.5 and last == [3]
+    assert os.path.isdir(tmp_path / "run" / "last")
+
+
+def test_a_guard_on_eval_records_stops_before_that_checkpoint_is_kept(tmp_path):
+    def guard(record):
+        if record["event"] == "eval" and record["ndcg@10"] > 0.8:
+            raise _Halt("too good to be true")
+
+    schedule = Schedule(total_steps=10, eval_every=2, lr=0.1, warmup=0.0)
+    loop, parts = _loop(tmp_path, [0.1, 0.9], schedule, guard=guard)
+    result = loop.train()
+    assert result.steps == 2 and result.best_step == 0 and parts.saved == [(0, 0.1)]
+    assert [r["step"] for r in _records(parts, "eval")] == [0, 2]  # the eval that tripped the guard is logged
+
+
+def test_non_finite_loss_stops_with_a_record(tmp_path):
+    schedule = Schedule(total_steps=5, eval_every=5, lr=0.1, warmup=0.0)
+    loop, parts = _loop(tmp_path, [0.1], schedule, losses=[1.0, float("nan"), 1.0, 1.0, 1.0])
+    with pytest.raises(FloatingPointError, match="training loss became nan at step 2"):
+        loop.train()
+    assert [(r["step"], r["reason"]) for r in _records(parts, "stop")] == [(2, "loss is nan")]
+
+
+def test_time_budget_stops_after_the_step_that_spends_it_and_evaluates_there(tmp_path):
+    schedule = Schedule(total_steps=100, eval_every=50, lr=0.1, warmup=0.0, time_budget=1e-9)
+    loop, parts = _loop(tmp_path, [0.1, 0.2], schedule)
+    result = loop.train()
+    assert result.steps == 1 and result.stopped_by == "time budget"
+    assert [r["step"] for r in _records(parts, "eval")] == [0, 1]
+    assert _records(parts, "step")[0]["lr"] == 0.0  # the budget is spent: the schedule is at its end
+
+
+def test_other_ranks_step_but_neither_log_evaluations_nor_save(tmp_path):
+    schedule = Schedule(total_steps=2, eval_every=1, lr=0.1, warmup=0.0)
+    loop, parts = _loop(tmp_path, [0.1, 0.2, 0.3], schedule, main_process=False,
+                        save_last=lambda directory, steps: pytest.fail("saved on another rank"))
+    result = loop.train()
+    assert result.steps == 2 and result.best_dir is None and parts.saved == []
+    assert not _records(parts, "eval") and len(_records(parts, "step")) == 2
+    assert not os.path.exists(tmp_path / "run")

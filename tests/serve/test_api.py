@@ -1,0 +1,152 @@
+"""The endpoints against the library: hits equal `SearchPipeline.search`, writes are visible, stats count."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import pytest
+
+from tests.retrieval.pipeline_fixtures import tiny_model_dir
+from tests.serve.serve_fixtures import AUTH, TOKEN, client, stats
+from twotower.indexing import document_text
+from twotower.retrieval import Hit, SearchPipeline
+from twotower.serve.app import STATIC
+
+QUERIES = ["tea coffee cold", "gene protein expression", "patient drug dose trial risk"]
+
+
+def _reference(index: str, reranker: str | None = None):
+    return SearchPipeline.load(index, tiny_model_dir(), reranker=reranker, use_default_reranker=False, bf16=False)
+
+
+def _same(got: list[dict], want: list[Hit]) -> None:
+    assert [h["id"] for h in got] == [h.id for h in want]
+    for g, w in zip(got, want):
+        w = w.to_dict()
+        assert set(g) == set(w)
+        for key, value in w.items():
+            assert g[key] == (pytest.approx(value, rel=1e-5, abs=1e-6) if isinstance(value, float) else value), key
+
+
+def test_get_search_returns_the_pipelines_hits_with_the_cli_json_fields(index_template):
+    with client(index_template) as c, _reference(index_template) as ref:
+        for q in QUERIES:
+            r = c.get("/search", params={"q": q, "k": 7})
+            assert r.status_code == 200, r.text
+            body = r.json()
+            want = ref.search(q, k=7, recall_k=100)
+            _same(body["hits"], want)
+            assert set(body["hits"][0]) == set(want[0].to_dict())  # the `twotower search --json` record
+            assert (body["query"], body["reranked"], body["hybrid"]) == (q, False, False)
+            assert body["generation"] == ref.store.generation
+
+
+def test_hybrid_and_rerank_match_the_pipeline(index_template, reranker_dir):
+    with client(index_template, reranker=reranker_dir) as c, _reference(index_template, reranker_dir) as ref:
+        for hybrid in (False, True):
+            for rerank in (False, True):
+                r = c.get("/search", params={"q": QUERIES[0], "k": 5, "recall_k": 20, "hybrid": hybrid,
+                                             "rerank": rerank})
+                assert r.status_code == 200, r.text
+                body = r.json()
+                _same(body["hits"], ref.search(QUERIES[0], k=5, recall_k=20, hybrid=hybrid, rerank=rerank))
+                assert (body["hybrid"], body["reranked"]) == (hybrid, rerank)
+        default = c.get("/search", params={"q": QUERIES[1], "k": 3, "recall_k": 10}).json()
+        assert default["reranked"] is True  # a loaded reranker is used unless rerank=false
+        assert all(h["rerank_score"] is not None for h in default["hits"])
+
+
+def test_post_search_answers_a_batch_in_order(index_template, reranker_dir):
+    with client(index_template, reranker=reranker_dir) as c, _reference(index_template, reranker_dir) as ref:
+        r = c.post("/search", json={"queries": QUERIES, "k": 4, "recall_k": 12, "hybrid": True})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        want = ref.search(QUERIES, k=4, recall_k=12, hybrid=True)
+        assert [x["query"] for x in body["results"]] == QUERIES
+        for res, w in zip(body["results"], want):
+            _same(res["hits"], w)
+        assert body["reranked"] is True and body["hybrid"] is True
+
+
+def test_get_document_by_id(index_template, docs):
+    with client(index_template) as c:
+        d = docs[5]
+        r = c.get(f"/documents/{d['_id']}")
+        assert r.status_code == 200
+        got = r.json()
+        assert (got["id"], got["title"], got["text"], got["metadata"]) == (d["_id"], d["title"], d["text"], {})
+
+
+def test_add_replace_delete_round_trip(index_dir):
+    new = [{"_id": "new/1", "title": "fresh", "text": "green tea leaf milk sugar"},
+           {"_id": "new 2", "text": "mouse brain tumor signal pathway", "metadata": {"source": "test"}}]
+    with client(index_dir, token=TOKEN) as c:
+        before = stats(c, AUTH)
+        r = c.post("/documents", json={"documents": new}, headers=AUTH)
+        assert r.status_code == 200, r.text
+        assert r.json() == {"added": 2, "replaced": 0, "ids": ["new/1", "new 2"],
+                            "generation": before["generation"] + 1, "documents": before["documents"] + 2}
+        for d in new:  # searchable as soon as the add returned: its own text is its nearest neighbour
+            top = c.get("/search", params={"q": document_text(d), "k": 1}, headers=AUTH).json()["hits"][0]
+            assert top["id"] == d["_id"] and top["text"] == d["text"]
+        got = c.get("/documents/new 2", headers=AUTH).json()
+        assert got["metadata"] == {"source": "test"}
+        assert c.get("/documents/new/1", headers=AUTH).json()["title"] == "fresh"  # ids may hold a slash
+
+        changed = {"_id": "new/1", "text": "coffee cup water hot drink"}
+        r = c.post("/documents", json={"documents": [changed], "replace": True}, headers=AUTH)
+        assert r.status_code == 200, r.text
+        assert (r.json()["added"], r.json()["replaced"], r.json()["documents"]) == (0, 1, before["documents"] + 2)
+        assert c.get("/documents/new/1", headers=AUTH).json()["text"] == changed["text"]
+
+        r = c.request("DELETE", "/documents", json={"ids": ["new/1", "new 2"]}, headers=AUTH)
+        assert r.status_code == 200, r.text
+        assert r.json()["deleted"] == ["new/1", "new 2"] and r.json()["documents"] == before["documents"]
+        assert c.get("/documents/new/1", headers=AUTH).status_code == 404
+        hits = c.get("/search", params={"q": "green tea leaf milk sugar", "k": 50}, headers=AUTH).json()["hits"]
+        assert not {"new/1", "new 2"} & {h["id"] for h in hits}
+    with _reference(index_dir) as ref:  # the commits are on disk for any other reader
+        assert len(ref) == before["documents"] and ref.store.get(["new/1"]) == [None]
+
+
+def test_health_and_stats(index_template):
+    with client(index_template) as c:
+        h = c.get("/health")
+        assert h.status_code == 200
+        assert h.json()["status"] == "ok" and h.json()["hybrid"] is True and h.json()["reranker"] is False
+        for q in QUERIES:
+            assert c.get("/search", params={"q": q}).status_code == 200
+        assert c.get("/search", params={"q": " "}).status_code == 400
+        s = stats(c)
+        with _reference(index_template) as ref:
+            manifest_fp = ref.store.manifest.extra["pipeline"]["encoder"]["fingerprint"]
+            assert s["documents"] == len(ref) and s["generation"] == ref.store.generation
+            assert s["model"]["fingerprint"] == ref.encoder.fingerprint() == s["index"]["encoder_fingerprint"]
+            assert s["index"]["encoder_fingerprint"] == manifest_fp
+        assert s["index"]["type"] == "Flat" and s["index"]["bm25"] is True
+        route = s["requests"]["routes"]["GET /search"]
+        assert route["count"] == 4 and route["statuses"] == {"2xx": 3, "4xx": 1}
+        assert 0 < route["p50_ms"] <= route["p95_ms"] <= route["p99_ms"] <= route["max_ms"] * 1.01
+        assert s["batching"]["queries"] == 3
+
+
+def test_page_and_api_reference_load_nothing_from_elsewhere(index_template):
+    with client(index_template) as c:
+        page = c.get("/")
+        assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+        assert 'id="q"' in page.text and 'id="hybrid"' in page.text and 'id="rerank"' in page.text
+        for name in sorted(os.listdir(STATIC)):
+            r = c.get(f"/static/{name}")
+            assert r.status_code == 200, name
+            text = re.sub(r'xmlns="[^"]*"', "", r.text)  # an SVG namespace names a host but loads nothing
+            assert not re.search(r"(https?:)?//[a-z0-9.-]+\.[a-z]{2,}", text, re.I), f"{name} names another host"
+        referenced = re.findall(r'(?:src|href)="([^"]+)"', page.text)
+        assert referenced and all(u.startswith("/") and not u.startswith("//") for u in referenced)
+        assert c.get("/docs").status_code == 200
+        spec = c.get("/openapi.json").json()
+        assert {"/search", "/documents", "/documents/{doc_id}", "/health", "/stats"} <= set(spec["paths"])
+        assert set(spec["paths"]["/search"]) == {"get", "post"} and set(spec["paths"]["/documents"]) == {"post",
+                                                                                                         "delete"}
+        json.dumps(spec)

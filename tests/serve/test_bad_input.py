@@ -1,0 +1,176 @@
+"""Bad input: each case is a 4xx JSON error naming the field, and the index is unchanged afterwards."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import pytest
+
+from tests.serve.serve_fixtures import AUTH, TOKEN, client, stats
+from twotower.serve.limits import Limits
+
+LIMITS = Limits(max_body_bytes=20_000, max_query_chars=200, max_k=50, max_recall_k=200, max_batch_queries=4,
+                max_documents=3, max_ids=3)
+
+# (method, path, query params, JSON body (or raw bytes), status, field, words the message must hold)
+SEARCH_CASES = [
+    ("GET", "/search", {"q": ""}, None, 400, "q", "empty"),
+    ("GET", "/search", {"q": "   \t "}, None, 400, "q", "empty"),
+    ("GET", "/search", {}, None, 400, "q", "required"),
+    ("GET", "/search", {"q": "tea", "k": 0}, None, 400, "k", "between 1 and 50"),
+    ("GET", "/search", {"q": "tea", "k": -3}, None, 400, "k", "between 1 and 50"),
+    ("GET", "/search", {"q": "tea", "k": 51}, None, 400, "k", "between 1 and 50"),
+    ("GET", "/search", {"q": "tea", "k": "ten"}, None, 400, "k", "integer"),
+    ("GET", "/search", {"q": "tea", "k": 10, "recall_k": 5}, None, 400, "recall_k", "between k"),
+    ("GET", "/search", {"q": "tea", "recall_k": 201}, None, 400, "recall_k", "200"),
+    ("GET", "/search", {"q": "tea", "colour": "red"}, None, 400, "colour", "unknown parameter"),
+    ("GET", "/search", {"q": "tea", "hybrid": "maybe"}, None, 400, "hybrid", "boolean"),
+    ("GET", "/search", {"q": "tea", "rerank": "true"}, None, 400, "rerank", "no reranker"),
+    ("GET", "/search", {"q": "t" * 201}, None, 413, "q", "limit is 200"),
+    ("POST", "/search", {}, b'{"queries": ["tea"', 400, "body", "malformed JSON"),
+    ("POST", "/search", {}, ["tea"], 400, "body", "object"),
+    ("POST", "/search", {}, {}, 400, "queries", "required"),
+    ("POST", "/search", {}, {"queries": []}, 400, "queries", "at least one"),
+    ("POST", "/search", {}, {"queries": ["tea", " "]}, 400, "queries[1]", "empty"),
+    ("POST", "/search", {}, {"queries": ["tea", 3]}, 400, "queries[1]", "string"),
+    ("POST", "/search", {}, {"queries": ["a", "b", "c", "d", "e"]}, 413, "queries", "limit is 4"),
+    ("POST", "/search", {}, {"queries": ["tea"], "top": 3}, 400, "top", "unknown field"),
+    ("POST", "/search", {}, {"queries": ["tea"], "k": 0}, 400, "k", "between 1 and 50"),
+    ("POST", "/search", {"k": 3}, {"queries": ["tea"]}, 400, "k", "unknown parameter"),
+    ("GET", "/documents/nope", {}, None, 404, "id", "no document"),
+]
+
+WRITE_CASES = [
+    ("POST", "/documents", {}, {"documents": [{"text": "no id"}]}, 400, "documents[0]", "_id"),
+    ("POST", "/documents", {}, {"documents": [{"_id": "x1", "text": "ok"}, {"_id": "x2"}]}, 400, "documents[1]",
+     "text"),
+    ("POST", "/documents", {}, {"documents": [{"_id": "x1", "text": 7}]}, 400, "documents[0]", "text"),
+    ("POST", "/documents", {}, {"documents": [{"_id": "x1", "text": "a"}, {"_id": "x1", "text": "b"}]}, 400,
+     "documents[1]._id", "repeats documents[0]"),
+    ("POST", "/documents", {}, {"documents": [{"_id": "x1", "text": "new"}, {"_id": "d3", "text": "dup"}]}, 409,
+     "documents[1]._id", "replace"),
+    ("POST", "/documents", {}, {"documents": []}, 400, "documents", "at least one"),
+    ("POST", "/documents", {}, {"documents": [{"_id": f"x{i}", "text": "t"} for i in range(4)]}, 413, "documents",
+     "limit is 3"),
+    ("POST", "/documents", {}, {"documents": [{"_id": "x1", "text": "t"}], "upsert": True}, 400, "upsert",
+     "unknown field"),
+    ("POST", "/documents", {}, b'{"documents": [{"_id": "x1", "text": "t"}', 400, "body", "malformed JSON"),
+    ("POST", "/documents", {}, {"documents": [{"_id": "x1", "text": "t" * 30_000}]}, 413, "body", "20,000"),
+    ("DELETE", "/documents", {}, {"ids": ["d1", "missing-a", "missing-b"]}, 404, "ids", "nothing was deleted"),
+    ("DELETE", "/documents", {}, {"ids": []}, 400, "ids", "at least one"),
+    ("DELETE", "/documents", {}, {"ids": ["d1", ""]}, 400, "ids[1]", "empty"),
+    ("DELETE", "/documents", {}, {"ids": ["d1", "d2", "d3", "d4"]}, 413, "ids", "limit is 3"),
+    ("DELETE", "/documents", {}, {"id": "d1"}, 400, "id", "unknown field"),
+]
+
+
+def _fingerprint(index: str) -> dict[str, str]:
+    """sha256 of every file of the index directory: "unchanged" means byte for byte."""
+    out = {}
+    for name in sorted(os.listdir(index)):
+        path = os.path.join(index, name)
+        if os.path.isfile(path) and name != "LOCK" and not name.endswith(("-wal", "-shm")):
+            with open(path, "rb") as f:
+                out[name] = hashlib.sha256(f.read()).hexdigest()
+    return out
+
+
+def _send(c, method, path, params, body):
+    kw = {"params": params, "headers": dict(AUTH)}
+    if isinstance(body, bytes):
+        kw["content"] = body
+        kw["headers"]["content-type"] = "application/json"
+    elif body is not None:
+        kw["json"] = body
+    return c.request(method, path, **kw)
+
+
+def _check(r, status, field, words):
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert body["status"] == status and body["field"] == field, body
+    assert words.lower() in body["message"].lower(), body
+    assert "Traceback" not in r.text
+
+
+@pytest.fixture(scope="module")
+def shared(index_template):
+    with client(index_template, token=TOKEN, limits=LIMITS) as c:
+        yield c
+
+
+@pytest.mark.parametrize("case", SEARCH_CASES, ids=lambda c: f"{c[0]} {c[1]} {c[5]} {c[4]}")
+def test_bad_search_input_is_a_4xx_naming_the_field(shared, case):
+    method, path, params, body, status, field, words = case
+    _check(_send(shared, method, path, params, body), status, field, words)
+
+
+def test_writes_with_bad_input_leave_the_index_unchanged(index_dir):
+    before_files = _fingerprint(index_dir)
+    with client(index_dir, token=TOKEN, limits=LIMITS) as c:
+        before = stats(c, AUTH)
+        for method, path, params, body, status, field, words in WRITE_CASES:
+            r = _send(c, method, path, params, body)
+            _check(r, status, field, words)
+            after = stats(c, AUTH)
+            assert (after["generation"], after["documents"]) == (before["generation"], before["documents"]), body
+            assert after["writes"] == 0
+        # the refusals of known and unknown ids are reported per id
+        r = _send(c, "DELETE", "/documents", {}, {"ids": ["d1", "missing-a"]})
+        assert r.json()["details"] == {"d1": "not deleted", "missing-a": "not found"}
+        r = _send(c, "POST", "/documents", {}, {"documents": [{"_id": "d3", "text": "dup"},
+                                                              {"_id": "d4", "text": "dup"}]})
+        assert r.json()["details"] == {"d3": "already in the index", "d4": "already in the index"}
+        assert c.get("/documents/d1", headers=AUTH).status_code == 200
+    assert _fingerprint(index_dir) == before_files
+
+
+def test_declared_body_size_over_the_limit_is_refused_before_reading(index_dir):
+    with client(index_dir, token=TOKEN, limits=LIMITS) as c:
+        r = c.post("/documents", content=b"{" + b" " * 25_000 + b"}",
+                   headers={**AUTH, "content-type": "application/json"})
+        _check(r, 413, "body", "larger than the limit")
+        r = c.post("/search", content=b"[]", headers={**AUTH, "content-type": "application/json",
+                                                     "content-length": "many"})
+        assert r.status_code == 400
+
+
+def test_streamed_body_over_the_limit_is_refused(index_dir):
+    def chunks():
+        for _ in range(30):
+            yield b" " * 1000
+
+    with client(index_dir, token=TOKEN, limits=LIMITS) as c:
+        r = c.post("/documents", content=chunks(), headers={**AUTH, "content-type": "application/json"})
+        _check(r, 413, "body", "larger than the limit")
+
+
+def test_hybrid_on_an_index_without_bm25(dense_only_template):
+    with client(dense_only_template) as c:
+        _check(c.get("/search", params={"q": "tea", "hybrid": "true"}), 400, "hybrid", "no BM25")
+        assert c.get("/search", params={"q": "tea"}).status_code == 200
+
+
+def test_unexpected_errors_are_a_plain_500_without_a_trace(index_template, monkeypatch, caplog):
+    from twotower.retrieval.pipeline import SearchPipeline
+
+    def broken(self, *a, **kw):
+        raise RuntimeError("secret internal detail")
+
+    monkeypatch.setattr(SearchPipeline, "search", broken)
+    with client(index_template, raise_server_exceptions=False) as c:
+        r = c.get("/search", params={"q": "tea"})
+        assert r.status_code == 500
+        assert r.json() == {"status": 500, "error": "internal", "message": "internal error (the server log has "
+                                                                            "the details)"}
+        assert "secret" not in r.text and "Traceback" not in r.text
+    assert "secret internal detail" in caplog.text  # the server log keeps it
+
+
+def test_unknown_paths_and_methods_are_json_errors(index_template):
+    with client(index_template) as c:
+        r = c.get("/nowhere")
+        assert r.status_code == 404 and r.json()["error"] == "not_found"
+        r = c.put("/search")
+        assert r.status_code == 405 and r.json()["error"] == "method_not_allowed"

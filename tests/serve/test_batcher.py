@@ -1,0 +1,152 @@
+"""The model owner: queued searches share one batch and give the answers of one search each; loading states."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from tests.retrieval.pipeline_fixtures import tiny_model_dir
+from tests.serve.serve_fixtures import client
+from twotower.retrieval import SearchPipeline
+from twotower.serve.batcher import ModelOwner, SearchParams
+from twotower.serve.errors import ApiError
+
+QUERIES = ["tea coffee", "gene protein", "mouse brain tumor", "drug dose", "cold water cup", "risk study effect"]
+
+
+def _loader(index: str, reranker: str | None = None):
+    return lambda: SearchPipeline.load(index, tiny_model_dir(), reranker=reranker, use_default_reranker=False,
+                                       bf16=False)
+
+
+def _hold(owner: ModelOwner) -> threading.Event:
+    """Keep the owner busy in a job until the returned event is set (so searches queue up)."""
+    release, busy = threading.Event(), threading.Event()
+
+    def wait(pipe):
+        busy.set()
+        release.wait(30)
+
+    owner.call(wait)
+    assert busy.wait(30)
+    return release
+
+
+def test_queued_searches_share_a_batch_and_match_single_searches(index_template, reranker_dir):
+    owner = ModelOwner(_loader(index_template, reranker_dir), threads=1, max_wait_ms=0).start()
+    try:
+        assert owner.wait_ready(60)
+        release = _hold(owner)
+        asks = [(q, SearchParams(k=1 + i % 4, recall_k=12, hybrid=i % 2 == 1, rerank=i % 3 == 0))
+                for i, q in enumerate(QUERIES)]
+        futures = [owner.search([q], p) for q, p in asks]
+        batch = owner.search(QUERIES[:3], SearchParams(k=5, recall_k=12, hybrid=True, rerank=True))
+        release.set()
+        answers = [f.result(30) for f in futures]
+        groups = {p.group for _, p in asks} | {(12, True, True)}
+        assert owner.batches == len(groups)  # one pipeline search per (recall_k, hybrid, rerank), not per request
+        assert owner.max_batch_seen >= 2
+        with _loader(index_template, reranker_dir)() as ref:
+            for (q, p), a in zip(asks, answers):
+                want = ref.search(q, k=p.k, recall_k=p.recall_k, hybrid=p.hybrid, rerank=p.rerank)
+                assert [h.id for h in a.hits[0]] == [h.id for h in want]
+                assert [h.score for h in a.hits[0]] == pytest.approx([h.score for h in want], rel=1e-5, abs=1e-6)
+                assert a.generation == ref.store.generation
+            want = ref.search(QUERIES[:3], k=5, recall_k=12, hybrid=True, rerank=True)
+            assert [[h.id for h in row] for row in batch.result(30).hits] == [[h.id for h in row] for row in want]
+    finally:
+        owner.stop()
+
+
+def test_waits_for_the_rest_of_a_batch_only_under_load(index_template):
+    owner = ModelOwner(_loader(index_template), threads=1, max_wait_ms=2000).start()
+    try:
+        assert owner.wait_ready(60)
+        start = time.monotonic()
+        owner.search(["tea"], SearchParams()).result(30)
+        assert time.monotonic() - start < 1.5  # one client alone: its last batch held one query, no waiting
+        release = _hold(owner)
+        first = [owner.search([q], SearchParams()) for q in QUERIES[:4]]
+        release.set()
+        for f in first:
+            f.result(30)  # one batch of 4: now the owner expects 4 at a time
+        batches = owner.batches
+        early = owner.search([QUERIES[4]], SearchParams())
+
+        def later():
+            time.sleep(0.1)
+            for q in QUERIES[:3]:
+                owner.search([q], SearchParams())
+
+        t = threading.Thread(target=later)
+        t.start()
+        early.result(30)
+        t.join()
+        assert owner.batches == batches + 1  # the early query waited for the three that came 0.1 s later
+    finally:
+        owner.stop()
+
+
+def test_the_owner_runs_torch_and_faiss_with_its_thread_count(index_template):
+    import faiss
+
+    before = (torch.get_num_threads(), faiss.omp_get_max_threads())
+    owner = ModelOwner(_loader(index_template), threads=1).start()
+    assert owner.wait_ready(60)
+    assert owner.call(lambda pipe: (torch.get_num_threads(), faiss.omp_get_max_threads())).result(30) == (1, 1)
+    owner.stop()
+    assert (torch.get_num_threads(), faiss.omp_get_max_threads()) == before
+
+
+def test_503_while_loading_then_ready(index_template, monkeypatch):
+    loaded = threading.Event()
+    real = SearchPipeline.load.__func__
+
+    def slow_load(cls, *a, **kw):
+        assert loaded.wait(30)
+        return real(cls, *a, **kw)
+
+    monkeypatch.setattr(SearchPipeline, "load", classmethod(slow_load))
+    with client(index_template, wait=False) as c:
+        h = c.get("/health")
+        assert h.status_code == 503 and h.json()["status"] == "loading"
+        r = c.get("/search", params={"q": "tea"})
+        assert r.status_code == 503 and r.json()["error"] == "unavailable" and r.headers["retry-after"] == "2"
+        assert c.get("/stats").status_code == 503
+        assert c.get("/").status_code == 200  # the page itself is there at once, and says "loading"
+        loaded.set()
+        assert c.app.state.service.owner.wait_ready(60)
+        assert c.get("/health").status_code == 200
+        assert c.get("/search", params={"q": "tea"}).status_code == 200
+
+
+def test_a_failed_load_is_reported_not_raised(tmp_path):
+    bad = tmp_path / "idx"
+    bad.mkdir()
+    (bad / "manifest.json").write_text("{not json")
+    with client(str(bad), wait=False) as c:
+        owner = c.app.state.service.owner
+        assert owner.wait_ready(60) is False
+        h = c.get("/health")
+        assert h.status_code == 503 and h.json()["status"] == "failed" and "manifest.json" in h.json()["error"]
+        r = c.get("/search", params={"q": "tea"})
+        assert r.status_code == 503 and "could not be loaded" in r.json()["message"]
+
+
+def test_stop_refuses_what_is_queued(index_template):
+    owner = ModelOwner(_loader(index_template), threads=1).start()
+    assert owner.wait_ready(60)
+    release = _hold(owner)
+    queued = owner.search(["tea"], SearchParams())
+    stopper = threading.Thread(target=owner.stop)
+    stopper.start()
+    release.set()
+    stopper.join(30)
+    with pytest.raises(ApiError) as err:
+        queued.result(30)
+    assert err.value.status_code == 503
+    with pytest.raises(ApiError):
+        owner.search(["tea"], SearchParams())

@@ -1,0 +1,144 @@
+"""The search page in a real browser: `twotower serve` in a subprocess, headless Debian Chromium via Selenium.
+
+Types a query, waits for the hits, checks what each shows (title, snippet, final score,
+first-stage and reranked rank) and saves a screenshot (``$TWOTOWER_SCREENSHOT_DIR`` keeps a
+copy).  Skipped only where Chromium is absent outside CI; in CI (``CI=true``) it must run:
+.ci/run installs ``chromium`` and ``chromium-driver``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from tests.retrieval.pipeline_fixtures import tiny_model_dir, write_corpus
+from tests.serve.serve_fixtures import free_port
+from twotower.retrieval.training.demo_reranker import BUNDLED_CORPUS
+
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+IN_CI = os.environ.get("CI", "").lower() == "true"
+QUERY = "vitamin D deficiency and bone fractures"
+
+
+def _need_browser() -> None:
+    missing = [p for p in (CHROMIUM, CHROMEDRIVER) if not os.path.exists(p)]
+    if missing and not IN_CI:
+        pytest.skip(f"{', '.join(missing)} not installed (apt-get install chromium chromium-driver); "
+                    "CI installs them and runs this test")
+    assert not missing, f"CI must have {missing}: .ci/run installs chromium and chromium-driver"
+
+
+@pytest.fixture(scope="module")
+def page_index(tmp_path_factory, encoder) -> str:
+    """120 real SciFact abstracts (the bundled sample) under the tiny model, with BM25."""
+    from twotower.retrieval import SearchPipeline
+
+    root = tmp_path_factory.mktemp("page")
+    with gzip.open(BUNDLED_CORPUS, "rt", encoding="utf-8") as f:
+        docs = [json.loads(line) for line in itertools.islice(f, 120)]
+    corpus = write_corpus(str(root / "corpus.jsonl"), docs)
+    SearchPipeline.build(corpus, str(root / "idx"), encoder, metric="cosine", bm25=True, progress=False).close()
+    return str(root / "idx")
+
+
+@pytest.fixture()
+def server(page_index, reranker_dir, tmp_path):
+    port = free_port()
+    log = open(tmp_path / "serve.log", "w+")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "twotower", "serve", "--index", page_index, "--model", tiny_model_dir(),
+         "--reranker", reranker_dir, "--port", str(port)],
+        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "TWOTOWER_TOKEN": ""})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, f"twotower serve exited: {open(log.name).read()}"
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, f"the server did not become ready: {open(log.name).read()}"
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:  # pragma: no cover
+            proc.kill()
+        log.close()
+
+
+def _browser(tmp_path):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--disable-quic", "--window-size=1100,1500", f"--user-data-dir={tmp_path / 'chrome'}"):
+        opts.add_argument(flag)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+
+
+def test_the_page_searches_and_shows_the_ranks(server, tmp_path):
+    _need_browser()
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    driver = _browser(tmp_path)
+    try:
+        driver.get(server + "/")
+        wait = WebDriverWait(driver, 60)
+        wait.until(lambda d: "documents" in d.find_element(By.ID, "status").text)
+        assert "120 documents" in driver.find_element(By.ID, "status").text
+        assert driver.find_element(By.ID, "rerank").is_selected()  # a reranker is loaded: on by default
+        driver.find_element(By.CSS_SELECTOR, "label.switch:has(#hybrid)").click()
+        assert driver.find_element(By.ID, "hybrid").is_selected()
+        Select(driver.find_element(By.ID, "recall_k")).select_by_visible_text("20")
+        box = driver.find_element(By.ID, "q")
+        box.send_keys(QUERY)
+        box.send_keys(Keys.ENTER)
+        wait.until(ec.presence_of_all_elements_located((By.CSS_SELECTOR, "#results .hit")))
+        hits = driver.find_elements(By.CSS_SELECTOR, "#results .hit")
+        assert len(hits) == 10
+        ranks = [h.find_element(By.CLASS_NAME, "rank").text for h in hits]
+        assert ranks == [str(i) for i in range(1, 11)]
+        for h in hits:
+            assert h.find_element(By.CLASS_NAME, "title").text.strip()
+            assert len(h.find_element(By.CLASS_NAME, "snippet").text) > 40
+            chips = h.find_element(By.CLASS_NAME, "scores").text
+            assert "score " in chips and "first stage #" in chips and "reranked #" in chips and "BM25" in chips
+        assert "<mark>" in driver.find_element(By.ID, "results").get_attribute("innerHTML")  # words of the query
+        summary = driver.find_element(By.ID, "summary").text
+        assert "10 hits" in summary and "hybrid" in summary and "reranked" in summary
+        shot = tmp_path / "serve-page.png"
+        driver.save_screenshot(str(shot))
+        assert shot.stat().st_size > 10_000
+        if os.environ.get("TWOTOWER_SCREENSHOT_DIR"):
+            shutil.copy(shot, os.environ["TWOTOWER_SCREENSHOT_DIR"])
+
+        box.clear()
+        box.send_keys(" ")
+        box.send_keys(Keys.ENTER)
+        wait.until(lambda d: d.find_element(By.ID, "error").is_displayed())
+        assert "type a query" in driver.find_element(By.ID, "error").text
+        severe = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+        assert not severe, severe
+    finally:
+        driver.quit()

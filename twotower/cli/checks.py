@@ -1,0 +1,33 @@
+"""Checks of command-line arguments shared by several commands, each failing in the user's words.
+
+The library's own errors name its Python API (``IndexStore.create(..., bm25=True)``,
+``config file not found: DIR/config.json``); a person at the command line needs the
+flag they typed and the command that fixes it, so these run before anything loads.
+"""
+
+from __future__ import annotations
+
+import os
+
+from twotower.cli import CLIError
+
+MODEL_CONFIG = "config.json"  # every model directory we load (HF layout) has one
+
+
+def model_directory(flag: str, path: str) -> str:
+    """``path`` if it is a model directory (one holding ``config.json``), else a CLIError naming ``flag``."""
+    if not os.path.isdir(path):
+        raise CLIError(f"{flag} {path}: no such directory")
+    if not os.path.isfile(os.path.join(path, MODEL_CONFIG)):
+        raise CLIError(f"{flag} {path}: not a model directory (it has no {MODEL_CONFIG})")
+    return path
+
+
+def require_bm25(index: str) -> None:
+    """Refuse ``--hybrid`` on an index built without BM25, saying how to build one that has it."""
+    from twotower.indexing import Manifest
+    from twotower.indexing.manifest import MANIFEST_NAME
+
+    if Manifest.read(os.path.join(index, MANIFEST_NAME)).bm25 is None:
+        raise CLIError(f"--hybrid: the index {index} was built without BM25; rebuild it with "
+                       "`twotower index build --bm25 --corpus CORPUS --out DIR`, or search without --hybrid")

@@ -1,0 +1,117 @@
+"""``twotower serve``: keep an index loaded behind an HTTP API, with a search page at ``/``.
+
+The index, its encoder and the reranker load once; concurrent queries are encoded
+together (micro-batching) by one model-owner thread.  Endpoints: ``GET /search``,
+``POST /search`` (a batch), ``POST``/``DELETE /documents``, ``GET /documents/ID``,
+``GET /health``, ``GET /stats``; the API reference is at ``/docs``.
+
+Binds 127.0.0.1 unless ``--host`` says otherwise.  Writes need a bearer token
+(``--token-file FILE`` or the ``TWOTOWER_TOKEN`` environment variable) and, with a
+token set, so do reads; ``--read-only`` refuses writes.  docs/serve.md has the details.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import os
+import sys
+
+from twotower.cli import CLIError
+from twotower.cli.checks import model_directory
+
+logger = logging.getLogger(__name__)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("serve", help="serve an index over HTTP (JSON API + search page)",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--index", required=True, help="index directory built by `twotower index build`")
+    p.add_argument("--reranker", help="cross-encoder directory (default: the index's reranker, if any)")
+    p.add_argument("--no-reranker", action="store_true", help="load no reranker, not even the index's default")
+    p.add_argument("--model", help="query encoder directory if the index's model moved (must be the same model)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument("--read-only", action="store_true", help="refuse every write (POST/DELETE /documents)")
+    p.add_argument("--token-file", help="file whose first line is the bearer token (default: $TWOTOWER_TOKEN)")
+    p.add_argument("--threads", type=int, help="torch/FAISS threads of the model owner (default: cores - 1)")
+    p.add_argument("--max-batch", type=int, default=64, help="most queries encoded together (default 64)")
+    p.add_argument("--batch-wait-ms", type=float, default=3.0,
+                   help="longest wait for more queries to fill a batch (default 3 ms)")
+    p.add_argument("--max-body-mb", type=float, default=4.0, help="largest request body (default 4 MB)")
+    p.add_argument("--access-log", action="store_true", help="log every request (uvicorn's access log)")
+    p.set_defaults(func=run_serve)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    if not 0 < args.port < 65536:
+        raise CLIError(f"--port {args.port}: must be between 1 and 65535")
+    if args.threads is not None and args.threads < 1:
+        raise CLIError("--threads must be positive")
+    if args.max_batch < 1:
+        raise CLIError("--max-batch must be positive")
+    if args.batch_wait_ms < 0:
+        raise CLIError("--batch-wait-ms must not be negative")
+    if args.max_body_mb <= 0:
+        raise CLIError("--max-body-mb must be positive")
+    if args.reranker and args.no_reranker:
+        raise CLIError("give --reranker DIR or --no-reranker, not both")
+    if not os.path.isdir(args.index):
+        raise CLIError(f"--index {args.index}: no such directory")
+    if not os.path.isfile(os.path.join(args.index, "manifest.json")):
+        raise CLIError(f"--index {args.index}: not an index directory (no manifest.json); build one with "
+                       "`twotower index build`")
+    if args.reranker:
+        model_directory("--reranker", args.reranker)
+    if args.model:
+        model_directory("--model", args.model)
+    try:
+        import uvicorn
+
+        from twotower.serve.app import ServeConfig, create_app
+        from twotower.serve.auth import TOKEN_ENV, load_token
+        from twotower.serve.limits import Limits
+    except ModuleNotFoundError as exc:
+        raise CLIError(f"twotower serve needs {exc.name}: pip install 'twotower[serve]'") from None
+    token = load_token(args.token_file)
+    if not _is_loopback(args.host) and token is None:
+        print(f"twotower serve: warning: serving on {args.host} without a token: anyone who can reach it may "
+              f"search (writes stay disabled); set --token-file or {TOKEN_ENV}", file=sys.stderr)
+    config = ServeConfig(
+        index=args.index, model=args.model, reranker=args.reranker, use_default_reranker=not args.no_reranker,
+        read_only=args.read_only, token=token, threads=args.threads, max_batch=args.max_batch,
+        max_wait_ms=args.batch_wait_ms, limits=Limits(max_body_bytes=int(args.max_body_mb * 1024 * 1024)),
+    )
+    app = create_app(config)
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, access_log=args.access_log,
+                                           log_level="info" if args.verbose else "warning", workers=1))
+    owner = app.state.service.owner
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    print(f"twotower serve: {args.index} at http://{host}:{args.port}/ (API reference at /docs); loading the "
+          "index and models…", file=sys.stderr, flush=True)
+
+    def report_when_loaded() -> None:
+        if owner.wait_ready():
+            view = owner.view
+            mode = "read-only" if args.read_only else ("writes with the token" if token else "writes disabled")
+            print(f"twotower serve: ready: {view.documents:,} documents, generation {view.generation}, reranker "
+                  f"{'loaded' if owner.reranker_loaded else 'none'}, {mode}", file=sys.stderr, flush=True)
+        else:
+            print(f"twotower serve: error: {owner.error}", file=sys.stderr, flush=True)
+            server.should_exit = True
+
+    import threading
+
+    threading.Thread(target=report_when_loaded, name="twotower-serve-ready", daemon=True).start()
+    server.run()
+    return 1 if owner.state == "failed" else 0

@@ -1,0 +1,334 @@
+"""The HTTP routes of ``twotower serve`` (FastAPI): search, documents, health, stats, and the page.
+
+    GET    /search?q=&k=&recall_k=&hybrid=&rerank=   one query
+    POST   /search            {"queries": [...], "k", "recall_k", "hybrid", "rerank"}
+    POST   /documents         {"documents": [{"_id", "title", "text", "metadata"}], "replace": false}
+    DELETE /documents         {"ids": [...]}
+    GET    /documents/{id}
+    GET    /health            public: loading / ok / failed, and what the index can do
+    GET    /stats             documents, model and index fingerprints, request counts and latency percentiles
+    GET    /                  the search page;  GET /docs the API reference (from /openapi.json)
+
+Hits have the fields of ``twotower search --json`` (`Hit.to_dict`).  Every answer to a
+search names the index generation (commit) it was answered from.  The routes only check
+input and wait: the model owner (`twotower.serve.batcher`) does the searching, the
+writer (`twotower.serve.writer`) the writing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.responses import FileResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
+from pydantic import BaseModel, ConfigDict, Field
+
+from twotower import __version__
+from twotower.retrieval.hit import Hit
+from twotower.serve.auth import Access
+from twotower.serve.batcher import ModelOwner, SearchParams
+from twotower.serve.errors import ApiError, install_handlers
+from twotower.serve.limits import BodyLimitMiddleware, Limits
+from twotower.serve.stats import RequestStats, StatsMiddleware
+from twotower.serve.writer import IndexWriter
+
+STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
+SEARCH_PARAMS = ("q", "k", "recall_k", "hybrid", "rerank")
+
+
+@dataclass
+class ServeConfig:
+    """Everything a server needs; `twotower serve` fills it from its flags.
+
+    Args:
+        index: the index directory.
+        model: query encoder directory (None: the one the manifest names).
+        reranker: cross-encoder directory (None: the index's default when `use_default_reranker`).
+        token: the bearer token (None: reads are open, writes refused).
+        threads: torch/FAISS threads of the model owner (None: all cores but one).
+        max_batch / max_wait_ms: micro-batching bounds (`ModelOwner`).
+        default_recall_k: recall_k when a request gives none (raised to k when smaller).
+    """
+
+    index: str
+    model: str | None = None
+    reranker: str | None = None
+    use_default_reranker: bool = True
+    read_only: bool = False
+    token: str | None = None
+    limits: Limits = field(default_factory=Limits)
+    threads: int | None = None
+    max_batch: int = 64
+    max_wait_ms: float = 3.0
+    default_recall_k: int = 100
+    lock_wait_s: float = 10.0
+    bf16: bool | str = "auto"
+
+
+# ---------------------------------------------------------------------- request and response bodies
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class BatchSearchBody(_Strict):
+    queries: list[str] = Field(description="query texts, answered in order")
+    k: int = Field(10, description="hits per query")
+    recall_k: int | None = Field(None, description="first-stage candidates (reranked); default max(100, k)")
+    hybrid: bool = Field(False, description="fuse dense and BM25 recall (index built with --bm25)")
+    rerank: bool | None = Field(None, description="rerank with the cross-encoder; default: when one is loaded")
+
+
+class AddDocumentsBody(_Strict):
+    documents: list[dict[str, Any]] = Field(description="BEIR-style documents: _id, text, optional title/metadata")
+    replace: bool = Field(False, description="replace documents whose _id is already in the index")
+
+
+class DeleteDocumentsBody(_Strict):
+    ids: list[str] = Field(description="ids to delete; all must exist, else nothing is deleted")
+
+
+class SearchOut(BaseModel):
+    query: str
+    hits: list[Hit]  # the `twotower search --json` record
+    generation: int
+    reranked: bool
+    hybrid: bool
+    took_ms: float
+
+
+class BatchSearchOut(BaseModel):
+    results: list[dict[str, Any]]
+    generation: int
+    reranked: bool
+    hybrid: bool
+    took_ms: float
+
+
+# ---------------------------------------------------------------------- the service
+class SearchService:
+    """The model owner, the writer, the access policy and the counters of one server."""
+
+    def __init__(self, config: ServeConfig) -> None:
+        from twotower.retrieval.pipeline import SearchPipeline
+
+        self.config = config
+        self.limits = config.limits
+        self.access = Access(config.token, config.read_only)
+        self.stats = RequestStats()
+
+        def load() -> Any:
+            return SearchPipeline.load(config.index, config.model, reranker=config.reranker,
+                                       use_default_reranker=config.use_default_reranker, readonly=True,
+                                       bf16=config.bf16)
+
+        self.owner = ModelOwner(load, threads=config.threads, max_batch=config.max_batch,
+                                max_wait_ms=config.max_wait_ms)
+        self.writer = IndexWriter(config.index, self.owner, config.lock_wait_s)
+
+    # ---- input checks (the request's own names in every message)
+    def query(self, q: str, name: str) -> str:
+        if not q.strip():
+            raise ApiError(400, f"{name}: the query is empty", name)
+        if len(q) > self.limits.max_query_chars:
+            raise ApiError(413, f"{name}: the query has {len(q):,} characters; the limit is "
+                                f"{self.limits.max_query_chars:,}", name)
+        return q
+
+    def params(self, k: int, recall_k: int | None, hybrid: bool, rerank: bool | None) -> SearchParams:
+        lim, owner = self.limits, self.owner
+        if not 1 <= k <= lim.max_k:
+            raise ApiError(400, f"k must be between 1 and {lim.max_k}, got {k}", "k")
+        if recall_k is None:
+            recall_k = max(self.config.default_recall_k, k)
+        if not k <= recall_k <= lim.max_recall_k:
+            raise ApiError(400, f"recall_k must be between k ({k}) and {lim.max_recall_k}, got {recall_k}",
+                           "recall_k")
+        owner.check_ready()
+        if hybrid and not owner.has_bm25:
+            raise ApiError(400, "hybrid: this index has no BM25 (build it with `twotower index build --bm25`)",
+                           "hybrid")
+        if rerank is None:
+            rerank = owner.reranker_loaded
+        elif rerank and not owner.reranker_loaded:
+            raise ApiError(400, "rerank: no reranker is loaded (start the server with --reranker DIR)", "rerank")
+        return SearchParams(k=k, recall_k=recall_k, hybrid=hybrid, rerank=rerank)
+
+    async def search(self, queries: list[str], params: SearchParams) -> tuple[list[list[dict]], int]:
+        answer = await asyncio.wrap_future(self.owner.search(queries, params))
+        return [[h.to_dict() for h in row] for row in answer.hits], answer.generation
+
+    def health(self) -> tuple[int, dict[str, Any]]:
+        o = self.owner
+        body: dict[str, Any] = {"status": {"ready": "ok"}.get(o.state, o.state), "version": __version__,
+                                "auth_required": self.access.auth_required, "read_only": self.access.read_only,
+                                "writable": self.access.writable}
+        if o.state == "ready":
+            body.update(reranker=o.reranker_loaded, hybrid=o.has_bm25, limits=asdict(self.limits))
+        if o.error:
+            body["error"] = o.error
+        return (200 if o.state == "ready" else 503), body
+
+    def stats_body(self) -> dict[str, Any]:
+        o = self.owner
+        o.check_ready()
+        view = o.view
+        info = view.info
+        pipeline = (info.get("extra") or {}).get("pipeline") or {}
+        corpus = pipeline.get("corpus") or {}
+        return {
+            "documents": view.documents,
+            "generation": view.generation,
+            "index": {"directory": info.get("directory"), "type": info.get("factory"), "metric": info.get("metric"),
+                      "dim": info.get("dim"), "bm25": info.get("bm25") is not None,
+                      "tombstones": info.get("tombstones"),
+                      "encoder_fingerprint": (pipeline.get("encoder") or {}).get("fingerprint"),
+                      "corpus_sha256": corpus.get("sha256")},
+            "model": {"source": o.encoder_source, "fingerprint": o.encoder_describe.get("fingerprint"),
+                      "dim": o.encoder_describe.get("dim"),
+                      "query_max_length": o.encoder_describe.get("query_max_length")},
+            "reranker": {"loaded": o.reranker_loaded,
+                         "source": (self.config.reranker or pipeline.get("reranker")) if o.reranker_loaded else None},
+            "requests": self.stats.snapshot(),
+            "batching": o.batch_stats(),
+            "writes": self.writer.writes,
+            "limits": asdict(self.limits),
+        }
+
+
+def _reject_unknown(request: Request, allowed: tuple[str, ...]) -> None:
+    unknown = [p for p in request.query_params.keys() if p not in allowed]
+    if unknown:
+        raise ApiError(400, f"unknown parameter {unknown[0]!r}; this endpoint takes {', '.join(allowed)}",
+                       unknown[0])
+
+
+def create_app(config: ServeConfig) -> FastAPI:
+    """The FastAPI application; the model owner starts (and loads the index) with the app's lifespan."""
+    service = SearchService(config)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        service.owner.start()
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(service.owner.stop)
+
+    app = FastAPI(title="twotower search", version=__version__, lifespan=lifespan, docs_url=None,
+                  redoc_url=None, openapi_url="/openapi.json",
+                  description="Dense and hybrid search with cross-encoder reranking over one twotower index.")
+    app.state.service = service
+    install_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=config.limits.max_body_bytes)
+    app.add_middleware(StatsMiddleware, stats=service.stats)  # outermost: times the 413s too
+    reader, writer = Depends(service.access.reader), Depends(service.access.writer)
+
+    @app.get("/search", response_model=SearchOut, dependencies=[reader], summary="Search with one query")
+    async def search_one(
+        request: Request,
+        q: str = Query(description="the query text"),
+        k: int = Query(10, description="hits to return"),
+        recall_k: int | None = Query(None, description="first-stage candidates (reranked); default max(100, k)"),
+        hybrid: bool = Query(False, description="fuse dense and BM25 recall"),
+        rerank: bool | None = Query(None, description="rerank with the cross-encoder; default: when loaded"),
+    ) -> JSONResponse:
+        start = time.perf_counter()
+        _reject_unknown(request, SEARCH_PARAMS)
+        q = service.query(q, "q")
+        params = service.params(k, recall_k, hybrid, rerank)
+        rows, generation = await service.search([q], params)
+        return JSONResponse({"query": q, "hits": rows[0], "generation": generation, "reranked": params.rerank,
+                             "hybrid": params.hybrid, "took_ms": round((time.perf_counter() - start) * 1000, 3)})
+
+    @app.post("/search", response_model=BatchSearchOut, dependencies=[reader], summary="Search with a batch of queries")
+    async def search_batch(request: Request, body: BatchSearchBody) -> JSONResponse:
+        start = time.perf_counter()
+        _reject_unknown(request, ())
+        if not body.queries:
+            raise ApiError(400, "queries: give at least one query", "queries")
+        if len(body.queries) > service.limits.max_batch_queries:
+            raise ApiError(413, f"queries: {len(body.queries)} queries; the limit is "
+                                f"{service.limits.max_batch_queries} per request", "queries")
+        queries = [service.query(q, f"queries[{i}]") for i, q in enumerate(body.queries)]
+        params = service.params(body.k, body.recall_k, body.hybrid, body.rerank)
+        rows, generation = await service.search(queries, params)
+        return JSONResponse({"results": [{"query": q, "hits": r} for q, r in zip(queries, rows)],
+                             "generation": generation, "reranked": params.rerank, "hybrid": params.hybrid,
+                             "took_ms": round((time.perf_counter() - start) * 1000, 3)})
+
+    @app.post("/documents", dependencies=[writer], summary="Add documents (or replace them with replace=true)")
+    def add_documents(request: Request, body: AddDocumentsBody) -> dict[str, Any]:
+        from twotower.retrieval.corpus import parse_document
+
+        _reject_unknown(request, ())
+        lim = service.limits
+        if not body.documents:
+            raise ApiError(400, "documents: give at least one document", "documents")
+        if len(body.documents) > lim.max_documents:
+            raise ApiError(413, f"documents: {len(body.documents)} documents; the limit is {lim.max_documents} "
+                                "per request", "documents")
+        docs, first = [], {}
+        for i, raw in enumerate(body.documents):
+            try:
+                doc = parse_document(raw, f"documents[{i}]")
+            except ValueError as exc:
+                raise ApiError(400, str(exc), f"documents[{i}]") from None
+            if doc["id"] in first:
+                raise ApiError(400, f"documents[{i}]: _id {doc['id']!r} repeats documents[{first[doc['id']]}]",
+                               f"documents[{i}]._id")
+            first[doc["id"]] = i
+            docs.append(doc)
+        service.owner.check_ready()
+        return service.writer.add(docs, body.replace)
+
+    @app.delete("/documents", dependencies=[writer], summary="Delete documents by id (all or none)")
+    def delete_documents(request: Request, body: DeleteDocumentsBody) -> dict[str, Any]:
+        _reject_unknown(request, ())
+        if not body.ids:
+            raise ApiError(400, "ids: give at least one id", "ids")
+        if len(body.ids) > service.limits.max_ids:
+            raise ApiError(413, f"ids: {len(body.ids)} ids; the limit is {service.limits.max_ids} per request",
+                           "ids")
+        for i, doc_id in enumerate(body.ids):
+            if not doc_id.strip():
+                raise ApiError(400, f"ids[{i}]: empty id", f"ids[{i}]")
+        service.owner.check_ready()
+        return service.writer.delete(body.ids)
+
+    @app.get("/documents/{doc_id:path}", dependencies=[reader], summary="One document by id")
+    async def get_document(request: Request, doc_id: str) -> dict[str, Any]:
+        _reject_unknown(request, ())
+        if len(doc_id) > service.limits.max_query_chars:
+            raise ApiError(413, f"id: {len(doc_id):,} characters; the limit is {service.limits.max_query_chars:,}",
+                           "id")
+        fut = service.owner.call(lambda pipe: (pipe.store.get([doc_id])[0], pipe.store.generation))
+        doc, generation = await asyncio.wrap_future(fut)
+        if doc is None:
+            raise ApiError(404, f"no document with id {doc_id!r}", "id")
+        return {**doc, "generation": generation}
+
+    @app.get("/health", summary="Liveness and readiness (public)")
+    async def health() -> JSONResponse:
+        status, body = service.health()
+        return JSONResponse(body, status_code=status)
+
+    @app.get("/stats", dependencies=[reader], summary="Documents, fingerprints, request counts and latency")
+    async def stats() -> dict[str, Any]:
+        return service.stats_body()
+
+    @app.get("/", include_in_schema=False)
+    async def page() -> FileResponse:
+        return FileResponse(os.path.join(STATIC, "index.html"), media_type="text/html")
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs() -> FileResponse:
+        return FileResponse(os.path.join(STATIC, "docs.html"), media_type="text/html")
+
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    return app

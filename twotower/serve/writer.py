@@ -1,0 +1,142 @@
+"""Serialised writes: one at a time, each on a short-lived writable store, committed atomically.
+
+Each write opens the index directory for writing (taking its lock), stages the change,
+commits (the store's crash-safe protocol) and closes again, so that between the
+server's writes another process (``twotower index add``) can take the lock and commit
+too; the model owner picks either up before its next batch.  A write answers only after
+the model owner has moved to the new commit, so every document an add returned is
+searchable by the next request.
+
+Documents are encoded by the model owner (`OwnerEncoder`), a chunk at a time between
+search batches: one torch forward at a time on the machine, and searches keep being
+answered from the previous commit while a large add is encoded.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from twotower.indexing.docstore import Document
+from twotower.indexing.store import IndexLockedError, IndexStore
+from twotower.serve.batcher import ModelOwner
+from twotower.serve.errors import ApiError
+
+logger = logging.getLogger(__name__)
+
+ENCODE_CHUNK = 32  # documents per owner job: long enough to batch well, short enough not to stall searches
+
+
+class OwnerEncoder:
+    """The served dual encoder as seen from a writer thread: `encode_documents` runs in the model owner.
+
+    Passed to `SearchPipeline` in place of the `DualEncoder`, so `SearchPipeline.add` works as
+    it does everywhere else while its forwards happen in the one thread that owns the model.
+    """
+
+    def __init__(self, owner: ModelOwner, chunk: int = ENCODE_CHUNK) -> None:
+        self._owner = owner
+        self._chunk = chunk
+
+    def describe(self) -> dict[str, Any]:
+        return dict(self._owner.encoder_describe)
+
+    def encode_documents(self, texts: Sequence[str], batch_size: int = 64, progress: bool = False,
+                         out: np.ndarray | None = None) -> np.ndarray:
+        """(N,) texts -> (N, D) float32, encoded by the owner in chunks queued all at once (they keep their order)."""
+        texts = list(texts)
+        futures = [self._owner.call(lambda pipe, part=texts[s:s + self._chunk]:
+                                    pipe.encoder.encode_documents(part, batch_size=batch_size))
+                   for s in range(0, len(texts), self._chunk)]
+        dim = int(self._owner.encoder_describe["dim"])
+        parts = [f.result() for f in futures]
+        vecs = np.concatenate(parts, axis=0) if parts else np.zeros((0, dim), dtype=np.float32)  # (N, D)
+        if out is not None:
+            out[...] = vecs
+            return out
+        return vecs
+
+
+class IndexWriter:
+    """Adds and deletes documents of one index directory, one write at a time.
+
+    Args:
+        directory: the index directory the model owner serves.
+        owner: the model owner (encodes documents; refreshed after each commit).
+        lock_wait_s: how long a write waits for another process's write lock before a 503.
+    """
+
+    def __init__(self, directory: str, owner: ModelOwner, lock_wait_s: float = 10.0) -> None:
+        self.directory = directory
+        self.owner = owner
+        self.lock_wait_s = lock_wait_s
+        self._lock = threading.Lock()
+        self.writes = 0
+
+    def _open(self) -> IndexStore:
+        deadline = time.monotonic() + self.lock_wait_s
+        delay = 0.02
+        while True:
+            try:
+                store = IndexStore.open(self.directory, readonly=False)
+            except IndexLockedError:
+                if time.monotonic() >= deadline:
+                    raise ApiError(503, f"the index is being written by another process (waited "
+                                        f"{self.lock_wait_s:g} s for its lock); retry", headers={"Retry-After": "5"}
+                                   ) from None
+                time.sleep(delay)
+                delay = min(delay * 2, 0.5)
+                continue
+            if store.manifest.bm25 is not None:
+                _ = store.bm25  # load it now so the change updates it and the commit saves it for readers
+            return store
+
+    def _pipeline(self, store: IndexStore):
+        from twotower.retrieval.pipeline import SearchPipeline
+
+        return SearchPipeline(store, OwnerEncoder(self.owner), None)
+
+    def add(self, docs: list[Document], replace: bool) -> dict[str, Any]:
+        """Add (or with `replace`, add or replace) validated documents; 409 naming the ids already present."""
+        ids = [d["id"] for d in docs]
+        with self._lock:
+            store = self._open()
+            try:
+                present = {i for i, c in zip(ids, store.contains_many(ids)) if c}
+                if present and not replace:
+                    first = next(j for j, i in enumerate(ids) if i in present)
+                    raise ApiError(
+                        409, f"{len(present)} document id(s) are already in the index, e.g. {ids[first]!r}; "
+                             "send \"replace\": true to replace them", f"documents[{first}]._id",
+                        details={i: "already in the index" for i in ids if i in present})
+                self._pipeline(store).add(docs, on_duplicate="replace" if replace else "error")
+            finally:
+                store.close()
+            view = self.owner.refresh().result()
+            self.writes += 1
+        return {"added": len(ids) - len(present), "replaced": len(present), "ids": ids,
+                "generation": view.generation, "documents": view.documents}
+
+    def delete(self, ids: list[str]) -> dict[str, Any]:
+        """Delete documents by id, all or none: 404 naming every unknown id leaves the index unchanged."""
+        ids = list(dict.fromkeys(ids))
+        with self._lock:
+            store = self._open()
+            try:
+                missing = [i for i, c in zip(ids, store.contains_many(ids)) if not c]
+                if missing:
+                    unknown = set(missing)
+                    raise ApiError(404, f"{len(missing)} of {len(ids)} id(s) are not in the index, e.g. "
+                                        f"{missing[0]!r}; nothing was deleted", "ids",
+                                   details={i: "not found" if i in unknown else "not deleted" for i in ids})
+                self._pipeline(store).delete(ids)
+            finally:
+                store.close()
+            view = self.owner.refresh().result()
+            self.writes += 1
+        return {"deleted": ids, "generation": view.generation, "documents": view.documents}
