@@ -219,8 +219,9 @@ def cmd_pipeline_index(args: argparse.Namespace) -> None:
     """
     import shutil
 
+    from twotower.indexing.integrity import file_sha256
     from twotower.retrieval import DualEncoder, SearchPipeline
-    from twotower.retrieval.build import BuildPlan, file_sha256, prepare_work_dir, shard_path
+    from twotower.retrieval.build import BuildPlan, prepare_work_dir, shard_path
     from twotower.retrieval.manifest import default_model_dir
 
     corpus = sentences(os.path.join(args.data, "train.txt.gz"))

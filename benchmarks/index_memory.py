@@ -104,8 +104,7 @@ def main() -> None:
         if res.returncode:
             raise SystemExit(res.stderr[-3000:])
         r = json.loads(res.stdout.strip().splitlines()[-1])
-        vec = [f for f in os.listdir(out) if f.startswith("vectors-")][0]
-        index_mb = os.path.getsize(os.path.join(out, vec)) / 2**20
+        index_mb = sum(os.path.getsize(os.path.join(out, f)) for f in os.listdir(out) if f.endswith(".faiss")) / 2**20
         bm25 = [f for f in os.listdir(out) if f.startswith("bm25-")]
         bm25_mb = os.path.getsize(os.path.join(out, bm25[0])) / 2**20 if bm25 else 0.0
         r.update(index_file_mb=round(index_mb, 1), bm25_file_mb=round(bm25_mb, 1),

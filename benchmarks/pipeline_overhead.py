@@ -76,7 +76,6 @@ def main() -> None:
 
     import faiss
 
-    from twotower.indexing.store import vectors_name
     from twotower.retrieval import SearchPipeline
 
     faiss.omp_set_num_threads(args.threads)
@@ -99,8 +98,9 @@ def main() -> None:
         faiss.normalize_L2(q)
         # Raw FAISS opens the file the way the pipeline does (memory-mapped storage), so both search the
         # same bytes the same way; the default efSearch stored in the file (128) applies to both.
-        path = os.path.join(pipe.directory, vectors_name(pipe.store.generation))
-        raw = faiss.read_index(path, faiss.IO_FLAG_MMAP_IFC if pipe.store.vectors.is_mmapped else 0)
+        (segment,) = pipe.store.vectors.segments  # a freshly built index is one vector segment
+        path = os.path.join(pipe.directory, segment.name)
+        raw = faiss.read_index(path, faiss.IO_FLAG_MMAP_IFC if segment.index.is_mmapped else 0)
         raw_s = best_of(lambda: raw.search(q, args.k), args.repeats, "raw")
         raw_heap = faiss.read_index(path)
         raw_heap_s = best_of(lambda: raw_heap.search(q, args.k), args.repeats)

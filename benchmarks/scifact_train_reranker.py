@@ -74,6 +74,12 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=2e-4)
     ap.add_argument("--head-lr-scale", type=float, default=10.0)
     ap.add_argument("--max-length", type=int, default=256)
+    ap.add_argument("--head-pooling", choices=["cls", "mean"], default="cls",
+                    help="what a fresh relevance head reads: the [CLS] pooler or the mean of the token states")
+    ap.add_argument("--max-steps", type=int, default=None)
+    ap.add_argument("--bf16", choices=["auto", "0", "1"], default="auto",
+                    help="bf16 autocast while training (auto: where the CPU has it; 0 forces fp32); scoring uses auto")
+    ap.add_argument("--warmup", type=float, default=0.1)
     ap.add_argument("--dev-rerank-k", type=int, default=20, help="first-stage depth reranked at dev evaluations")
     ap.add_argument("--final-k", type=int, default=100, help="first-stage depth reranked for the reported runs")
     ap.add_argument("--skip-train", action="store_true")
@@ -104,8 +110,8 @@ def main() -> None:
             model=args.model or minilm_path(), pairs=args.data, out=args.out, negatives=negatives, mine=mine,
             mine_ranks=(1, 100), first_stage=os.path.join(runs_dir, f"dev_{first_name}.trec"), loss="listwise",
             group_size=args.group_size, batch_size=args.batch_size, max_length=args.max_length, lr=args.lr,
-            head_lr_scale=args.head_lr_scale,
-            epochs=args.epochs, time_budget=args.time_budget, eval_interval_s=args.eval_interval,
+            head_lr_scale=args.head_lr_scale, head_pooling=args.head_pooling, max_steps=args.max_steps,
+            warmup=args.warmup, epochs=args.epochs, bf16={"auto": "auto", "0": False, "1": True}[args.bf16], time_budget=args.time_budget, eval_interval_s=args.eval_interval,
             dev_rerank_k=args.dev_rerank_k, eval_at_start=False, progress=True,
         )
         t = time.time()

@@ -9,19 +9,34 @@ other files. WAL journaling lets readers keep reading while one writer writes;
 protocol of ``IndexStore`` relies on.
 
 Every write method is atomic on its own (a SAVEPOINT inside an open transaction), so a
-rejected batch never leaves half of itself staged.
+rejected batch never leaves half of itself staged. Every write also keeps two digests in the
+``meta`` table current (``twotower.indexing.integrity``): of the stored ids and of the stored
+rows, so an owner can check on open that the rows are the ones it committed.
+
+Besides documents the database holds the commit record of an ``IndexStore``: its vector
+segments (``segments``: file name, order, size, SHA-256, id digest) and the ids deleted from
+them (``tombstones``); they change in the same transaction as the documents.
+
+Thread-safe: one connection (``check_same_thread=False``) guarded by a re-entrant lock, so
+threads may share a ``DocStore``; a transaction spanning several calls belongs to whoever
+opened it (``IndexStore`` has one writer).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import functools
 import json
+import os
 import sqlite3
+import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypedDict
 
-from twotower.indexing.errors import IndexFormatError
+from twotower.indexing.errors import IndexDiskFullError, IndexFormatError
+from twotower.indexing.integrity import combine, hex64, row_key, set_digest
 
 SCHEMA_VERSION = 1
 _CHUNK = 500  # ids per "IN (...)" query, well under SQLite's bound-variable limit
@@ -34,6 +49,19 @@ CREATE TABLE IF NOT EXISTS docs (
     metadata TEXT NOT NULL DEFAULT '{}'
 );
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY NOT NULL, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS segments (
+    name TEXT PRIMARY KEY NOT NULL,
+    seq INTEGER NOT NULL,
+    stored INTEGER NOT NULL,
+    bytes INTEGER NOT NULL,
+    sha256 TEXT NOT NULL,
+    ids_digest TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS tombstones (
+    segment TEXT NOT NULL,
+    id TEXT NOT NULL,
+    PRIMARY KEY (segment, id)
+);
 """
 
 
@@ -73,6 +101,17 @@ def as_document(doc: Mapping[str, Any], where: str = "document") -> Document:
     return Document(id=doc_id, title=title, text=text, metadata=dict(metadata))
 
 
+def _locked(method):
+    """Run a DocStore method holding the store's lock (one connection shared by threads)."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return wrapper
+
+
 class DocStore:
     """SQLite document store (one ``.sqlite`` file).
 
@@ -80,22 +119,24 @@ class DocStore:
         path: database file; created (with parents) unless ``readonly``.
         readonly: open with ``mode=ro`` (the file must exist).
 
-    Not shareable across threads: open one ``DocStore`` per thread.
+    Shareable across threads (calls are serialised by a lock; see the module docstring).
     """
 
     def __init__(self, path: str | Path, *, readonly: bool = False) -> None:
         self.path = Path(path)
         self.readonly = readonly
+        self._lock = threading.RLock()
         try:
             if readonly:
                 if not self.path.is_file():
                     raise FileNotFoundError(f"{self.path}: document store not found")
                 self._conn = sqlite3.connect(
-                    self.path.resolve().as_uri() + "?mode=ro", uri=True, isolation_level=None
+                    self.path.resolve().as_uri() + "?mode=ro", uri=True, isolation_level=None,
+                    check_same_thread=False,
                 )
             else:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                self._conn = sqlite3.connect(self.path, isolation_level=None)
+                self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
                 self._conn.execute("PRAGMA journal_mode=WAL")
                 self._conn.execute("PRAGMA synchronous=FULL")
             self._conn.execute("PRAGMA busy_timeout=10000")
@@ -105,6 +146,11 @@ class DocStore:
                     self.set_meta("docstore_schema", str(SCHEMA_VERSION))
             version = self.get_meta("docstore_schema")
         except sqlite3.DatabaseError as e:
+            if not readonly and _disk_is_full(self.path.parent):
+                # SQLite reports a full disk at open as "disk I/O error" (it cannot create the WAL files)
+                raise IndexDiskFullError(
+                    errno.ENOSPC, f"{self.path.parent}: no space left on device while opening the index for "
+                    f"writing; nothing was changed. Free some space and run the command again.") from None
             raise IndexFormatError(self.path, f"not a readable document store ({e})") from None
         if version is None or not version.isdigit() or int(version) > SCHEMA_VERSION:
             raise IndexFormatError(
@@ -115,11 +161,12 @@ class DocStore:
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
         """Close the connection; an open transaction is rolled back."""
-        if self._conn is not None:
-            if self._conn.in_transaction:
-                self._conn.execute("ROLLBACK")
-            self._conn.close()
-            self._conn = None  # type: ignore[assignment]
+        with self._lock:
+            if self._conn is not None:
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                self._conn.close()
+                self._conn = None  # type: ignore[assignment]
 
     @property
     def closed(self) -> bool:
@@ -136,6 +183,7 @@ class DocStore:
     def in_transaction(self) -> bool:
         return self._conn.in_transaction
 
+    @_locked
     def begin(self, *, write: bool = True) -> None:
         """Open a transaction. ``write`` takes the write lock now (``BEGIN IMMEDIATE``);
         otherwise a read transaction is started and pinned to the current snapshot."""
@@ -145,10 +193,12 @@ class DocStore:
             self._conn.execute("BEGIN")
             self._conn.execute("SELECT 1 FROM meta LIMIT 1").fetchall()  # pins the WAL snapshot
 
+    @_locked
     def commit(self) -> None:
         if self._conn.in_transaction:
             self._conn.execute("COMMIT")
 
+    @_locked
     def rollback(self) -> None:
         if self._conn.in_transaction:
             self._conn.execute("ROLLBACK")
@@ -161,23 +211,24 @@ class DocStore:
 
     @contextlib.contextmanager
     def _atomic(self) -> Iterator[None]:
-        if self._conn.in_transaction:
-            self._conn.execute("SAVEPOINT docstore_op")
-            try:
-                yield
-            except BaseException:
-                self._conn.execute("ROLLBACK TO docstore_op")
+        with self._lock:
+            if self._conn.in_transaction:
+                self._conn.execute("SAVEPOINT docstore_op")
+                try:
+                    yield
+                except BaseException:
+                    self._conn.execute("ROLLBACK TO docstore_op")
+                    self._conn.execute("RELEASE docstore_op")
+                    raise
                 self._conn.execute("RELEASE docstore_op")
-                raise
-            self._conn.execute("RELEASE docstore_op")
-        else:
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
-            self._conn.execute("COMMIT")
+            else:
+                self._conn.execute("BEGIN IMMEDIATE")
+                try:
+                    yield
+                except BaseException:
+                    self._conn.execute("ROLLBACK")
+                    raise
+                self._conn.execute("COMMIT")
 
     # ------------------------------------------------------------------ writes
     def add(
@@ -216,26 +267,111 @@ class DocStore:
             "ON CONFLICT(id) DO UPDATE SET title=excluded.title, text=excluded.text, metadata=excluded.metadata",
         }[on_duplicate]
         with self._atomic():
-            if on_duplicate == "error":
-                present = [i for i, c in zip(ids, self.contains_many(ids)) if c]
-                if present:
-                    raise ValueError(
-                        f"add: {len(present)} id(s) already stored, e.g. {present[:5]}; "
-                        "pass on_duplicate='skip' or 'replace'"
-                    )
+            present_flags = self.contains_many(ids)
+            present = [i for i, c in zip(ids, present_flags) if c]
+            if on_duplicate == "error" and present:
+                raise ValueError(
+                    f"add: {len(present)} id(s) already stored, e.g. {present[:5]}; "
+                    "pass on_duplicate='skip' or 'replace'"
+                )
+            old = [d for d in self.get(present) if d is not None] if on_duplicate == "replace" else []
+            written = [v for v, c in zip(values, present_flags) if not c or on_duplicate == "replace"]
+            new_ids = [v[0] for v, c in zip(values, present_flags) if not c]
             before = self._conn.total_changes
             self._conn.executemany(sql, values)
-            return self._conn.total_changes - before
+            changed = self._conn.total_changes - before
+            self._update_digests(
+                add_ids=new_ids, add_rows=[_key_of(v) for v in written], drop_rows=[row_key(d) for d in old]
+            )
+            return changed
 
     def delete(self, ids: Iterable[str]) -> list[str]:
         """Delete documents; returns the ids that were not stored (input order, deduplicated)."""
         ids = list(dict.fromkeys(ids))
         with self._atomic():
-            missing = [i for i, c in zip(ids, self.contains_many(ids)) if not c]
+            docs = self.get(ids)
+            missing = [i for i, d in zip(ids, docs) if d is None]
             self._conn.executemany("DELETE FROM docs WHERE id = ?", ((i,) for i in ids))
+            gone = [d for d in docs if d is not None]
+            self._update_digests(drop_ids=[d["id"] for d in gone], drop_rows=[row_key(d) for d in gone])
         return missing
 
+    # ------------------------------------------------------------------ digests
+    def _update_digests(self, add_ids: Sequence[str] = (), drop_ids: Sequence[str] = (),
+                        add_rows: Sequence[str] = (), drop_rows: Sequence[str] = ()) -> None:
+        """Keep ``ids_digest`` / ``docs_digest`` in ``meta`` equal to the digests of what is stored (O(change))."""
+        ids_d, docs_d = self.recorded_digests()
+        if ids_d is None or docs_d is None:  # a store written before digests existed: compute them once
+            ids_d, docs_d = self.compute_digests()
+        else:
+            ids_d = combine(ids_d, set_digest(add_ids), minus=[set_digest(drop_ids)])
+            docs_d = combine(docs_d, set_digest(add_rows), minus=[set_digest(drop_rows)])
+        self.set_meta("ids_digest", hex64(ids_d))
+        self.set_meta("docs_digest", hex64(docs_d))
+
+    def recorded_digests(self) -> tuple[int | None, int | None]:
+        """The ``(ids, rows)`` digests recorded at the last write (None before any write recorded them)."""
+        ids_d, docs_d = self.get_meta("ids_digest"), self.get_meta("docs_digest")
+        return (int(ids_d, 16) if ids_d else None), (int(docs_d, 16) if docs_d else None)
+
+    @_locked
+    def ids_digest_now(self) -> int:
+        """Digest of the ids stored now (one pass over the ids; the cheap check on open)."""
+        return set_digest(r[0] for r in self._conn.execute("SELECT id FROM docs"))
+
+    @_locked
+    def compute_digests(self) -> tuple[int, int]:
+        """Digests of the ids and rows stored now (one pass over every row; ``twotower index check``)."""
+        ids_d = rows_d = 0
+        for batch in self.iter_batches(5000):
+            ids_d = combine(ids_d, set_digest(d["id"] for d in batch))
+            rows_d = combine(rows_d, set_digest(row_key(d) for d in batch))
+        return ids_d, rows_d
+
+    # ------------------------------------------------------------------ the vector commit record
+    @_locked
+    def segment_rows(self) -> list[dict[str, Any]] | None:
+        """The committed vector segments in order, or None for a store written before segments existed."""
+        try:
+            cur = self._conn.execute(
+                "SELECT name, seq, stored, bytes, sha256, ids_digest FROM segments ORDER BY seq"
+            )
+        except sqlite3.OperationalError as e:
+            if "no such table" in str(e):
+                return None
+            raise
+        cols = [c[0] for c in cur.description]
+        return [dict(zip(cols, r)) for r in cur.fetchall()]
+
+    @_locked
+    def tombstone_ids(self) -> dict[str, list[str]]:
+        """Ids deleted from each committed segment: ``{segment name: [ids]}``."""
+        try:
+            rows = self._conn.execute("SELECT segment, id FROM tombstones ORDER BY segment, id").fetchall()
+        except sqlite3.OperationalError as e:
+            if "no such table" in str(e):
+                return {}
+            raise
+        out: dict[str, list[str]] = {}
+        for seg, i in rows:
+            out.setdefault(seg, []).append(i)
+        return out
+
+    def record_segments(self, add: Sequence[Mapping[str, Any]] = (), drop: Sequence[str] = (),
+                        tombstones: Iterable[tuple[str, str]] = ()) -> None:
+        """Change the commit record: add segment rows, drop segments (with their tombstones), add tombstones."""
+        with self._atomic():
+            for name in drop:
+                self._conn.execute("DELETE FROM segments WHERE name = ?", (name,))
+                self._conn.execute("DELETE FROM tombstones WHERE segment = ?", (name,))
+            self._conn.executemany(
+                "INSERT INTO segments (name, seq, stored, bytes, sha256, ids_digest) VALUES (?, ?, ?, ?, ?, ?)",
+                [(r["name"], r["seq"], r["stored"], r["bytes"], r["sha256"], r["ids_digest"]) for r in add],
+            )
+            self._conn.executemany("INSERT OR IGNORE INTO tombstones (segment, id) VALUES (?, ?)", list(tombstones))
+
     # ------------------------------------------------------------------ reads
+    @_locked
     def get(self, ids: Sequence[str]) -> list[Document | None]:
         """Documents for ``ids`` in the same order; ``None`` where an id is not stored."""
         found: dict[str, Document] = {}
@@ -254,6 +390,7 @@ class DocStore:
             raise KeyError(doc_id)
         return doc
 
+    @_locked
     def contains_many(self, ids: Sequence[str]) -> list[bool]:
         """Whether each id is stored, in order (one query per 500 ids)."""
         ids = list(ids)
@@ -269,6 +406,7 @@ class DocStore:
     def __contains__(self, doc_id: object) -> bool:
         return isinstance(doc_id, str) and self.contains_many([doc_id])[0]
 
+    @_locked
     def count(self) -> int:
         return int(self._conn.execute("SELECT COUNT(*) FROM docs").fetchone()[0])
 
@@ -284,10 +422,11 @@ class DocStore:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         last = -1
         while True:
-            rows = self._conn.execute(
-                "SELECT rowid, id, title, text, metadata FROM docs WHERE rowid > ? ORDER BY rowid LIMIT ?",
-                (last, batch_size),
-            ).fetchall()
+            with self._lock:
+                rows = self._conn.execute(
+                    "SELECT rowid, id, title, text, metadata FROM docs WHERE rowid > ? ORDER BY rowid LIMIT ?",
+                    (last, batch_size),
+                ).fetchall()
             if not rows:
                 return
             last = rows[-1][0]
@@ -297,15 +436,17 @@ class DocStore:
         """All ids in insertion order (paged like ``iter_batches``)."""
         last = -1
         while True:
-            rows = self._conn.execute(
-                "SELECT rowid, id FROM docs WHERE rowid > ? ORDER BY rowid LIMIT ?", (last, batch_size)
-            ).fetchall()
+            with self._lock:
+                rows = self._conn.execute(
+                    "SELECT rowid, id FROM docs WHERE rowid > ? ORDER BY rowid LIMIT ?", (last, batch_size)
+                ).fetchall()
             if not rows:
                 return
             last = rows[-1][0]
             yield from (r[1] for r in rows)
 
     # ------------------------------------------------------------------ bookkeeping
+    @_locked
     def get_meta(self, key: str, default: str | None = None) -> str | None:
         """A value from the small key/value table owners use for bookkeeping (e.g. generation)."""
         row = self._conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
@@ -323,5 +464,19 @@ class DocStore:
         return f"DocStore({str(self.path)!r}, readonly={self.readonly})"
 
 
+def _key_of(values: tuple[str, str, str, str]) -> str:
+    """``row_key`` of an ``(id, title, text, metadata JSON)`` tuple as it is inserted."""
+    return row_key({"id": values[0], "title": values[1], "text": values[2], "metadata": values[3]})
+
+
 def _row_to_doc(row: Sequence[Any]) -> Document:
     return Document(id=row[0], title=row[1], text=row[2], metadata=json.loads(row[3]))
+
+
+def _disk_is_full(directory: Path, reserve: int = 64 * 1024) -> bool:
+    """Whether the filesystem holding `directory` has less than `reserve` bytes left for us."""
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < reserve

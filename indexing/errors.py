@@ -16,3 +16,10 @@ class IndexFormatError(ValueError):
     def __init__(self, path: str | os.PathLike, message: str) -> None:
         self.path = os.fspath(path)
         super().__init__(f"{self.path}: {message}")
+
+
+class IndexDiskFullError(OSError):
+    """The disk filled up while changing an index; nothing was committed (``errno`` is ``ENOSPC``).
+
+    The message names the index directory and says that it is unchanged at its last commit.
+    """

@@ -1,25 +1,52 @@
 """A transactional on-disk index directory: documents + vectors (+ BM25) that change together.
 
-Layout of ``<dir>/``::
+Layout of ``<dir>/`` (docs/formats.md has the field-by-field description)::
 
-    manifest.json              what this is (format, dim, metric, factory, counts, extra)
-    docs.sqlite                documents + the committed ``generation`` (the commit point)
-    vectors-<generation>.faiss the VectorIndex of that generation (FAISS file + id-map trailer)
-    bm25-<generation>.npz      BM25 of that generation (a derived cache; rebuilt if absent)
-    LOCK                       flock'ed by the one writer
+    manifest.json                 what this is (format, dim, metric, factory, counts, extra)
+    docs.sqlite                   documents, the commit record and the committed ``generation``
+    seg-<seq>-<token>.faiss       vector segments (immutable; FAISS file + id-map trailer)
+    bm25-<generation>.npz         BM25 of that generation (a derived cache; rebuilt if absent)
+    LOCK                          flock'ed by the one writer
+
+Vectors live in append-only *segments* (``twotower.indexing.segments``): a commit writes the
+vectors added since the last one as one new segment file, records deletions as rows of a
+``tombstones`` table, and now and then merges segments (a log-structured merge policy), so
+what a commit writes is proportional to its change, not to the index.
 
 Commit protocol (``commit()``): changes are staged — documents inside an open SQLite
-transaction, vectors in memory. Commit writes ``vectors-<g+1>.faiss`` atomically (temp,
-fsync, rename), then in the *same* SQLite transaction that holds the staged documents
-sets ``generation = g+1`` and commits. That single SQLite commit is the commit point:
+transaction, vectors in memory. Commit writes the new segment file(s) atomically (temp,
+fsync, rename, under names never used before), then in the *same* SQLite transaction that
+holds the staged documents records them (``segments``, ``tombstones``, with each file's
+size, SHA-256 and id digest), sets ``generation = g+1`` and commits. That single SQLite
+commit is the commit point:
 
-* killed before it → SQLite rolls the documents back, ``generation`` is still ``g``, and
-  ``vectors-<g+1>.faiss`` is a stray file that the next writable ``open`` deletes;
-* killed after it → generation ``g+1`` is complete; the old vector file, the manifest
-  counts and the BM25 cache are tidied by the next ``open``.
+* killed before it → SQLite rolls everything back, ``generation`` is still ``g``, and the new
+  segment files are strays that the next writable ``open`` deletes;
+* killed after it → generation ``g+1`` is complete; segment files it no longer names (merged
+  away), the manifest counts and the BM25 cache are tidied after the commit or by the next
+  ``open``.
 
 So a directory always opens with exactly the documents and vectors of the last completed
 commit (tests/indexing/test_store_crash.py kills real processes at each step).
+
+Readers never fail because a writer moved on (why it is race-free): a reader pins one
+SQLite snapshot (generation ``g`` and its segment list) and opens the files it names. Segment
+files are immutable and their names are never reused, so a file that opens is the file the
+record describes (its size, id digest and — up to 16 MiB — SHA-256 are checked). The writer
+deletes a file only *after* committing a generation that no longer names it, so if a file of
+``g`` is missing, a generation newer than ``g`` is committed: the reader drops its snapshot,
+pins the newest one and tries again. If the newest generation still names a missing file, no
+writer explains it and the reader reports the damage. A file, once opened (read or mapped),
+stays readable after it is unlinked (POSIX), so a snapshot never changes under a search.
+A retry reuses the segments it already opened, and a writer keeps the files it merged away
+for ``RETAIN_SECONDS`` (deleting them at the next commit after that, or when it closes), so
+a reader rarely needs to retry at all — the retry is what makes it correct, the delay what
+keeps a slow reader from starving while merges keep coming.
+``refresh()`` builds the new snapshot beside the old one and swaps it in; searches that hold
+the old one (``snapshot()``) finish on it, and its SQLite connection closes with the last.
+
+Threads: reads (``search``, ``get``, ``snapshot()``, ``refresh()``) may be shared by threads;
+changes (``add``, ``delete``, ``commit``) are one writer's, from one thread at a time.
 
 New directories (``create``, ``copy_to``) are built beside their target and renamed into
 place, so a target path holds either nothing or a whole index. Bulk builds from a corpus
@@ -29,12 +56,18 @@ place, so a target path holds either nothing or a whole index. Bulk builds from 
 from __future__ import annotations
 
 import contextlib
+import errno
+import json
 import logging
 import os
 import re
 import shutil
+import sqlite3
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Literal
 
@@ -43,9 +76,18 @@ import numpy as np
 from twotower.common.atomic import TMP_MARKER, fsync_dir
 from twotower.indexing.bm25 import BM25, document_text
 from twotower.indexing.docstore import DocStore, Document, as_document
-from twotower.indexing.errors import IndexFormatError
+from twotower.indexing.errors import IndexDiskFullError, IndexFormatError
+from twotower.indexing.integrity import file_sha256, hex64, set_digest
 from twotower.indexing.manifest import MANIFEST_NAME, Manifest
 from twotower.indexing.search_result import SearchResult
+from twotower.indexing.segments import (
+    HASH_ON_OPEN_MAX,
+    MergePolicy,
+    Segment,
+    Segments,
+    SegmentVanished,
+    load_segment,
+)
 from twotower.indexing.vector_index import Metric, VectorIndex
 
 try:
@@ -57,8 +99,15 @@ logger = logging.getLogger(__name__)
 
 DOCS_NAME = "docs.sqlite"
 LOCK_NAME = "LOCK"
-_VECTORS_RE = re.compile(r"^vectors-(\d+)\.faiss$")
+LAYOUT = "segments-1"  # meta 'vector_layout'; absent in directories written before segments
+_VECTORS_RE = re.compile(r"^vectors-(\d+)\.faiss$")  # the one-file layout of earlier versions
+_SEGMENT_RE = re.compile(r"^seg-\d{8}-[0-9a-f]{8}\.faiss$")
 _BM25_RE = re.compile(r"^bm25-(\d+)\.npz$")
+_VECTOR_OPTIONS = ("ef_search", "ef_construction", "nprobe", "train_sample", "seed", "auto_rebuild_fraction")
+OPEN_ATTEMPTS = 100  # a reader retries this often while a writer keeps replacing the files it was opening
+RETAIN_SECONDS = 10.0  # a writer keeps the segment files it merged away this long (see IndexStore._sweep)
+
+Verify = Literal["none", "ids", "full"]
 
 # Test seam: called with a stage name at each step of commit(); the crash tests set it to
 # a function that signals the parent process and waits to be SIGKILLed.
@@ -71,11 +120,20 @@ def _crash_point(stage: str) -> None:
 
 
 def vectors_name(generation: int) -> str:
+    """The vector file of a generation in the one-file layout of earlier versions (still read)."""
     return f"vectors-{generation:08d}.faiss"
 
 
 def bm25_name(generation: int) -> str:
     return f"bm25-{generation:08d}.npz"
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether an error from FAISS, SQLite or the OS means the disk (or quota) is full."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(exc)
+    return "No space left on device" in text or "database or disk is full" in text or "Disk quota" in text
 
 
 class IndexLockedError(RuntimeError):
@@ -103,6 +161,93 @@ def _built_aside(directory: Path) -> Iterator[Path]:
     fsync_dir(directory.parent)
 
 
+class Snapshot:
+    """One commit as searched: its generation, vectors, documents and BM25, used together.
+
+    A reader's snapshot is immutable and owns a SQLite connection pinned to its commit; it is
+    shared by threads and closed when it has been replaced (``refresh``) and its last user is
+    done. A writer has one snapshot whose state it changes in place (its staged changes).
+    """
+
+    def __init__(self, directory: Path, manifest: Manifest, generation: int, vectors: Segments,
+                 docstore: DocStore, *, owns_docstore: bool, writer: bool = False) -> None:
+        self.directory = directory
+        self.manifest = manifest
+        self.generation = generation
+        self.vectors = vectors
+        self.docstore = docstore
+        self._owns = owns_docstore
+        self._writer = writer
+        self._bm25: BM25 | None = None
+        self._lock = threading.RLock()
+        self._users = 0
+        self._retired = False
+        self.pending = False  # writer only: staged changes exist
+
+    # ------------------------------------------------------------------ lifetime
+    def acquire(self) -> Snapshot:
+        with self._lock:
+            self._users += 1
+        return self
+
+    def release(self) -> None:
+        with self._lock:
+            self._users -= 1
+            if self._retired and self._users == 0:
+                self._close()
+
+    def retire(self, now: bool = False) -> None:
+        """No new users; closed when the last one releases it (or at once with ``now``)."""
+        with self._lock:
+            self._retired = True
+            if now or self._users == 0:
+                self._close()
+
+    def _close(self) -> None:
+        if self._owns and not self.docstore.closed:
+            self.docstore.close()
+
+    # ------------------------------------------------------------------ reading
+    def __len__(self) -> int:
+        return len(self.vectors)
+
+    def search(self, queries: np.ndarray, k: int = 10, **params: Any) -> SearchResult:
+        """Dense search (see ``VectorIndex.search``); queries (Q, D)."""
+        return self.vectors.search(queries, k, **params)
+
+    def get(self, ids: Sequence[str]) -> list[Document | None]:
+        """Documents by id, in order (``None`` for unknown ids, e.g. the ``""`` padding)."""
+        return self.docstore.get(ids)
+
+    def contains_many(self, ids: Sequence[str]) -> list[bool]:
+        return self.docstore.contains_many(ids)
+
+    @property
+    def bm25(self) -> BM25 | None:
+        """The BM25 index (loaded or rebuilt from the documents on first use), or None when disabled."""
+        if self.manifest.bm25 is None:
+            return None
+        with self._lock:
+            if self._bm25 is None:
+                path = self.directory / bm25_name(self.generation)
+                if path.exists() and not self.pending:
+                    self._bm25 = BM25.load(path)
+                else:  # absent (interrupted or lazy commit) or staged changes: rebuild from the documents
+                    bm = BM25(**self.manifest.bm25)
+                    for batch in self.docstore.iter_batches(5000):
+                        bm.add([d["id"] for d in batch], [document_text(d) for d in batch])
+                    self._bm25 = bm
+            return self._bm25
+
+    def search_bm25(self, queries: Sequence[str], k: int = 10) -> SearchResult:
+        """Lexical search over title + text; ValueError if the store was created without BM25."""
+        bm = self.bm25
+        if bm is None:
+            raise ValueError(f"{self.directory}: created without BM25, which hybrid search needs; build it with "
+                             "bm25=True (SearchPipeline.build(..., bm25=True) or IndexStore.create(..., bm25=True))")
+        return bm.search(queries, k)
+
+
 class IndexStore:
     """Documents, vectors and optional BM25 in one directory, committed together.
 
@@ -111,20 +256,32 @@ class IndexStore:
     exception; ``close()`` alone discards uncommitted changes.
     """
 
-    def __init__(self, directory: Path, *, readonly: bool, mmap: bool) -> None:  # use create/open
+    def __init__(self, directory: Path, *, readonly: bool, mmap: bool, verify: Verify = "ids") -> None:
+        if verify not in ("none", "ids", "full"):
+            raise ValueError(f"verify must be 'none', 'ids' or 'full', got {verify!r}")
         self.directory = directory
         self.readonly = readonly
         self._mmap = mmap
+        self._verify = verify
         self._lock_fd: int | None = None
-        self._pending = False
         self._manifest_dirty = False
-        self._bm25: BM25 | None = None
+        self._refresh_lock = threading.Lock()  # one refresh at a time
+        self._swap_lock = threading.Lock()  # guards replacing / acquiring the current snapshot
+        self._probe: DocStore | None = None
+        self._writer_docs: DocStore | None = None
+        self._snap: Snapshot | None = None
+        self._retired: dict[str, float] = {}  # writer: segment files merged away -> when (see _sweep)
         self.manifest = Manifest.read(directory / MANIFEST_NAME)  # before locking: is it an index dir?
         if not readonly:
             self._lock()
         try:
-            self.docstore = DocStore(directory / DOCS_NAME, readonly=readonly)
-            self._load_generation()
+            if readonly:
+                self._snap = self._open_snapshot(None)
+            else:
+                self._writer_docs = DocStore(directory / DOCS_NAME)
+                if self._writer_docs.get_meta("vector_layout") is None:
+                    self._upgrade_layout()
+                self._snap = self._writer_snapshot(None)
         except BaseException:
             self.close()
             raise
@@ -144,24 +301,34 @@ class IndexStore:
         expected_size: int | None = None,
         bm25: bool | Mapping[str, Any] = False,
         extra: Mapping[str, Any] | None = None,
+        merge_policy: MergePolicy | None = None,
         **vector_options: Any,
     ) -> IndexStore:
         """Create a new index directory (atomically: built aside, then renamed into place).
 
         ``factory=None`` uses ``auto_factory(expected_size, dim)``. ``bm25`` is ``True`` for
         the default BM25 or a dict of ``BM25`` arguments. ``vector_options`` go to
-        ``VectorIndex`` (``ef_search``, ``nprobe``, ``train_sample``, …). ``directory`` must
-        not exist or be empty.
+        ``VectorIndex`` (``ef_search``, ``nprobe``, ``train_sample``, …). ``merge_policy``
+        says when segments are merged (default ``MergePolicy()``). ``directory`` must not
+        exist or be empty.
         """
         directory = Path(directory)
         vectors = VectorIndex(dim, factory, metric, expected_size=expected_size, **vector_options)
         bm25_args = (dict(bm25) if isinstance(bm25, Mapping) else {}) if bm25 else None
         if bm25_args is not None:
             BM25(**bm25_args)  # validate the arguments now
+        policy = merge_policy or MergePolicy()
+        options = {key: getattr(vectors, key) for key in _VECTOR_OPTIONS}
+        options.update(dim=vectors.dim, metric=metric, factory=vectors.factory)
         with _built_aside(directory) as tmp:
-            vectors.save(tmp / vectors_name(0))
-            with DocStore(tmp / DOCS_NAME) as docs:
+            with DocStore(tmp / DOCS_NAME) as docs, docs.transaction():
                 docs.set_meta("generation", "0")
+                docs.set_meta("vector_layout", LAYOUT)
+                docs.set_meta("vector_options", json.dumps(options))
+                docs.set_meta("merge_policy", json.dumps(asdict(policy)))
+                docs.set_meta("next_segment", "0")
+                docs.set_meta("ids_digest", hex64(0))
+                docs.set_meta("docs_digest", hex64(0))
             if bm25_args is not None:
                 BM25(**bm25_args).save(tmp / bm25_name(0))
             (tmp / LOCK_NAME).touch()
@@ -175,17 +342,21 @@ class IndexStore:
         return cls(directory, readonly=False, mmap=True)
 
     @classmethod
-    def open(cls, directory: str | os.PathLike, *, readonly: bool = False, mmap: bool = True) -> IndexStore:
+    def open(cls, directory: str | os.PathLike, *, readonly: bool = False, mmap: bool = True,
+             verify: Verify = "ids") -> IndexStore:
         """Open an existing directory at its last committed generation.
 
         A writer (``readonly=False``) takes an exclusive lock and deletes leftovers of an
         interrupted commit. A reader pins the SQLite snapshot it opened, so documents and
-        vectors stay consistent until ``refresh()``. ``mmap`` maps the vector file.
+        vectors stay consistent until ``refresh()``. ``mmap`` maps the vector files.
+        ``verify``: ``"ids"`` (default) checks that the documents' ids, the vector files' id
+        maps and the commit record agree, and the SHA-256 of segment files up to 16 MiB;
+        ``"full"`` hashes every file; ``"none"`` checks counts only.
         """
         directory = Path(directory)
         if not directory.is_dir():
             raise FileNotFoundError(f"{directory}: index directory not found")
-        return cls(directory, readonly=readonly, mmap=mmap)
+        return cls(directory, readonly=readonly, mmap=mmap, verify=verify)
 
     def _lock(self) -> None:
         if fcntl is None:  # pragma: no cover
@@ -198,55 +369,222 @@ class IndexStore:
             raise IndexLockedError(f"{self.directory}: open for writing by another process") from None
         self._lock_fd = fd
 
-    def _load_generation(self, attempts: int = 5) -> None:
-        """Read the committed generation and load its vector file (retrying if a writer moved on)."""
-        for attempt in range(attempts):
-            if self.readonly:
-                self.docstore.rollback()
-                self.docstore.begin(write=False)  # pin one snapshot for docs and generation
-            gen = self.docstore.get_meta("generation")
-            if gen is None or not gen.isdigit():
-                raise IndexFormatError(self.docstore.path, f"missing or invalid 'generation' ({gen!r})")
-            path = self.directory / vectors_name(int(gen))
-            try:
-                vectors = VectorIndex.load(path, mmap=self._mmap)
-                break
-            except FileNotFoundError:
-                if not self.readonly or attempt == attempts - 1:
-                    raise IndexFormatError(
-                        path, "vector file of the committed generation is missing"
-                    ) from None
+    # ------------------------------------------------------------------ loading a commit
+    def _hash_max(self) -> int | None:
+        return None if self._verify == "full" else (HASH_ON_OPEN_MAX if self._verify == "ids" else 0)
+
+    def _load_vectors(self, docs: DocStore, previous: Snapshot | None,
+                      loaded: dict[str, Segment] | None = None) -> tuple[int, Segments]:
+        """The committed generation and its segments, as the (pinned) ``docs`` connection sees them.
+
+        Segments of `previous` are reused, not read again; `loaded` collects every segment read, so a
+        retry after a vanished file reads only the files that are new since (they are immutable).
+        """
+        gen = docs.get_meta("generation")
+        if gen is None or not gen.isdigit():
+            raise IndexFormatError(docs.path, f"missing or invalid 'generation' ({gen!r})")
+        options = json.loads(docs.get_meta("vector_options") or "{}")
+        policy = MergePolicy(**json.loads(docs.get_meta("merge_policy") or "{}"))
+        reuse = {s.name: s for s in previous.vectors.segments} if previous is not None else {}
+        if loaded is not None:
+            reuse.update(loaded)
+        if docs.get_meta("vector_layout") is None:  # one vectors-<gen>.faiss file (earlier versions)
+            rows = [self._legacy_record(int(gen))]
+        else:
+            rows = docs.segment_rows() or []
+        tombs = docs.tombstone_ids()
+        segments = []
+        for rec in rows:
+            seg = load_segment(self.directory, rec, mmap=self._mmap, hash_max=self._hash_max(),
+                               reuse=reuse.get(rec["name"]))
+            if loaded is not None:
+                loaded[rec["name"]] = seg
+            hidden = tombs.pop(rec["name"], [])
+            if seg.index.hide(hidden):
+                raise IndexFormatError(docs.path, f"tombstones name ids that segment {rec['name']} does not hold")
+            segments.append(seg)
+        if tombs:
+            raise IndexFormatError(docs.path, f"tombstones name segments that are not committed: {sorted(tombs)[:3]}")
         m = self.manifest
-        if (vectors.dim, vectors.metric) != (m.dim, m.metric):
-            raise IndexFormatError(
-                path,
-                f"holds dim={vectors.dim} metric={vectors.metric}, manifest says dim={m.dim} metric={m.metric}",
-            )
-        n_docs = self.docstore.count()
+        described = options.pop("dim", m.dim), options.pop("metric", m.metric), options.pop("factory", m.factory)
+        if described != (m.dim, m.metric, m.factory):
+            raise IndexFormatError(self.directory / MANIFEST_NAME,
+                                   f"manifest says dim={m.dim} metric={m.metric} factory={m.factory}, but {DOCS_NAME} "
+                                   f"records dim={described[0]} metric={described[1]} factory={described[2]} (the "
+                                   "manifest was edited or belongs to another index)")
+        for seg in segments:
+            if (seg.base.dim, seg.base.metric) != (m.dim, m.metric):
+                raise IndexFormatError(self.directory / seg.name, f"holds dim={seg.base.dim} metric={seg.base.metric}, "
+                                                                  f"manifest says dim={m.dim} metric={m.metric}")
+        if not options and segments:
+            options = {key: getattr(segments[0].base, key, None) for key in _VECTOR_OPTIONS}
+        return int(gen), Segments(m.dim, m.factory, m.metric, options, segments, policy)  # type: ignore[arg-type]
+
+    def _legacy_record(self, gen: int) -> dict[str, Any]:
+        """A commit record for the single vector file of the earlier layout (no checksum was recorded)."""
+        name = vectors_name(gen)
+        path = self.directory / name
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            raise SegmentVanished(name) from None
+        from twotower.indexing.vector_file import read_state
+
+        state = read_state(path)
+        stored = sum(i is not None for i in state["ids_by_label"]) + len(state["tombstones"])
+        return {"name": name, "seq": 0, "stored": stored, "bytes": size, "sha256": "", "ids_digest": ""}
+
+    def _check_agreement(self, docs: DocStore, vectors: Segments, scan: bool = True) -> None:
+        """Documents and vectors hold the same ids, and the ones committed (raise naming the file otherwise).
+
+        ``scan=False`` (a reader's ``refresh``) compares the vectors with the digest the writer recorded
+        instead of re-reading every id from SQLite: O(change) rather than O(index) per refresh; a row
+        changed outside twotower is still caught by the next ``open`` and by ``twotower index check``.
+        """
+        n_docs = docs.count()
         if n_docs != len(vectors):
             raise IndexFormatError(
-                path, f"holds {len(vectors)} vectors but {DOCS_NAME} holds {n_docs} documents"
+                self.directory, f"the vector segments hold {len(vectors)} vectors but {DOCS_NAME} holds {n_docs} "
+                                "documents"
             )
-        self.generation = int(gen)
-        self.vectors = vectors
-        self._bm25 = None
+        if self._verify == "none":
+            return
+        recorded, _ = docs.recorded_digests()
+        now = docs.ids_digest_now() if scan or recorded is None else recorded
+        if recorded is not None and now != recorded:
+            raise IndexFormatError(docs.path, "the document ids are not the ones committed (a row was replaced or "
+                                              "renamed outside twotower); run `twotower index check`")
+        if vectors.digest() != now:
+            raise IndexFormatError(self.directory, f"the ids of the vector segments differ from the ids in "
+                                                   f"{DOCS_NAME}; run `twotower index check`")
 
-    def _sweep(self) -> None:
-        """Delete files no committed generation names: interrupted commits and temp files."""
+    def _open_snapshot(self, previous: Snapshot | None) -> Snapshot:
+        """Reader: pin the newest commit and load it; retry when a writer removed a file meanwhile."""
+        vanished: tuple[int, str] | None = None
+        loaded: dict[str, Segment] = {}
+        for _attempt in range(OPEN_ATTEMPTS):
+            docs = DocStore(self.directory / DOCS_NAME, readonly=True)
+            try:
+                docs.begin(write=False)  # one snapshot for documents, generation and segment list
+                raw = docs.get_meta("generation")
+                gen = int(raw) if raw is not None and raw.isdigit() else -1  # an invalid one fails in _load_vectors
+                if vanished is not None and vanished[0] == gen:
+                    raise IndexFormatError(self.directory / vanished[1],
+                                           "vector file of the committed generation is missing")
+                gen, vectors = self._load_vectors(docs, previous, loaded)
+                self._check_agreement(docs, vectors, scan=previous is None)
+            except SegmentVanished as e:
+                docs.close()
+                vanished = (gen, str(e))
+                logger.info("%s: %s of generation %d was removed by a newer commit; retrying on the newest",
+                            self.directory, e, gen)
+                continue
+            except BaseException:
+                docs.close()
+                raise
+            return Snapshot(self.directory, self.manifest, gen, vectors, docs, owns_docstore=True)
+        raise IndexFormatError(self.directory, f"no consistent commit after {OPEN_ATTEMPTS} attempts: a writer "
+                                               "replaced files faster than they could be opened")
+
+    def _writer_snapshot(self, previous: Snapshot | None) -> Snapshot:
+        docs = self._writer_docs
+        assert docs is not None
+        try:
+            gen, vectors = self._load_vectors(docs, previous)
+        except SegmentVanished as e:
+            raise IndexFormatError(self.directory / str(e), "vector file of the committed generation is missing") from None
+        self._check_agreement(docs, vectors)
+        return Snapshot(self.directory, self.manifest, gen, vectors, docs, owns_docstore=False, writer=True)
+
+    def _upgrade_layout(self) -> None:
+        """Writer on a directory of the one-file layout: record its file as the first segment (one SQLite commit)."""
+        docs = self._writer_docs
+        assert docs is not None
+        gen = docs.get_meta("generation")
+        if gen is None or not gen.isdigit():
+            raise IndexFormatError(docs.path, f"missing or invalid 'generation' ({gen!r})")
+        try:
+            rec = self._legacy_record(int(gen))
+        except SegmentVanished as e:
+            raise IndexFormatError(self.directory / str(e), "vector file of the committed generation is missing") from None
+        path = self.directory / rec["name"]
+        legacy = VectorIndex.load(path, mmap=True)
+        rec.update(sha256=file_sha256(path), ids_digest=hex64(set_digest(legacy.ids())), seq=0)
+        options = {key: getattr(legacy, key, None) for key in _VECTOR_OPTIONS}
+        options.update(dim=legacy.dim, metric=legacy.metric, factory=legacy.factory)
+        with docs.transaction():
+            if legacy.stored_count:
+                docs.record_segments(add=[rec])
+            ids_d, docs_d = docs.compute_digests()
+            docs.set_meta("ids_digest", hex64(ids_d))
+            docs.set_meta("docs_digest", hex64(docs_d))
+            docs.set_meta("vector_options", json.dumps(options))
+            docs.set_meta("merge_policy", json.dumps(asdict(MergePolicy())))
+            docs.set_meta("next_segment", "1")
+            docs.set_meta("vector_layout", LAYOUT)
+        logger.info("%s: recorded %s as the first vector segment", self.directory, rec["name"])
+
+    # ------------------------------------------------------------------ the current commit
+    @property
+    def generation(self) -> int:
+        return self._current().generation
+
+    @property
+    def vectors(self) -> Segments:
+        """The vectors (all segments, with staged changes for the writer)."""
+        return self._current().vectors
+
+    @property
+    def docstore(self) -> DocStore:
+        return self._current().docstore
+
+    def _current(self) -> Snapshot:
+        snap = self._snap
+        if snap is None:
+            raise ValueError(f"{self.directory}: store is closed")
+        return snap
+
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[Snapshot]:
+        """The current commit, held for the block: its vectors and documents stay together.
+
+        Searching threads use this so that a concurrent ``refresh()`` cannot give them the vectors of
+        one commit and the documents of another; the snapshot is closed after its last user.
+        """
+        with self._swap_lock:  # refresh() swaps under this lock: a snapshot is never closed between get and acquire
+            snap = self._current().acquire()
+        try:
+            yield snap
+        finally:
+            snap.release()
+
+    def _sweep(self, grace: bool = False) -> None:
+        """Delete files no committed generation names: interrupted commits, merged-away segments, temp files.
+
+        With `grace`, segments this writer merged away less than ``RETAIN_SECONDS`` ago are kept, so a
+        reader still opening the previous generation finds them (readers retry anyway; this keeps a
+        slow reader from having to retry while merges keep coming).
+        """
+        snap = self._current()
+        keep = {s.name for s in snap.vectors.segments}
+        now = time.monotonic()
         for p in self.directory.iterdir():
-            vm, bm = _VECTORS_RE.match(p.name), _BM25_RE.match(p.name)
-            stale = (vm and int(vm.group(1)) != self.generation) or (
-                bm and int(bm.group(1)) != self.generation
-            )
+            vector_file = _SEGMENT_RE.match(p.name) or _VECTORS_RE.match(p.name)
+            bm = _BM25_RE.match(p.name)
+            if vector_file and grace and now - self._retired.get(p.name, -RETAIN_SECONDS) < RETAIN_SECONDS:
+                continue
+            stale = (vector_file and p.name not in keep) or (bm and int(bm.group(1)) != snap.generation)
             if stale or TMP_MARKER in p.name:
                 logger.info("removing stale %s", p)
                 p.unlink(missing_ok=True)
+                self._retired.pop(p.name, None)
 
     def _refresh_manifest(self, force: bool = False) -> None:
+        vectors = self.vectors
         counts = {
-            "documents": len(self.vectors),  # equal by construction (checked at open)
-            "vectors": len(self.vectors),
-            "tombstones": self.vectors.tombstone_count,
+            "documents": len(vectors),  # equal by construction (checked at open)
+            "vectors": len(vectors),
+            "tombstones": vectors.tombstone_count,
         }
         m = self.manifest
         if force or self._manifest_dirty or m.counts != counts or m.generation != self.generation:
@@ -254,25 +592,55 @@ class IndexStore:
             m.write(self.directory / MANIFEST_NAME)
             self._manifest_dirty = False
 
+    def newest_generation(self) -> int:
+        """The generation committed now (may be newer than this store's, for a reader)."""
+        if not self.readonly:
+            return self.generation
+        with self._refresh_lock:
+            if self._probe is None:
+                self._probe = DocStore(self.directory / DOCS_NAME, readonly=True)
+            return int(self._probe.get_meta("generation") or -1)
+
     def refresh(self) -> bool:
-        """Reader: move to the newest committed generation; returns whether it changed."""
+        """Reader: move to the newest committed generation; returns whether it changed.
+
+        Safe while other threads search: they finish on the snapshot they hold.
+        """
         if not self.readonly:
             raise ValueError("refresh() is for readers; a writer always sees its own state")
-        old = self.generation
-        self._load_generation()
-        return self.generation != old
+        if self.newest_generation() == self.generation:
+            return False
+        with self._refresh_lock:
+            old = self._current()
+            new = self._open_snapshot(old)
+            with self._swap_lock:
+                self._snap = new
+        old.retire()  # closed now, or when the last search holding it finishes
+        return new.generation != old.generation
 
     # ------------------------------------------------------------------ staging
     def _check_writable(self) -> None:
         if self.readonly:
             raise ValueError(f"{self.directory}: opened read-only; to change it, open it with readonly=False "
                              "(SearchPipeline.load(..., readonly=False) or IndexStore.open(..., readonly=False))")
-        if self._lock_fd is None and fcntl is not None:
+        if (self._lock_fd is None and fcntl is not None) or self._snap is None:
             raise ValueError(f"{self.directory}: store is closed")
 
     def _begin(self) -> None:
         if not self.docstore.in_transaction:
             self.docstore.begin()
+
+    def _disk_full(self, what: str, exc: BaseException) -> IndexDiskFullError:
+        """Roll back to the last commit and describe a full disk in the user's terms."""
+        gen = self.generation
+        with contextlib.suppress(Exception):
+            self.rollback()
+        return IndexDiskFullError(
+            errno.ENOSPC,
+            f"{self.directory}: no space left on device while {what}; nothing was committed: the index is "
+            f"unchanged at generation {gen} (the staged changes were discarded). Free some space and run "
+            f"the change again",
+        )
 
     def add(
         self,
@@ -301,35 +669,47 @@ class IndexStore:
             rows, vectors, on_duplicate = [rows[j] for j in keep], vectors[keep], "error"
         if not rows:
             return 0
-        bm25 = self._bm25_for_change()
-        self._begin()
-        with self.docstore.transaction():  # a savepoint: undone if the vectors are refused
-            replaced = [
-                d["id"] for d, c in zip(rows, self.docstore.contains_many([d["id"] for d in rows])) if c
-            ]
-            self.docstore.add(rows, on_duplicate=on_duplicate)
-            self.vectors.add([d["id"] for d in rows], vectors, on_duplicate=on_duplicate)
+        snap = self._current()
+        bm25 = snap._bm25
+        try:
+            self._begin()
+            with self.docstore.transaction():  # a savepoint: undone if the vectors are refused
+                replaced = [
+                    d["id"] for d, c in zip(rows, self.docstore.contains_many([d["id"] for d in rows])) if c
+                ]
+                self.docstore.add(rows, on_duplicate=on_duplicate)
+                self.vectors.add([d["id"] for d in rows], vectors, on_duplicate=on_duplicate)
+        except (sqlite3.OperationalError, OSError) as e:
+            if is_disk_full(e):
+                raise self._disk_full("staging the added documents", e) from None
+            raise
         if bm25 is not None:
             bm25.delete(replaced)
             bm25.add([d["id"] for d in rows], [document_text(d) for d in rows])
-        self._pending = True
+        snap.pending = True
         return len(rows)
 
     def delete(self, ids: Iterable[str]) -> list[str]:
         """Stage deletion of ``ids``; returns the ids that were not present (nothing else happens to them)."""
         self._check_writable()
         ids = list(dict.fromkeys(ids))
-        bm25 = self._bm25_for_change()
-        self._begin()
-        with self.docstore.transaction():
-            missing = self.docstore.delete(ids)
-            vmissing = self.vectors.remove(ids)
-            if set(missing) != set(vmissing):
-                raise IndexFormatError(self.directory, "documents and vectors disagree about which ids exist")
+        snap = self._current()
+        bm25 = snap._bm25
+        try:
+            self._begin()
+            with self.docstore.transaction():
+                missing = self.docstore.delete(ids)
+                vmissing = self.vectors.remove(ids)
+                if set(missing) != set(vmissing):
+                    raise IndexFormatError(self.directory, "documents and vectors disagree about which ids exist")
+        except (sqlite3.OperationalError, OSError) as e:
+            if is_disk_full(e):
+                raise self._disk_full("staging the deletion", e) from None
+            raise
         if bm25 is not None:
             bm25.delete(ids)
         if len(missing) < len(ids):
-            self._pending = True
+            snap.pending = True
         return missing
 
     def train(self, vectors: np.ndarray) -> None:
@@ -345,129 +725,184 @@ class IndexStore:
 
     @property
     def has_pending(self) -> bool:
-        return self._pending
+        return self._snap is not None and self._snap.pending
 
     # ------------------------------------------------------------------ commit / rollback
     def commit(self) -> int:
-        """Make staged changes durable (protocol in the module docstring); returns the generation."""
+        """Make staged changes durable (protocol in the module docstring); returns the generation.
+
+        If it fails before the commit point, nothing is committed and the staged changes are
+        discarded (the store is back at its last commit); a full disk raises ``IndexDiskFullError``.
+        """
         self._check_writable()
-        if self._pending:
-            new_gen = self.generation + 1
-            _crash_point("before_vectors")
-            self.vectors.save(self.directory / vectors_name(new_gen))
-            _crash_point("vectors_written")
-            self._begin()
-            self.docstore.set_meta("generation", str(new_gen))
-            self.docstore.commit()  # <- the commit point
-            self.generation = new_gen
-            self._pending = False
+        snap = self._current()
+        if snap.pending:
+            written: list[Path] = []
+            new_gen = snap.generation + 1
+            try:
+                new_segments = self._write_commit_files(written)
+                _crash_point("files_written")
+                self._begin()
+                self.docstore.set_meta("generation", str(new_gen))
+                self.docstore.commit()  # <- the commit point
+            except BaseException as e:
+                if self._committed(new_gen):  # an interrupt that landed just after the commit point
+                    raise
+                for p in written:
+                    p.unlink(missing_ok=True)
+                if isinstance(e, Exception) and is_disk_full(e):
+                    raise self._disk_full("committing", e) from None
+                # Nothing was committed; the records of the files just deleted must not stay staged.
+                with contextlib.suppress(Exception):
+                    self.rollback()
+                raise
+            kept = {seg.name for seg in new_segments}
+            self._retired.update((seg.name, time.monotonic()) for seg in snap.vectors.segments
+                                 if seg.name not in kept)
+            snap.vectors.apply(new_segments)
+            snap.generation += 1
+            snap.pending = False
             _crash_point("sqlite_committed")
-            self._sweep()
-        self._refresh_manifest()
+            self._sweep(grace=True)
+            _crash_point("old_files_removed")
+        try:
+            self._refresh_manifest()
+        except OSError as e:  # descriptive only: the commit stands, the next open rewrites it
+            if not is_disk_full(e):
+                raise
+            logger.warning("%s: no space left to update manifest.json; it is repaired at the next open",
+                           self.directory)
         _crash_point("manifest_written")
-        if self._bm25 is not None and not (self.directory / bm25_name(self.generation)).exists():
-            self._bm25.save(self.directory / bm25_name(self.generation))
-        return self.generation
+        bm = snap._bm25
+        path = self.directory / bm25_name(snap.generation)
+        if bm is not None and not path.exists():
+            try:
+                bm.save(path)
+                self.docstore.set_meta("bm25_sha256", f"{snap.generation}:{file_sha256(path)}")
+            except (OSError, sqlite3.OperationalError) as e:  # a derived cache: the commit stands without it
+                path.unlink(missing_ok=True)
+                if not is_disk_full(e):
+                    raise
+                logger.warning("%s: no space left for the BM25 cache; it is rebuilt when needed", self.directory)
+        return snap.generation
+
+    def _committed(self, generation: int) -> bool:
+        """Whether the database holds `generation` as committed (after a failure around the commit point)."""
+        if self.docstore.in_transaction:
+            return False
+        try:
+            return self.docstore.get_meta("generation") == str(generation)
+        except sqlite3.Error:
+            return False
+
+    def _write_commit_files(self, written: list[Path]) -> list[Segment]:
+        """Write the new segment (and any merges) before the commit point; stage their records in SQLite.
+
+        Returns the segment list of the new generation. Every file written is appended to `written`
+        (so a failure before the commit point can delete them).
+        """
+        seq = int(self.docstore.get_meta("next_segment") or "0")
+        plan = self.vectors.prepare_commit(self.directory, seq, written, _crash_point)
+        self._begin()
+        self.docstore.record_segments(add=plan.added, drop=plan.dropped, tombstones=plan.tombstones)
+        self.docstore.set_meta("next_segment", str(plan.next_seq))
+        return plan.segments
 
     def rollback(self) -> None:
         """Discard staged changes and return to the last committed generation."""
         self._check_writable()
         self.docstore.rollback()
-        if self._pending:
-            self._load_generation()
-        self._pending = False
+        snap = self._current()
+        if snap.pending:
+            fresh = self._writer_snapshot(snap)
+            snap.vectors, snap.generation, snap._bm25 = fresh.vectors, fresh.generation, None
+        snap.pending = False
 
     # ------------------------------------------------------------------ copying
     def copy_to(self, target: str | os.PathLike) -> Path:
         """Write a complete copy of the last committed generation to a new directory `target`, atomically.
 
-        Copies the manifest, the SQLite documents (with their write-ahead log), the vector file and
+        Copies the manifest, the SQLite documents (with their write-ahead log), the segment files and
         the BM25 cache of this generation; staged changes are not copied (``commit()`` first).
         `target` must not exist or be empty; it is built beside itself and renamed into place.
         This store keeps working on its own directory.
         """
         target = Path(target)
-        names = [MANIFEST_NAME, DOCS_NAME, DOCS_NAME + "-wal", vectors_name(self.generation),
-                 bm25_name(self.generation)]
-        with _built_aside(target) as tmp:
-            for name in names:
-                if (self.directory / name).exists():
-                    shutil.copy2(self.directory / name, tmp / name)
-            (tmp / LOCK_NAME).touch()
+        with self.snapshot() as snap:
+            names = [MANIFEST_NAME, DOCS_NAME, DOCS_NAME + "-wal", *(s.name for s in snap.vectors.segments),
+                     bm25_name(snap.generation)]
+            with _built_aside(target) as tmp:
+                for name in names:
+                    if (self.directory / name).exists():
+                        shutil.copy2(self.directory / name, tmp / name)
+                (tmp / LOCK_NAME).touch()
         return target
 
     # ------------------------------------------------------------------ reading
     def __len__(self) -> int:
         return len(self.vectors)
 
+    # Each call below reads one commit; to keep several calls on one commit, use ``snapshot()``.
     def contains_many(self, ids: Sequence[str]) -> list[bool]:
         """Whether each id is present (staged changes included for the writer)."""
-        return self.docstore.contains_many(ids)
+        with self.snapshot() as snap:
+            return snap.contains_many(ids)
 
     def get(self, ids: Sequence[str]) -> list[Document | None]:
         """Documents by id, in order (``None`` for unknown ids, e.g. the ``""`` padding)."""
-        return self.docstore.get(ids)
+        with self.snapshot() as snap:
+            return snap.get(ids)
 
     def search(self, queries: np.ndarray, k: int = 10, **params: Any) -> SearchResult:
         """Dense search (see ``VectorIndex.search``); queries (Q, D)."""
-        return self.vectors.search(queries, k, **params)
+        with self.snapshot() as snap:
+            return snap.search(queries, k, **params)
 
     @property
     def bm25(self) -> BM25 | None:
         """The BM25 index (loaded or rebuilt from the documents on first use), or None when disabled."""
-        if self.manifest.bm25 is None:
-            return None
-        if self._bm25 is None:
-            path = self.directory / bm25_name(self.generation)
-            if path.exists() and not self._pending:
-                self._bm25 = BM25.load(path)
-            else:  # absent (interrupted or lazy commit) or staged changes: rebuild from the documents
-                bm = BM25(**self.manifest.bm25)
-                for batch in self.docstore.iter_batches(5000):
-                    bm.add([d["id"] for d in batch], [document_text(d) for d in batch])
-                self._bm25 = bm
-        return self._bm25
-
-    def _bm25_for_change(self) -> BM25 | None:
-        """The BM25 to update in step with a change: only one already in memory.
-
-        If none is loaded, nothing is done now; the next ``bm25`` access rebuilds it from
-        the documents (which include the staged change), keeping bulk builds cheap.
-        """
-        return self._bm25
+        with self.snapshot() as snap:
+            return snap.bm25
 
     def search_bm25(self, queries: Sequence[str], k: int = 10) -> SearchResult:
         """Lexical search over title + text; ValueError if the store was created without BM25."""
-        bm = self.bm25
-        if bm is None:
-            raise ValueError(f"{self.directory}: created without BM25, which hybrid search needs; build it with "
-                             "bm25=True (SearchPipeline.build(..., bm25=True) or IndexStore.create(..., bm25=True))")
-        return bm.search(queries, k)
+        with self.snapshot() as snap:
+            return snap.search_bm25(queries, k)
 
     def info(self) -> dict[str, Any]:
         """A JSON-able summary (for ``twotower index info``)."""
-        return {
-            "directory": str(self.directory),
-            "generation": self.generation,
-            "documents": self.docstore.count(),
-            "vectors": len(self.vectors),
-            "tombstones": self.vectors.tombstone_count,
-            "dim": self.manifest.dim,
-            "metric": self.manifest.metric,
-            "factory": self.manifest.factory,
-            "bm25": self.manifest.bm25,
-            "extra": self.manifest.extra,
-            "pending": self._pending,
-        }
+        with self.snapshot() as snap:
+            return {
+                "directory": str(self.directory),
+                "generation": snap.generation,
+                "documents": snap.docstore.count(),
+                "vectors": len(snap.vectors),
+                "tombstones": snap.vectors.tombstone_count,
+                "segments": len(snap.vectors.segments),
+                "dim": self.manifest.dim,
+                "metric": self.manifest.metric,
+                "factory": self.manifest.factory,
+                "bm25": self.manifest.bm25,
+                "extra": self.manifest.extra,
+                "pending": snap.pending,
+            }
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
         """Release the lock and the database; uncommitted changes are discarded."""
-        docstore = getattr(self, "docstore", None)
-        if docstore is not None and not docstore.closed:
-            if self._pending:
+        if self._retired and self._snap is not None and not self.readonly:
+            with contextlib.suppress(OSError):
+                self._sweep()  # leave no merged-away file behind (a reader still opening one retries)
+        snap, self._snap = self._snap, None
+        if snap is not None:
+            if snap.pending:
                 logger.warning("%s: closing with uncommitted changes; they are discarded", self.directory)
-            docstore.close()
+            snap.retire(now=not self.readonly)
+        if self._writer_docs is not None and not self._writer_docs.closed:
+            self._writer_docs.close()
+        if self._probe is not None:
+            self._probe.close()
+            self._probe = None
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # releases the flock
             self._lock_fd = None
@@ -477,10 +912,12 @@ class IndexStore:
 
     def __exit__(self, exc_type: object, *exc: object) -> None:
         try:
-            if exc_type is None and not self.readonly and self._lock_fd is not None:
+            if exc_type is None and not self.readonly and self._lock_fd is not None and self._snap is not None:
                 self.commit()
         finally:
             self.close()
 
     def __repr__(self) -> str:
-        return f"IndexStore({str(self.directory)!r}, generation={self.generation}, docs={len(self)})"
+        snap = self._snap
+        state = f"generation={snap.generation}, docs={len(snap)}" if snap is not None else "closed"
+        return f"IndexStore({str(self.directory)!r}, {state})"

@@ -326,11 +326,15 @@ class VectorIndex:
                 ids, x = [ids[j] for j in keep], x[keep]
             else:  # replace
                 self.remove(present)
+        return self._insert(ids, x, train=self.train)
+
+    def _insert(self, ids: list[str], x: np.ndarray, train) -> int:
+        """Give `ids` fresh labels and add the prepared vectors `x` (N, D); the id map is undone on failure."""
         if not ids:
             return 0
         self._ensure_writable()
         if not self.is_trained:
-            self.train(x)
+            train(x)
         labels = self._ids.assign(ids)  # (N,) int64, fresh
         try:
             self._index.add_with_ids(x, labels)
@@ -388,6 +392,63 @@ class VectorIndex:
         self._tombstones.clear()
         self._mmapped = False
         self._changed()
+
+    def hide(self, ids: Iterable[str]) -> list[str]:
+        """Delete ``ids`` from search results *without touching the FAISS index* (tombstones, any kind).
+
+        Used for the committed, immutable segments of an ``IndexStore``: the stored file stays as it
+        is (it may be memory-mapped and shared), the ids leave the id map and their labels are
+        filtered out of results like graph tombstones. Returns the ids that were not present.
+        """
+        ids = list(dict.fromkeys(ids))
+        present = [i for i in ids if i in self._ids]
+        if present:
+            self._tombstones.update(self._ids.release(present).tolist())
+        return [i for i in ids if i not in set(present)]
+
+    def shallow_copy(self) -> VectorIndex:
+        """A copy sharing the (read-only) FAISS index but with its own id map and tombstones.
+
+        Lets several read snapshots of one immutable segment hide different deletions while the
+        vector storage (often memory-mapped) exists once. Never mutate the FAISS index of either.
+        """
+        other = self.__class__.__new__(self.__class__)
+        other.__dict__.update(self.__dict__)
+        other._ids = IdMap(self._ids.state())
+        other._tombstones = set(self._tombstones)
+        other._gpu_index = None
+        return other
+
+    def empty_copy(self) -> VectorIndex:
+        """A new empty index with the same configuration and the same training (IVF centroids, PQ codebooks)."""
+        other = self.__class__.__new__(self.__class__)
+        other.__dict__.update(self.__dict__)
+        if self.is_trained and not faiss.index_factory(self.dim, self.factory, _FAISS_METRIC[self.metric]).is_trained:
+            # serialise, not clone_index: a clone of a mapped index keeps read-only mapped lists (reset aborts)
+            other._index = faiss.deserialize_index(faiss.serialize_index(self._index))
+            other._index.reset()
+        else:
+            other._index = other._new_faiss_index()
+        other._ids = IdMap()
+        other._tombstones = set()
+        other._mmapped = False
+        other._gpu_index = None
+        return other
+
+    def add_stored(self, ids: Sequence[str], vectors: np.ndarray) -> int:
+        """Add vectors exactly as another index of this metric stored them (no re-normalisation).
+
+        For merging segments: ``reconstruct`` returns stored (already normalised) vectors, and
+        normalising again could change their last bits; this keeps them bit-identical.
+        """
+        ids = _check_ids(ids, "add")
+        x = np.ascontiguousarray(vectors, dtype=np.float32)  # (N, D)
+        if x.ndim != 2 or x.shape != (len(ids), self.dim):
+            raise ValueError(f"add_stored: need vectors of shape ({len(ids)}, {self.dim}), got {x.shape}")
+        present = [i for i in ids if i in self._ids]
+        if present:
+            raise ValueError(f"add_stored: {len(present)} id(s) already in the index, e.g. {present[:5]}")
+        return self._insert(ids, x, train=lambda v: self._index.train(v))
 
     def reconstruct(self, ids: Sequence[str]) -> np.ndarray:
         """Stored vectors (N, D) of ``ids`` (as normalised/encoded by the index); KeyError if absent."""

@@ -2,9 +2,15 @@
 
 The story of a build (``build_index``):
 
+0. **Lock** ``<out>.build/LOCK`` (`BuildLock`, an ``flock`` held until the build ends):
+   a second build into the same ``--out`` stops at once, naming the first one's
+   pid, instead of deleting or mixing its shards.  The kernel drops the lock of
+   a killed process, so a build killed with ``kill -9`` is taken over and resumed.
 1. **Validate** the whole corpus first (`twotower.retrieval.corpus.validate_corpus`): a bad
    line or a duplicate id stops the build in seconds, naming file and line,
-   before any model runs and before anything is written.
+   before any model runs and before anything is written; so does a disk without
+   room for the estimated size (`check_disk_space`).  A build that stops here
+   leaves nothing of ``<out>`` or ``<out>.build`` it created.
 2. **Plan**: shard ``i`` is documents ``[i*S, (i+1)*S)`` of the (de-duplicated)
    corpus.  ``plan.json`` in the work directory pins the corpus bytes (sha256),
    the duplicate policy, the shard size and the encoder fingerprint.
@@ -18,15 +24,21 @@ The story of a build (``build_index``):
    rename it to the output path.  The output path therefore either does not
    exist or holds a complete index; a crash leaves only the work directory
    (``<out>.build``), which the next run resumes from.
+
+A disk that fills up during steps 3-4 stops the build with `DiskFullError`
+naming the directory; the half-assembled index is removed, and the finished
+shards are kept (the message says how many and how large) so that rerunning the
+same command after freeing space resumes instead of encoding them again.
 """
 
 from __future__ import annotations
 
-import hashlib
+import errno
 import json
 import logging
 import os
 import shutil
+import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -36,25 +48,109 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from twotower.common.atomic import atomic_path, atomic_write_text, fsync_dir
-from twotower.indexing import IndexStore, document_text
+from twotower.common.distributed import all_reduce_sum
+from twotower.indexing import IndexFormatError, IndexLockedError, IndexStore, document_text
+from twotower.indexing.integrity import file_sha256
 from twotower.retrieval.corpus import CorpusPlan, iter_chunks, validate_corpus
 from twotower.retrieval.dual_encoder import DualEncoder
 from twotower.retrieval.sharding import DistInfo, barrier, init_build_group, owns_shard
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - non-POSIX: builds are not locked
+    fcntl = None  # type: ignore[assignment]
 
 logger = logging.getLogger(__name__)
 
 PLAN_NAME = "plan.json"
 SHARDS_DIR = "shards"
+LOCK_NAME = "LOCK"
 PLAN_FORMAT = 1
 DEFAULT_SHARD_SIZE = 8192
+MB = 1 << 20
+NEARLY_FULL = MB  # free bytes under which a failed write is taken to be a full disk
 
 
-def file_sha256(path: str, block: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(block):
-            h.update(chunk)
-    return h.hexdigest()
+class BuildLockedError(IndexLockedError):
+    """Another process is building into the same output directory."""
+
+
+class DiskFullError(OSError):
+    """The disk holding a build has (or will have) no room for it; the message names the directory."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(errno.ENOSPC, message)
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
+class BuildLock:
+    """An exclusive ``flock`` on ``work_dir/LOCK``, held for a whole build (a context manager).
+
+    Why a lock *file* and this protocol: the kernel releases an flock when its
+    holder dies, even by SIGKILL, so a stale lock never needs a human to clear it;
+    the file keeps the holder's pid for the message of the build that is refused.
+    Because the lock file may be unlinked while held (the work directory is removed
+    after a successful build), a process that got the lock checks that the path
+    still names the file it locked, and tries again if not.
+
+    Attributes:
+        created: this lock created `work_dir` (so a build that stops before
+            encoding removes the whole directory, not just what it wrote).
+    """
+
+    def __init__(self, work_dir: str, out: str) -> None:
+        self.work_dir, self.out = work_dir, out
+        self.path = os.path.join(work_dir, LOCK_NAME)
+        self.created = False
+        self._fd: int | None = None
+
+    def acquire(self) -> BuildLock:
+        if fcntl is None:  # pragma: no cover
+            return self
+        while True:
+            if not os.path.isdir(self.work_dir):
+                os.makedirs(self.work_dir, exist_ok=True)
+                self.created = True
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except FileNotFoundError:  # the directory was removed between the two calls
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
+                os.close(fd)
+                raise BuildLockedError(
+                    f"another build of {self.out} is running (pid {holder}); wait for it to finish, or stop it "
+                    "and rerun this command to resume it"
+                ) from None
+            try:
+                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)  # we locked a file that its holder unlinked on the way out: lock the new one
+        old = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
+        if old and old != str(os.getpid()):
+            logger.warning("%s: taking over from an earlier build that stopped (pid %s)", self.work_dir, old)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # releases the flock
+            self._fd = None
+
+    def __enter__(self) -> BuildLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
 
 @dataclass(frozen=True)
@@ -97,6 +193,18 @@ def _save_shard(path: str, vectors: np.ndarray) -> None:
         np.save(f, np.ascontiguousarray(vectors, dtype=np.float32))
 
 
+def _empty_work_dir(work_dir: str) -> None:
+    """Remove everything in the work directory except the lock file, which this build holds."""
+    for name in os.listdir(work_dir):
+        if name == LOCK_NAME:
+            continue
+        path = os.path.join(work_dir, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        else:
+            os.unlink(path)
+
+
 def prepare_work_dir(work_dir: str, plan: BuildPlan) -> int:
     """Create or reuse the work directory; returns how many finished shards it already holds."""
     plan_file = os.path.join(work_dir, PLAN_NAME)
@@ -108,7 +216,7 @@ def prepare_work_dir(work_dir: str, plan: BuildPlan) -> int:
             old = None
         if old != asdict(plan):
             logger.warning("%s: an earlier build used another corpus, model or shard size; starting over", work_dir)
-            shutil.rmtree(work_dir)
+            _empty_work_dir(work_dir)
     os.makedirs(os.path.join(work_dir, SHARDS_DIR), exist_ok=True)
     if not os.path.isfile(plan_file):
         atomic_write_text(plan_file, json.dumps(asdict(plan), indent=2) + "\n")
@@ -173,24 +281,147 @@ def assemble(
     staging = os.path.join(work_dir, "index")
     if os.path.exists(staging):
         shutil.rmtree(staging)  # an interrupted assembly: cheap to redo
-    store = IndexStore.create(staging, plan.dim, factory, metric, expected_size=plan.num_documents, bm25=bm25,
-                              extra=extra)
     try:
-        if not store.vectors.is_trained:
-            store.train(_training_sample(store, plan, work_dir))
-        bar = tqdm(total=plan.num_documents, desc="assemble index", unit="doc", disable=not progress)
-        for i, chunk in enumerate(iter_chunks(corpus.path, plan.shard_size, corpus.skip_lines)):
-            store.add(chunk, np.load(shard_path(work_dir, i), mmap_mode="r"))
-            bar.update(len(chunk))
-        bar.close()
-        store.commit()
-        if bm25:
-            _ = store.bm25  # build the lexical index now and save it with the commit, not at first search
+        store = IndexStore.create(staging, plan.dim, factory, metric, expected_size=plan.num_documents, bm25=bm25,
+                                  extra=extra)
+        try:
+            if not store.vectors.is_trained:
+                store.train(_training_sample(store, plan, work_dir))
+            bar = tqdm(total=plan.num_documents, desc="assemble index", unit="doc", disable=not progress)
+            for i, chunk in enumerate(iter_chunks(corpus.path, plan.shard_size, corpus.skip_lines)):
+                store.add(chunk, np.load(shard_path(work_dir, i), mmap_mode="r"))
+                bar.update(len(chunk))
+            bar.close()
             store.commit()
-    finally:
-        store.close()
+            if bm25:
+                _ = store.bm25  # build the lexical index now and save it with the commit, not at first search
+                store.commit()
+        finally:
+            store.close()
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)  # a half-assembled index is cheap to redo: free its space now
+        raise
     os.rename(staging, out)  # `out` is absent or an empty directory: atomic on POSIX
     fsync_dir(os.path.dirname(os.path.abspath(out)))
+
+
+def _existing_dir(path: str) -> str:
+    """`path` or its nearest existing ancestor: where a directory about to be created will live."""
+    path = os.path.abspath(path)
+    while not os.path.isdir(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return path
+
+
+def _bytes_in(directory: str) -> int:
+    total = 0
+    for root, _, files in os.walk(directory):
+        for name in files:
+            try:
+                total += os.path.getsize(os.path.join(root, name))
+            except OSError:
+                pass
+    return total
+
+
+def estimated_bytes(plan: BuildPlan, corpus: CorpusPlan) -> tuple[int, int]:
+    """(bytes the finished index needs, bytes the shards need): a lower bound, for `check_disk_space`.
+
+    Vectors are ``n * dim * 4`` bytes of float32, once in the shards and once in the index;
+    the document store holds about the texts of the corpus (SQLite adds its pages and the
+    metadata on top, FAISS graph indexes their links, so the real size is larger).
+    """
+    vectors = plan.num_documents * plan.dim * 4
+    return vectors + corpus.content_bytes, vectors
+
+
+def check_disk_space(out: str, work_dir: str, plan: BuildPlan, corpus: CorpusPlan) -> None:
+    """Refuse a build whose estimated size (`estimated_bytes`) exceeds the free space, before encoding.
+
+    Shards already in `work_dir` (a build being resumed) are counted as written.
+    """
+    index_bytes, shard_bytes = estimated_bytes(plan, corpus)
+    shards_dir = os.path.join(work_dir, SHARDS_DIR)
+    shard_bytes = max(0, shard_bytes - (_bytes_in(shards_dir) if os.path.isdir(shards_dir) else 0))
+    places = {}  # device -> [directory, bytes needed]
+    for where, need in ((_existing_dir(out), index_bytes), (_existing_dir(work_dir), shard_bytes)):
+        dev = os.stat(where).st_dev
+        places.setdefault(dev, [where, 0])[1] += need
+    for where, need in places.values():
+        free = shutil.disk_usage(where).free
+        if free < need:
+            raise DiskFullError(
+                f"not enough free disk space in {where}: this build needs at least {_size(need)} "
+                f"({plan.num_documents} vectors of {plan.dim} floats, in the shards and in the index, and "
+                f"{_size(corpus.content_bytes)} of documents) but {_size(free)} are free; free some "
+                "space or build somewhere else"
+            )
+
+
+_DISK_FULL_TEXTS = ("no space left on device", "database or disk is full", "disk quota exceeded")
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether `exc` (or an exception it was raised from) says the disk is full: OSError ENOSPC / EDQUOT,
+    SQLite's "database or disk is full", FAISS's RuntimeError quoting strerror."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if any(text in str(e).lower() for text in _DISK_FULL_TEXTS):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def _out_of_space(exc: BaseException, directory: str) -> bool:
+    """`is_disk_full`, or an I/O failure on a disk that has (almost) no room left.
+
+    SQLite reports a write that fails for lack of space as "disk I/O error" when the failing
+    write is to its WAL index (a mapped file), so the message alone does not tell; the free
+    space does.
+    """
+    if is_disk_full(exc):
+        return True
+    io_error = False
+    e: BaseException | None = exc
+    for _ in range(20):  # the chain: OSError, sqlite3.Error, or the store's wrapping of either
+        if e is None:
+            break
+        io_error = io_error or isinstance(e, (OSError, sqlite3.Error, IndexFormatError))
+        e = e.__cause__ or e.__context__
+    if not io_error:
+        return False
+    try:
+        return shutil.disk_usage(_existing_dir(directory)).free < NEARLY_FULL
+    except OSError:
+        return False
+
+
+def _size(n: int) -> str:
+    return f"{n / MB:.1f} MB" if n >= MB // 10 else f"{-(-n // 1024)} KB"
+
+
+def _disk_full_error(work_dir: str, plan: BuildPlan, stage: str, info: DistInfo) -> DiskFullError:
+    """The message for a disk that filled up mid-build: where, and what is kept for the resume.
+
+    Finished shards are kept (hours of encoding, perhaps); a work directory without any is removed.
+    """
+    done = [i for i in range(plan.num_shards) if _shard_done(shard_path(work_dir, i), plan.shard_rows(i), plan.dim)]
+    size = sum(os.path.getsize(shard_path(work_dir, i)) for i in done)
+    if done:
+        kept = (f"the {len(done)} finished shards ({_size(size)}) are kept in {work_dir}: free some space on that "
+                f"disk and rerun the same command to resume from them, or remove {work_dir} to give the space back")
+    else:
+        if info.is_main:
+            shutil.rmtree(work_dir, ignore_errors=True)
+        kept = "nothing was kept; free some space and rerun the command"
+    return DiskFullError(f"no space left on device while {stage}; {kept}")
 
 
 def build_index(
@@ -214,49 +445,94 @@ def build_index(
     See the module docstring for the steps.  `extra(corpus_plan, build_plan, run)`
     supplies the manifest's ``extra`` object (the pipeline block); `run` says how the
     build ran (world_size, shard_size, batch_size, encode_seconds).
+
+    Raises:
+        BuildLockedError: another build into `out` is running.
+        FileExistsError: `out` exists and is not an empty directory.
+        DataError: a bad corpus line (file and line named), before anything is encoded.
+        DiskFullError: the estimated size does not fit (before encoding), or the disk filled up.
     """
     if shard_size < 1:
         raise ValueError(f"shard_size must be >= 1, got {shard_size}")
-    if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
-        raise FileExistsError(f"{out}: already exists; add documents with `twotower index add` or remove it first")
+    _refuse_existing(out)
     started = time.perf_counter()
-    corpus = validate_corpus(corpus_path, on_duplicate)
-    if corpus.num_documents == 0:
-        raise ValueError(f"{corpus_path}: no documents to index")
-    plan = BuildPlan(
-        corpus_sha256=file_sha256(corpus_path),
-        on_duplicate=on_duplicate,
-        shard_size=int(shard_size),
-        encoder_fingerprint=encoder.fingerprint(),
-        num_documents=corpus.num_documents,
-        dim=encoder.dim,
-    )
     work_dir = work_dir or f"{out.rstrip(os.sep)}.build"
     import torch.distributed as dist
 
     created_group = not dist.is_initialized()
     info = init_build_group()
+    lock = BuildLock(work_dir, out)
+    encoding = False
     try:
-        if info.is_main:
-            done = prepare_work_dir(work_dir, plan)
-            if done:
-                logger.warning("%s: resuming a build, %d of %d shards already encoded", work_dir, done,
-                               plan.num_shards)
-        barrier(info)
-        encode_shards(plan, corpus, encoder, work_dir, info, batch_size=batch_size, progress=progress)
-        barrier(info)
-        if info.is_main:
-            run = {"world_size": info.world_size, "shard_size": plan.shard_size, "batch_size": batch_size,
-                   "encode_seconds": round(time.perf_counter() - started, 1)}
-            meta = extra(corpus, plan, run) if extra is not None else {}
-            assemble(plan, corpus, work_dir, out, factory=factory, metric=metric or encoder.metric, bm25=bm25,
-                     extra=meta, progress=progress)
-            if not keep_shards:
-                shutil.rmtree(work_dir, ignore_errors=True)
-        barrier(info)
+        _on_main(info, lambda: (lock.acquire(), _refuse_existing(out)))  # the check again: `out` may be new now
+        corpus = validate_corpus(corpus_path, on_duplicate)
+        if corpus.num_documents == 0:
+            raise ValueError(f"{corpus_path}: no documents to index")
+        plan = BuildPlan(
+            corpus_sha256=file_sha256(corpus_path),
+            on_duplicate=on_duplicate,
+            shard_size=int(shard_size),
+            encoder_fingerprint=encoder.fingerprint(),
+            num_documents=corpus.num_documents,
+            dim=encoder.dim,
+        )
+        _on_main(info, lambda: check_disk_space(out, work_dir, plan, corpus))
+        encoding = True
+        stage = f"preparing the work directory {work_dir}"
+        try:
+            if info.is_main:
+                done = prepare_work_dir(work_dir, plan)
+                if done:
+                    logger.warning("%s: resuming a build, %d of %d shards already encoded", work_dir, done,
+                                   plan.num_shards)
+            barrier(info)
+            stage = f"writing embedding shards to {os.path.join(work_dir, SHARDS_DIR)}"
+            encode_shards(plan, corpus, encoder, work_dir, info, batch_size=batch_size, progress=progress)
+            barrier(info)
+            if info.is_main:
+                run = {"world_size": info.world_size, "shard_size": plan.shard_size, "batch_size": batch_size,
+                       "encode_seconds": round(time.perf_counter() - started, 1)}
+                meta = extra(corpus, plan, run) if extra is not None else {}
+                stage = f"assembling the index in {os.path.join(work_dir, 'index')}"
+                assemble(plan, corpus, work_dir, out, factory=factory, metric=metric or encoder.metric, bm25=bm25,
+                         extra=meta, progress=progress)
+                if not keep_shards:
+                    shutil.rmtree(work_dir, ignore_errors=True)
+            barrier(info)
+        except Exception as exc:
+            if _out_of_space(exc, work_dir):
+                raise _disk_full_error(work_dir, plan, stage, info) from exc
+            raise
+    except BaseException:
+        if not encoding and lock.created:  # stopped before any work: leave nothing behind
+            shutil.rmtree(work_dir, ignore_errors=True)
+        raise
     finally:
+        lock.release()
         if created_group and info.enabled:
             from twotower.retrieval.sharding import cleanup
 
             cleanup(info)
     return info.is_main
+
+
+def _refuse_existing(out: str) -> None:
+    if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
+        raise FileExistsError(f"{out}: already exists; add documents with `twotower index add` or remove it first")
+
+
+def _on_main(info: DistInfo, step: Callable[[], Any]) -> None:
+    """Run `step` on rank 0 only; every rank learns whether it failed (so none waits at a barrier forever).
+
+    Rank 0 re-raises its own error; the other ranks raise a RuntimeError pointing at it.
+    """
+    error: BaseException | None = None
+    if info.is_main:
+        try:
+            step()
+        except Exception as exc:  # noqa: BLE001 - re-raised below, after the other ranks heard of it
+            error = exc
+    if info.enabled and all_reduce_sum([1.0 if error is not None else 0.0], info)[0] > 0 and error is None:
+        raise RuntimeError("rank 0 stopped the build; its error message says why")
+    if error is not None:
+        raise error

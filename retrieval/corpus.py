@@ -5,6 +5,15 @@ JSON object with a string ``_id`` and ``text``; ids are unique, or a duplicate
 policy says what to do) and once to *encode* it chunk by chunk.  Validating
 first is what makes "a bad line 90,000 into the file" fail in seconds, naming
 the file and line, before any model runs or anything is written.
+
+An index holds stricter documents than an evaluation corpus (`check_for_index`),
+because what goes in must come out again through every output: ids go into TREC
+run files, whose fields are separated by whitespace, and into URLs and SQLite
+keys; texts go through a tokenizer and out as UTF-8 JSON.  So ids are at most
+`MAX_ID_BYTES` of UTF-8 without whitespace or control characters, no string holds
+a lone surrogate, and metadata is JSON (no NaN or Infinity, at most
+`MAX_METADATA_DEPTH` levels deep).  Both ``build`` and ``add`` apply the rules,
+to files and to in-memory documents alike.
 """
 
 from __future__ import annotations
@@ -12,15 +21,59 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import unicodedata
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from twotower.common.errors import DataError
 from twotower.eval.io.beir import BeirDocument, iter_beir_corpus, parse_beir_document
+from twotower.eval.io.lines import json_problem
 from twotower.indexing import Document
 
 DUPLICATE_POLICIES = ("error", "skip", "replace")
+MAX_ID_BYTES = 512  # UTF-8 bytes; MS MARCO / BEIR ids are < 40, URLs used as ids fit
+MAX_METADATA_DEPTH = 32  # nesting levels; deeper is a hostile or broken record, not metadata
+MAX_METADATA_INT_BITS = 64  # JSON readers elsewhere (JavaScript, SQLite) hold no wider integers
+
+
+def _id_problem(doc_id: str) -> str | None:
+    """Why `doc_id` cannot be an index id, or None (the fast path: printable ASCII without a space)."""
+    if doc_id.isascii() and doc_id.isprintable() and " " not in doc_id:
+        size = len(doc_id)
+    else:
+        for i, ch in enumerate(doc_id):
+            if ch.isspace() or unicodedata.category(ch) == "Cc":
+                return (f"document id {doc_id!r} contains whitespace or a control character ({ch!r} at "
+                        f"character {i}); TREC run files separate fields by whitespace, so it could not be "
+                        "evaluated: rename it (for example replace spaces with '_')")
+            if unicodedata.category(ch) == "Cs":
+                return (f"document id {ascii(doc_id)} holds a lone surrogate {ascii(ch)} (an unpaired \\u escape), "
+                        "which is not Unicode text")
+        size = len(doc_id.encode("utf-8"))
+    if size > MAX_ID_BYTES:
+        return f"document id of {size} bytes ({doc_id[:20]!r}...) is longer than the limit of {MAX_ID_BYTES} bytes"
+    return None
+
+
+def check_for_index(doc: BeirDocument, path: str, line: int | None, strings: bool = True) -> BeirDocument:
+    """Refuse a document an index could store but not give back intact (the rules of the module docstring).
+
+    `strings=False` skips the lone-surrogate scan of text and title, for documents read by
+    `json_lines`, which has already scanned every line that could decode to one.
+
+    Raises:
+        DataError naming `path` (and `line`): the id, a string field or the metadata, and what is wrong.
+    """
+    problem = _id_problem(doc.doc_id)
+    if problem is None and strings:
+        problem = json_problem(doc.text, "field 'text'") or json_problem(doc.title, "field 'title'")
+    if problem is None and doc.metadata:
+        problem = json_problem(dict(doc.metadata), "metadata", max_depth=MAX_METADATA_DEPTH, allow_nan=False,
+                               max_int_bits=MAX_METADATA_INT_BITS)
+    if problem is not None:
+        raise DataError(path, line, problem)
+    return doc
 
 
 def _as_document(doc: BeirDocument) -> Document:
@@ -35,7 +88,7 @@ def parse_document(obj: Any, where: str) -> Document:
     are required, ``title`` and ``metadata`` optional; an index also refuses a document
     with blank ``text`` and ``title`` (nothing to search).
     """
-    return _as_document(parse_beir_document(obj, where, require_content=True))
+    return _as_document(check_for_index(parse_beir_document(obj, where, require_content=True), where, None))
 
 
 def iter_documents(path: str) -> Iterator[tuple[int, Document]]:
@@ -43,7 +96,7 @@ def iter_documents(path: str) -> Iterator[tuple[int, Document]]:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"corpus file not found: {path}")
     for lineno, doc in iter_beir_corpus(path, require_content=True):
-        yield lineno, _as_document(doc)
+        yield lineno, _as_document(check_for_index(doc, path, lineno, strings=False))
 
 
 @dataclass
@@ -59,6 +112,7 @@ class CorpusPlan:
     num_documents: int
     num_duplicates: int
     skip_lines: set[int]
+    content_bytes: int = 0  # characters of id, title and text of every line: about what the document store holds
 
 
 def validate_corpus(path: str, on_duplicate: str = "error", existing_ids: Iterable[str] = ()) -> CorpusPlan:
@@ -79,8 +133,10 @@ def validate_corpus(path: str, on_duplicate: str = "error", existing_ids: Iterab
     first_line: dict[str, int] = {}
     skip: set[int] = set()
     dups = 0
+    content = 0
     for lineno, doc in iter_documents(path):
         doc_id = doc["id"]
+        content += len(doc_id) + len(doc["title"]) + len(doc["text"])
         prev = first_line.get(doc_id)
         if prev is None and doc_id not in existing:
             first_line[doc_id] = lineno
@@ -100,7 +156,8 @@ def validate_corpus(path: str, on_duplicate: str = "error", existing_ids: Iterab
             first_line[doc_id] = lineno
     if not first_line and dups == 0:
         raise DataError(path, None, "corpus is empty (no documents)")
-    return CorpusPlan(path=path, num_documents=len(first_line), num_duplicates=dups, skip_lines=skip)
+    return CorpusPlan(path=path, num_documents=len(first_line), num_duplicates=dups, skip_lines=skip,
+                      content_bytes=content)
 
 
 def iter_chunks(path: str, chunk_size: int, skip_lines: set[int] | None = None) -> Iterator[list[Document]]:

@@ -14,6 +14,17 @@ lets us load theirs (ms-marco MiniLM rerankers and the like).  This class adds
 what a reranker needs around that head: pair tokenization, batched ``predict``
 and the interpolation weight stored with the checkpoint.
 
+``pooling="mean"`` puts the head on the mean of the token states instead (no pooler;
+``classifier_pooling: "mean"`` in config.json, as ModernBERT writes it).  Why: in
+all-MiniLM-L6-v2, a mean-pooling sentence encoder, the [CLS] state is nearly the same
+vector for every input through layer 5 (its spread across 32 claim/abstract pairs is
+0.3-4 % of its norm, against 31-37 % for the token mean;
+``benchmarks/reranker_diagnosis.py --cls-spread``), so a [CLS] head on its first 3 layers
+starts blind and a few hundred fp32 steps do not move it (docs/training.md).  transformers'
+and sentence-transformers' BERT classes always read the [CLS] pooler, so a mean-pooled
+reranker scores correctly only here; they would load it with a freshly drawn pooler
+(and say so in a warning).
+
 Scores are raw logits.  sentence-transformers applies a sigmoid to
 ``num_labels=1`` models by default; the directories we write name
 ``torch.nn.Identity`` as the activation (config.json ``sentence_transformers``
@@ -57,6 +68,8 @@ logger = logging.getLogger(__name__)
 ARCHITECTURE = "BertForSequenceClassification"
 # Written into config.json so sentence-transformers returns raw logits, as we do.
 ST_IDENTITY = "torch.nn.modules.linear.Identity"
+# What the relevance head reads: the [CLS] pooler (HF / sentence-transformers layout) or the token mean.
+POOLINGS = ("cls", "mean")
 # Pairs tokenized at once before being cut into length-sorted batches (bounds padding memory).
 _CHUNK = 2048
 
@@ -79,9 +92,9 @@ class CrossEncoder(nn.Module):
         bf16: bool | str = "auto",
     ) -> None:
         super().__init__()
-        if model.num_labels != 1 or model.pooling != "cls":
-            raise ValueError(f"a reranker scores with one [CLS]-pooled logit, got num_labels={model.num_labels} "
-                             f"and pooling={model.pooling!r}")
+        if model.num_labels != 1 or model.pooling not in POOLINGS:
+            raise ValueError(f"a reranker scores with one logit pooled from {' or '.join(POOLINGS)}, got "
+                             f"num_labels={model.num_labels} and pooling={model.pooling!r}")
         self.model = model
         self.tokenizer = tokenizer
         # The dev-chosen weight of this reranker's scores against the first stage's (retrieval.interpolation);
@@ -139,8 +152,8 @@ class CrossEncoder(nn.Module):
                 "relevance logit (num_labels=1)"
             )
         tokenizer = _load_tokenizer(directory)
-        model = BertForSequenceClassification(config, num_labels=1, pooling="cls")
-        has_pooler = _has_pooler(enc_state)
+        model = BertForSequenceClassification(config, num_labels=1)  # pooling: config's classifier_pooling
+        has_pooler = model.pooling == "mean" or _has_pooler(enc_state)
         if not has_pooler:
             logger.warning("%s: no pooler weights; the pooler is freshly initialised", directory)
         state = {f"bert.{k}": v for k, v in enc_state.items()}
@@ -161,8 +174,15 @@ class CrossEncoder(nn.Module):
         max_length: int | None = None,
         bf16: bool | str = "auto",
         seed: int | None = 0,
+        pooling: str = "cls",
     ) -> CrossEncoder:
-        """A fresh (untrained) relevance head on any BERT-family encoder checkpoint, ready for training."""
+        """A fresh (untrained) relevance head on any BERT-family encoder checkpoint, ready for training.
+
+        pooling: "cls" (the [CLS] pooler: loads in transformers and sentence-transformers) or "mean"
+            (the token mean: learns much sooner from a mean-pooling sentence encoder; module docstring).
+        """
+        if pooling not in POOLINGS:
+            raise ValueError(f"pooling={pooling!r}; choose one of {POOLINGS}")
         if not os.path.isdir(directory):
             raise FileNotFoundError(f"encoder directory not found: {directory}")
         config = EncoderConfig.load(os.path.join(directory, CONFIG_NAME))
@@ -172,11 +192,14 @@ class CrossEncoder(nn.Module):
         for key in ("num_labels", "id2label", "label2id", "problem_type", "sentence_transformers",
                     "classifier_pooling"):
             config.extra.pop(key, None)
+        if pooling == "mean":
+            config.extra["classifier_pooling"] = "mean"  # saved with the checkpoint, read back by from_pretrained
+            enc_state = {k: v for k, v in enc_state.items() if not k.startswith("pooler.")}  # no pooler to fill
         if seed is not None:
             torch.manual_seed(seed)  # draws the head (and a pooler the checkpoint lacks)
-        model = BertForSequenceClassification(config, num_labels=1, pooling="cls")
+        model = BertForSequenceClassification(config, num_labels=1, pooling=pooling)
         load_into(model.bert, enc_state, source=os.path.join(directory, WEIGHTS_NAME),
-                  allow_missing=() if _has_pooler(enc_state) else ("pooler.",))
+                  allow_missing=() if pooling == "mean" or _has_pooler(enc_state) else ("pooler.",))
         if max_length is None:
             max_length = _st_max_length(directory)
         return cls(model, tokenizer, max_length=max_length, device=device, bf16=bf16)

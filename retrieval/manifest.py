@@ -7,7 +7,8 @@ there, ``"pipeline"``, holding:
 * ``format``: the version of this block (refused if newer than the code);
 * ``encoder``: the dual encoder's fingerprint and settings (`DualEncoder.describe`)
   and where its weights came from (``model``);
-* ``reranker``: a default cross-encoder directory, or None;
+* ``reranker``: a default cross-encoder directory, or None (a relative path is
+  relative to the index directory, so an index and its reranker can move together);
 * ``versions``: the library versions that built the index (for a person
   debugging "why do my scores differ"; not enforced);
 * ``corpus``: the file the index was built from and its sha256.
@@ -25,6 +26,7 @@ import platform
 from typing import Any
 
 from twotower.indexing import IndexFormatError
+from twotower.indexing.manifest import MANIFEST_NAME
 
 PIPELINE_KEY = "pipeline"
 PIPELINE_FORMAT = 1
@@ -99,6 +101,26 @@ def resolve_model_source(source: Any, manifest_path: str) -> str:
             )
         return source["path"]
     raise IndexFormatError(manifest_path, f"pipeline.encoder.model is invalid: {source!r}")
+
+
+def resolve_reranker_source(value: Any, index_dir: str | os.PathLike[str]) -> str | None:
+    """The directory a manifest's ``pipeline.reranker`` names (None: no default reranker).
+
+    A relative path is taken relative to the index directory, not the current one: the
+    manifest lives there, and a search run from elsewhere must find the same reranker.
+    """
+    manifest_path = os.path.join(os.fspath(index_dir), MANIFEST_NAME)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise IndexFormatError(manifest_path, f"pipeline.reranker must be a directory path or null, got {value!r}")
+    path = os.path.join(os.fspath(index_dir), value)  # an absolute `value` stays as it is
+    if not os.path.isdir(path):
+        raise FileNotFoundError(
+            f"{manifest_path}: the index's default reranker {path} does not exist; pass --reranker DIR, or "
+            "search with --no-rerank"
+        )
+    return path
 
 
 def pipeline_block(extra: dict[str, Any], manifest_path: str) -> dict[str, Any]:

@@ -21,15 +21,17 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import threading
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from twotower.indexing import MISSING_ID, Document, IndexStore, document_text
+from twotower.indexing import MISSING_ID, Document, IndexStore, Snapshot, document_text
 from twotower.indexing.manifest import MANIFEST_NAME
 from twotower.retrieval.build import DEFAULT_SHARD_SIZE, build_index
 from twotower.retrieval.candidates import Candidate, dense_candidates, fused_candidates
@@ -54,6 +56,7 @@ from twotower.retrieval.manifest import (
     model_source,
     pipeline_block,
     resolve_model_source,
+    resolve_reranker_source,
 )
 from twotower.retrieval.reader import AnswerResult, label_hits, read_answers
 from twotower.retrieval.rerank import rerank_scores
@@ -61,6 +64,11 @@ from twotower.retrieval.rerank import rerank_scores
 logger = logging.getLogger(__name__)
 
 FUSIONS = ("rrf", "minmax", "zscore")
+# First-stage candidates the cross-encoder scores when `search` is not given rerank_k. Measured on SciFact
+# (docs/results.md, "How deep to rerank"): nDCG@10 at 20 is within noise of 10, 50 and 100, at a fifth of
+# the cost of 100 (0.4 s vs 2.2 s a query in fp32 on 2 cores), and 20 is the depth training chooses the
+# interpolation weight at (``dev_rerank_k`` in the demo and the documented recipes).
+DEFAULT_RERANK_K = 20
 
 
 def _load_encoder(model: DualEncoder | str | os.PathLike | None, bf16: bool | str, device: str) -> DualEncoder:
@@ -110,6 +118,7 @@ class SearchPipeline:
         self.encoder = encoder
         self.reranker = reranker
         self._task_models: dict[str, Any] = {}  # reader / classifier directories, loaded once
+        self._local = threading.local()  # the commit each thread's search is reading (`_one_commit`)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -152,6 +161,8 @@ class SearchPipeline:
             raise ValueError(f"on_duplicate={on_duplicate!r}; choose one of {DUPLICATE_POLICIES}")
         directory = os.fspath(directory)
         encoder = _load_encoder(model, bf16, device)
+        # Loaded before encoding: a bad reranker directory fails in seconds, and no index names it as its default.
+        cross_encoder = _load_reranker(reranker, bf16, device)
         model_dir = encoder.source
         tmp_corpus = None
         if not isinstance(corpus, (str, os.PathLike)):  # documents in memory: validated, then spooled to disk
@@ -185,7 +196,7 @@ class SearchPipeline:
                 os.unlink(tmp_corpus)
         if not is_main:
             return None
-        return cls(IndexStore.open(directory), encoder, _load_reranker(reranker, bf16, device))
+        return cls(IndexStore.open(directory), encoder, cross_encoder)
 
     @classmethod
     def load(
@@ -218,7 +229,7 @@ class SearchPipeline:
                 model = resolve_model_source(block["encoder"].get("model"), os.path.join(directory, MANIFEST_NAME))
             encoder = _load_encoder(model, bf16, device)
             if reranker is None and use_default_reranker:
-                reranker = block.get("reranker")
+                reranker = resolve_reranker_source(block.get("reranker"), directory)
             return cls(store, encoder, _load_reranker(reranker, bf16, device))
         except BaseException:
             store.close()
@@ -293,6 +304,7 @@ class SearchPipeline:
         progress: bool = False,
         fetch_documents: bool = True,
         rerank_alpha: float | None = None,
+        rerank_k: int | None = None,
         classifier: Any = None,
     ) -> list[Hit] | list[list[Hit]]:
         """Top-`k` hits for one query (a list of Hit) or for each of several (a list of lists).
@@ -309,6 +321,15 @@ class SearchPipeline:
             rerank_alpha: final = alpha * z(rerank) + (1 - alpha) * z(first stage) per query
                 (`twotower.retrieval.interpolation`); None = the weight chosen on dev and stored with
                 the reranker, else 1.0 (pure reranking). Hit.rerank_score stays the raw score.
+                At alpha 0 the final ranking is the first stage's, so the cross-encoder is not run at
+                all: the hits are the first-stage hits (``rerank_score`` None, ``rank`` ==
+                ``first_stage_rank``).
+            rerank_k: how many of the first stage's top candidates the cross-encoder scores (its cost
+                is one forward pass per pair); None = ``min(DEFAULT_RERANK_K, recall_k)``. The top
+                rerank_k are reordered by their final score and fill ranks 1..rerank_k; candidates
+                rerank_k+1..recall_k follow below them in first-stage order with ``rerank_score`` None
+                and a final score of (the lowest reranked final score) - (rank - rerank_k), so scores
+                fall strictly with rank and a TREC run of the hits keeps this order.
             classifier: a classification model (`twotower finetune classify` directory or
                 `encoder.TaskModel`): each returned hit gets ``label`` / ``label_score`` from
                 its text; run only on the k returned hits, never on the recall candidates.
@@ -320,6 +341,8 @@ class SearchPipeline:
             raise ValueError(f"k must be a positive int, got {k!r}")
         if recall_k < k:
             raise ValueError(f"recall_k ({recall_k}) must be >= k ({k})")
+        if rerank_k is not None and (not isinstance(rerank_k, int) or not 1 <= rerank_k <= recall_k):
+            raise ValueError(f"rerank_k must be an int between 1 and recall_k ({recall_k}), got {rerank_k!r}")
         if fusion not in FUSIONS:
             raise ValueError(f"fusion={fusion!r}; choose one of {FUSIONS}")
         clf = self._task_model(classifier, "classify", "classifier") if classifier is not None else None
@@ -329,19 +352,22 @@ class SearchPipeline:
             return []
         self._warn_long(queries)
         qvecs = self.encoder.encode_queries(queries, batch_size=batch_size, progress=progress)  # (Q, D)
-        dense = self.store.search(qvecs, recall_k)
-        if hybrid:
-            lexical = self.store.search_bm25(queries, recall_k)
-            candidates = [fused_candidates(dense, lexical, qi, recall_k, fusion, rrf_k, weights)
-                          for qi in range(len(queries))]
-        else:
-            candidates = dense_candidates(dense)
-        cross_scores = final_scores = None
-        if rerank and self.reranker is not None:
-            alpha = self.rerank_alpha(rerank_alpha)
-            candidates, cross_scores, final_scores = self._rerank(queries, candidates, k, batch_size, progress,
-                                                                   alpha)
-        hits = self._hits(candidates, k, cross_scores, fetch_documents, final_scores)
+        with self._one_commit() as view:  # vectors, BM25 and documents of one commit, whatever other threads do
+            dense = view.search(qvecs, recall_k)
+            if hybrid:
+                lexical = view.search_bm25(queries, recall_k)
+                candidates = [fused_candidates(dense, lexical, qi, recall_k, fusion, rrf_k, weights)
+                              for qi in range(len(queries))]
+            else:
+                candidates = dense_candidates(dense)
+            cross_scores = final_scores = None
+            if rerank and self.reranker is not None:
+                alpha = self.rerank_alpha(rerank_alpha)
+                if alpha > 0.0:  # alpha 0 keeps the first-stage ranking: scoring pairs would change nothing
+                    depth = min(DEFAULT_RERANK_K, recall_k) if rerank_k is None else rerank_k
+                    candidates, cross_scores, final_scores = self._rerank(queries, candidates, k, batch_size,
+                                                                           progress, alpha, depth)
+            hits = self._hits(candidates, k, cross_scores, fetch_documents, final_scores)
         if clf is not None:
             self._label(hits, clf, batch_size)
         return hits[0] if single else hits
@@ -413,9 +439,10 @@ class SearchPipeline:
         """Dense-only search with query vectors encoded elsewhere: (Q, D) -> Q lists of k Hits."""
         if not isinstance(k, int) or k < 1:
             raise ValueError(f"k must be a positive int, got {k!r}")
-        res = self.store.search(np.asarray(query_vectors), k)
-        if fetch_documents:
-            return self._hits(dense_candidates(res), k, None, True)
+        with self._one_commit() as view:
+            res = view.search(np.asarray(query_vectors), k)
+            if fetch_documents:
+                return self._hits(dense_candidates(res), k, None, True)
         # The lean path (ids and scores only): Hits straight from the result arrays, no Candidates between.
         ranks = range(1, k + 1)
         with gc_paused():
@@ -437,23 +464,29 @@ class SearchPipeline:
 
     def _rerank(
         self, queries: list[str], candidates: list[list[Candidate]], k: int, batch_size: int, progress: bool,
-        alpha: float,
-    ) -> tuple[list[list[Candidate]], list[list[float]], list[list[float]]]:
-        """Score every (query, candidate) pair with the cross-encoder; keep the best k per query.
+        alpha: float, depth: int,
+    ) -> tuple[list[list[Candidate]], list[list[float | None]], list[list[float]]]:
+        """Score each query's first `depth` candidates with the cross-encoder; keep the best k per query.
 
-        Returns (candidates, cross-encoder scores, final scores).  With ``alpha < 1`` the final score
-        mixes the z-normalised cross-encoder and first-stage scores (`twotower.retrieval.interpolation`).
-        Ties keep the first-stage order.
+        Returns (candidates, cross-encoder scores (None below depth), final scores).  With ``alpha < 1``
+        the final score mixes the z-normalised cross-encoder and first-stage scores of the reranked
+        candidates (`twotower.retrieval.interpolation`).  Ties keep the first-stage order.  Candidates
+        below `depth` follow in first-stage order, scored one point apart below the last reranked one
+        (the merge rule of `search`).
         """
-        docs = self._documents(candidates)
-        texts = [[document_text(docs[c.id]) for c in cands] for cands in candidates]
+        heads = [cands[:depth] for cands in candidates]
+        docs = self._documents(heads)
+        texts = [[document_text(docs[c.id]) for c in cands] for cands in heads]
         out_c, out_s, out_f = [], [], []
-        for cands, s in zip(candidates, rerank_scores(self.reranker, queries, texts, batch_size, progress)):
-            final = interpolate(s, np.array([c.score for c in cands]), alpha)  # alpha 1: s itself
-            order = sorted(range(len(cands)), key=lambda j: (-final[j], cands[j].rank))[:k]
-            out_c.append([cands[j] for j in order])
-            out_s.append([float(s[j]) for j in order])
-            out_f.append([float(final[j]) for j in order])
+        for cands, head, s in zip(candidates, heads, rerank_scores(self.reranker, queries, texts, batch_size,
+                                                                   progress)):
+            final = interpolate(s, np.array([c.score for c in head]), alpha)  # alpha 1: s itself
+            order = sorted(range(len(head)), key=lambda j: (-final[j], head[j].rank))[:k]
+            tail = cands[depth:depth + max(0, k - len(order))]
+            floor = float(final[order[-1]]) if order else 0.0
+            out_c.append([head[j] for j in order] + tail)
+            out_s.append([float(s[j]) for j in order] + [None] * len(tail))
+            out_f.append([float(final[j]) for j in order] + [floor - i for i in range(1, len(tail) + 1)])
         return out_c, out_s, out_f
 
     def rerank_alpha(self, override: float | None = None) -> float:
@@ -467,7 +500,27 @@ class SearchPipeline:
     def _documents(self, candidates: list[list[Candidate]]) -> dict[str, Document | None]:
         """The stored documents of all queries' candidates, each read once."""
         wanted = list(dict.fromkeys(c.id for cands in candidates for c in cands))
-        return dict(zip(wanted, self.store.get(wanted)))
+        return dict(zip(wanted, self._view().get(wanted)))
+
+    @contextlib.contextmanager
+    def _one_commit(self) -> Iterator[Snapshot]:
+        """Pin the store's current commit for this thread's search (`IndexStore.snapshot`).
+
+        Threads may share a pipeline (a service does); another thread's ``store.refresh()`` then
+        cannot hand one search the vectors of one commit and the documents of the next. Only the
+        store is pinned: encoders run outside any lock, so searches do not serialise model forwards.
+        """
+        with self.store.snapshot() as snap:
+            outer = getattr(self._local, "view", None)
+            self._local.view = snap if outer is None else outer
+            try:
+                yield self._local.view
+            finally:
+                self._local.view = outer
+
+    def _view(self) -> Snapshot | IndexStore:
+        """The commit this thread's search pinned, else the store itself."""
+        return getattr(self._local, "view", None) or self.store
 
     def _hits(
         self,

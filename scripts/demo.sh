@@ -30,8 +30,8 @@ if [ -z "$RERANKER" ]; then
   if [ -f "$RERANKER_DIR/demo_reranker.json" ]; then
     echo "== using the cached demo reranker in $RERANKER_DIR (delete it to retrain)"
   else
-    echo "== training the demo reranker once: first 3 layers of all-MiniLM-L6-v2, listwise loss on"
-    echo "   809 SciFact train claims with BM25-mined negatives (~8 minutes on 2 CPU cores; cached)"
+    echo "== training the demo reranker once: all-MiniLM-L6-v2, listwise loss on 809 SciFact train"
+    echo "   claims with BM25-mined negatives, 150 steps (minutes on 2 CPU cores; cached)"
   fi
   RERANKER=$("$PY" -m twotower train demo-reranker --out "$RERANKER_DIR" \
     | "$PY" -c 'import json, sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1])["reranker"])')

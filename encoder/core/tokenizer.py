@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -23,6 +24,12 @@ from twotower.common.atomic import atomic_write_text
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 TRUNCATION_STRATEGIES = ("longest_first", "only_first", "only_second")
+
+
+# HF tokenizers keep one truncation setting per tokenizer, changed before each encode: threads that
+# share a model (a pipeline serving requests) must set and use it atomically. Tokenising is quick next
+# to the forward pass, which runs outside this lock. Module-level, so Tokenizer objects stay picklable.
+_TRUNCATION_LOCK = threading.RLock()
 
 
 @dataclass
@@ -192,10 +199,11 @@ class Tokenizer:
 
     def _encode_batch(self, texts: Sequence[str], pairs: Sequence[str] | None, max_length: int, truncation: str):
         """HF encodings with special tokens, truncated; the library's bare Exception becomes a ValueError."""
-        self._set_truncation(max_length, truncation)
         inputs = list(zip(texts, pairs)) if pairs is not None else list(texts)
         try:
-            return self._tok.encode_batch(inputs, add_special_tokens=True)
+            with _TRUNCATION_LOCK:  # the truncation setting is shared state: set and use it atomically
+                self._set_truncation(max_length, truncation)
+                return self._tok.encode_batch(inputs, add_special_tokens=True)
         except Exception as exc:  # tokenizers raises a plain Exception for impossible truncations
             if "runcat" not in str(exc):
                 raise
@@ -206,8 +214,9 @@ class Tokenizer:
 
     def encode_ids(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids without special tokens or truncation (for building pretraining data)."""
-        self._set_truncation(None, "longest_first")
-        return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+        with _TRUNCATION_LOCK:
+            self._set_truncation(None, "longest_first")
+            return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
 
     def encode(
         self,
@@ -274,9 +283,11 @@ class Tokenizer:
 
     def lengths(self, texts: Sequence[str], max_length: int | None = None) -> np.ndarray:
         """Token counts with special tokens, capped at max_length (used to sort batches by length)."""
-        self._set_truncation(None, "longest_first")
         cap = max_length or self.model_max_length
-        n = np.fromiter((len(e.ids) for e in self._tok.encode_batch(list(texts))), dtype=np.int64, count=len(texts))
+        with _TRUNCATION_LOCK:
+            self._set_truncation(None, "longest_first")
+            encs = self._tok.encode_batch(list(texts))
+        n = np.fromiter((len(e.ids) for e in encs), dtype=np.int64, count=len(texts))
         return np.minimum(n, cap)
 
 

@@ -39,6 +39,8 @@ def _load_json(path: str | os.PathLike[str]) -> object:
             raise DataError(path, exc.lineno, f"not valid JSON ({exc.msg} at column {exc.colno})") from None
         except UnicodeDecodeError as exc:
             raise DataError(path, None, f"not valid UTF-8 ({exc.reason})") from None
+        except RecursionError:
+            raise DataError(path, None, "JSON nested too deeply to read") from None
 
 
 def _get(path: str | os.PathLike[str], where: str, obj: object, key: str, kind: type) -> object:

@@ -78,6 +78,11 @@ class RerankerTrainConfig(TrainSettings):
         None = BM25 over the corpus.
     loss: "listwise" (group_size = 1 positive + group_size-1 negatives) or "pointwise" (BCE on pairs).
     batch_size: groups per step (listwise) or pairs per step (pointwise).
+    head_pooling: what a fresh relevance head reads: "cls" (the [CLS] pooler, the layout transformers and
+        sentence-transformers load) or "mean" (the mean of the token states; a checkpoint only twotower
+        scores correctly). From a mean-pooling sentence encoder such as all-MiniLM-L6-v2, whose [CLS]
+        hardly varies between inputs, "mean" learns in the first hundred steps where "cls" stays at
+        chance for hundreds (docs/training.md, "Why the fp32 demo reranker learned nothing").
     head_lr_scale: learning-rate multiplier for the fresh head (pooler + classifier). A new head on an
         encoder whose [CLS] barely varies starts with near-constant scores; at the encoder's learning rate
         it takes hundreds of steps to move, which a CPU budget cannot spare.
@@ -98,6 +103,7 @@ class RerankerTrainConfig(TrainSettings):
     batch_size: int = 4
     max_length: int = 256
     lr: float = 3e-5
+    head_pooling: str = "cls"
     head_lr_scale: float = 20.0
     dev_rerank_k: int = 100
     eval_batch_size: int = 32
@@ -108,6 +114,8 @@ class RerankerTrainConfig(TrainSettings):
     def __post_init__(self) -> None:
         if self.loss not in LOSSES:
             raise ValueError(f"loss={self.loss!r}; choose one of {LOSSES}")
+        if self.head_pooling not in ("cls", "mean"):
+            raise ValueError(f"head_pooling={self.head_pooling!r}; choose 'cls' or 'mean'")
         if self.loss == "listwise" and self.group_size < 2:
             raise ValueError("listwise groups need at least one negative: group_size >= 2")
 
@@ -231,8 +239,11 @@ def pointwise_batches(pairs: Sequence[LabeledPair], batch_size: int, rng: random
 
 
 def make_head_optimizer(model: CrossEncoder, lr: float, weight_decay: float, head_scale: float):
-    """AdamW (no decay on biases / norms, as `twotower.encoder.training.optim`) with the head (pooler + classifier) at head_scale x lr."""
-    head = torch.nn.ModuleList([model.bert.pooler, model.classifier])
+    """AdamW (no decay on biases / norms, as `twotower.encoder.training.optim`) with the head (pooler + classifier) at head_scale x lr.
+
+    A mean-pooled head has no pooler: the classifier alone is the head.
+    """
+    head = torch.nn.ModuleList([m for m in (model.bert.pooler, model.classifier) if m is not None])
     head_ids = {id(p) for p in head.parameters()}
     body = [(n, p) for n, p in model.named_parameters() if id(p) not in head_ids]
     groups = []
@@ -256,8 +267,10 @@ def load_reranker(cfg: RerankerTrainConfig, device: torch.device) -> CrossEncode
     if os.path.isfile(path):
         with safe_open(path, framework="pt") as f:
             has_head = "classifier.weight" in f.keys()
-    make = CrossEncoder.from_pretrained if has_head else CrossEncoder.from_encoder
-    return make(cfg.model, device=device, max_length=cfg.max_length, bf16=cfg.bf16)
+    if has_head:  # a reranker keeps the head it was trained with
+        return CrossEncoder.from_pretrained(cfg.model, device=device, max_length=cfg.max_length, bf16=cfg.bf16)
+    return CrossEncoder.from_encoder(cfg.model, device=device, max_length=cfg.max_length, bf16=cfg.bf16,
+                                     pooling=cfg.head_pooling)
 
 
 def train_reranker(cfg: RerankerTrainConfig) -> RerankerTrainResult:

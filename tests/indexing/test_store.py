@@ -1,6 +1,7 @@
 """IndexStore: staging, commit/rollback, manifest, readers, copies, BM25 integration."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -42,11 +43,9 @@ def test_create_add_commit_reopen(tmp_path, vecs):
     assert m["counts"] == {"documents": 50, "vectors": 50, "tombstones": 0}
     assert (m["dim"], m["metric"], m["factory"], m["format_version"]) == (DIM, "cosine", "Flat", 1)
     assert m["extra"] == {"encoder": "abc"} and m["generation"] == 1
-    assert sorted(p.name for p in d.iterdir() if "sqlite" not in p.name) == [
-        "LOCK",
-        "manifest.json",
-        vectors_name(1),
-    ]
+    names = sorted(p.name for p in d.iterdir() if "sqlite" not in p.name)
+    assert names[:2] == ["LOCK", "manifest.json"] and len(names) == 3
+    assert re.fullmatch(r"seg-00000000-[0-9a-f]{8}\.faiss", names[2])  # one segment: the 50 added vectors
     again.close()
 
 
@@ -144,13 +143,15 @@ def test_open_removes_stray_files(tmp_path, vecs):
     with IndexStore.create(tmp_path / "i", DIM, "Flat") as s:
         s.add(docs(0, 5), vecs[:5])
     d = tmp_path / "i"
+    (segment,) = (p.name for p in d.glob("seg-*.faiss"))
     (d / vectors_name(7)).write_bytes(b"half-written")
+    (d / "seg-00000005-0badf00d.faiss").write_bytes(b"an interrupted commit's segment")
     (d / "vectors-00000002.faiss.tmp-abc").write_bytes(b"x")
     (d / "bm25-00000009.npz").write_bytes(b"x")
     with IndexStore.open(d) as s:
         assert len(s) == 5
     names = {p.name for p in d.iterdir()}
-    assert vectors_name(1) in names and vectors_name(7) not in names
+    assert segment in names and vectors_name(7) not in names and "seg-00000005-0badf00d.faiss" not in names
     assert not any("tmp" in n or n.startswith("bm25") for n in names)
 
 
@@ -200,7 +201,7 @@ def test_documents_and_vectors_disagreeing_is_detected(tmp_path, vecs):
 
     with DocStore(tmp_path / "i" / "docs.sqlite") as ds:
         ds.delete(["d0"])
-    with pytest.raises(IndexFormatError, match="holds 5 vectors but docs.sqlite holds 4 documents"):
+    with pytest.raises(IndexFormatError, match="hold 5 vectors but docs.sqlite holds 4 documents"):
         IndexStore.open(tmp_path / "i")
 
 
@@ -262,3 +263,27 @@ def test_info_is_json_serialisable(tmp_path, vecs):
         info = s.info()
     json.dumps(info)
     assert info["documents"] == info["vectors"] == 3 and info["bm25"] == {}
+
+
+def test_directory_of_the_one_file_layout_opens_and_upgrades(tmp_path, vecs):
+    """An index written before segments (vectors-<gen>.faiss, no commit record) still opens; a writer upgrades it."""
+    from twotower.indexing import DocStore, Manifest, VectorIndex
+
+    d = tmp_path / "old"
+    d.mkdir()
+    VectorIndex.build([f"d{i}" for i in range(30)], vecs[:30], factory="Flat").save(d / vectors_name(3))
+    with DocStore(d / "docs.sqlite") as ds, ds.transaction():
+        ds.add(docs(0, 30))
+        ds.set_meta("generation", "3")
+        for key in ("vector_layout", "ids_digest", "docs_digest"):  # as an earlier version wrote it
+            ds._conn.execute("DELETE FROM meta WHERE key = ?", (key,))
+    Manifest(dim=DIM, metric="cosine", factory="Flat").write(d / "manifest.json")
+    (d / "LOCK").touch()
+    with IndexStore.open(d, readonly=True) as ro:
+        assert ro.generation == 3 and len(ro) == 30 and ro.search(vecs[4:5], 1).ids == [["d4"]]
+    with IndexStore.open(d) as w:  # records the old file as the first segment, then works as usual
+        w.add(docs(30, 40), vecs[30:40])
+        w.delete(["d0"])
+    with IndexStore.open(d, readonly=True, verify="full") as ro:
+        assert ro.generation == 4 and len(ro) == 39 and ro.search(vecs[35:36], 1).ids == [["d35"]]
+        assert {s.name for s in ro.vectors.segments} >= {vectors_name(3)}

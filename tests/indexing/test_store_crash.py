@@ -4,6 +4,10 @@ The child commits batch 1 (d0..d99), then stages batch 2 (d100..d199 added, d0 d
 and commits it. A hook in ``IndexStore.commit`` (``twotower.indexing.store.CRASH_HOOK``) writes a
 signal file at the chosen step and sleeps; the parent SIGKILLs it there. Before the
 SQLite commit point the directory must hold exactly batch 1; after it, exactly batch 2.
+
+Two merge policies cover both ways a commit writes vectors: the default one writes batch 2
+as a new segment (d0 becomes a tombstone row), and ``merge`` (factor 2) merges batch 1 and
+batch 2 into one new segment in the same commit, deleting the old file after the commit point.
 """
 
 import os
@@ -28,9 +32,10 @@ CHILD = textwrap.dedent(
     import faiss, numpy as np
     faiss.omp_set_num_threads(1)
     import twotower.indexing.store as st
-    from twotower.indexing import IndexStore
+    from twotower.indexing import IndexStore, MergePolicy
 
-    directory, stage, signal_file, factory = sys.argv[1:]
+    directory, stage, signal_file, factory, policy = sys.argv[1:]
+    policy = MergePolicy(factor=2, min_segment=10) if policy == "merge" else MergePolicy()
     x = np.random.default_rng(0).normal(size=(200, 8)).astype("float32")
     docs = lambda lo, hi: [{{"id": f"d{{i}}", "title": "t", "text": f"word{{i}}"}} for i in range(lo, hi)]
 
@@ -41,7 +46,7 @@ CHILD = textwrap.dedent(
         os.replace(signal_file + ".tmp", signal_file)
         time.sleep(120)  # the parent kills us here
 
-    store = IndexStore.create(directory, 8, factory, "cosine", bm25=True)
+    store = IndexStore.create(directory, 8, factory, "cosine", bm25=True, merge_policy=policy)
     store.add(docs(0, 100), x[:100])
     store.commit()
     store.search_bm25(["word1"], 1)  # load BM25 so commits also write it
@@ -58,11 +63,11 @@ CHILD = textwrap.dedent(
 X = np.random.default_rng(0).normal(size=(200, 8)).astype("float32")  # same as the child's
 
 
-def run_and_kill(tmp_path: Path, stage: str, factory: str) -> Path:
+def run_and_kill(tmp_path: Path, stage: str, factory: str, policy: str) -> Path:
     script = tmp_path / "child.py"
     script.write_text(CHILD.format(repo=str(REPO)))
     directory, flag = tmp_path / "idx", tmp_path / "signal"
-    proc = subprocess.Popen([sys.executable, str(script), str(directory), stage, str(flag), factory])
+    proc = subprocess.Popen([sys.executable, str(script), str(directory), stage, str(flag), factory, policy])
     try:
         deadline = time.monotonic() + 60
         while not flag.exists():
@@ -81,18 +86,24 @@ def run_and_kill(tmp_path: Path, stage: str, factory: str) -> Path:
 
 
 @pytest.mark.parametrize(
-    "stage,committed",
+    "stage,committed,policy",
     [
-        ("staged", False),  # documents staged in SQLite, vectors in memory
-        ("before_vectors", False),  # commit() entered
-        ("vectors_written", False),  # vectors-2.faiss renamed into place, SQLite not committed
-        ("sqlite_committed", True),  # the commit point passed; old files and manifest not tidied
-        ("manifest_written", True),  # everything but the BM25 cache
+        ("staged", False, "default"),  # documents staged in SQLite, vectors in memory
+        ("before_vectors", False, "default"),  # commit() entered
+        ("segment_written", False, "default"),  # the new segment renamed into place, SQLite not committed
+        ("merge_written", False, "merge"),  # the merged segment renamed into place, SQLite not committed
+        ("files_written", False, "default"),  # records staged in the SQLite transaction, not committed
+        ("files_written", False, "merge"),
+        ("sqlite_committed", True, "default"),  # the commit point passed; manifest not tidied
+        ("sqlite_committed", True, "merge"),  # ... and the merged-away file not yet deleted
+        ("old_files_removed", True, "merge"),
+        ("manifest_written", True, "default"),  # everything but the BM25 cache
+        ("manifest_written", True, "merge"),
     ],
 )
 @pytest.mark.parametrize("factory", ["Flat", "HNSW32"])
-def test_sigkill_during_commit_leaves_last_commit(tmp_path, stage, committed, factory):
-    directory = run_and_kill(tmp_path, stage, factory)
+def test_sigkill_during_commit_leaves_last_commit(tmp_path, stage, committed, policy, factory):
+    directory = run_and_kill(tmp_path, stage, factory, policy)
     want = [f"d{i}" for i in (range(1, 200) if committed else range(100))]
     with IndexStore.open(directory) as store:
         assert store.generation == (2 if committed else 1)
@@ -103,7 +114,10 @@ def test_sigkill_during_commit_leaves_last_commit(tmp_path, stage, committed, fa
         assert store.search(X[probe : probe + 1], 1).ids == [[f"d{probe}"]]
         assert store.search_bm25([f"word{probe}"], 1).ids == [[f"d{probe}"]]
         assert ("d0" in store.vectors) is not committed
+        segments = {s.name for s in store.vectors.segments}
+        assert len(segments) == (1 if not committed or policy == "merge" else 2)
+    with IndexStore.open(directory, readonly=True, verify="full") as ro:  # checksums of what survived
+        assert len(ro) == len(want)
     names = sorted(p.name for p in directory.iterdir())
-    gen = 2 if committed else 1
-    assert [n for n in names if n.startswith("vectors-")] == [f"vectors-{gen:08d}.faiss"]
+    assert {n for n in names if n.endswith(".faiss")} == segments  # strays and merged-away files are gone
     assert not [n for n in names if ".tmp-" in n]

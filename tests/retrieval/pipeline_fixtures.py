@@ -71,3 +71,15 @@ def write_corpus(path: str, docs: list[dict]) -> str:
 def toy_docs(n: int, seed: int = 0, prefix: str = "d") -> list[dict]:
     texts = sentences(n, seed=seed + 1, lo=3, hi=30)
     return [{"_id": f"{prefix}{i}", "title": f"title {i}" if i % 3 else "", "text": t} for i, t in enumerate(texts)]
+
+
+def spread_reranker_dir(directory: str, seed: int = 3) -> str:
+    """Save a random-weight CrossEncoder on the tiny model whose head is wide enough that scores vary."""
+    from twotower.retrieval.cross_encoder import CrossEncoder
+
+    ce = CrossEncoder.from_encoder(tiny_model_dir(), bf16=False, device="cpu")
+    with torch.no_grad():
+        torch.manual_seed(seed)
+        ce.classifier.weight.normal_(0, 1.0)
+    ce.save_pretrained(directory)
+    return directory

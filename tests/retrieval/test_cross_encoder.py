@@ -178,3 +178,35 @@ def test_predict_rejects_a_bare_pair(saved):
     ce, _ = saved
     with pytest.raises(TypeError, match="list of"):
         ce.predict(("q", "d"))
+
+
+def test_mean_pooled_head_scores_the_token_mean_and_round_trips(tmp_path):
+    """pooling="mean": logit = classifier(mean of the real tokens' final states); saved and loaded as such."""
+    from twotower.encoder.core.pooling import mean_pool
+
+    ce = _spread(CrossEncoder.from_encoder(tiny_model_dir(), device="cpu", bf16=False, max_length=48,
+                                           pooling="mean"))
+    assert ce.model.pooling == "mean" and ce.bert.pooler is None
+    enc = ce.encode_pairs([q for q, _ in PAIRS], [d for _, d in PAIRS]).model_inputs()
+    with torch.no_grad():
+        hidden, _ = ce.bert(**enc, return_pooled=False)  # (B, T, H)
+        ref = ce.classifier(mean_pool(hidden, enc["attention_mask"])).squeeze(-1).numpy()  # by hand, no dropout
+    scores = ce.predict(PAIRS)
+    np.testing.assert_allclose(scores, ref, atol=1e-5)
+    out = str(tmp_path / "mean")
+    ce.save_pretrained(out)
+    cfg = json.load(open(os.path.join(out, "config.json")))
+    assert cfg["classifier_pooling"] == "mean"
+    back = CrossEncoder.from_pretrained(out, device="cpu", bf16=False)
+    assert back.model.pooling == "mean"
+    np.testing.assert_allclose(back.predict(PAIRS), scores, atol=1e-6)
+    with pytest.raises(ValueError, match="pooling='max'"):
+        CrossEncoder.from_encoder(tiny_model_dir(), device="cpu", bf16=False, pooling="max")
+
+
+def test_fresh_cls_head_ignores_a_mean_pooling_source(tmp_path):
+    """A mean-pooled reranker continued as an encoder gets the head asked for, not the source's pooling."""
+    ce = CrossEncoder.from_encoder(tiny_model_dir(), device="cpu", bf16=False, max_length=48, pooling="mean")
+    ce.save_pretrained(str(tmp_path / "mean"))
+    fresh = CrossEncoder.from_encoder(str(tmp_path / "mean"), device="cpu", bf16=False)
+    assert fresh.model.pooling == "cls" and fresh.bert.pooler is not None

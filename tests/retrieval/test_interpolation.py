@@ -90,11 +90,10 @@ def test_pipeline_applies_the_stored_alpha(tmp_path):
     with SearchPipeline.load(tmp_path / "idx", tiny_model_dir(), reranker=mixed, bf16=False) as pipe:
         recall = pipe.search(query, k=10, recall_k=10, rerank=False)
         assert pipe.rerank_alpha() == 0.0
-        kept = pipe.search(query, k=10, recall_k=10)  # stored alpha 0: the first-stage order, reranker scores kept
+        kept = pipe.search(query, k=10, recall_k=10)  # stored alpha 0: the first-stage hits, reranker not run
         assert [h.id for h in kept] == [h.id for h in recall]
+        assert all(h.rerank_score is None for h in kept)
         scores = ce.predict([(query, document_text({"title": h.title, "text": h.text})) for h in recall])
-        for h, s in zip(kept, scores):
-            assert h.rerank_score == pytest.approx(float(s), abs=1e-4)
         pure = pipe.search(query, k=10, recall_k=10, rerank_alpha=1.0)  # an explicit override wins
         assert [h.id for h in pure] == [recall[i].id for i in np.argsort(-scores, kind="stable")]
         assert all(h.score == h.rerank_score for h in pure)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 
 import pytest
 
@@ -12,6 +13,7 @@ from tests.retrieval.pipeline_fixtures import tiny_model_dir
 from tests.serve.serve_fixtures import AUTH, TOKEN, client, stats
 from twotower.indexing import document_text
 from twotower.retrieval import Hit, SearchPipeline
+from twotower.retrieval.interpolation import write_alpha
 from twotower.serve.app import STATIC
 
 QUERIES = ["tea coffee cold", "gene protein expression", "patient drug dose trial risk"]
@@ -53,6 +55,15 @@ def test_hybrid_and_rerank_match_the_pipeline(index_template, reranker_dir):
                 body = r.json()
                 _same(body["hits"], ref.search(QUERIES[0], k=5, recall_k=20, hybrid=hybrid, rerank=rerank))
                 assert (body["hybrid"], body["reranked"]) == (hybrid, rerank)
+        # rerank_k: only the first stage's top 4 are scored; the rest follow in first-stage order
+        r = c.get("/search", params={"q": QUERIES[2], "k": 8, "recall_k": 20, "rerank_k": 4})
+        assert r.status_code == 200, r.text
+        want = ref.search(QUERIES[2], k=8, recall_k=20, rerank_k=4)
+        _same(r.json()["hits"], want)
+        assert [h["rerank_score"] is None for h in r.json()["hits"]] == [False] * 4 + [True] * 4
+        batch = c.post("/search", json={"queries": QUERIES, "k": 8, "recall_k": 20, "rerank_k": 4}).json()
+        for res, w in zip(batch["results"], ref.search(QUERIES, k=8, recall_k=20, rerank_k=4)):
+            _same(res["hits"], w)
         default = c.get("/search", params={"q": QUERIES[1], "k": 3, "recall_k": 10}).json()
         assert default["reranked"] is True  # a loaded reranker is used unless rerank=false
         assert all(h["rerank_score"] is not None for h in default["hits"])
@@ -81,17 +92,17 @@ def test_get_document_by_id(index_template, docs):
 
 def test_add_replace_delete_round_trip(index_dir):
     new = [{"_id": "new/1", "title": "fresh", "text": "green tea leaf milk sugar"},
-           {"_id": "new 2", "text": "mouse brain tumor signal pathway", "metadata": {"source": "test"}}]
+           {"_id": "new-2", "text": "mouse brain tumor signal pathway", "metadata": {"source": "test"}}]
     with client(index_dir, token=TOKEN) as c:
         before = stats(c, AUTH)
         r = c.post("/documents", json={"documents": new}, headers=AUTH)
         assert r.status_code == 200, r.text
-        assert r.json() == {"added": 2, "replaced": 0, "ids": ["new/1", "new 2"],
+        assert r.json() == {"added": 2, "replaced": 0, "ids": ["new/1", "new-2"],
                             "generation": before["generation"] + 1, "documents": before["documents"] + 2}
         for d in new:  # searchable as soon as the add returned: its own text is its nearest neighbour
             top = c.get("/search", params={"q": document_text(d), "k": 1}, headers=AUTH).json()["hits"][0]
             assert top["id"] == d["_id"] and top["text"] == d["text"]
-        got = c.get("/documents/new 2", headers=AUTH).json()
+        got = c.get("/documents/new-2", headers=AUTH).json()
         assert got["metadata"] == {"source": "test"}
         assert c.get("/documents/new/1", headers=AUTH).json()["title"] == "fresh"  # ids may hold a slash
 
@@ -101,12 +112,12 @@ def test_add_replace_delete_round_trip(index_dir):
         assert (r.json()["added"], r.json()["replaced"], r.json()["documents"]) == (0, 1, before["documents"] + 2)
         assert c.get("/documents/new/1", headers=AUTH).json()["text"] == changed["text"]
 
-        r = c.request("DELETE", "/documents", json={"ids": ["new/1", "new 2"]}, headers=AUTH)
+        r = c.request("DELETE", "/documents", json={"ids": ["new/1", "new-2"]}, headers=AUTH)
         assert r.status_code == 200, r.text
-        assert r.json()["deleted"] == ["new/1", "new 2"] and r.json()["documents"] == before["documents"]
+        assert r.json()["deleted"] == ["new/1", "new-2"] and r.json()["documents"] == before["documents"]
         assert c.get("/documents/new/1", headers=AUTH).status_code == 404
         hits = c.get("/search", params={"q": "green tea leaf milk sugar", "k": 50}, headers=AUTH).json()["hits"]
-        assert not {"new/1", "new 2"} & {h["id"] for h in hits}
+        assert not {"new/1", "new-2"} & {h["id"] for h in hits}
     with _reference(index_dir) as ref:  # the commits are on disk for any other reader
         assert len(ref) == before["documents"] and ref.store.get(["new/1"]) == [None]
 
@@ -130,6 +141,7 @@ def test_health_and_stats(index_template):
         assert route["count"] == 4 and route["statuses"] == {"2xx": 3, "4xx": 1}
         assert 0 < route["p50_ms"] <= route["p95_ms"] <= route["p99_ms"] <= route["max_ms"] * 1.01
         assert s["batching"]["queries"] == 3
+        assert 0 < s["batching"]["busy_s"] <= s["requests"]["uptime_s"]  # the owner's time in the searches
 
 
 def test_page_and_api_reference_load_nothing_from_elsewhere(index_template):
@@ -150,3 +162,15 @@ def test_page_and_api_reference_load_nothing_from_elsewhere(index_template):
         assert set(spec["paths"]["/search"]) == {"get", "post"} and set(spec["paths"]["/documents"]) == {"post",
                                                                                                          "delete"}
         json.dumps(spec)
+
+
+def test_a_reranker_with_weight_zero_is_skipped_and_not_reported_as_reranking(index_template, reranker_dir,
+                                                                               tmp_path):
+    zero = str(tmp_path / "ce-alpha0")
+    shutil.copytree(reranker_dir, zero)
+    write_alpha(zero, 0.0)
+    with client(index_template, reranker=zero) as c, _reference(index_template) as ref:
+        body = c.get("/search", params={"q": QUERIES[0], "k": 5, "recall_k": 20}).json()
+        assert body["reranked"] is False  # the final ranking is the first stage's: no cross-encoder was run
+        assert all(h["rerank_score"] is None for h in body["hits"])
+        _same(body["hits"], ref.search(QUERIES[0], k=5, recall_k=20))

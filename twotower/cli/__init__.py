@@ -9,6 +9,7 @@ command's bad input is reported before anything large loads.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import logging
 import sys
@@ -57,6 +58,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rc = args.func(args)
     except (CLIError, FileNotFoundError, ValueError) as exc:
+        print(f"twotower {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC:
+            raise
+        # a full disk is the user's to fix, not a bug: the stores raise it with the directory named
         print(f"twotower {args.command}: error: {exc}", file=sys.stderr)
         return 2
     return int(rc or 0)

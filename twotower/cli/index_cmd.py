@@ -1,4 +1,4 @@
-"""``twotower index build|add|delete|info``: create and maintain a search index directory.
+"""``twotower index build|add|delete|info|check``: create, maintain and verify a search index directory.
 
 ``build`` encodes a BEIR ``corpus.jsonl`` ({_id, title, text}) with the dual
 encoder (default all-MiniLM-L6-v2) into a new index directory: SQLite documents
@@ -62,6 +62,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     i.add_argument("--json", action="store_true", help="print the full description as JSON")
     i.set_defaults(func=run_info)
 
+    c = sub.add_parser("check", help="verify every file of an index against its checksums (exit 2 if damaged)")
+    c.add_argument("index", metavar="DIR", help="index directory")
+    c.add_argument("--json", action="store_true", help="print the report as JSON")
+    c.set_defaults(func=run_check)
+
 
 def _positive(name: str, value: int) -> None:
     if value < 1:
@@ -73,10 +78,12 @@ def run_build(args: argparse.Namespace) -> int:
     _positive("--shard-size", args.shard_size)
     if not os.path.isfile(args.corpus):
         raise FileNotFoundError(f"corpus file not found: {args.corpus}")
-    if args.model and not os.path.isdir(args.model):
-        raise FileNotFoundError(f"model directory not found: {args.model}")
+    if args.model:
+        model_directory("--model", args.model)
     if args.reranker:
         model_directory("--reranker", args.reranker)
+    from twotower.indexing import IndexLockedError
+    from twotower.retrieval.build import DiskFullError
     from twotower.retrieval.pipeline import SearchPipeline
 
     try:
@@ -85,7 +92,7 @@ def run_build(args: argparse.Namespace) -> int:
             bm25=args.bm25, on_duplicate=args.on_duplicate, batch_size=args.batch_size,
             shard_size=args.shard_size, progress=not args.no_progress, keep_shards=args.keep_shards,
         )
-    except FileExistsError as exc:
+    except (FileExistsError, IndexLockedError, DiskFullError) as exc:  # another build, no room: one line, exit 2
         raise CLIError(str(exc)) from None
     if pipe is None:  # a torchrun rank other than 0: rank 0 reports
         return 0
@@ -119,8 +126,9 @@ def run_delete(args: argparse.Namespace) -> int:
     if args.ids_file:
         if not os.path.isfile(args.ids_file):
             raise FileNotFoundError(f"ids file not found: {args.ids_file}")
-        with open(args.ids_file, encoding="utf-8") as f:
-            ids += [line.strip() for line in f if line.strip()]
+        from twotower.eval.io.lines import numbered_lines  # a bad byte is reported with its line
+
+        ids += [line.strip() for _, line in numbered_lines(args.ids_file) if line.strip()]
     if not ids:
         raise CLIError("give document ids to delete (arguments or --ids-file)")
     from twotower.indexing import IndexLockedError, IndexStore
@@ -189,3 +197,22 @@ def run_info(args: argparse.Namespace) -> int:
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
     return 0
+
+
+def run_check(args: argparse.Namespace) -> int:
+    """Exit 0 when every committed file matches its record, 2 (one line per problem, naming the file) if not."""
+    from twotower.indexing import check_index
+
+    report = check_index(args.index)
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=2))
+    else:
+        for line in report.problems:
+            print(f"twotower index check: {line}", file=sys.stderr)
+        if report.ok:
+            print(f"{args.index}: ok (generation {report.generation}, {report.documents} documents, "
+                  f"{report.segments} vector segment(s), {report.bytes_checked:,} bytes checked)")
+    if not report.ok and args.json:
+        for line in report.problems:
+            print(f"twotower index check: {line}", file=sys.stderr)
+    return 0 if report.ok else 2

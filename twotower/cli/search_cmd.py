@@ -29,7 +29,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--model", help="query encoder directory if the index's model moved (must be the same model)")
     p.add_argument("--reranker", help="cross-encoder directory (default: the index's reranker, if any)")
     p.add_argument("-k", "--k", type=int, default=10, help="hits per query (default 10)")
-    p.add_argument("--recall-k", type=int, default=100, help="first-stage candidates to rerank (default 100)")
+    p.add_argument("--recall-k", type=int, default=100, help="first-stage candidates (default 100)")
+    p.add_argument("--rerank-k", type=int, default=None, metavar="N",
+                   help="how many of the first stage's top candidates the cross-encoder scores; the rest follow "
+                        "in first-stage order (default 20, at most --recall-k)")
     p.add_argument("--hybrid", action="store_true", help="fuse dense and BM25 recall (index built with --bm25)")
     p.add_argument("--fusion", choices=["rrf", "minmax", "zscore"], default="rrf",
                    help="hybrid fusion: reciprocal rank (default, k=60) or normalised score sum")
@@ -78,6 +81,14 @@ def run_search(args: argparse.Namespace) -> int:
         raise CLIError("-k and --batch-size must be positive")
     if args.recall_k < args.k:
         raise CLIError(f"--recall-k ({args.recall_k}) must be at least -k ({args.k})")
+    if args.rerank_k is not None and not 1 <= args.rerank_k <= args.recall_k:
+        raise CLIError(f"--rerank-k ({args.rerank_k}) must be between 1 and --recall-k ({args.recall_k})")
+    if args.rerank_alpha is not None:
+        if not 0.0 <= args.rerank_alpha <= 1.0:  # NaN fails too
+            raise CLIError(f"--rerank-alpha must be between 0 and 1, got {args.rerank_alpha}")
+        if args.no_rerank:
+            raise CLIError("--rerank-alpha weighs the reranker's scores, but --no-rerank turns reranking off; "
+                           "give one of them")
     if args.queries_file and args.queries:
         raise CLIError("give queries as arguments or with --queries FILE, not both")
     if args.queries_file:
@@ -97,12 +108,18 @@ def run_search(args: argparse.Namespace) -> int:
         require_bm25(args.index)
     from tqdm.auto import tqdm
 
-    from twotower.retrieval.pipeline import SearchPipeline
+    from twotower.retrieval.pipeline import DEFAULT_RERANK_K, SearchPipeline
 
     pipe = SearchPipeline.load(args.index, args.model, reranker=args.reranker,
                                use_default_reranker=not args.no_rerank)
     with pipe:
+        if args.rerank_alpha is not None and pipe.reranker is None:
+            raise CLIError(f"--rerank-alpha: the index {args.index} has no default reranker and no --reranker DIR "
+                           "was given, so there are no reranker scores to weigh; give --reranker DIR or drop "
+                           "--rerank-alpha")
         reranked = pipe.reranker is not None and not args.no_rerank
+        skipped = reranked and pipe.rerank_alpha(args.rerank_alpha) == 0.0  # the pipeline skips the cross-encoder
+        reranked = reranked and not skipped
         recall = min(args.recall_k, len(pipe))  # the first stage cannot return more than the index holds
         results = []
         show = not args.no_progress and len(items) > QUERY_BATCH
@@ -110,7 +127,7 @@ def run_search(args: argparse.Namespace) -> int:
             batch = [text for _, text in items[s:s + QUERY_BATCH]]
             results += pipe.search(batch, k=args.k, recall_k=args.recall_k, rerank=not args.no_rerank,
                                    hybrid=args.hybrid, fusion=args.fusion, batch_size=args.batch_size,
-                                   rerank_alpha=args.rerank_alpha)
+                                   rerank_alpha=args.rerank_alpha, rerank_k=args.rerank_k)
     if args.run:
         from twotower.eval.io import write_trec_run
 
@@ -124,7 +141,14 @@ def run_search(args: argparse.Namespace) -> int:
                           for (qid, text), hits in zip(items, results)], ensure_ascii=False))
         return 0
     mode = "hybrid (dense + BM25, " + args.fusion + ")" if args.hybrid else "dense"
-    note = "reranked by the cross-encoder" if reranked else "recall only (no reranker)"
+    if skipped:
+        note = ("recall only: the reranker's interpolation weight is 0 (it did not beat the first stage on dev), "
+                "so it was not run; --rerank-alpha overrides")
+    elif reranked:
+        depth = min(args.rerank_k or DEFAULT_RERANK_K, recall)
+        note = f"top {depth} reranked by the cross-encoder"
+    else:
+        note = "recall only (no reranker)"
     print(f"# {mode} recall of {recall}, {note}")
     for (_, text), hits in zip(items, results):
         print(_table(text, hits, reranked))

@@ -144,7 +144,7 @@ def register(subparsers) -> None:
                    help="{query, pos: [doc ids]} JSONL over --corpus; 'bundled' = SciFact train claims for the "
                         "bundled sample; 'none' = self-supervised title/text pairs")
     p.add_argument("--steps", type=int, default=None)
-    p.add_argument("--layers", type=int, default=None, help="keep only the first N encoder layers (default 3)")
+    p.add_argument("--layers", type=int, default=None, help="keep only the first N encoder layers (default: all)")
     p.add_argument("--lr", type=float, default=None, help="learning rate (default 1e-4)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true")

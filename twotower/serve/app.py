@@ -1,7 +1,7 @@
 """The HTTP routes of ``twotower serve`` (FastAPI): search, documents, health, stats, and the page.
 
-    GET    /search?q=&k=&recall_k=&hybrid=&rerank=   one query
-    POST   /search            {"queries": [...], "k", "recall_k", "hybrid", "rerank"}
+    GET    /search?q=&k=&recall_k=&hybrid=&rerank=&rerank_k=   one query
+    POST   /search            {"queries": [...], "k", "recall_k", "hybrid", "rerank", "rerank_k"}
     POST   /documents         {"documents": [{"_id", "title", "text", "metadata"}], "replace": false}
     DELETE /documents         {"ids": [...]}
     GET    /documents/{id}
@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from twotower import __version__
 from twotower.retrieval.hit import Hit
+from twotower.retrieval.pipeline import DEFAULT_RERANK_K
 from twotower.serve.auth import Access
 from twotower.serve.batcher import ModelOwner, SearchParams
 from twotower.serve.errors import ApiError, install_handlers
@@ -39,7 +40,9 @@ from twotower.serve.stats import RequestStats, StatsMiddleware
 from twotower.serve.writer import IndexWriter
 
 STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
-SEARCH_PARAMS = ("q", "k", "recall_k", "hybrid", "rerank")
+SEARCH_PARAMS = ("q", "k", "recall_k", "hybrid", "rerank", "rerank_k")
+RERANK_K_HELP = ("candidates the cross-encoder scores, the first stage's top rerank_k (1..recall_k); "
+                 f"default min({DEFAULT_RERANK_K}, recall_k)")
 
 
 @dataclass
@@ -82,6 +85,7 @@ class BatchSearchBody(_Strict):
     recall_k: int | None = Field(None, description="first-stage candidates (reranked); default max(100, k)")
     hybrid: bool = Field(False, description="fuse dense and BM25 recall (index built with --bm25)")
     rerank: bool | None = Field(None, description="rerank with the cross-encoder; default: when one is loaded")
+    rerank_k: int | None = Field(None, description=RERANK_K_HELP)
 
 
 class AddDocumentsBody(_Strict):
@@ -140,7 +144,8 @@ class SearchService:
                                 f"{self.limits.max_query_chars:,}", name)
         return q
 
-    def params(self, k: int, recall_k: int | None, hybrid: bool, rerank: bool | None) -> SearchParams:
+    def params(self, k: int, recall_k: int | None, hybrid: bool, rerank: bool | None,
+               rerank_k: int | None = None) -> SearchParams:
         lim, owner = self.limits, self.owner
         if not 1 <= k <= lim.max_k:
             raise ApiError(400, f"k must be between 1 and {lim.max_k}, got {k}", "k")
@@ -149,6 +154,8 @@ class SearchService:
         if not k <= recall_k <= lim.max_recall_k:
             raise ApiError(400, f"recall_k must be between k ({k}) and {lim.max_recall_k}, got {recall_k}",
                            "recall_k")
+        if rerank_k is not None and not 1 <= rerank_k <= recall_k:
+            raise ApiError(400, f"rerank_k must be between 1 and recall_k ({recall_k}), got {rerank_k}", "rerank_k")
         owner.check_ready()
         if hybrid and not owner.has_bm25:
             raise ApiError(400, "hybrid: this index has no BM25 (build it with `twotower index build --bm25`)",
@@ -157,7 +164,7 @@ class SearchService:
             rerank = owner.reranker_loaded
         elif rerank and not owner.reranker_loaded:
             raise ApiError(400, "rerank: no reranker is loaded (start the server with --reranker DIR)", "rerank")
-        return SearchParams(k=k, recall_k=recall_k, hybrid=hybrid, rerank=rerank)
+        return SearchParams(k=k, recall_k=recall_k, hybrid=hybrid, rerank=rerank, rerank_k=rerank_k)
 
     async def search(self, queries: list[str], params: SearchParams) -> tuple[list[list[dict]], int]:
         answer = await asyncio.wrap_future(self.owner.search(queries, params))
@@ -237,13 +244,14 @@ def create_app(config: ServeConfig) -> FastAPI:
         recall_k: int | None = Query(None, description="first-stage candidates (reranked); default max(100, k)"),
         hybrid: bool = Query(False, description="fuse dense and BM25 recall"),
         rerank: bool | None = Query(None, description="rerank with the cross-encoder; default: when loaded"),
+        rerank_k: int | None = Query(None, description=RERANK_K_HELP),
     ) -> JSONResponse:
         start = time.perf_counter()
         _reject_unknown(request, SEARCH_PARAMS)
         q = service.query(q, "q")
-        params = service.params(k, recall_k, hybrid, rerank)
+        params = service.params(k, recall_k, hybrid, rerank, rerank_k)
         rows, generation = await service.search([q], params)
-        return JSONResponse({"query": q, "hits": rows[0], "generation": generation, "reranked": params.rerank,
+        return JSONResponse({"query": q, "hits": rows[0], "generation": generation, "reranked": _cross_encoder_ran(rows),
                              "hybrid": params.hybrid, "took_ms": round((time.perf_counter() - start) * 1000, 3)})
 
     @app.post("/search", response_model=BatchSearchOut, dependencies=[reader], summary="Search with a batch of queries")
@@ -256,10 +264,10 @@ def create_app(config: ServeConfig) -> FastAPI:
             raise ApiError(413, f"queries: {len(body.queries)} queries; the limit is "
                                 f"{service.limits.max_batch_queries} per request", "queries")
         queries = [service.query(q, f"queries[{i}]") for i, q in enumerate(body.queries)]
-        params = service.params(body.k, body.recall_k, body.hybrid, body.rerank)
+        params = service.params(body.k, body.recall_k, body.hybrid, body.rerank, body.rerank_k)
         rows, generation = await service.search(queries, params)
         return JSONResponse({"results": [{"query": q, "hits": r} for q, r in zip(queries, rows)],
-                             "generation": generation, "reranked": params.rerank, "hybrid": params.hybrid,
+                             "generation": generation, "reranked": _cross_encoder_ran(rows), "hybrid": params.hybrid,
                              "took_ms": round((time.perf_counter() - start) * 1000, 3)})
 
     @app.post("/documents", dependencies=[writer], summary="Add documents (or replace them with replace=true)")
@@ -332,3 +340,8 @@ def create_app(config: ServeConfig) -> FastAPI:
 
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     return app
+
+
+def _cross_encoder_ran(rows: list[list[dict[str, Any]]]) -> bool:
+    """Whether any hit carries a cross-encoder score: a reranker whose interpolation weight is 0 is skipped."""
+    return any(h.get("rerank_score") is not None for hits in rows for h in hits)

