@@ -111,6 +111,7 @@ def test_the_page_searches_and_shows_the_ranks(server, tmp_path):
         driver.find_element(By.CSS_SELECTOR, "label.switch:has(#hybrid)").click()
         assert driver.find_element(By.ID, "hybrid").is_selected()
         Select(driver.find_element(By.ID, "recall_k")).select_by_visible_text("20")
+        Select(driver.find_element(By.ID, "rerank_k")).select_by_visible_text("5")
         box = driver.find_element(By.ID, "q")
         box.send_keys(QUERY)
         box.send_keys(Keys.ENTER)
@@ -119,11 +120,15 @@ def test_the_page_searches_and_shows_the_ranks(server, tmp_path):
         assert len(hits) == 10
         ranks = [h.find_element(By.CLASS_NAME, "rank").text for h in hits]
         assert ranks == [str(i) for i in range(1, 11)]
-        for h in hits:
+        for i, h in enumerate(hits):
             assert h.find_element(By.CLASS_NAME, "title").text.strip()
             assert len(h.find_element(By.CLASS_NAME, "snippet").text) > 40
             chips = h.find_element(By.CLASS_NAME, "scores").text
-            assert "score " in chips and "first stage #" in chips and "reranked #" in chips and "BM25" in chips
+            assert "score " in chips and "first stage #" in chips and "BM25" in chips
+            if i < 5:  # the cross-encoder scored the first stage's top 5 only
+                assert "reranked #" in chips and "cross-encoder" in chips, chips
+            else:
+                assert "not reranked" in chips and "cross-encoder" not in chips, chips
         assert "<mark>" in driver.find_element(By.ID, "results").get_attribute("innerHTML")  # words of the query
         summary = driver.find_element(By.ID, "summary").text
         assert "10 hits" in summary and "hybrid" in summary and "reranked" in summary

@@ -107,6 +107,10 @@ def register(subparsers) -> None:
     p.add_argument("--max-length", type=int, default=256)
     p.add_argument("--dev-rerank-k", type=int, default=100)
     p.add_argument("--collapse-std", type=float, default=1e-3)
+    p.add_argument("--head-pooling", choices=["cls", "mean"], default="cls",
+                   help="what a fresh relevance head reads: the [CLS] pooler (loads in transformers and "
+                        "sentence-transformers) or the token mean (learns faster from mean-pooling sentence "
+                        "encoders; only twotower scores it)")
     p.set_defaults(func=run_reranker)
 
     p = sub.add_parser("mine", help="mine hard negatives from BM25 or a dense model into JSONL",
@@ -200,7 +204,8 @@ def run_reranker(args) -> int:
     cfg = RerankerTrainConfig(
         model=args.model, pairs=args.pairs, first_stage=args.first_stage, loss=args.loss,
         group_size=args.group_size, batch_size=args.batch_size, max_length=args.max_length, lr=args.lr or 3e-5,
-        dev_rerank_k=args.dev_rerank_k, collapse_std=args.collapse_std, **_settings(args, default_ranks=(1, 100)),
+        dev_rerank_k=args.dev_rerank_k, collapse_std=args.collapse_std, head_pooling=args.head_pooling,
+        **_settings(args, default_ranks=(1, 100)),
     )
     res = train_reranker(cfg)
     print(json.dumps({"best": res.best_dir, "best_step": res.best_step, "best_dev_ndcg@10": round(res.best_score, 4),

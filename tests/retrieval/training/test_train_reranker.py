@@ -214,3 +214,15 @@ def test_cli_reranker_and_pairs(tmp_path, capsys):
     assert rc == 0 and json.loads(capsys.readouterr().out)["queries"] == 24
     rc = main(["train", "mine", "--data", tiny_beir_dir(), "--out", str(tmp_path / "n.jsonl"), "--ranks", "10"])
     assert rc == 2 and "START-END" in capsys.readouterr().err
+
+
+def test_cli_head_pooling_mean_reaches_the_checkpoint(tmp_path, capsys):
+    from twotower.cli import main
+
+    out = tmp_path / "rr"
+    rc = main(["train", "reranker", "--model", tiny_model_dir(0.2), "--pairs", tiny_beir_dir(), "--out", str(out),
+               "--group-size", "4", "--max-length", "48", "--lr", "2e-3", "--max-steps", "2", "--eval-every", "2",
+               "--dev-fraction", "0.25", "--dev-rerank-k", "10", "--no-bf16", "--no-progress", "--head-pooling", "mean"])
+    res = json.loads(capsys.readouterr().out)
+    assert rc == 0 and res["steps"] == 2
+    assert json.load(open(os.path.join(res["best"], "config.json")))["classifier_pooling"] == "mean"

@@ -65,7 +65,9 @@ function renderHits(data, q) {
     li.dataset.id = h.id;
     const chips = [`<span class="chip">score ${fmt(h.score)}</span>`,
                    `<span class="chip plain">first stage #${h.first_stage_rank} · ${fmt(h.first_stage_score)}</span>`];
-    if (data.reranked) {
+    if (data.reranked && (h.rerank_score === null || h.rerank_score === undefined)) {
+      chips.push(`<span class="chip plain">not reranked (below the reranked depth)</span>`);
+    } else if (data.reranked) {
       const moved = h.first_stage_rank - h.rank;
       const cls = moved > 0 ? "up" : moved < 0 ? "down" : "plain";
       const arrow = moved > 0 ? ` ↑${moved}` : moved < 0 ? ` ↓${-moved}` : "";
@@ -92,6 +94,7 @@ async function search(event) {
   const params = new URLSearchParams({ q, k: $("k").value, recall_k: $("recall_k").value,
                                        hybrid: $("hybrid").checked, rerank: $("rerank").checked });
   if (Number($("recall_k").value) < Number($("k").value)) params.set("recall_k", $("k").value);
+  if ($("rerank").checked) params.set("rerank_k", Math.min(Number($("rerank_k").value), Number(params.get("recall_k"))));
   $("go").disabled = true;
   try {
     const r = await getJson("/search?" + params);
