@@ -48,6 +48,8 @@ from twotower.indexing.vector_index import DuplicatePolicy, Metric, VectorIndex
 
 logger = logging.getLogger(__name__)
 
+# VectorIndex search/build options a segment set keeps from its manifest (and hands to new segments)
+VECTOR_OPTIONS = ("ef_search", "ef_construction", "nprobe", "train_sample", "seed", "auto_rebuild_fraction")
 SEGMENT_PREFIX = "seg-"
 SEGMENT_SUFFIX = ".faiss"
 HASH_ON_OPEN_MAX = 16 << 20  # segment files up to 16 MiB are SHA-256-checked on every open
@@ -153,11 +155,9 @@ def load_segment(directory: Path, rec: dict[str, Any], *, mmap: bool, hash_max: 
                     raise IndexFormatError(path, "checksum mismatch: the file is not the one committed "
                                                  "(damaged or changed); run `twotower index check`")
             base = VectorIndex.load(path, mmap=mmap)
-        except (FileNotFoundError, IndexFormatError) as e:
+        except (FileNotFoundError, IndexFormatError):
             if not path.exists():
                 raise SegmentVanished(rec["name"]) from None
-            if isinstance(e, FileNotFoundError):
-                raise
             raise
         if rec["ids_digest"] and hex64(set_digest(base.ids())) != rec["ids_digest"]:
             raise IndexFormatError(path, "the ids in the file's id map differ from the committed ones "
@@ -193,7 +193,7 @@ class Segments:
 
     # ------------------------------------------------------------------ configuration
     def __getattr__(self, name: str) -> Any:  # ef_search, nprobe, ... as stored
-        if name in ("ef_search", "ef_construction", "nprobe", "train_sample", "seed", "auto_rebuild_fraction"):
+        if name in VECTOR_OPTIONS:
             return self.__dict__["options"].get(name)
         raise AttributeError(name)
 
@@ -293,10 +293,13 @@ class Segments:
         return missing
 
     def _hide(self, ids: Sequence[str]) -> None:
+        by_segment: dict[int, list[str]] = {}
         for i in ids:
-            seg = self.segments[self._where.pop(i)]
-            seg.index.hide([i])
-            self._staged_tombstones.append((seg.name, i))
+            by_segment.setdefault(self._where.pop(i), []).append(i)
+        for pos, group in by_segment.items():  # one id-map release per segment, not per id
+            seg = self.segments[pos]
+            seg.index.hide(group)
+            self._staged_tombstones.extend((seg.name, i) for i in group)
 
     # ------------------------------------------------------------------ reading
     def reconstruct(self, ids: Sequence[str]) -> np.ndarray:

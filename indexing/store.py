@@ -82,6 +82,7 @@ from twotower.indexing.manifest import MANIFEST_NAME, Manifest
 from twotower.indexing.search_result import SearchResult
 from twotower.indexing.segments import (
     HASH_ON_OPEN_MAX,
+    VECTOR_OPTIONS,
     MergePolicy,
     Segment,
     Segments,
@@ -103,7 +104,6 @@ LAYOUT = "segments-1"  # meta 'vector_layout'; absent in directories written bef
 _VECTORS_RE = re.compile(r"^vectors-(\d+)\.faiss$")  # the one-file layout of earlier versions
 _SEGMENT_RE = re.compile(r"^seg-\d{8}-[0-9a-f]{8}\.faiss$")
 _BM25_RE = re.compile(r"^bm25-(\d+)\.npz$")
-_VECTOR_OPTIONS = ("ef_search", "ef_construction", "nprobe", "train_sample", "seed", "auto_rebuild_fraction")
 OPEN_ATTEMPTS = 100  # a reader retries this often while a writer keeps replacing the files it was opening
 RETAIN_SECONDS = 10.0  # a writer keeps the segment files it merged away this long (see IndexStore._sweep)
 
@@ -318,7 +318,7 @@ class IndexStore:
         if bm25_args is not None:
             BM25(**bm25_args)  # validate the arguments now
         policy = merge_policy or MergePolicy()
-        options = {key: getattr(vectors, key) for key in _VECTOR_OPTIONS}
+        options = {key: getattr(vectors, key) for key in VECTOR_OPTIONS}
         options.update(dim=vectors.dim, metric=metric, factory=vectors.factory)
         with _built_aside(directory) as tmp:
             with DocStore(tmp / DOCS_NAME) as docs, docs.transaction():
@@ -417,7 +417,7 @@ class IndexStore:
                 raise IndexFormatError(self.directory / seg.name, f"holds dim={seg.base.dim} metric={seg.base.metric}, "
                                                                   f"manifest says dim={m.dim} metric={m.metric}")
         if not options and segments:
-            options = {key: getattr(segments[0].base, key, None) for key in _VECTOR_OPTIONS}
+            options = {key: getattr(segments[0].base, key, None) for key in VECTOR_OPTIONS}
         return int(gen), Segments(m.dim, m.factory, m.metric, options, segments, policy)  # type: ignore[arg-type]
 
     def _legacy_record(self, gen: int) -> dict[str, Any]:
@@ -510,7 +510,7 @@ class IndexStore:
         path = self.directory / rec["name"]
         legacy = VectorIndex.load(path, mmap=True)
         rec.update(sha256=file_sha256(path), ids_digest=hex64(set_digest(legacy.ids())), seq=0)
-        options = {key: getattr(legacy, key, None) for key in _VECTOR_OPTIONS}
+        options = {key: getattr(legacy, key, None) for key in VECTOR_OPTIONS}
         options.update(dim=legacy.dim, metric=legacy.metric, factory=legacy.factory)
         with docs.transaction():
             if legacy.stored_count:

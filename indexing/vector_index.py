@@ -404,7 +404,8 @@ class VectorIndex:
         present = [i for i in ids if i in self._ids]
         if present:
             self._tombstones.update(self._ids.release(present).tolist())
-        return [i for i in ids if i not in set(present)]
+        hidden = set(present)
+        return [i for i in ids if i not in hidden]
 
     def shallow_copy(self) -> VectorIndex:
         """A copy sharing the (read-only) FAISS index but with its own id map and tombstones.
