@@ -128,12 +128,22 @@ def bm25_name(generation: int) -> str:
     return f"bm25-{generation:08d}.npz"
 
 
+_DISK_FULL_TEXTS = ("no space left on device", "database or disk is full", "disk quota exceeded")
+
+
 def is_disk_full(exc: BaseException) -> bool:
-    """Whether an error from FAISS, SQLite or the OS means the disk (or quota) is full."""
-    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return True
-    text = str(exc)
-    return "No space left on device" in text or "database or disk is full" in text or "Disk quota" in text
+    """Whether `exc` (or an exception it was raised from) says the disk is full: OSError ENOSPC / EDQUOT,
+    SQLite's "database or disk is full", FAISS's RuntimeError quoting strerror."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if any(text in str(e).lower() for text in _DISK_FULL_TEXTS):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 class IndexLockedError(RuntimeError):

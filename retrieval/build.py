@@ -51,6 +51,7 @@ from twotower.common.atomic import atomic_path, atomic_write_text, fsync_dir
 from twotower.common.distributed import all_reduce_sum
 from twotower.indexing import IndexFormatError, IndexLockedError, IndexStore, document_text
 from twotower.indexing.integrity import file_sha256
+from twotower.indexing.store import is_disk_full
 from twotower.retrieval.corpus import CorpusPlan, iter_chunks, validate_corpus
 from twotower.retrieval.dual_encoder import DualEncoder
 from twotower.retrieval.sharding import DistInfo, barrier, init_build_group, owns_shard
@@ -359,24 +360,6 @@ def check_disk_space(out: str, work_dir: str, plan: BuildPlan, corpus: CorpusPla
                 f"{_size(corpus.content_bytes)} of documents) but {_size(free)} are free; free some "
                 "space or build somewhere else"
             )
-
-
-_DISK_FULL_TEXTS = ("no space left on device", "database or disk is full", "disk quota exceeded")
-
-
-def is_disk_full(exc: BaseException) -> bool:
-    """Whether `exc` (or an exception it was raised from) says the disk is full: OSError ENOSPC / EDQUOT,
-    SQLite's "database or disk is full", FAISS's RuntimeError quoting strerror."""
-    seen: set[int] = set()
-    e: BaseException | None = exc
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        if any(text in str(e).lower() for text in _DISK_FULL_TEXTS):
-            return True
-        e = e.__cause__ or e.__context__
-    return False
 
 
 def _out_of_space(exc: BaseException, directory: str) -> bool:
