@@ -126,7 +126,9 @@ def _qps(index, queries: np.ndarray, k: int, repeats: int, single: bool, **param
     return len(queries) / best, ids
 
 
-def _recall(approx: list[list[str]], exact: list[list[str]]) -> float:
+def recall_against(approx: list[list[str]], exact: list[list[str]]) -> float:
+    """Mean over queries of |approx & exact| / |exact|: recall@k of a search against the exact top k
+    (shared by the index benchmarks)."""
     return float(np.mean([len(set(a) & set(e)) / len(e) for a, e in zip(approx, exact)]))
 
 
@@ -167,7 +169,7 @@ def cmd_run(args: argparse.Namespace) -> None:
                     qb, got = _qps(index, queries, args.k, args.repeats, single=False, **{knob: ef})
                     qs, _ = _qps(index, queries, args.k, args.single_repeats, single=True, **{knob: ef})
                     sweeps.append({"n": n, "factory": index.factory, knob: ef,
-                                   "recall_at_10": round(_recall(got, out["flat"]["ids"]), 4),
+                                   "recall_at_10": round(recall_against(got, out["flat"]["ids"]), 4),
                                    "qps_batch": round(qb, 1), "speedup_batch": round(qb / out["flat"]["qps_batch"], 2),
                                    "qps_single": round(qs, 1),
                                    "speedup_single": round(qs / out["flat"]["qps_single"], 2)})
@@ -177,8 +179,8 @@ def cmd_run(args: argparse.Namespace) -> None:
         out["flat"].pop("ids_single")
         approx = out["auto"].pop("ids")
         approx_single = out["auto"].pop("ids_single")
-        out["recall_at_10"] = round(_recall(approx, exact), 4)
-        out["recall_at_10_single"] = round(_recall(approx_single, exact), 4)
+        out["recall_at_10"] = round(recall_against(approx, exact), 4)
+        out["recall_at_10_single"] = round(recall_against(approx_single, exact), 4)
         out["speedup_batch"] = round(out["auto"]["qps_batch"] / out["flat"]["qps_batch"], 2)
         out["speedup_single"] = round(out["auto"]["qps_single"] / out["flat"]["qps_single"], 2)
         rows.append(out)

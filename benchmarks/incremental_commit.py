@@ -38,6 +38,7 @@ import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+from benchmarks.ann_recall import recall_against  # noqa: E402  (one definition for the index benchmarks)
 
 
 def wchar() -> int:
@@ -86,9 +87,6 @@ def compare(got_ids: list[list[str]], got_scores: np.ndarray, ref_ids: list[list
         same += ok
     return same, float(np.max(np.abs(np.asarray(got_scores) - np.asarray(ref_scores))))
 
-
-def recall(found: list[list[str]], exact: list[list[str]]) -> float:
-    return float(np.mean([len(set(f) & set(e)) / len(e) for f, e in zip(found, exact)]))
 
 
 def run_one(vecs: np.ndarray, queries: np.ndarray, factory: str, args: argparse.Namespace) -> dict:
@@ -139,7 +137,7 @@ def run_one(vecs: np.ndarray, queries: np.ndarray, factory: str, args: argparse.
     else:
         exact = VectorIndex.build([f"d{i}" for i in range(n)], vecs, factory="Flat", metric="cosine")
         ex = exact.search(queries, args.k).ids
-        out.update(recall_incremental=recall(got.ids, ex), recall_fresh=recall(ref.ids, ex), queries=len(queries))
+        out.update(recall_incremental=recall_against(got.ids, ex), recall_fresh=recall_against(ref.ids, ex), queries=len(queries))
     del fresh
     shutil.rmtree(directory, ignore_errors=True)
     return out

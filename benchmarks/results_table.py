@@ -54,7 +54,11 @@ def pipeline_runs(
     if os.path.isfile(os.path.join(index_dir, "manifest.json")):
         pipe = SearchPipeline.load(index_dir, reranker=reranker)
     else:
-        corpus = [{"_id": i, "title": d.title, "text": d.text} for i, d in docs.items()]
+        # An index refuses documents with a blank title and text (Cranfield has two); they match nothing anyway.
+        corpus = [{"_id": i, "title": d.title, "text": d.text} for i, d in docs.items()
+                  if d.title.strip() or d.text.strip()]
+        if len(corpus) < len(docs):
+            print(f"{name}: {len(docs) - len(corpus)} documents with no title or text left out of the index")
         pipe = SearchPipeline.build(corpus, index_dir, bm25=True, reranker=reranker, progress=True)
     qids = list(queries)
     texts = [queries[q] for q in qids]

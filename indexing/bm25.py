@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Iterable, Mapping, Sequence
+import weakref
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -98,6 +99,7 @@ class BM25:
         self._pos: dict[str, int] = {}  # id -> position in _ids
         self._retriever: bm25s.BM25 | None = None  # built over _ids order; stale when None
         self._built_ids: list[str] = []
+        self._mask_cache: tuple[Any, Any, np.ndarray] | None = None  # (allowed ref, retriever, mask)
 
     def _make_tokenizer(self) -> bm25s.tokenization.Tokenizer:
         import Stemmer
@@ -179,11 +181,13 @@ class BM25:
         return self._retriever
 
     # ------------------------------------------------------------------ search
-    def search(self, queries: Sequence[str], k: int = 10) -> SearchResult:
+    def search(self, queries: Sequence[str], k: int = 10, *, allowed: Collection[str] | None = None) -> SearchResult:
         """Top-``k`` documents per query; only documents sharing a term score (> 0).
 
         Ties are broken by document id (descending), as trec_eval orders equal scores.
-        Rows with fewer matches are padded with ``""`` / ``-inf``.
+        Rows with fewer matches are padded with ``""`` / ``-inf``. ``allowed`` (ids) masks the
+        scores of every other document before the top-k is taken, so a filtered search returns k
+        hits whenever k allowed documents share a term with the query.
         """
         if isinstance(queries, str):
             raise ValueError("BM25.search: pass a list of query strings, not one string")
@@ -199,11 +203,14 @@ class BM25:
         )
         doc_ids = np.array(self._built_ids, dtype=object)
         result = empty_result(len(queries), k)
+        mask = None if allowed is None else self._allowed_mask(allowed)  # (N,) bool
         for qi, toks in enumerate(query_ids):
             toks = [t for t in toks if t != empty_id and t < vocab_size]
             if not toks:
                 continue
             scores = retriever.get_scores_from_ids(toks)  # (N,)
+            if mask is not None:
+                scores = np.where(mask, scores, 0.0)
             hits = np.flatnonzero(scores > 0)
             if len(hits) > k:  # partial select, then exact order below
                 hits = hits[np.argpartition(-scores[hits], k - 1)[:k]]
@@ -213,6 +220,21 @@ class BM25:
             result.ids[qi][: len(order)] = doc_ids[order].tolist()
             result.scores[qi, : len(order)] = scores[order]
         return result
+
+    def _allowed_mask(self, allowed: Collection[str]) -> np.ndarray:
+        """Bool mask (N,) over the built documents; the last one is reused for the same allowed set."""
+        cached = self._mask_cache
+        if cached is not None and cached[0]() is allowed and cached[1] is self._retriever:
+            return cached[2]
+        mask = np.zeros(len(self._built_ids), dtype=bool)  # (N,)
+        get = self._pos.get
+        pos = np.fromiter((p for p in map(get, allowed) if p is not None), dtype=np.int64)
+        mask[pos] = True
+        try:
+            self._mask_cache = (weakref.ref(allowed), self._retriever, mask)
+        except TypeError:  # a list: not cacheable
+            pass
+        return mask
 
     # ------------------------------------------------------------------ persistence
     def save(self, path: str | Path) -> None:

@@ -11,6 +11,9 @@ problem it finds rather than stopping at the first:
 * each segment file named by the commit record exists, has the recorded size and SHA-256, and
   its id map holds the recorded ids; each tombstone names an id its segment holds;
 * the ids of the vectors (segments minus tombstones) are exactly the ids of the documents;
+* for a Milvus-backed index: the collection is the one the manifest names (dimension, metric,
+  encoder, index id), its key table names exactly the documents, and the collection holds the
+  vector of every live document (rows of an interrupted commit are noted, not a problem);
 * the BM25 cache of the generation, when present, has the SHA-256 recorded when it was saved
   and loads (a damaged cache is harmless to delete: it is rebuilt).
 """
@@ -42,6 +45,7 @@ class CheckReport:
     segments: int = 0
     bytes_checked: int = 0
     problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # harmless findings (repaired by the next writable open)
 
     def problem(self, path: str | os.PathLike, message: str) -> None:
         self.ok = False
@@ -78,6 +82,10 @@ def check_index(directory: str | os.PathLike) -> CheckReport:
         report.generation = int(gen) if gen and gen.isdigit() else None
         if report.generation is None:
             report.problem(db, f"missing or invalid 'generation' ({gen!r})")
+            return report
+        if manifest.backend == "milvus":
+            _check_milvus(d, docs, manifest, report.generation, report)
+            _check_bm25(d / bm25_name(report.generation), docs, report)
             return report
         rows = docs.segment_rows() if docs.get_meta("vector_layout") else None
         if rows is None:  # the one-file layout of earlier versions: no checksums were recorded
@@ -149,6 +157,31 @@ def _check_segment(d: Path, rec: dict[str, Any], hidden: list[str], manifest: Ma
     if missing:
         report.problem(d / "docs.sqlite", f"tombstones of {rec['name']} name ids it does not hold, e.g. {missing[:3]}")
     return set_digest(index.ids())
+
+
+def _check_milvus(d: Path, docs: DocStore, manifest: Manifest, generation: int, report: CheckReport) -> None:
+    """A Milvus-backed index: the key table names exactly the documents, and the collection holds every key."""
+    from twotower.indexing import milvus as mv
+
+    db = d / "docs.sqlite"
+    try:
+        client = mv.open_collection(manifest.milvus or {}, manifest.dim, manifest.metric, d / MANIFEST_NAME)
+    except (IndexFormatError, mv.MilvusUnavailableError) as e:
+        report.problem(getattr(e, "path", d / MANIFEST_NAME), str(e).removeprefix(str(getattr(e, "path", "")) + ": "))
+        return
+    vectors = mv.MilvusVectors(client, manifest.milvus or {}, manifest.dim, manifest.metric, manifest.factory, {},
+                               docs, generation)
+    if vectors.digest_now() != docs.ids_digest_now():
+        report.problem(db, "the ids of the documents differ from the ids of the vectors (table vector_keys)")
+    missing = vectors.missing_keys(limit=5)
+    if missing:
+        report.problem(f"Milvus collection {vectors.collection!r} at {vectors.record['uri']}",
+                       f"lacks the vectors of {missing[0]} live document(s), e.g. {missing[1]} (deleted outside "
+                       "twotower?); rebuild the index, or delete and re-add those documents")
+    orphans = mv.row_count(client, vectors.collection, f"gen > {generation}")
+    if orphans:
+        report.notes.append(f"{orphans} vectors of an interrupted commit are in the collection; the next "
+                            "writable open deletes them (searches never see them)")
 
 
 def _check_bm25(path: Path, docs: DocStore, report: CheckReport) -> None:

@@ -33,13 +33,15 @@ import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict
 
 from twotower.indexing.errors import IndexDiskFullError, IndexFormatError
+from twotower.indexing.filters import Filter, metadata_fields
 from twotower.indexing.integrity import combine, hex64, row_key, set_digest
 
 SCHEMA_VERSION = 1
 _CHUNK = 500  # ids per "IN (...)" query, well under SQLite's bound-variable limit
+FIELDS_KEY = "metadata_fields"  # meta key: JSON list of the metadata field paths stored (filters check names)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS docs (
@@ -66,12 +68,21 @@ CREATE TABLE IF NOT EXISTS tombstones (
 
 
 class Document(TypedDict):
-    """A stored document. ``metadata`` is any JSON object."""
+    """A stored document. ``metadata`` is any JSON object.
+
+    A *passage row* (a window of a long document, ``twotower.retrieval.passages``) also has
+    ``parent`` (the document's id) and ``start``/``end`` (its span in the document's text);
+    a document rebuilt from its passages has ``passages`` (their ``[start, end]``).
+    """
 
     id: str
     title: str
     text: str
     metadata: dict[str, Any]
+    parent: NotRequired[str]
+    start: NotRequired[int]
+    end: NotRequired[int]
+    passages: NotRequired[list[list[int]]]
 
 
 def as_document(doc: Mapping[str, Any], where: str = "document") -> Document:
@@ -98,7 +109,16 @@ def as_document(doc: Mapping[str, Any], where: str = "document") -> Document:
         raise ValueError(
             f"{where} (id {doc_id!r}): field 'metadata' must be an object, got {type(metadata).__name__}"
         )
-    return Document(id=doc_id, title=title, text=text, metadata=dict(metadata))
+    out = Document(id=doc_id, title=title, text=text, metadata=dict(metadata))
+    if doc.get("parent") is not None:  # a passage row: its document and span
+        parent, start, end = doc["parent"], doc.get("start"), doc.get("end")
+        if not isinstance(parent, str) or not isinstance(start, int) or not isinstance(end, int) or start > end:
+            raise ValueError(f"{where} (id {doc_id!r}): a passage row needs a string 'parent' and int 'start' <= 'end'")
+        out.update(parent=parent, start=start, end=end)
+    return out
+
+
+_PASSAGE_COLUMNS = ("parent", "char_start", "char_end")
 
 
 def _locked(method):
@@ -126,6 +146,7 @@ class DocStore:
         self.path = Path(path)
         self.readonly = readonly
         self._lock = threading.RLock()
+        self._scanned_fields: set[str] | None = None
         try:
             if readonly:
                 if not self.path.is_file():
@@ -142,9 +163,12 @@ class DocStore:
             self._conn.execute("PRAGMA busy_timeout=10000")
             if not readonly:
                 self._conn.executescript(_SCHEMA)
+                self._add_passage_columns()
                 if self.get_meta("docstore_schema") is None:
                     self.set_meta("docstore_schema", str(SCHEMA_VERSION))
             version = self.get_meta("docstore_schema")
+            has = {r[1] for r in self._conn.execute("PRAGMA table_info(docs)")} >= set(_PASSAGE_COLUMNS)
+            self._columns = "id, title, text, metadata" + (", parent, char_start, char_end" if has else "")
         except sqlite3.DatabaseError as e:
             if not readonly and _disk_is_full(self.path.parent):
                 # SQLite reports a full disk at open as "disk I/O error" (it cannot create the WAL files)
@@ -157,6 +181,14 @@ class DocStore:
                 self.path,
                 f"document store schema {version!r} is not supported (this code reads {SCHEMA_VERSION})",
             )
+
+    def _add_passage_columns(self) -> None:
+        """Migration: the passage columns (NULL for whole documents) and their index, added to older files."""
+        have = {r[1] for r in self._conn.execute("PRAGMA table_info(docs)")}
+        for name, kind in zip(_PASSAGE_COLUMNS, ("TEXT", "INTEGER", "INTEGER")):
+            if name not in have:
+                self._conn.execute(f"ALTER TABLE docs ADD COLUMN {name} {kind}")
+        self._conn.execute("CREATE INDEX IF NOT EXISTS docs_parent ON docs(parent)")
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
@@ -259,12 +291,14 @@ class DocStore:
                 raise ValueError(
                     f"docs[{j}] (id {d['id']!r}): metadata is not JSON-serialisable: {e}"
                 ) from None
-            values.append((d["id"], d["title"], d["text"], meta))
+            values.append((d["id"], d["title"], d["text"], meta, d.get("parent"), d.get("start"), d.get("end")))
+        cols = "INTO docs (id, title, text, metadata, parent, char_start, char_end) VALUES (?, ?, ?, ?, ?, ?, ?)"
         sql = {
-            "error": "INSERT INTO docs (id, title, text, metadata) VALUES (?, ?, ?, ?)",
-            "skip": "INSERT OR IGNORE INTO docs (id, title, text, metadata) VALUES (?, ?, ?, ?)",
-            "replace": "INSERT INTO docs (id, title, text, metadata) VALUES (?, ?, ?, ?) "
-            "ON CONFLICT(id) DO UPDATE SET title=excluded.title, text=excluded.text, metadata=excluded.metadata",
+            "error": f"INSERT {cols}",
+            "skip": f"INSERT OR IGNORE {cols}",
+            "replace": f"INSERT {cols} ON CONFLICT(id) DO UPDATE SET title=excluded.title, text=excluded.text, "
+            "metadata=excluded.metadata, parent=excluded.parent, char_start=excluded.char_start, "
+            "char_end=excluded.char_end",
         }[on_duplicate]
         with self._atomic():
             present_flags = self.contains_many(ids)
@@ -283,6 +317,8 @@ class DocStore:
             self._update_digests(
                 add_ids=new_ids, add_rows=[_key_of(v) for v in written], drop_rows=[row_key(d) for d in old]
             )
+            self._record_fields(d["metadata"] for d, c in zip(rows, present_flags)
+                                if not c or on_duplicate == "replace")
             return changed
 
     def delete(self, ids: Iterable[str]) -> list[str]:
@@ -379,7 +415,7 @@ class DocStore:
             chunk = list(dict.fromkeys(ids[start : start + _CHUNK]))
             marks = ",".join("?" * len(chunk))
             for row in self._conn.execute(
-                f"SELECT id, title, text, metadata FROM docs WHERE id IN ({marks})", chunk
+                f"SELECT {self._columns} FROM docs WHERE id IN ({marks})", chunk
             ):
                 found[row[0]] = _row_to_doc(row)
         return [found.get(i) for i in ids]
@@ -424,13 +460,53 @@ class DocStore:
         while True:
             with self._lock:
                 rows = self._conn.execute(
-                    "SELECT rowid, id, title, text, metadata FROM docs WHERE rowid > ? ORDER BY rowid LIMIT ?",
+                    f"SELECT rowid, {self._columns} FROM docs WHERE rowid > ? ORDER BY rowid LIMIT ?",
                     (last, batch_size),
                 ).fetchall()
             if not rows:
                 return
             last = rows[-1][0]
             yield [_row_to_doc(r[1:]) for r in rows]
+
+    # ------------------------------------------------------------------ passages (retrieval.passages)
+    @_locked
+    def passage_rows(self, parents: Sequence[str]) -> dict[str, list[Document]]:
+        """The passage rows of each split document among `parents` (absent when it has none), by start."""
+        out: dict[str, list[Document]] = {}
+        if "parent" not in self._columns:
+            return out
+        for start in range(0, len(parents), _CHUNK):
+            chunk = list(dict.fromkeys(parents[start : start + _CHUNK]))
+            marks = ",".join("?" * len(chunk))
+            for row in self._conn.execute(
+                f"SELECT {self._columns} FROM docs WHERE parent IN ({marks}) ORDER BY parent, char_start", chunk
+            ):
+                out.setdefault(row[4], []).append(_row_to_doc(row))
+        return out
+
+    @_locked
+    def passage_ids(self, parents: Sequence[str]) -> dict[str, list[str]]:
+        """The passage row ids of each split document among `parents` (absent when it has none)."""
+        out: dict[str, list[str]] = {}
+        if "parent" not in self._columns:
+            return out
+        for start in range(0, len(parents), _CHUNK):
+            chunk = list(dict.fromkeys(parents[start : start + _CHUNK]))
+            marks = ",".join("?" * len(chunk))
+            for parent, i in self._conn.execute(
+                f"SELECT parent, id FROM docs WHERE parent IN ({marks}) ORDER BY parent, char_start", chunk
+            ):
+                out.setdefault(parent, []).append(i)
+        return out
+
+    @_locked
+    def count_documents(self) -> tuple[int, int]:
+        """(documents, passage rows): a split document counts once, however many passages it has."""
+        if "parent" not in self._columns:
+            return self.count(), 0
+        whole, passages, parents = self._conn.execute(
+            "SELECT COUNT(*) - COUNT(parent), COUNT(parent), COUNT(DISTINCT parent) FROM docs").fetchone()
+        return int(whole) + int(parents), int(passages)
 
     def iter_ids(self, batch_size: int = 10000) -> Iterator[str]:
         """All ids in insertion order (paged like ``iter_batches``)."""
@@ -444,6 +520,71 @@ class DocStore:
                 return
             last = rows[-1][0]
             yield from (r[1] for r in rows)
+
+    # ------------------------------------------------------------------ owners' own tables
+    @_locked
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
+        """Rows of a read query on an owner's bookkeeping table (e.g. the Milvus backend's keys)."""
+        return self._conn.execute(sql, params).fetchall()
+
+    def write(self, sql: str, rows: Iterable[Sequence[Any]] | None = None) -> None:
+        """Run a statement once (``rows`` None: DDL too) or once per row of parameters, atomically
+        (joins an open transaction)."""
+        with self._atomic():
+            if rows is None:
+                self._conn.execute(sql)
+            else:
+                self._conn.executemany(sql, rows)
+
+    # ------------------------------------------------------------------ metadata fields and filters
+    def _record_fields(self, metadatas: Iterable[Mapping[str, Any]]) -> None:
+        """Add the field paths of newly written metadata to the ``metadata_fields`` meta key (same transaction)."""
+        new: set[str] = set()
+        for md in metadatas:
+            if md:
+                new |= metadata_fields(md)
+        known = self._stored_fields()
+        if known is None:  # a store written before the key existed: scan it once (inside this transaction)
+            known = self._scan_fields()
+        elif not new - known:
+            return
+        self.set_meta(FIELDS_KEY, json.dumps(sorted(known | new), ensure_ascii=False))
+
+    def _stored_fields(self) -> set[str] | None:
+        value = self.get_meta(FIELDS_KEY)
+        return None if value is None else set(json.loads(value))
+
+    @_locked
+    def _scan_fields(self) -> set[str]:
+        out: set[str] = set()
+        for (meta,) in self._conn.execute("SELECT metadata FROM docs WHERE metadata != '{}'"):
+            out |= metadata_fields(json.loads(meta))
+        return out
+
+    @_locked
+    def metadata_fields(self) -> set[str]:
+        """Dotted paths of every metadata value ever stored (``source.name``; a superset after deletes).
+
+        Recorded at each ``add`` in the same transaction; a store written before that is scanned once.
+        """
+        known = self._stored_fields()
+        if known is None:
+            if self.readonly:  # cannot record it: scan once per connection
+                if self._scanned_fields is None:
+                    self._scanned_fields = self._scan_fields()
+                return set(self._scanned_fields)
+            known = self._scan_fields()
+        return known
+
+    @_locked
+    def matching_ids(self, flt: Filter) -> list[str]:
+        """Ids of the rows whose metadata passes `flt`, in insertion order (one SQL scan, ids only).
+
+        Raises ``FilterError`` naming a field the store has never seen (with the known fields).
+        """
+        flt.check_fields(self.metadata_fields())
+        where, params = flt.to_sql("metadata")
+        return [r[0] for r in self._conn.execute(f"SELECT id FROM docs WHERE {where} ORDER BY rowid", params)]
 
     # ------------------------------------------------------------------ bookkeeping
     @_locked
@@ -464,13 +605,17 @@ class DocStore:
         return f"DocStore({str(self.path)!r}, readonly={self.readonly})"
 
 
-def _key_of(values: tuple[str, str, str, str]) -> str:
-    """``row_key`` of an ``(id, title, text, metadata JSON)`` tuple as it is inserted."""
-    return row_key({"id": values[0], "title": values[1], "text": values[2], "metadata": values[3]})
+def _key_of(values: tuple) -> str:
+    """``row_key`` of an ``(id, title, text, metadata JSON, parent, start, end)`` tuple as it is inserted."""
+    return row_key({"id": values[0], "title": values[1], "text": values[2], "metadata": values[3],
+                    "parent": values[4], "start": values[5], "end": values[6]})
 
 
 def _row_to_doc(row: Sequence[Any]) -> Document:
-    return Document(id=row[0], title=row[1], text=row[2], metadata=json.loads(row[3]))
+    doc = Document(id=row[0], title=row[1], text=row[2], metadata=json.loads(row[3]))
+    if len(row) > 4 and row[4] is not None:
+        doc.update(parent=row[4], start=row[5], end=row[6])
+    return doc
 
 
 def _disk_is_full(directory: Path, reserve: int = 64 * 1024) -> bool:

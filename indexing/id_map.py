@@ -47,6 +47,13 @@ class IdMap:
         """Labels of ``ids`` (all must be present, else KeyError).  # (n,) int64"""
         return np.array([self._label_of[i] for i in ids], dtype=np.int64)
 
+    def labels_present(self, ids: Iterable[str]) -> np.ndarray:
+        """Sorted labels of those ``ids`` that are present (others skipped).  # (n,) int64"""
+        get = self._label_of.get
+        out = np.fromiter((lab for lab in map(get, ids) if lab is not None), dtype=np.int64)
+        out.sort()
+        return out
+
     def assign(self, ids: Sequence[str]) -> np.ndarray:
         """Give new ids fresh labels (caller guarantees they are absent).  # (n,) int64"""
         start = len(self._id_by_label)

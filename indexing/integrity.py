@@ -41,10 +41,14 @@ def combine(*digests: int, minus: Iterable[int] = ()) -> int:
 
 
 def row_key(doc: Mapping[str, Any]) -> str:
-    """The string a document row contributes to the content digest (id, title, text, metadata)."""
+    """The string a document row contributes to the content digest (id, title, text, metadata;
+    a passage row's parent and span too)."""
     meta = doc["metadata"] if isinstance(doc["metadata"], str) else json.dumps(
         doc["metadata"], ensure_ascii=False, sort_keys=True, allow_nan=False)
-    return json.dumps([doc["id"], doc["title"], doc["text"], meta], ensure_ascii=False)
+    fields = [doc["id"], doc["title"], doc["text"], meta]
+    if doc.get("parent") is not None:
+        fields += [doc["parent"], doc["start"], doc["end"]]
+    return json.dumps(fields, ensure_ascii=False)
 
 
 def hex64(digest: int) -> str:

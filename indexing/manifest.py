@@ -1,7 +1,9 @@
 """``manifest.json``: the human-readable description of an index directory.
 
 It says what the directory holds (format version, vector dimension, metric, FAISS
-factory, BM25 settings, counts) and carries a free-form ``extra`` object the pipeline
+factory or Milvus index type, BM25 settings, counts, and where the vectors live: ``backend``
+``faiss`` — segment files in the directory — or ``milvus`` with the ``milvus`` object naming the
+URI and collection) and carries a free-form ``extra`` object the pipeline
 fills (encoder fingerprint, pooling, max length…). It is *descriptive*: the commit
 point of the directory is the ``generation`` in ``docs.sqlite``; ``counts`` and
 ``generation`` here are refreshed after each commit (and repaired by ``IndexStore.open``
@@ -35,6 +37,8 @@ class Manifest:
     counts: dict[str, int] = field(default_factory=lambda: {"documents": 0, "vectors": 0, "tombstones": 0})
     generation: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    backend: str = "faiss"  # where the vectors live: "faiss" (segment files here) or "milvus"
+    milvus: dict[str, Any] | None = None  # backend "milvus": {uri, collection, fingerprint, index_id}
     format: str = FORMAT_NAME
     format_version: int = FORMAT_VERSION
 
@@ -85,4 +89,12 @@ class Manifest:
             if not ok(data[key]):
                 raise IndexFormatError(path, f"manifest field {key!r} has an invalid value {data[key]!r}")
         known = {k: data[k] for k in (*checks, "format", "format_version")}
-        return cls(**known)
+        backend = data.get("backend", "faiss")  # absent in directories written before the Milvus backend
+        if backend not in ("faiss", "milvus"):
+            raise IndexFormatError(path, f"manifest field 'backend' must be 'faiss' or 'milvus', got {backend!r}")
+        milvus = data.get("milvus")
+        if backend == "milvus" and not (isinstance(milvus, dict) and all(
+                isinstance(milvus.get(key), str) and milvus.get(key) for key in ("uri", "collection", "index_id"))):
+            raise IndexFormatError(path, "manifest field 'milvus' must be an object with non-empty 'uri', "
+                                         f"'collection' and 'index_id' strings, got {milvus!r}")
+        return cls(**known, backend=backend, milvus=milvus if backend == "milvus" else None)

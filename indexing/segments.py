@@ -34,7 +34,9 @@ from __future__ import annotations
 import logging
 import math
 import secrets
-from collections.abc import Callable, Iterable, Sequence
+import threading
+import weakref
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -187,9 +189,13 @@ class Segments:
         self._pending: VectorIndex | None = None
         self._staged_tombstones: list[tuple[str, str]] = []  # (segment name, id)
         self._where: dict[str, int] = {}  # id -> position in self.segments (committed, live)
+        self._allowed_cache: dict[int, tuple[Any, tuple, list[np.ndarray]]] = {}  # see _allowed_labels
+        self._allowed_lock = threading.Lock()
         for pos, seg in enumerate(self.segments):
             for i in seg.index.ids():
                 self._where[i] = pos
+
+    native_filters = False  # a filter reaches search() as the allowed ids (twotower.indexing.vectors)
 
     # ------------------------------------------------------------------ configuration
     def __getattr__(self, name: str) -> Any:  # ef_search, nprobe, ... as stored
@@ -262,8 +268,13 @@ class Segments:
         return bool(self._staged_tombstones) or (self._pending is not None and self._pending.stored_count > 0)
 
     # ------------------------------------------------------------------ staging
-    def add(self, ids: Sequence[str], vectors: np.ndarray, *, on_duplicate: DuplicatePolicy = "error") -> int:
-        """Stage vectors (N, D) under ids; duplicates against any segment follow ``on_duplicate``."""
+    def add(self, ids: Sequence[str], vectors: np.ndarray, *, on_duplicate: DuplicatePolicy = "error",
+            metadata: Sequence[Mapping[str, Any]] | None = None) -> int:
+        """Stage vectors (N, D) under ids; duplicates against any segment follow ``on_duplicate``.
+
+        ``metadata`` (one object per id) is for backends that filter by it themselves; FAISS
+        segments do not keep it (filters are resolved to ids from the documents).
+        """
         if on_duplicate not in ("error", "skip", "replace"):
             raise ValueError(f"on_duplicate must be 'error', 'skip' or 'replace', got {on_duplicate!r}")
         ids = list(ids)
@@ -318,11 +329,24 @@ class Segments:
             out[rows] = index.reconstruct([ids[j] for j in rows])
         return out
 
-    def search(self, queries: np.ndarray, k: int = 10, **params: Any) -> SearchResult:
-        """Top-k over all segments: each segment's top-k, merged by score (ties: older segment first)."""
+    def search(self, queries: np.ndarray, k: int = 10, *, filter: Any = None,
+               allowed: Collection[str] | None = None, **params: Any) -> SearchResult:
+        """Top-k over all segments: each segment's top-k, merged by score (ties: older segment first).
+
+        ``allowed``: only these ids may be hits; each segment gets the labels of its own allowed
+        ids and returns k of them whenever it holds k (``VectorIndex.search``), so the merge has
+        no shortfall either. ``filter`` is ignored: FAISS knows no metadata, the store resolves a
+        filter to ``allowed`` (``native_filters = False``).
+        """
         parts = [s.index for s in self.segments if len(s.index)]
         if self._pending is not None and len(self._pending):
             parts.append(self._pending)
+        if allowed is not None and parts:
+            per_part = self._allowed_labels(parts, allowed)
+            if len(parts) == 1:
+                return parts[0].search(queries, k, allowed=per_part[0], **params)
+            results = [p.search(queries, k, allowed=lab, **params) for p, lab in zip(parts, per_part)]
+            return _merge(results, k)
         if len(parts) == 1:
             return parts[0].search(queries, k, **params)
         if not parts:
@@ -332,15 +356,29 @@ class Segments:
             if q.ndim not in (1, 2) or q.shape[-1] != self.dim:
                 raise ValueError(f"queries have shape {q.shape}; this index holds vectors of dimension {self.dim}")
             return empty_result(1 if q.ndim == 1 else q.shape[0], k)
-        results = [p.search(queries, k, **params) for p in parts]
-        scores = np.concatenate([r.scores for r in results], axis=1)  # (Q, S*k)
-        names = np.concatenate([np.array(r.ids, dtype=object).reshape(len(r.ids), -1) for r in results], axis=1)
-        order = np.argsort(-scores, axis=1, kind="stable")[:, :k]  # (Q, k)
-        top = np.take_along_axis(scores, order, 1).astype(np.float32)
-        ids = np.take_along_axis(names, order, 1)
-        out_ids = [[i if np.isfinite(s) else MISSING_ID for i, s in zip(row, srow)]
-                   for row, srow in zip(ids.tolist(), top.tolist())]
-        return SearchResult(ids=out_ids, scores=top)
+        return _merge([p.search(queries, k, **params) for p in parts], k)
+
+    def _allowed_labels(self, parts: list[VectorIndex], allowed: Collection[str]) -> list[np.ndarray]:
+        """Each part's labels of the ``allowed`` ids, cached per allowed object while the parts are unchanged.
+
+        A reader snapshot reuses one allowed set for every query with the same filter, so the
+        O(allowed) mapping from ids to labels is paid once, not per query.
+        """
+        key = tuple((id(p), len(p), p._ids.next_label) for p in parts)
+        with self._allowed_lock:
+            hit = self._allowed_cache.get(id(allowed))
+        if hit is not None and hit[0]() is allowed and hit[1] == key:
+            return hit[2]
+        labels = [p.allowed_labels(allowed) for p in parts]
+        try:
+            ref = weakref.ref(allowed)  # sets and frozensets: cacheable; lists are not
+        except TypeError:
+            return labels
+        with self._allowed_lock:
+            if len(self._allowed_cache) >= 8:
+                self._allowed_cache.pop(next(iter(self._allowed_cache)))
+            self._allowed_cache[id(allowed)] = (ref, key, labels)
+        return labels
 
     # ------------------------------------------------------------------ commit
     def digest(self) -> int:
@@ -416,9 +454,27 @@ class Segments:
         self._staged_tombstones = []
         self._where = {i: pos for pos, s in enumerate(segments) for i in s.index.ids()}
 
+    def repair(self) -> None:
+        """Nothing to do: the store deletes segment files no commit names (``IndexStore._sweep``)."""
+
+    def close(self) -> None:
+        """Nothing to release: the store deletes merged-away files itself."""
+
     def __repr__(self) -> str:
         return (f"Segments(dim={self.dim}, factory={self.factory!r}, metric={self.metric!r}, "
                 f"segments={len(self.segments)}, live={len(self)}, tombstones={self.tombstone_count})")
+
+
+def _merge(results: Sequence[SearchResult], k: int) -> SearchResult:
+    """One top-k from per-segment top-k results, by score (ties: earlier result first)."""
+    scores = np.concatenate([r.scores for r in results], axis=1)  # (Q, S*k)
+    names = np.concatenate([np.array(r.ids, dtype=object).reshape(len(r.ids), -1) for r in results], axis=1)
+    order = np.argsort(-scores, axis=1, kind="stable")[:, :k]  # (Q, k)
+    top = np.take_along_axis(scores, order, 1).astype(np.float32)
+    ids = np.take_along_axis(names, order, 1)
+    out_ids = [[i if np.isfinite(s) else MISSING_ID for i, s in zip(row, srow)]
+               for row, srow in zip(ids.tolist(), top.tolist())]
+    return SearchResult(ids=out_ids, scores=top)
 
 
 def write_segment(directory: Path, index: VectorIndex, seq: int) -> Segment:

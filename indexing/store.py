@@ -56,6 +56,7 @@ place, so a target path holds either nothing or a whole index. Bulk builds from 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import json
 import logging
@@ -77,8 +78,10 @@ from twotower.common.atomic import TMP_MARKER, fsync_dir
 from twotower.indexing.bm25 import BM25, document_text
 from twotower.indexing.docstore import DocStore, Document, as_document
 from twotower.indexing.errors import IndexDiskFullError, IndexFormatError
+from twotower.indexing.filters import Filter, as_filter
 from twotower.indexing.integrity import file_sha256, hex64, set_digest
 from twotower.indexing.manifest import MANIFEST_NAME, Manifest
+from twotower.indexing.milvus import MilvusSpec
 from twotower.indexing.search_result import SearchResult
 from twotower.indexing.segments import (
     HASH_ON_OPEN_MAX,
@@ -90,6 +93,7 @@ from twotower.indexing.segments import (
     load_segment,
 )
 from twotower.indexing.vector_index import Metric, VectorIndex
+from twotower.indexing.vectors import VectorBackend
 
 try:
     import fcntl
@@ -105,6 +109,7 @@ _VECTORS_RE = re.compile(r"^vectors-(\d+)\.faiss$")  # the one-file layout of ea
 _SEGMENT_RE = re.compile(r"^seg-\d{8}-[0-9a-f]{8}\.faiss$")
 _BM25_RE = re.compile(r"^bm25-(\d+)\.npz$")
 OPEN_ATTEMPTS = 100  # a reader retries this often while a writer keeps replacing the files it was opening
+FILTER_CACHE = 16  # filters whose allowed ids a reader's snapshot keeps (Snapshot.allowed_ids)
 RETAIN_SECONDS = 10.0  # a writer keeps the segment files it merged away this long (see IndexStore._sweep)
 
 Verify = Literal["none", "ids", "full"]
@@ -179,7 +184,7 @@ class Snapshot:
     done. A writer has one snapshot whose state it changes in place (its staged changes).
     """
 
-    def __init__(self, directory: Path, manifest: Manifest, generation: int, vectors: Segments,
+    def __init__(self, directory: Path, manifest: Manifest, generation: int, vectors: VectorBackend,
                  docstore: DocStore, *, owns_docstore: bool, writer: bool = False) -> None:
         self.directory = directory
         self.manifest = manifest
@@ -189,6 +194,7 @@ class Snapshot:
         self._owns = owns_docstore
         self._writer = writer
         self._bm25: BM25 | None = None
+        self._filter_cache: dict[Filter, frozenset[str]] = {}  # reader only: see allowed_ids
         self._lock = threading.RLock()
         self._users = 0
         self._retired = False
@@ -221,9 +227,42 @@ class Snapshot:
     def __len__(self) -> int:
         return len(self.vectors)
 
-    def search(self, queries: np.ndarray, k: int = 10, **params: Any) -> SearchResult:
-        """Dense search (see ``VectorIndex.search``); queries (Q, D)."""
-        return self.vectors.search(queries, k, **params)
+    def search(self, queries: np.ndarray, k: int = 10, *, filter: Filter | str | None = None,
+               **params: Any) -> SearchResult:
+        """Dense search (see ``VectorIndex.search``); queries (Q, D).
+
+        ``filter`` (``twotower.indexing.filters``): only rows whose metadata passes it are hits,
+        k of them whenever k exist. A backend that filters natively (Milvus) gets the ``Filter``;
+        FAISS gets the allowed ids, resolved from this snapshot's documents (``allowed_ids``).
+        """
+        flt = as_filter(filter)
+        if flt is None:
+            return self.vectors.search(queries, k, **params)
+        if getattr(self.vectors, "native_filters", False):
+            flt.check_fields(self.docstore.metadata_fields())
+            return self.vectors.search(queries, k, filter=flt, **params)
+        return self.vectors.search(queries, k, allowed=self.allowed_ids(flt), filter=flt, **params)
+
+    def allowed_ids(self, flt: Filter) -> frozenset[str]:
+        """Ids of the rows passing ``flt`` (FilterError for an unknown field).
+
+        A reader's snapshot is immutable, so the set is cached per filter (the last
+        ``FILTER_CACHE`` filters): a service answering many queries with one filter (a tenant, a
+        language) scans the documents once, and the vector backend maps the same set object to
+        its labels once too.
+        """
+        if self._writer:
+            return frozenset(self.docstore.matching_ids(flt))
+        with self._lock:
+            hit = self._filter_cache.get(flt)
+            if hit is not None:
+                return hit
+        ids = frozenset(self.docstore.matching_ids(flt))
+        with self._lock:
+            if len(self._filter_cache) >= FILTER_CACHE:
+                self._filter_cache.pop(next(iter(self._filter_cache)))
+            self._filter_cache[flt] = ids
+        return ids
 
     def get(self, ids: Sequence[str]) -> list[Document | None]:
         """Documents by id, in order (``None`` for unknown ids, e.g. the ``""`` padding)."""
@@ -249,13 +288,16 @@ class Snapshot:
                     self._bm25 = bm
             return self._bm25
 
-    def search_bm25(self, queries: Sequence[str], k: int = 10) -> SearchResult:
-        """Lexical search over title + text; ValueError if the store was created without BM25."""
+    def search_bm25(self, queries: Sequence[str], k: int = 10, *,
+                    filter: Filter | str | None = None) -> SearchResult:
+        """Lexical search over title + text (``filter`` as in ``search``); ValueError if the store
+        was created without BM25."""
         bm = self.bm25
         if bm is None:
             raise ValueError(f"{self.directory}: created without BM25, which hybrid search needs; build it with "
                              "bm25=True (SearchPipeline.build(..., bm25=True) or IndexStore.create(..., bm25=True))")
-        return bm.search(queries, k)
+        flt = as_filter(filter)
+        return bm.search(queries, k, allowed=None if flt is None else self.allowed_ids(flt))
 
 
 class IndexStore:
@@ -296,6 +338,11 @@ class IndexStore:
             self.close()
             raise
         if not readonly:
+            try:
+                self.vectors.repair()  # Milvus: rows of an interrupted commit; FAISS: nothing (the sweep)
+            except BaseException:
+                self.close()
+                raise
             self._sweep()
             self._refresh_manifest()
 
@@ -312,6 +359,7 @@ class IndexStore:
         bm25: bool | Mapping[str, Any] = False,
         extra: Mapping[str, Any] | None = None,
         merge_policy: MergePolicy | None = None,
+        milvus: MilvusSpec | None = None,
         **vector_options: Any,
     ) -> IndexStore:
         """Create a new index directory (atomically: built aside, then renamed into place).
@@ -321,8 +369,16 @@ class IndexStore:
         ``VectorIndex`` (``ef_search``, ``nprobe``, ``train_sample``, …). ``merge_policy``
         says when segments are merged (default ``MergePolicy()``). ``directory`` must not
         exist or be empty.
+
+        ``milvus`` keeps the vectors in a Milvus collection instead of FAISS segment files
+        (``twotower.indexing.milvus``; ``factory`` is then the Milvus index type, default FLAT).
+        The collection is checked and created before anything is written here: an unreachable
+        URI raises ``MilvusUnavailableError`` and leaves no directory behind.
         """
         directory = Path(directory)
+        if milvus is not None:
+            return cls._create_milvus(directory, dim, factory, metric, bm25=bm25, extra=extra, spec=milvus,
+                                      **vector_options)
         vectors = VectorIndex(dim, factory, metric, expected_size=expected_size, **vector_options)
         bm25_args = (dict(bm25) if isinstance(bm25, Mapping) else {}) if bm25 else None
         if bm25_args is not None:
@@ -349,6 +405,46 @@ class IndexStore:
                 bm25=bm25_args,
                 extra=dict(extra or {}),
             ).write(tmp / MANIFEST_NAME)
+        return cls(directory, readonly=False, mmap=True)
+
+    @classmethod
+    def _create_milvus(cls, directory: Path, dim: int, factory: str | None, metric: Metric, *,
+                       bm25: bool | Mapping[str, Any], extra: Mapping[str, Any] | None, spec: MilvusSpec,
+                       **vector_options: Any) -> IndexStore:
+        from twotower.indexing import milvus as mv
+
+        if metric not in mv.METRICS:
+            raise ValueError(f"metric must be one of {sorted(mv.METRICS)}, got {metric!r}")
+        unknown = set(vector_options) - set(VECTOR_OPTIONS)
+        if unknown:
+            raise ValueError(f"IndexStore.create: unknown vector options {sorted(unknown)}")
+        index_type = mv.check_index_type(factory)
+        bm25_args = (dict(bm25) if isinstance(bm25, Mapping) else {}) if bm25 else None
+        if bm25_args is not None:
+            BM25(**bm25_args)
+        if not spec.owner:
+            spec = dataclasses.replace(spec, owner=os.path.abspath(directory))
+        if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
+            raise FileExistsError(f"{directory}: already exists and is not an empty directory")
+        mv.check_target(spec, dim, metric, create=True, index_type=index_type)  # before any local file
+        options = {key: vector_options.get(key) for key in VECTOR_OPTIONS}
+        options.update(dim=dim, metric=metric, factory=index_type)
+        with _built_aside(directory) as tmp:
+            with DocStore(tmp / DOCS_NAME) as docs, docs.transaction():
+                mv.ensure_tables(docs)
+                docs.set_meta("generation", "0")
+                docs.set_meta("vector_layout", mv.LAYOUT)
+                docs.set_meta("vector_options", json.dumps(options))
+                docs.set_meta("milvus", json.dumps(spec.record(), sort_keys=True))
+                docs.set_meta("next_segment", "0")
+                docs.set_meta("ids_digest", hex64(0))
+                docs.set_meta("docs_digest", hex64(0))
+                docs.set_meta("milvus_ids_digest", hex64(0))
+            if bm25_args is not None:
+                BM25(**bm25_args).save(tmp / bm25_name(0))
+            (tmp / LOCK_NAME).touch()
+            Manifest(dim=dim, metric=metric, factory=index_type, bm25=bm25_args, extra=dict(extra or {}),
+                     backend="milvus", milvus=spec.record()).write(tmp / MANIFEST_NAME)
         return cls(directory, readonly=False, mmap=True)
 
     @classmethod
@@ -384,7 +480,7 @@ class IndexStore:
         return None if self._verify == "full" else (HASH_ON_OPEN_MAX if self._verify == "ids" else 0)
 
     def _load_vectors(self, docs: DocStore, previous: Snapshot | None,
-                      loaded: dict[str, Segment] | None = None) -> tuple[int, Segments]:
+                      loaded: dict[str, Segment] | None = None) -> tuple[int, VectorBackend]:
         """The committed generation and its segments, as the (pinned) ``docs`` connection sees them.
 
         Segments of `previous` are reused, not read again; `loaded` collects every segment read, so a
@@ -394,6 +490,8 @@ class IndexStore:
         if gen is None or not gen.isdigit():
             raise IndexFormatError(docs.path, f"missing or invalid 'generation' ({gen!r})")
         options = json.loads(docs.get_meta("vector_options") or "{}")
+        if self.manifest.backend == "milvus" or docs.get_meta("milvus") is not None:
+            return int(gen), self._load_milvus(docs, int(gen), options)
         policy = MergePolicy(**json.loads(docs.get_meta("merge_policy") or "{}"))
         reuse = {s.name: s for s in previous.vectors.segments} if previous is not None else {}
         if loaded is not None:
@@ -430,6 +528,25 @@ class IndexStore:
             options = {key: getattr(segments[0].base, key, None) for key in VECTOR_OPTIONS}
         return int(gen), Segments(m.dim, m.factory, m.metric, options, segments, policy)  # type: ignore[arg-type]
 
+    def _load_milvus(self, docs: DocStore, gen: int, options: dict[str, Any]) -> VectorBackend:
+        """The Milvus collection the commit record names, checked against the manifest and the collection."""
+        from twotower.indexing import milvus as mv
+
+        m, where = self.manifest, self.directory / MANIFEST_NAME
+        record = json.loads(docs.get_meta("milvus") or "null")
+        if m.backend != "milvus" or record != m.milvus:
+            raise IndexFormatError(where, f"manifest says backend={m.backend} milvus={m.milvus}, but {DOCS_NAME} "
+                                          f"records milvus={record} (the manifest was edited or belongs to "
+                                          "another index)")
+        described = options.pop("dim", m.dim), options.pop("metric", m.metric), options.pop("factory", m.factory)
+        if described != (m.dim, m.metric, m.factory):
+            raise IndexFormatError(where, f"manifest says dim={m.dim} metric={m.metric} factory={m.factory}, but "
+                                          f"{DOCS_NAME} records dim={described[0]} metric={described[1]} "
+                                          f"factory={described[2]}")
+        client = mv.open_collection(record, m.dim, m.metric, where)
+        return mv.MilvusVectors(client, record, m.dim, m.metric, m.factory, options, docs, gen,
+                                writer=not self.readonly)
+
     def _legacy_record(self, gen: int) -> dict[str, Any]:
         """A commit record for the single vector file of the earlier layout (no checksum was recorded)."""
         name = vectors_name(gen)
@@ -444,7 +561,7 @@ class IndexStore:
         stored = sum(i is not None for i in state["ids_by_label"]) + len(state["tombstones"])
         return {"name": name, "seq": 0, "stored": stored, "bytes": size, "sha256": "", "ids_digest": ""}
 
-    def _check_agreement(self, docs: DocStore, vectors: Segments, scan: bool = True) -> None:
+    def _check_agreement(self, docs: DocStore, vectors: VectorBackend, scan: bool = True) -> None:
         """Documents and vectors hold the same ids, and the ones committed (raise naming the file otherwise).
 
         ``scan=False`` (a reader's ``refresh``) compares the vectors with the digest the writer recorded
@@ -540,8 +657,8 @@ class IndexStore:
         return self._current().generation
 
     @property
-    def vectors(self) -> Segments:
-        """The vectors (all segments, with staged changes for the writer)."""
+    def vectors(self) -> VectorBackend:
+        """The vectors (FAISS segments or a Milvus collection, with staged changes for the writer)."""
         return self._current().vectors
 
     @property
@@ -688,7 +805,8 @@ class IndexStore:
                     d["id"] for d, c in zip(rows, self.docstore.contains_many([d["id"] for d in rows])) if c
                 ]
                 self.docstore.add(rows, on_duplicate=on_duplicate)
-                self.vectors.add([d["id"] for d in rows], vectors, on_duplicate=on_duplicate)
+                self.vectors.add([d["id"] for d in rows], vectors, on_duplicate=on_duplicate,
+                                 metadata=[d["metadata"] for d in rows])
         except (sqlite3.OperationalError, OSError) as e:
             if is_disk_full(e):
                 raise self._disk_full("staging the added documents", e) from None
@@ -838,6 +956,10 @@ class IndexStore:
         This store keeps working on its own directory.
         """
         target = Path(target)
+        if self.manifest.backend == "milvus":
+            raise ValueError(f"{self.directory}: its vectors live in Milvus collection "
+                             f"{self.manifest.milvus['collection']!r}, which a copy would share; build a new index "
+                             "(twotower index build --backend milvus --collection NAME) instead of copying this one")
         with self.snapshot() as snap:
             names = [MANIFEST_NAME, DOCS_NAME, DOCS_NAME + "-wal", *(s.name for s in snap.vectors.segments),
                      bm25_name(snap.generation)]
@@ -863,10 +985,11 @@ class IndexStore:
         with self.snapshot() as snap:
             return snap.get(ids)
 
-    def search(self, queries: np.ndarray, k: int = 10, **params: Any) -> SearchResult:
-        """Dense search (see ``VectorIndex.search``); queries (Q, D)."""
+    def search(self, queries: np.ndarray, k: int = 10, *, filter: Filter | str | None = None,
+               **params: Any) -> SearchResult:
+        """Dense search (see ``VectorIndex.search``); queries (Q, D); ``filter`` as in ``Snapshot.search``."""
         with self.snapshot() as snap:
-            return snap.search(queries, k, **params)
+            return snap.search(queries, k, filter=filter, **params)
 
     @property
     def bm25(self) -> BM25 | None:
@@ -874,10 +997,12 @@ class IndexStore:
         with self.snapshot() as snap:
             return snap.bm25
 
-    def search_bm25(self, queries: Sequence[str], k: int = 10) -> SearchResult:
-        """Lexical search over title + text; ValueError if the store was created without BM25."""
+    def search_bm25(self, queries: Sequence[str], k: int = 10, *,
+                    filter: Filter | str | None = None) -> SearchResult:
+        """Lexical search over title + text (``filter`` as in ``Snapshot.search``); ValueError if the
+        store was created without BM25."""
         with self.snapshot() as snap:
-            return snap.search_bm25(queries, k)
+            return snap.search_bm25(queries, k, filter=filter)
 
     def info(self) -> dict[str, Any]:
         """A JSON-able summary (for ``twotower index info``)."""
@@ -893,6 +1018,9 @@ class IndexStore:
                 "metric": self.manifest.metric,
                 "factory": self.manifest.factory,
                 "bm25": self.manifest.bm25,
+                "backend": self.manifest.backend,
+                "milvus": ({k: self.manifest.milvus[k] for k in ("uri", "collection")}
+                           if self.manifest.milvus else None),
                 "extra": self.manifest.extra,
                 "pending": snap.pending,
             }
@@ -904,6 +1032,8 @@ class IndexStore:
             with contextlib.suppress(OSError):
                 self._sweep()  # leave no merged-away file behind (a reader still opening one retries)
         snap, self._snap = self._snap, None
+        if snap is not None and not self.readonly and not snap.pending:
+            snap.vectors.close()  # Milvus: delete the rows commits superseded
         if snap is not None:
             if snap.pending:
                 logger.warning("%s: closing with uncommitted changes; they are discarded", self.directory)

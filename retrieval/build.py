@@ -41,7 +41,7 @@ import shutil
 import sqlite3
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -51,9 +51,11 @@ from twotower.common.atomic import atomic_path, atomic_write_text, fsync_dir
 from twotower.common.distributed import all_reduce_sum
 from twotower.indexing import IndexFormatError, IndexLockedError, IndexStore, document_text
 from twotower.indexing.integrity import file_sha256
+from twotower.indexing.milvus import MilvusSpec, check_target
 from twotower.indexing.store import is_disk_full
 from twotower.retrieval.corpus import CorpusPlan, iter_chunks, validate_corpus
 from twotower.retrieval.dual_encoder import DualEncoder
+from twotower.retrieval.passages import PassageSplitter, longer_than_model, truncation_warning
 from twotower.retrieval.sharding import DistInfo, barrier, init_build_group, owns_shard
 
 try:
@@ -165,13 +167,31 @@ class BuildPlan:
     num_documents: int
     dim: int
     format: int = PLAN_FORMAT
+    # Long documents split into passages (`twotower.retrieval.passages`): the settings, and the rows
+    # (vectors) of each shard, counted before encoding so that a resumed build can check its shards.
+    passage_window: int | None = None
+    passage_stride: int | None = None
+    rows: list[int] | None = None
 
     @property
     def num_shards(self) -> int:
         return -(-self.num_documents // self.shard_size)
 
+    @property
+    def num_rows(self) -> int:
+        """Vectors the index will hold: one per document, or one per passage of a split document."""
+        return sum(self.rows) if self.rows is not None else self.num_documents
+
     def shard_rows(self, shard: int) -> int:
+        if self.rows is not None:
+            return self.rows[shard]
         return min(self.shard_size, self.num_documents - shard * self.shard_size)
+
+    def shard_offset(self, shard: int) -> int:
+        """The index row where `shard`'s vectors start."""
+        if self.rows is not None:
+            return sum(self.rows[:shard])
+        return shard * self.shard_size
 
 
 def shard_path(work_dir: str, shard: int) -> str:
@@ -232,6 +252,7 @@ def encode_shards(
     info: DistInfo,
     batch_size: int = 64,
     progress: bool = True,
+    splitter: PassageSplitter | None = None,
 ) -> int:
     """Encode this rank's unfinished shards; returns how many documents it encoded."""
     mine = [i for i in range(plan.num_shards) if owns_shard(i, info)]
@@ -240,26 +261,28 @@ def encode_shards(
         logger.warning("resuming: %d of %d shards of rank %d already encoded", len(mine) - len(todo), len(mine),
                        info.rank)
     total = sum(plan.shard_rows(i) for i in todo)
-    bar = tqdm(total=total, desc="encode documents", unit="doc", disable=not progress or info.rank != 0)
+    unit = "passage" if splitter is not None else "doc"
+    bar = tqdm(total=total, desc=f"encode {unit}s", unit=unit, disable=not progress or info.rank != 0)
     encoded = 0
     for i, chunk in enumerate(iter_chunks(corpus.path, plan.shard_size, corpus.skip_lines)):
         if i not in todo:
             continue
-        vecs = encoder.encode_documents([document_text(d) for d in chunk], batch_size=batch_size)  # (n, D)
+        rows = splitter.rows(chunk) if splitter is not None else chunk
+        vecs = encoder.encode_documents([document_text(d) for d in rows], batch_size=batch_size)  # (n, D)
         _save_shard(shard_path(work_dir, i), vecs)
         encoded += len(chunk)
-        bar.update(len(chunk))
+        bar.update(len(rows))
     bar.close()
     return encoded
 
 
 def _training_sample(store: IndexStore, plan: BuildPlan, work_dir: str, seed: int = 0) -> np.ndarray:
     """Rows drawn (seeded) from all shards, for IVF/PQ training, without loading every shard at once."""
-    n = store.vectors.train_sample_size(plan.num_documents)
-    rows = np.sort(np.random.default_rng(seed).choice(plan.num_documents, size=n, replace=False))
+    n = store.vectors.train_sample_size(plan.num_rows)
+    rows = np.sort(np.random.default_rng(seed).choice(plan.num_rows, size=n, replace=False))
     parts = []
     for i in range(plan.num_shards):
-        lo = i * plan.shard_size
+        lo = plan.shard_offset(i)
         sel = rows[(rows >= lo) & (rows < lo + plan.shard_rows(i))] - lo
         if len(sel):
             parts.append(np.asarray(np.load(shard_path(work_dir, i), mmap_mode="r")[sel]))
@@ -277,21 +300,28 @@ def assemble(
     bm25: bool,
     extra: dict[str, Any],
     progress: bool = True,
+    splitter: PassageSplitter | None = None,
+    milvus: MilvusSpec | None = None,
 ) -> None:
-    """Rank 0: shards + documents -> a committed IndexStore, renamed into place at `out`."""
+    """Rank 0: shards + documents -> a committed IndexStore, renamed into place at `out`.
+
+    With `milvus` the vectors go to that collection (``IndexStore.create(..., milvus=...)``): the
+    local directory holds the documents and the commit record, and is renamed into place the same way.
+    """
     staging = os.path.join(work_dir, "index")
     if os.path.exists(staging):
         shutil.rmtree(staging)  # an interrupted assembly: cheap to redo
     try:
-        store = IndexStore.create(staging, plan.dim, factory, metric, expected_size=plan.num_documents, bm25=bm25,
-                                  extra=extra)
+        store = IndexStore.create(staging, plan.dim, factory, metric, expected_size=plan.num_rows, bm25=bm25,
+                                  extra=extra, milvus=milvus)
         try:
             if not store.vectors.is_trained:
                 store.train(_training_sample(store, plan, work_dir))
-            bar = tqdm(total=plan.num_documents, desc="assemble index", unit="doc", disable=not progress)
+            bar = tqdm(total=plan.num_rows, desc="assemble index", unit="row", disable=not progress)
             for i, chunk in enumerate(iter_chunks(corpus.path, plan.shard_size, corpus.skip_lines)):
-                store.add(chunk, np.load(shard_path(work_dir, i), mmap_mode="r"))
-                bar.update(len(chunk))
+                rows = splitter.rows(chunk) if splitter is not None else chunk
+                store.add(rows, np.load(shard_path(work_dir, i), mmap_mode="r"))
+                bar.update(len(rows))
             bar.close()
             store.commit()
             if bm25:
@@ -335,7 +365,7 @@ def estimated_bytes(plan: BuildPlan, corpus: CorpusPlan) -> tuple[int, int]:
     the document store holds about the texts of the corpus (SQLite adds its pages and the
     metadata on top, FAISS graph indexes their links, so the real size is larger).
     """
-    vectors = plan.num_documents * plan.dim * 4
+    vectors = plan.num_rows * plan.dim * 4
     return vectors + corpus.content_bytes, vectors
 
 
@@ -356,7 +386,7 @@ def check_disk_space(out: str, work_dir: str, plan: BuildPlan, corpus: CorpusPla
         if free < need:
             raise DiskFullError(
                 f"not enough free disk space in {where}: this build needs at least {_size(need)} "
-                f"({plan.num_documents} vectors of {plan.dim} floats, in the shards and in the index, and "
+                f"({plan.num_rows} vectors of {plan.dim} floats, in the shards and in the index, and "
                 f"{_size(corpus.content_bytes)} of documents) but {_size(free)} are free; free some "
                 "space or build somewhere else"
             )
@@ -422,22 +452,30 @@ def build_index(
     keep_shards: bool = False,
     work_dir: str | None = None,
     extra: Callable[[CorpusPlan, BuildPlan, dict[str, Any]], dict[str, Any]] | None = None,
+    splitter: PassageSplitter | None = None,
+    milvus: MilvusSpec | None = None,
 ) -> bool:
     """Build the index at `out` from a corpus file; returns True on the rank that assembled it (rank 0).
 
     See the module docstring for the steps.  `extra(corpus_plan, build_plan, run)`
     supplies the manifest's ``extra`` object (the pipeline block); `run` says how the
-    build ran (world_size, shard_size, batch_size, encode_seconds).
+    build ran (world_size, shard_size, batch_size, encode_seconds, and ``long_documents``: how
+    many documents are longer than the model reads, split by `splitter` or else truncated).
 
     Raises:
         BuildLockedError: another build into `out` is running.
         FileExistsError: `out` exists and is not an empty directory.
         DataError: a bad corpus line (file and line named), before anything is encoded.
         DiskFullError: the estimated size does not fit (before encoding), or the disk filled up.
+        MilvusUnavailableError / ValueError: with `milvus`, the URI cannot be reached or the collection
+            cannot take this index (another dimension or encoder, another index's vectors); checked
+            first, before the work directory or anything else is written.
     """
     if shard_size < 1:
         raise ValueError(f"shard_size must be >= 1, got {shard_size}")
     _refuse_existing(out)
+    if milvus is not None:
+        milvus = replace(milvus, owner=os.path.abspath(out))
     started = time.perf_counter()
     work_dir = work_dir or f"{out.rstrip(os.sep)}.build"
     import torch.distributed as dist
@@ -447,10 +485,13 @@ def build_index(
     lock = BuildLock(work_dir, out)
     encoding = False
     try:
+        if milvus is not None:  # before the work directory or anything else is written (see `Raises`)
+            _on_main(info, lambda: check_target(milvus, encoder.dim, metric or encoder.metric))
         _on_main(info, lambda: (lock.acquire(), _refuse_existing(out)))  # the check again: `out` may be new now
         corpus = validate_corpus(corpus_path, on_duplicate)
         if corpus.num_documents == 0:
             raise ValueError(f"{corpus_path}: no documents to index")
+        rows, long_docs = count_rows(corpus, int(shard_size), encoder, splitter)
         plan = BuildPlan(
             corpus_sha256=file_sha256(corpus_path),
             on_duplicate=on_duplicate,
@@ -458,7 +499,12 @@ def build_index(
             encoder_fingerprint=encoder.fingerprint(),
             num_documents=corpus.num_documents,
             dim=encoder.dim,
+            passage_window=splitter.settings.window if splitter is not None else None,
+            passage_stride=splitter.settings.stride if splitter is not None else None,
+            rows=rows,
         )
+        if long_docs and splitter is None and info.is_main:
+            logger.warning("%s", truncation_warning(long_docs, corpus.num_documents, encoder))
         _on_main(info, lambda: check_disk_space(out, work_dir, plan, corpus))
         encoding = True
         stage = f"preparing the work directory {work_dir}"
@@ -470,15 +516,16 @@ def build_index(
                                    plan.num_shards)
             barrier(info)
             stage = f"writing embedding shards to {os.path.join(work_dir, SHARDS_DIR)}"
-            encode_shards(plan, corpus, encoder, work_dir, info, batch_size=batch_size, progress=progress)
+            encode_shards(plan, corpus, encoder, work_dir, info, batch_size=batch_size, progress=progress,
+                          splitter=splitter)
             barrier(info)
             if info.is_main:
                 run = {"world_size": info.world_size, "shard_size": plan.shard_size, "batch_size": batch_size,
-                       "encode_seconds": round(time.perf_counter() - started, 1)}
+                       "encode_seconds": round(time.perf_counter() - started, 1), "long_documents": long_docs}
                 meta = extra(corpus, plan, run) if extra is not None else {}
                 stage = f"assembling the index in {os.path.join(work_dir, 'index')}"
                 assemble(plan, corpus, work_dir, out, factory=factory, metric=metric or encoder.metric, bm25=bm25,
-                         extra=meta, progress=progress)
+                         extra=meta, progress=progress, splitter=splitter, milvus=milvus)
                 if not keep_shards:
                     shutil.rmtree(work_dir, ignore_errors=True)
             barrier(info)
@@ -497,6 +544,25 @@ def build_index(
 
             cleanup(info)
     return info.is_main
+
+
+def count_rows(corpus: CorpusPlan, shard_size: int, encoder: DualEncoder,
+               splitter: PassageSplitter | None) -> tuple[list[int] | None, int]:
+    """(rows of each shard, or None without passages; documents longer than the model reads).
+
+    One tokenizer pass over the corpus (no model): a few seconds per 10,000 documents, next to
+    minutes of encoding; splitting is deterministic, so every rank and every resume counts alike.
+    """
+    rows: list[int] = []
+    long_docs = 0
+    for chunk in iter_chunks(corpus.path, shard_size, corpus.skip_lines):
+        if splitter is None:
+            long_docs += longer_than_model(encoder, chunk)
+            continue
+        spans = splitter.spans(chunk)
+        rows.append(sum(len(s) for s in spans))
+        long_docs += sum(len(s) > 1 for s in spans)
+    return (rows if splitter is not None else None), long_docs
 
 
 def _refuse_existing(out: str) -> None:

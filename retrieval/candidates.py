@@ -22,6 +22,7 @@ class Candidate(NamedTuple):
     rank: int  # 1-based rank in the first stage; reranking breaks score ties by it
     dense: float | None = None  # hybrid only: the dense score, None when dense search did not retrieve it
     bm25: float | None = None  # hybrid only: the BM25 score, None when BM25 did not retrieve it
+    passage: str | None = None  # the best passage's row id of a document split into passages (retrieval.passages)
 
 
 def dense_candidates(res: SearchResult) -> list[list[Candidate]]:

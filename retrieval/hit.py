@@ -54,6 +54,9 @@ class Hit:
         bm25_score: the BM25 score when hybrid search retrieved it lexically, else None.
         label: the class a classification head gave the document (search with ``classifier=``), else None.
         label_score: that head's probability for ``label``, else None.
+        passage: for a document split into passages (`twotower.retrieval.passages`), the character
+            offsets ``{"start", "end"}`` in ``text`` of the passage that ranked it; None for a document
+            stored whole, or when searched with fetch_documents=False.
     """
 
     id: str
@@ -68,6 +71,7 @@ class Hit:
     bm25_score: float | None = None
     label: str | None = None
     label_score: float | None = None
+    passage: dict[str, int] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (the `twotower search --json` record).

@@ -22,6 +22,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import threading
@@ -32,7 +33,9 @@ from typing import Any
 import numpy as np
 
 from twotower.indexing import MISSING_ID, Document, IndexStore, Snapshot, document_text
+from twotower.indexing.filters import Filter, as_filter
 from twotower.indexing.manifest import MANIFEST_NAME
+from twotower.indexing.milvus import milvus_spec
 from twotower.retrieval.build import DEFAULT_SHARD_SIZE, build_index
 from twotower.retrieval.candidates import Candidate, dense_candidates, fused_candidates
 from twotower.retrieval.corpus import (
@@ -57,6 +60,19 @@ from twotower.retrieval.manifest import (
     pipeline_block,
     resolve_model_source,
     resolve_reranker_source,
+)
+from twotower.retrieval.passages import (
+    AGGREGATIONS,
+    PassageSettings,
+    PassageSplitter,
+    document_candidates,
+    document_counts,
+    expand_ids,
+    get_documents,
+    longer_than_model,
+    parent_of,
+    passage_number,
+    truncation_warning,
 )
 from twotower.retrieval.reader import AnswerResult, label_hits, read_answers
 from twotower.retrieval.rerank import rerank_scores
@@ -117,6 +133,8 @@ class SearchPipeline:
         self.store = store
         self.encoder = encoder
         self.reranker = reranker
+        self.passages = PassageSettings.from_json(self.block.get("passages"))  # None: documents stored whole
+        self._splitter: PassageSplitter | None = None
         self._task_models: dict[str, Any] = {}  # reader / classifier directories, loaded once
         self._local = threading.local()  # the commit each thread's search is reading (`_one_commit`)
 
@@ -140,6 +158,12 @@ class SearchPipeline:
         work_dir: str | None = None,
         bf16: bool | str = "auto",
         device: str = "cpu",
+        passages: bool = False,
+        passage_window: int | None = None,
+        passage_stride: int | None = None,
+        backend: str = "faiss",
+        milvus_uri: str | None = None,
+        collection: str | None = None,
     ) -> SearchPipeline | None:
         """Encode a corpus into a new index directory and open it (see `twotower.retrieval.build` for the steps).
 
@@ -154,13 +178,36 @@ class SearchPipeline:
             on_duplicate: "error" | "skip" (keep the first) | "replace" (keep the last).
             shard_size: documents per embedding shard (the unit of resume and of distribution).
             keep_shards: keep ``<directory>.build`` (the .npy shards) after success.
+            passages: split documents longer than `passage_window` tokens into overlapping passages
+                (`twotower.retrieval.passages`); searches then rank documents by their best passage.
+                Off: a document longer than the model's maximum is truncated (the build says how many).
+            passage_window / passage_stride: window and step in tokens (defaults 128 / 96); the
+                settings are recorded in the manifest and `add` splits with them.
+            backend: "faiss" (vector segment files in the directory) or "milvus" (a Milvus
+                collection; `twotower.indexing.milvus`). With "milvus", `factory` is the Milvus
+                index type (FLAT, the default, is exact; IVF_FLAT, HNSW).
+            milvus_uri: a Milvus Lite file (``./name.db``, resolved against the working directory
+                and recorded absolute) or a server address (``http://host:19530``).
+            collection: the collection to create; None = ``twotower_<directory name>``.
         Returns:
             The opened pipeline on rank 0; None on other torchrun ranks.
         """
         if on_duplicate not in DUPLICATE_POLICIES:
             raise ValueError(f"on_duplicate={on_duplicate!r}; choose one of {DUPLICATE_POLICIES}")
         directory = os.fspath(directory)
+        milvus = milvus_spec(backend, milvus_uri, collection, directory)  # an unreachable URI fails here, first
         encoder = _load_encoder(model, bf16, device)
+        if milvus is not None:
+            milvus = dataclasses.replace(milvus, fingerprint=encoder.fingerprint())
+        splitter = None
+        if passages or passage_window is not None or passage_stride is not None:
+            if not passages:
+                raise ValueError("passage_window / passage_stride need passages=True (--passages)")
+            defaults = PassageSettings()
+            window = defaults.window if passage_window is None else passage_window
+            stride = passage_stride if passage_stride is not None else (
+                defaults.stride if passage_window is None else max(1, window * defaults.stride // defaults.window))
+            splitter = PassageSplitter(encoder, PassageSettings(window, stride))  # refuses a window too large
         # Loaded before encoding: a bad reranker directory fails in seconds, and no index names it as its default.
         cross_encoder = _load_reranker(reranker, bf16, device)
         model_dir = encoder.source
@@ -183,13 +230,14 @@ class SearchPipeline:
                            "sha256": build_plan.corpus_sha256, "documents": build_plan.num_documents,
                            "duplicates": corpus_plan.num_duplicates, "on_duplicate": on_duplicate},
                 "build": run,
+                "passages": splitter.settings.to_json() if splitter is not None else None,
             }}
 
         try:
             is_main = build_index(
                 corpus_path, directory, encoder, factory=factory, metric=metric, bm25=bm25,
                 on_duplicate=on_duplicate, batch_size=batch_size, shard_size=shard_size, progress=progress,
-                keep_shards=keep_shards, work_dir=work_dir, extra=extra,
+                keep_shards=keep_shards, work_dir=work_dir, extra=extra, splitter=splitter, milvus=milvus,
             )
         finally:
             if tmp_corpus:
@@ -248,10 +296,12 @@ class SearchPipeline:
         Duplicates (inside `docs` or against the index) follow `on_duplicate`:
         "error" (nothing is added), "skip" (keep what is there / the first copy)
         or "replace" (the last copy wins). Returns how many documents were added or replaced.
+        An index built with passages splits long documents as its build did; replacing a document
+        replaces all its passages (in the same commit).
         """
         if on_duplicate not in DUPLICATE_POLICIES:
             raise ValueError(f"on_duplicate={on_duplicate!r}; choose one of {DUPLICATE_POLICIES}")
-        existing = set(self.store.vectors.ids())
+        existing = {parent_of(i) for i in self.store.vectors.ids()}  # document ids, not passage rows
         if isinstance(docs, (str, os.PathLike)):
             path = os.fspath(docs)
             plan = validate_corpus(path, on_duplicate, existing_ids=existing)
@@ -261,24 +311,53 @@ class SearchPipeline:
             rows = resolve_duplicates(rows, on_duplicate, existing)
             chunks = [rows[s:s + 4096] for s in range(0, len(rows), 4096)]
         added = 0
+        splitter = self.splitter
+        long_docs = 0
         try:
             for chunk in chunks:
-                vecs = self.encoder.encode_documents([document_text(d) for d in chunk], batch_size=batch_size,
+                rows = splitter.rows(chunk) if splitter is not None else chunk
+                if splitter is None:
+                    long_docs += longer_than_model(self.encoder, chunk)
+                if on_duplicate == "replace":  # rows of the old versions that the new ones do not overwrite
+                    old, _ = expand_ids(self.store.docstore, [d["id"] for d in chunk])
+                    stale = set(old) - {r["id"] for r in rows}
+                    if stale:
+                        self.store.delete(sorted(stale))
+                vecs = self.encoder.encode_documents([document_text(d) for d in rows], batch_size=batch_size,
                                                      progress=progress)  # (n, D)
-                added += self.store.add(chunk, vecs, on_duplicate="replace" if on_duplicate == "replace" else "error")
+                self.store.add(rows, vecs, on_duplicate="replace" if on_duplicate == "replace" else "error")
+                added += len(chunk)
             self.store.commit()
         except BaseException:
             if not self.store.readonly:
                 self.store.rollback()
             raise
+        if long_docs:
+            logger.warning("%s", truncation_warning(long_docs, added, self.encoder))
         return added
 
+    @property
+    def splitter(self) -> PassageSplitter | None:
+        """The index's passage splitter (its manifest's settings), or None when documents are stored whole."""
+        if self.passages is not None and self._splitter is None:
+            self._splitter = PassageSplitter(self.encoder, self.passages)
+        return self._splitter
+
+    def get(self, ids: Sequence[str]) -> list[Document | None]:
+        """Documents by id, in order (None where unknown); a document split into passages comes back whole,
+        with ``passages``: the ``[start, end]`` of each passage in its text."""
+        if isinstance(ids, str):
+            raise TypeError("get takes a list of ids; wrap a single id in a list")
+        return get_documents(self._view().docstore, list(ids))
+
     def delete(self, ids: Iterable[str]) -> list[str]:
-        """Delete documents by id and commit; returns the ids that were not in the index."""
+        """Delete documents by id (all passages of a split one) and commit; returns the ids not in the index."""
         if isinstance(ids, str):
             raise TypeError("delete takes a list of ids; wrap a single id in a list")
         try:
-            missing = self.store.delete(list(ids))
+            rows, missing = expand_ids(self.store.docstore, ids)
+            if rows:
+                self.store.delete(rows)
             self.store.commit()
         except BaseException:
             if not self.store.readonly:
@@ -306,6 +385,8 @@ class SearchPipeline:
         rerank_alpha: float | None = None,
         rerank_k: int | None = None,
         classifier: Any = None,
+        aggregate: str = "max",
+        filter: Filter | str | None = None,
     ) -> list[Hit] | list[list[Hit]]:
         """Top-`k` hits for one query (a list of Hit) or for each of several (a list of lists).
 
@@ -333,6 +414,15 @@ class SearchPipeline:
             classifier: a classification model (`twotower finetune classify` directory or
                 `encoder.TaskModel`): each returned hit gets ``label`` / ``label_score`` from
                 its text; run only on the k returned hits, never on the recall candidates.
+            aggregate: how an index with passages scores a document from its passages' first-stage
+                scores: "max" (its best passage, MaxP), "sum" or "first" (its first passage only).
+                The reranker scores each candidate's best passage; ``Hit.passage`` holds its
+                character offsets in ``Hit.text`` (None for a document stored whole).
+            filter: a metadata filter (text or ``twotower.indexing.filters.Filter``, e.g.
+                ``'lang == "en" and year >= 2010'``): dense, BM25 and hybrid recall, and so the
+                reranker, see only matching documents; k hits whenever k match. ``FilterError``
+                (a ValueError with the column) for a filter that does not parse or names a
+                metadata field no document has.
         Queries longer than the query encoder's maximum are truncated, with a warning.
         """
         single = isinstance(query, str)
@@ -345,21 +435,28 @@ class SearchPipeline:
             raise ValueError(f"rerank_k must be an int between 1 and recall_k ({recall_k}), got {rerank_k!r}")
         if fusion not in FUSIONS:
             raise ValueError(f"fusion={fusion!r}; choose one of {FUSIONS}")
+        if aggregate not in AGGREGATIONS:
+            raise ValueError(f"aggregate={aggregate!r}; choose one of {AGGREGATIONS}")
         clf = self._task_model(classifier, "classify", "classifier") if classifier is not None else None
         if clf is not None and not fetch_documents:
             raise ValueError("labelling hits needs their text: search with fetch_documents=True")
+        flt = as_filter(filter)
         if not queries:
             return []
         self._warn_long(queries)
         qvecs = self.encoder.encode_queries(queries, batch_size=batch_size, progress=progress)  # (Q, D)
         with self._one_commit() as view:  # vectors, BM25 and documents of one commit, whatever other threads do
-            dense = view.search(qvecs, recall_k)
-            if hybrid:
-                lexical = view.search_bm25(queries, recall_k)
-                candidates = [fused_candidates(dense, lexical, qi, recall_k, fusion, rrf_k, weights)
-                              for qi in range(len(queries))]
-            else:
-                candidates = dense_candidates(dense)
+            rows = len(view) if flt is None else len(view.allowed_ids(flt))  # FilterError before any search
+
+            def first_stage(n: int) -> list[list[Candidate]]:  # the top n rows: documents, or passages
+                dense = view.search(qvecs, n, filter=flt)
+                if hybrid:
+                    lexical = view.search_bm25(queries, n, filter=flt)
+                    return [fused_candidates(dense, lexical, qi, n, fusion, rrf_k, weights)
+                            for qi in range(len(queries))]
+                return dense_candidates(dense)
+
+            candidates = document_candidates(first_stage, recall_k, rows, aggregate, self.passages is not None)
             cross_scores = final_scores = None
             if rerank and self.reranker is not None:
                 alpha = self.rerank_alpha(rerank_alpha)
@@ -440,6 +537,10 @@ class SearchPipeline:
         if not isinstance(k, int) or k < 1:
             raise ValueError(f"k must be a positive int, got {k!r}")
         with self._one_commit() as view:
+            if self.passages is not None:  # rows are passages: aggregate to documents (MaxP)
+                cands = document_candidates(lambda n: dense_candidates(view.search(np.asarray(query_vectors), n)),
+                                            k, len(view))
+                return self._hits(cands, k, None, fetch_documents)
             res = view.search(np.asarray(query_vectors), k)
             if fetch_documents:
                 return self._hits(dense_candidates(res), k, None, True)
@@ -475,8 +576,8 @@ class SearchPipeline:
         (the merge rule of `search`).
         """
         heads = [cands[:depth] for cands in candidates]
-        docs = self._documents(heads)
-        texts = [[document_text(docs[c.id]) for c in cands] for cands in heads]
+        docs = self._documents(heads, rows=True)
+        texts = [[document_text(docs[c.passage or c.id]) for c in cands] for cands in heads]  # best passages
         out_c, out_s, out_f = [], [], []
         for cands, head, s in zip(candidates, heads, rerank_scores(self.reranker, queries, texts, batch_size,
                                                                    progress)):
@@ -497,10 +598,13 @@ class SearchPipeline:
             raise ValueError(f"rerank_alpha must be in [0, 1], got {alpha}")
         return alpha
 
-    def _documents(self, candidates: list[list[Candidate]]) -> dict[str, Document | None]:
-        """The stored documents of all queries' candidates, each read once."""
+    def _documents(self, candidates: list[list[Candidate]], rows: bool = False) -> dict[str, Document | None]:
+        """The documents of all queries' candidates, each read once (`rows`: their best passages' rows)."""
+        if rows:
+            wanted = list(dict.fromkeys(c.passage or c.id for cands in candidates for c in cands))
+            return dict(zip(wanted, self._view().get(wanted)))
         wanted = list(dict.fromkeys(c.id for cands in candidates for c in cands))
-        return dict(zip(wanted, self._view().get(wanted)))
+        return dict(zip(wanted, get_documents(self._view().docstore, wanted)))
 
     @contextlib.contextmanager
     def _one_commit(self) -> Iterator[Snapshot]:
@@ -547,8 +651,12 @@ class SearchPipeline:
                 d = docs.get(c.id)
                 rr = cross_scores[qi][j] if cross_scores is not None else None
                 final = final_scores[qi][j] if final_scores is not None else c.score
+                span = None
+                if c.passage is not None and d and "passages" in d:
+                    start, end = d["passages"][passage_number(c.passage)]
+                    span = {"start": start, "end": end}
                 hits.append(Hit(c.id, d["title"] if d else None, d["text"] if d else None, j + 1,
-                                final, c.score, c.rank, rr, c.dense, c.bm25))
+                                final, c.score, c.rank, rr, c.dense, c.bm25, passage=span))
             out.append(hits)
         return out
 
@@ -570,13 +678,19 @@ class SearchPipeline:
         return os.fspath(directory)
 
     def info(self) -> dict[str, Any]:
-        """The index summary (`IndexStore.info`) plus the reranker in use."""
+        """The index summary (`IndexStore.info`) plus the reranker in use; ``documents`` counts a document
+        split into passages once, ``passages`` its passage rows (``vectors``: one per row)."""
         out = self.store.info()
+        out["documents"], out["passages"] = document_counts(self.store.docstore)
+        out["passage_settings"] = self.passages.to_json() if self.passages is not None else None
         out["reranker_loaded"] = self.reranker is not None
         return out
 
     def __len__(self) -> int:
-        return len(self.store)
+        """Documents in the index (a document split into passages counts once)."""
+        if self.passages is None:
+            return len(self.store)
+        return document_counts(self.store.docstore)[0]
 
     def close(self) -> None:
         self.store.close()

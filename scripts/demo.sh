@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `make demo`: index the bundled SciFact sample (2,000 abstracts, CC BY 4.0 / ODC-By, see
-# retrieval/data/README.md) with all-MiniLM-L6-v2, train a small cross-encoder reranker on the
-# bundled SciFact *train* claims, and answer five *test* claims with recall-then-rerank.
+# retrieval/data/README.md) with all-MiniLM-L6-v2 and show five *test* claims' recall results at
+# once; then train a small cross-encoder reranker on the bundled SciFact *train* claims and answer
+# the same claims with recall-then-rerank, saying per claim whether reranking helped.
 #
 # Both are cached in .cache/ (delete to rebuild) and reused: the index in .cache/demo-index
 # (DEMO_INDEX=...; an interrupted build resumes from its finished shards), the reranker in
@@ -25,6 +26,10 @@ else
 fi
 "$PY" -m twotower index info --index "$IDX"
 echo
+search=("$PY" -m twotower search --index "$IDX" --queries "$QUERIES" -k 3 --recall-k 100)
+echo "== recall: dense retrieval with all-MiniLM-L6-v2, the top 3 of each example claim (no reranker yet)"
+echo
+"${search[@]}" --no-rerank
 
 if [ -z "$RERANKER" ]; then
   if [ -f "$RERANKER_DIR/demo_reranker.json" ]; then
@@ -48,16 +53,11 @@ PYEOF
 fi
 [ "$RERANKER" = none ] && RERANKER=
 
-search=("$PY" -m twotower search --index "$IDX" --queries "$QUERIES" -k 3 --recall-k 100)
 if [ -n "$RERANKER" ]; then
   echo "== recall 100 with the dual encoder, rerank with the cross-encoder in $RERANKER, show the top 3"
-  search+=(--reranker "$RERANKER")
-else
-  echo "== recall only (dense retrieval with all-MiniLM-L6-v2), as RERANKER=none asked"
-  search+=(--no-rerank)
+  echo
+  "${search[@]}" --reranker "$RERANKER"
 fi
-echo
-"${search[@]}"
 
 # Where did the abstracts SciFact annotates as evidence for each claim land, with and without reranking?
 tmp=$(mktemp -d)
@@ -80,9 +80,13 @@ for name, path in runs.items():
         hits = [h["rank"] for h in r["hits"] if h["id"] in relevant[r["qid"]]]
         ranks.setdefault(r["qid"], {})[name] = hits[0] if hits else None
 print("best rank of an evidence abstract (top 10 shown; - = not in the top 10):")
-print("claim  " + "  ".join("%12s" % n for n in runs))
+print("claim  " + "  ".join("%12s" % n for n in runs) + ("  reranking" if len(runs) > 1 else ""))
 for qid, by in ranks.items():
-    print("%5s  " % qid + "  ".join("%12s" % (by.get(n) or "-") for n in runs))
+    row = "%5s  " % qid + "  ".join("%12s" % (by.get(n) or "-") for n in runs)
+    if len(runs) > 1:
+        before, after = by.get("recall only") or 99, by.get("reranked") or 99
+        row += "  " + ("helped" if after < before else "did not help" if after == before else "hurt")
+    print(row)
 for n in runs:
     top3 = sum(1 for by in ranks.values() if by.get(n) and by[n] <= 3)
     print("%s: %d of %d claims have an evidence abstract in the top 3" % (n, top3, len(ranks)))

@@ -22,7 +22,7 @@ if ! command -v nvidia-smi >/dev/null 2>&1; then
   step "installing torch CPU build (no CUDA on this machine; a few minutes the first time)"
   "${pip_[@]}" "torch==2.13.0" || "${pip_[@]}" "torch>=2.2" --index-url https://download.pytorch.org/whl/cpu
 fi
-step "installing twotower (editable) + test extras"
+step "installing twotower (editable) + test extras (with pymilvus and milvus-lite for the Milvus backend)"
 "${pip_[@]}" -e ".[test]"
 echo "$want" > "$stamp"
 step "done: .venv is ready"

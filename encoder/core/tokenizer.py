@@ -218,6 +218,17 @@ class Tokenizer:
             self._set_truncation(None, "longest_first")
             return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
 
+    def token_spans(self, texts: Sequence[str]) -> list[tuple[list[tuple[int, int]], list[int | None]]]:
+        """Per text: (character offsets, word ids) of its tokens, without special tokens or truncation.
+
+        Offsets index the original string (the normaliser's changes are mapped back), so
+        ``text[s:e]`` is the text of a token; splitting long documents into windows uses them.
+        """
+        with _TRUNCATION_LOCK:
+            self._set_truncation(None, "longest_first")
+            encs = self._tok.encode_batch(list(texts), add_special_tokens=False)
+        return [(e.offsets, e.word_ids) for e in encs]
+
     def encode(
         self,
         texts: Sequence[str],

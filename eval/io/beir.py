@@ -11,8 +11,12 @@ evaluation readers here and the index builds of ``twotower.retrieval.corpus``
 both call it, so a file accepted by one is accepted by the other.  Its rules:
 ``_id`` (or ``id``) is a non-empty string, an integer id is turned into one
 (run files and qrels compare ids as text); ``text`` is a string; ``title`` is
-a string or absent; ``metadata`` is an object or absent.  Other keys are
-ignored.  Files may be gzip-compressed (``corpus.jsonl.gz``).
+a string or absent; ``metadata`` is an object or absent.  Any other top-level
+key is metadata too (``{"_id": "a", "text": "t", "lang": "en"}`` has metadata
+``{"lang": "en"}``), so a corpus can carry filterable fields without nesting them;
+a key both at the top level and inside ``metadata`` is refused as ambiguous.
+Scoring reads only ``title`` and ``text``, so evaluation is unchanged by this.
+Files may be gzip-compressed (``corpus.jsonl.gz``).
 
 One rule depends on the reader's purpose, so it is an argument: an index build
 refuses a document whose ``text`` and ``title`` are both blank (nothing to
@@ -37,6 +41,7 @@ from twotower.eval.io.trec import Qrels, parse_int
 
 QRELS_HEADER = "query-id\tcorpus-id\tscore"
 _NO_METADATA: Mapping[str, Any] = MappingProxyType({})
+_RECORD_KEYS = frozenset({"_id", "id", "title", "text", "metadata"})  # every other key of a record is metadata
 
 
 class BeirDocument(NamedTuple):
@@ -121,6 +126,13 @@ def parse_beir_document(
         metadata = _NO_METADATA
     elif not isinstance(metadata, Mapping):
         raise DataError(path, line, f"field 'metadata' must be an object, got {type(metadata).__name__}")
+    extra = {k: v for k, v in obj.items() if k not in _RECORD_KEYS}
+    if extra:
+        both = sorted(set(extra) & set(metadata))
+        if both:
+            raise DataError(path, line, f"field {both[0]!r} is both a top-level field and a key of 'metadata'; "
+                            "keep one of them")
+        metadata = {**metadata, **extra}
     return BeirDocument(doc_id, title, text, metadata)
 
 

@@ -45,7 +45,7 @@ def test_first_setup_names_each_step_and_the_no_op_is_quiet(tmp_path):
     expected = ["setup: creating .venv (Python 3.99 (stand-in))"]
     if not cuda:
         expected.append("setup: installing torch CPU build (no CUDA on this machine; a few minutes the first time)")
-    expected += ["setup: installing twotower (editable) + test extras", "setup: done: .venv is ready"]
+    expected += ["setup: installing twotower (editable) + test extras (with pymilvus and milvus-lite for the Milvus backend)", "setup: done: .venv is ready"]
     assert lines == expected
     calls = (repo / ".venv" / "calls.log").read_text().splitlines()
     assert calls[-1] == "-m pip install -q -e .[test]" and len(calls) == len(expected) - 2

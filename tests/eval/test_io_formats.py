@@ -303,6 +303,8 @@ CORPUS_LINES = [
     ('{"_id": "x", "text": 3}', "missing string field 'text' (got int)"),
     ('{"_id": "x", "text": "t", "title": 5}', "field 'title' must be a string, got int"),
     ('{"_id": "x", "text": "t", "metadata": [1]}', "field 'metadata' must be an object, got list"),
+    ('{"_id": "x", "text": "t", "metadata": {"lang": "en"}, "lang": "de"}',
+     "field 'lang' is both a top-level field and a key of 'metadata'"),
 ]
 
 
@@ -323,6 +325,12 @@ def test_eval_and_index_builds_read_a_corpus_line_alike(tmp_path, line, message)
             read(path)
         errors.append(str(info.value))
     assert errors[0] == errors[1] and errors[0].startswith(f"{path}:3: ") and message in errors[0]
+
+
+def test_extra_top_level_fields_are_metadata(tmp_path):
+    path = _write(tmp_path / "corpus.jsonl",
+                  '{"_id": "a", "id": "ignored", "text": "t", "lang": "en", "metadata": {"year": 2001}}\n')
+    assert read_beir_corpus(path)["a"].metadata == {"year": 2001, "lang": "en"}
 
 
 def test_an_empty_document_is_kept_for_evaluation_and_refused_by_an_index(tmp_path):

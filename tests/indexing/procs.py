@@ -96,3 +96,28 @@ def run_threads(targets: list, until=None) -> None:
         until()
     for t in threads:
         t.join(60)
+
+
+def kill_at_flag(proc: subprocess.Popen, flag: Path, stage: str, timeout: float = 60, poll: float = 0.02) -> None:
+    """SIGKILL `proc` once it has written `stage` into `flag` (a child's crash point), then reap it.
+
+    Fails the test if the child exits first or never gets there within `timeout` seconds.
+    """
+    import os
+    import signal
+
+    import pytest
+
+    try:
+        deadline = time.monotonic() + timeout
+        while not flag.exists():
+            if proc.poll() is not None:
+                pytest.fail(f"child exited early with code {proc.returncode}")
+            if time.monotonic() > deadline:
+                pytest.fail("child never reached the crash point")
+            time.sleep(poll)
+        assert flag.read_text() == stage
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait(30)

@@ -10,17 +10,16 @@ as a new segment (d0 becomes a tombstone row), and ``merge`` (factor 2) merges b
 batch 2 into one new segment in the same commit, deleting the old file after the commit point.
 """
 
-import os
 import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.indexing.procs import kill_at_flag
 from twotower.indexing import IndexStore
 
 REPO = Path(__file__).resolve().parents[2]
@@ -68,19 +67,7 @@ def run_and_kill(tmp_path: Path, stage: str, factory: str, policy: str) -> Path:
     script.write_text(CHILD.format(repo=str(REPO)))
     directory, flag = tmp_path / "idx", tmp_path / "signal"
     proc = subprocess.Popen([sys.executable, str(script), str(directory), stage, str(flag), factory, policy])
-    try:
-        deadline = time.monotonic() + 60
-        while not flag.exists():
-            if proc.poll() is not None:
-                pytest.fail(f"child exited early with code {proc.returncode}")
-            if time.monotonic() > deadline:
-                pytest.fail("child never reached the crash point")
-            time.sleep(0.02)
-        assert flag.read_text() == stage
-        os.kill(proc.pid, signal.SIGKILL)
-    finally:
-        proc.kill()
-        proc.wait()
+    kill_at_flag(proc, flag, stage)
     assert proc.returncode == -signal.SIGKILL
     return directory
 

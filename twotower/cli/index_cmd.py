@@ -28,7 +28,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     b.add_argument("--corpus", required=True, help="BEIR corpus.jsonl(.gz): one {_id, title, text} per line")
     b.add_argument("--out", required=True, help="index directory to create (must not exist or be empty)")
     b.add_argument("--model", help="dual encoder / HF BERT directory (default: all-MiniLM-L6-v2)")
-    b.add_argument("--factory", help="FAISS index-factory string, e.g. Flat, HNSW32, IVF1024,PQ48 (default: auto)")
+    b.add_argument("--factory", help="FAISS index-factory string, e.g. Flat, HNSW32, IVF1024,PQ48 (default: auto); "
+                                     "with --backend milvus the Milvus index type FLAT (default), IVF_FLAT or HNSW")
     b.add_argument("--metric", choices=["cosine", "ip", "l2"], help="default: cosine for normalised models, else ip")
     b.add_argument("--bm25", action="store_true", help="also build a BM25 index (needed for --hybrid search)")
     b.add_argument("--reranker", help="cross-encoder directory recorded as the index's default reranker")
@@ -39,6 +40,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="documents per embedding shard, the unit of resume and of torchrun splitting (default 8192)")
     b.add_argument("--keep-shards", action="store_true", help="keep OUT.build/ (the .npy shards) after success")
     b.add_argument("--no-progress", action="store_true", help="no progress bars")
+    b.add_argument("--passages", action="store_true",
+                   help="split documents longer than --passage-window tokens into overlapping passages; searches "
+                        "rank documents by their best passage (without it, text past the model's maximum is cut)")
+    b.add_argument("--passage-window", type=int, metavar="TOKENS",
+                   help="with --passages: tokens per passage (default 128; at most the model's maximum less 2)")
+    b.add_argument("--passage-stride", type=int, metavar="TOKENS",
+                   help="with --passages: tokens from one passage's start to the next's (default 3/4 of the window)")
+    b.add_argument("--backend", choices=["faiss", "milvus"], default="faiss",
+                   help="where the vectors live: FAISS files in OUT (default) or a Milvus collection")
+    b.add_argument("--milvus-uri", metavar="URI",
+                   help="with --backend milvus: a Milvus Lite file (./vectors.db) or a server (http://host:19530)")
+    b.add_argument("--collection", metavar="NAME",
+                   help="with --backend milvus: the collection to create (default: twotower_<OUT name>)")
     b.set_defaults(func=run_build)
 
     a = sub.add_parser("add", help="encode and add documents to an index")
@@ -76,6 +90,13 @@ def _positive(name: str, value: int) -> None:
 def run_build(args: argparse.Namespace) -> int:
     _positive("--batch-size", args.batch_size)
     _positive("--shard-size", args.shard_size)
+    if args.backend == "faiss" and (args.milvus_uri or args.collection):
+        raise CLIError("--milvus-uri and --collection need --backend milvus")
+    if args.backend == "milvus" and not args.milvus_uri:
+        raise CLIError("--backend milvus needs --milvus-uri (a Milvus Lite file such as ./vectors.db, or "
+                       "http://host:19530)")
+    if not args.passages and (args.passage_window is not None or args.passage_stride is not None):
+        raise CLIError("--passage-window and --passage-stride need --passages")
     if not os.path.isfile(args.corpus):
         raise FileNotFoundError(f"corpus file not found: {args.corpus}")
     if args.model:
@@ -91,14 +112,21 @@ def run_build(args: argparse.Namespace) -> int:
             args.corpus, args.out, args.model, reranker=args.reranker, factory=args.factory, metric=args.metric,
             bm25=args.bm25, on_duplicate=args.on_duplicate, batch_size=args.batch_size,
             shard_size=args.shard_size, progress=not args.no_progress, keep_shards=args.keep_shards,
+            backend=args.backend, milvus_uri=args.milvus_uri, collection=args.collection,
+            passages=args.passages, passage_window=args.passage_window, passage_stride=args.passage_stride,
         )
     except (FileExistsError, IndexLockedError, DiskFullError) as exc:  # another build, no room: one line, exit 2
         raise CLIError(str(exc)) from None
+    except ValueError as exc:  # a --passage-window the model cannot read whole
+        if "--passage-" in str(exc):
+            raise CLIError(str(exc)) from None
+        raise
     if pipe is None:  # a torchrun rank other than 0: rank 0 reports
         return 0
     with pipe:
         info = pipe.info()
-        print(f"built {args.out}: {info['documents']} documents, dim {info['dim']}, {info['factory']} "
+        split = f" ({info['passages']} passages)" if info.get("passage_settings") else ""
+        print(f"built {args.out}: {info['documents']} documents{split}, dim {info['dim']}, {info['factory']} "
               f"({info['metric']}){', BM25' if info['bm25'] is not None else ''}")
     return 0
 
@@ -133,17 +161,20 @@ def run_delete(args: argparse.Namespace) -> int:
         raise CLIError("give document ids to delete (arguments or --ids-file)")
     from twotower.indexing import IndexLockedError, IndexStore
     from twotower.retrieval.manifest import pipeline_block
+    from twotower.retrieval.passages import document_counts, expand_ids
 
-    # Deleting needs no model: the documents and vectors are removed by id.
+    # Deleting needs no model: the documents and vectors are removed by id (all passages of a split one).
     try:
         store = IndexStore.open(args.index)
     except IndexLockedError as exc:
         raise CLIError(str(exc)) from None
     with store:
         pipeline_block(store.manifest.extra, os.path.join(args.index, "manifest.json"))
-        missing = store.delete(ids)
+        rows, missing = expand_ids(store.docstore, ids)
+        if rows:
+            store.delete(rows)
         store.commit()
-        left = len(store)
+        left = document_counts(store.docstore)[0]
     deleted = len(set(ids)) - len(missing)
     print(f"deleted {deleted} documents from {args.index} (now {left})")
     if missing:
@@ -171,10 +202,13 @@ def _honest_bm25(info: dict) -> dict:
 def run_info(args: argparse.Namespace) -> int:
     from twotower.indexing import IndexStore
     from twotower.retrieval.manifest import pipeline_block
+    from twotower.retrieval.passages import document_counts
 
     with IndexStore.open(args.index, readonly=True) as store:
         info = store.info()
         block = pipeline_block(store.manifest.extra, os.path.join(args.index, "manifest.json"))
+        info["documents"], info["passages"] = document_counts(store.docstore)
+        info["passage_settings"] = block.get("passages")
     if args.json:
         print(json.dumps(_honest_bm25(info), indent=2, default=str))
         return 0
@@ -183,8 +217,12 @@ def run_info(args: argparse.Namespace) -> int:
     rows = [
         ("directory", info["directory"]),
         ("documents", info["documents"]),
+        ("passages", f"{info['passages']} (window {info['passage_settings']['window']}, stride "
+                     f"{info['passage_settings']['stride']} tokens)" if info["passage_settings"] else "off"),
         ("vectors", f"{info['vectors']} (+{info['tombstones']} tombstones)" if info["tombstones"] else info["vectors"]),
         ("index", f"{info['factory']}, {info['metric']}, dim {info['dim']}"),
+        ("backend", "faiss (vector files in the directory)" if info.get("backend", "faiss") == "faiss" else
+                    f"milvus, collection {info['milvus']['collection']} at {info['milvus']['uri']}"),
         ("bm25", "yes" if info["bm25"] is not None else "no"),
         ("model", model.get("package") or model.get("path") or "(given at build time, not recorded)"),
         ("encoder", f"fingerprint {enc['fingerprint']}, pooling {enc.get('pooling')}, "
@@ -209,6 +247,8 @@ def run_check(args: argparse.Namespace) -> int:
     else:
         for line in report.problems:
             print(f"twotower index check: {line}", file=sys.stderr)
+        for line in getattr(report, "notes", []):
+            print(f"twotower index check: note: {line}", file=sys.stderr)
         if report.ok:
             print(f"{args.index}: ok (generation {report.generation}, {report.documents} documents, "
                   f"{report.segments} vector segment(s), {report.bytes_checked:,} bytes checked)")

@@ -37,6 +37,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--fusion", choices=["rrf", "minmax", "zscore"], default="rrf",
                    help="hybrid fusion: reciprocal rank (default, k=60) or normalised score sum")
     p.add_argument("--no-rerank", action="store_true", help="first-stage results only")
+    p.add_argument("--aggregate", choices=["max", "sum", "first"], default="max",
+                   help="index built with --passages: a document scores its best passage (max, default), the sum "
+                        "of its passages' scores, or its first passage's")
+    p.add_argument("--filter", metavar="EXPR",
+                   help="only documents whose metadata matches, e.g. 'lang == \"en\" and year >= 2010' "
+                        "(==, !=, <, <=, >, >=, in [...], and, or, not; see the filter language in the docs)")
     p.add_argument("--rerank-alpha", type=float, default=None, metavar="A",
                    help="final = A * z(rerank) + (1 - A) * z(first stage) per query; default: the weight chosen "
                         "on dev and stored with the reranker, else 1 (pure reranking)")
@@ -48,6 +54,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=int, default=64, help="texts per forward pass (default 64)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run_search)
+
+
+ERROR_PREFIX = "twotower search: error: "  # how twotower.cli.main prints a CLIError (the caret lines up under it)
+
+
+def _filter_option(text: str | None):
+    """``--filter`` parsed before anything is loaded; a syntax error names the option and the column."""
+    if text is None:
+        return None
+    from twotower.indexing.filters import FilterError, parse_filter
+
+    try:
+        return parse_filter(text)
+    except FilterError as e:
+        raise CLIError(str(e.renamed("--filter", indent=len(ERROR_PREFIX)))) from None
 
 
 def read_queries(path: str) -> list[tuple[str, str]]:
@@ -64,14 +85,23 @@ def read_queries(path: str) -> list[tuple[str, str]]:
 
 
 def _table(query: str, hits: list, reranked: bool, width: int = 100) -> str:
+    """One query's hits as labeled columns: final score, and when reranked the first stage's rank and
+    score next to the cross-encoder's raw score (``-`` below the reranked depth)."""
     lines = [f"query: {query}"]
     if not hits:
         return lines[0] + "\n  (no results)"
-    lines.append(f"{'rank':>4}  {'score':>8}  {'recall':>11}  id" if reranked else f"{'rank':>4}  {'score':>8}  id")
+    if reranked:
+        lines.append(f"{'rank':>4}  {'final':>8}  {'first stage':>12}  {'reranker':>8}  id")
+    else:
+        lines.append(f"{'rank':>4}  {'score':>8}  id")
     for h in hits:
-        recall = f"  {f'#{h.first_stage_rank} {h.first_stage_score:.3f}':>11}" if reranked else ""
-        lines.append(f"{h.rank:>4}  {h.score:>8.3f}{recall}  {h.id}")
-        body = f"{h.title} — {h.text}" if h.title else h.text
+        extra = ""
+        if reranked:
+            cross = "-" if h.rerank_score is None else f"{h.rerank_score:.3f}"
+            extra = f"  {f'#{h.first_stage_rank} {h.first_stage_score:.3f}':>12}  {cross:>8}"
+        lines.append(f"{h.rank:>4}  {h.score:>8.3f}{extra}  {h.id}")
+        text = h.text[h.passage["start"]:h.passage["end"]] if h.passage and h.text else h.text  # the best passage
+        body = f"{h.title} — {text}" if h.title else text
         lines.append(textwrap.shorten(body, width=width - 6, placeholder=" ...").join(["      ", ""]))
     return "\n".join(lines)
 
@@ -89,6 +119,7 @@ def run_search(args: argparse.Namespace) -> int:
         if args.no_rerank:
             raise CLIError("--rerank-alpha weighs the reranker's scores, but --no-rerank turns reranking off; "
                            "give one of them")
+    flt = _filter_option(args.filter)
     if args.queries_file and args.queries:
         raise CLIError("give queries as arguments or with --queries FILE, not both")
     if args.queries_file:
@@ -108,6 +139,7 @@ def run_search(args: argparse.Namespace) -> int:
         require_bm25(args.index)
     from tqdm.auto import tqdm
 
+    from twotower.indexing.filters import FilterError
     from twotower.retrieval.pipeline import DEFAULT_RERANK_K, SearchPipeline
 
     pipe = SearchPipeline.load(args.index, args.model, reranker=args.reranker,
@@ -125,9 +157,13 @@ def run_search(args: argparse.Namespace) -> int:
         show = not args.no_progress and len(items) > QUERY_BATCH
         for s in tqdm(range(0, len(items), QUERY_BATCH), desc="search", unit="batch", disable=not show):
             batch = [text for _, text in items[s:s + QUERY_BATCH]]
-            results += pipe.search(batch, k=args.k, recall_k=args.recall_k, rerank=not args.no_rerank,
-                                   hybrid=args.hybrid, fusion=args.fusion, batch_size=args.batch_size,
-                                   rerank_alpha=args.rerank_alpha, rerank_k=args.rerank_k)
+            try:
+                results += pipe.search(batch, k=args.k, recall_k=args.recall_k, rerank=not args.no_rerank,
+                                       hybrid=args.hybrid, fusion=args.fusion, batch_size=args.batch_size,
+                                       rerank_alpha=args.rerank_alpha, rerank_k=args.rerank_k, filter=flt,
+                                       aggregate=args.aggregate)
+            except FilterError as e:  # a field no document of the index has
+                raise CLIError(str(e.renamed("--filter", indent=len(ERROR_PREFIX)))) from None
     if args.run:
         from twotower.eval.io import write_trec_run
 

@@ -1,7 +1,7 @@
 """The HTTP routes of ``twotower serve`` (FastAPI): search, documents, health, stats, and the page.
 
-    GET    /search?q=&k=&recall_k=&hybrid=&rerank=&rerank_k=   one query
-    POST   /search            {"queries": [...], "k", "recall_k", "hybrid", "rerank", "rerank_k"}
+    GET    /search?q=&k=&recall_k=&hybrid=&rerank=&rerank_k=&filter=   one query
+    POST   /search            {"queries": [...], "k", "recall_k", "hybrid", "rerank", "rerank_k", "filter"}
     POST   /documents         {"documents": [{"_id", "title", "text", "metadata"}], "replace": false}
     DELETE /documents         {"ids": [...]}
     GET    /documents/{id}
@@ -30,6 +30,7 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field
 
 from twotower import __version__
+from twotower.indexing.filters import FilterError, parse_filter
 from twotower.retrieval.hit import Hit
 from twotower.retrieval.pipeline import DEFAULT_RERANK_K
 from twotower.serve.auth import Access
@@ -40,7 +41,8 @@ from twotower.serve.stats import RequestStats, StatsMiddleware
 from twotower.serve.writer import IndexWriter
 
 STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
-SEARCH_PARAMS = ("q", "k", "recall_k", "hybrid", "rerank", "rerank_k")
+SEARCH_PARAMS = ("q", "k", "recall_k", "hybrid", "rerank", "rerank_k", "filter")
+FILTER_HELP = 'metadata filter, e.g. lang == "en" and year >= 2010 (the filter language of the docs)'
 RERANK_K_HELP = ("candidates the cross-encoder scores, the first stage's top rerank_k (1..recall_k); "
                  f"default min({DEFAULT_RERANK_K}, recall_k)")
 
@@ -86,6 +88,7 @@ class BatchSearchBody(_Strict):
     hybrid: bool = Field(False, description="fuse dense and BM25 recall (index built with --bm25)")
     rerank: bool | None = Field(None, description="rerank with the cross-encoder; default: when one is loaded")
     rerank_k: int | None = Field(None, description=RERANK_K_HELP)
+    filter: str | None = Field(None, description=FILTER_HELP)
 
 
 class AddDocumentsBody(_Strict):
@@ -145,8 +148,14 @@ class SearchService:
         return q
 
     def params(self, k: int, recall_k: int | None, hybrid: bool, rerank: bool | None,
-               rerank_k: int | None = None) -> SearchParams:
+               rerank_k: int | None = None, filter: str | None = None) -> SearchParams:
         lim, owner = self.limits, self.owner
+        flt = None
+        if filter is not None and filter.strip():  # blank (an empty form field): no filter
+            try:
+                flt = parse_filter(filter)
+            except FilterError as e:
+                raise ApiError(400, e.line, "filter", details={"column": e.column}) from None
         if not 1 <= k <= lim.max_k:
             raise ApiError(400, f"k must be between 1 and {lim.max_k}, got {k}", "k")
         if recall_k is None:
@@ -164,10 +173,13 @@ class SearchService:
             rerank = owner.reranker_loaded
         elif rerank and not owner.reranker_loaded:
             raise ApiError(400, "rerank: no reranker is loaded (start the server with --reranker DIR)", "rerank")
-        return SearchParams(k=k, recall_k=recall_k, hybrid=hybrid, rerank=rerank, rerank_k=rerank_k)
+        return SearchParams(k=k, recall_k=recall_k, hybrid=hybrid, rerank=rerank, rerank_k=rerank_k, filter=flt)
 
     async def search(self, queries: list[str], params: SearchParams) -> tuple[list[list[dict]], int]:
-        answer = await asyncio.wrap_future(self.owner.search(queries, params))
+        try:
+            answer = await asyncio.wrap_future(self.owner.search(queries, params))
+        except FilterError as e:  # a field no document of the index has (checked against the commit searched)
+            raise ApiError(400, e.line, "filter", details={"column": e.column}) from None
         return [[h.to_dict() for h in row] for row in answer.hits], answer.generation
 
     def health(self) -> tuple[int, dict[str, Any]]:
@@ -245,11 +257,12 @@ def create_app(config: ServeConfig) -> FastAPI:
         hybrid: bool = Query(False, description="fuse dense and BM25 recall"),
         rerank: bool | None = Query(None, description="rerank with the cross-encoder; default: when loaded"),
         rerank_k: int | None = Query(None, description=RERANK_K_HELP),
+        filter: str | None = Query(None, description=FILTER_HELP),
     ) -> JSONResponse:
         start = time.perf_counter()
         _reject_unknown(request, SEARCH_PARAMS)
         q = service.query(q, "q")
-        params = service.params(k, recall_k, hybrid, rerank, rerank_k)
+        params = service.params(k, recall_k, hybrid, rerank, rerank_k, filter)
         rows, generation = await service.search([q], params)
         return JSONResponse({"query": q, "hits": rows[0], "generation": generation, "reranked": _cross_encoder_ran(rows),
                              "hybrid": params.hybrid, "took_ms": round((time.perf_counter() - start) * 1000, 3)})
@@ -264,7 +277,7 @@ def create_app(config: ServeConfig) -> FastAPI:
             raise ApiError(413, f"queries: {len(body.queries)} queries; the limit is "
                                 f"{service.limits.max_batch_queries} per request", "queries")
         queries = [service.query(q, f"queries[{i}]") for i, q in enumerate(body.queries)]
-        params = service.params(body.k, body.recall_k, body.hybrid, body.rerank, body.rerank_k)
+        params = service.params(body.k, body.recall_k, body.hybrid, body.rerank, body.rerank_k, body.filter)
         rows, generation = await service.search(queries, params)
         return JSONResponse({"results": [{"query": q, "hits": r} for q, r in zip(queries, rows)],
                              "generation": generation, "reranked": _cross_encoder_ran(rows), "hybrid": params.hybrid,
@@ -315,7 +328,8 @@ def create_app(config: ServeConfig) -> FastAPI:
         if len(doc_id) > service.limits.max_query_chars:
             raise ApiError(413, f"id: {len(doc_id):,} characters; the limit is {service.limits.max_query_chars:,}",
                            "id")
-        fut = service.owner.call(lambda pipe: (pipe.store.get([doc_id])[0], pipe.store.generation))
+        # pipe.get: a document split into passages comes back whole (with its passages' offsets)
+        fut = service.owner.call(lambda pipe: (pipe.get([doc_id])[0], pipe.store.generation))
         doc, generation = await asyncio.wrap_future(fut)
         if doc is None:
             raise ApiError(404, f"no document with id {doc_id!r}", "id")

@@ -60,17 +60,18 @@ def default_threads() -> int:
 
 @dataclass(frozen=True)
 class SearchParams:
-    """What a search asks for; queries with equal (recall_k, hybrid, rerank, rerank_k) share one batch."""
+    """What a search asks for; queries with equal (recall_k, hybrid, rerank, rerank_k, filter) share one batch."""
 
     k: int = 10
     recall_k: int = 100
     hybrid: bool = False
     rerank: bool = False
     rerank_k: int | None = None  # candidates the cross-encoder scores (None: the pipeline's default)
+    filter: Any = None  # a parsed metadata filter (twotower.indexing.filters.Filter), or None
 
     @property
-    def group(self) -> tuple[int, bool, bool, int | None]:
-        return (self.recall_k, self.hybrid, self.rerank, self.rerank_k if self.rerank else None)
+    def group(self) -> tuple[int, bool, bool, int | None, Any]:
+        return (self.recall_k, self.hybrid, self.rerank, self.rerank_k if self.rerank else None, self.filter)
 
 
 @dataclass(frozen=True)
@@ -217,6 +218,7 @@ class ModelOwner:
             enc = self._pipe.encoder
             self.encoder_describe = dict(enc.describe())
             self.encoder_source = getattr(enc, "source", None)
+            self.encoder = enc  # writers read its tokenizer (passages); its forwards stay in this thread
             self.reranker_loaded = self._pipe.reranker is not None
             self.has_bm25 = self._pipe.store.manifest.bm25 is not None
             self._set_view()
@@ -267,7 +269,7 @@ class ModelOwner:
 
     def _set_view(self) -> None:
         store = self._pipe.store
-        self.view = IndexView(store.generation, len(store), self._pipe.info())
+        self.view = IndexView(store.generation, len(self._pipe), self._pipe.info())  # documents, not passages
 
     def _refresh(self, force: bool = False) -> IndexView:
         store = self._pipe.store
@@ -327,13 +329,13 @@ class ModelOwner:
             if job.future.set_running_or_notify_cancel():
                 groups.setdefault(job.params.group, []).append(job)
         generation = self._pipe.store.generation
-        for (recall_k, hybrid, rerank, rerank_k), jobs in groups.items():
+        for (recall_k, hybrid, rerank, rerank_k, flt), jobs in groups.items():
             queries = [q for job in jobs for q in job.queries]
             k = max(job.params.k for job in jobs)
             start = time.perf_counter()
             try:
                 hits = self._pipe.search(queries, k=k, recall_k=recall_k, rerank=rerank, hybrid=hybrid,
-                                         rerank_k=rerank_k)
+                                         rerank_k=rerank_k, filter=flt)
             except Exception as exc:
                 for job in jobs:
                     job.future.set_exception(exc)

@@ -24,6 +24,7 @@ import numpy as np
 
 from twotower.indexing.docstore import Document
 from twotower.indexing.store import IndexLockedError, IndexStore
+from twotower.retrieval.passages import contains_documents
 from twotower.serve.batcher import ModelOwner
 from twotower.serve.errors import ApiError
 
@@ -45,6 +46,15 @@ class OwnerEncoder:
 
     def describe(self) -> dict[str, Any]:
         return dict(self._owner.encoder_describe)
+
+    def __getattr__(self, name: str) -> Any:
+        """The tokenizer side of the served encoder (splitting long documents into passages needs it).
+
+        Tokenizing is thread-safe and runs no model; forwards go through `encode_documents`.
+        """
+        if name in ("document_tower", "document_prefix", "document_max_length"):
+            return getattr(self._owner.encoder, name)
+        raise AttributeError(name)
 
     def encode_documents(self, texts: Sequence[str], batch_size: int = 64, progress: bool = False,
                          out: np.ndarray | None = None) -> np.ndarray:
@@ -107,7 +117,7 @@ class IndexWriter:
         with self._lock:
             store = self._open()
             try:
-                present = {i for i, c in zip(ids, store.contains_many(ids)) if c}
+                present = {i for i, c in zip(ids, contains_documents(store.docstore, ids)) if c}
                 if present and not replace:
                     first = next(j for j, i in enumerate(ids) if i in present)
                     raise ApiError(
@@ -128,7 +138,7 @@ class IndexWriter:
         with self._lock:
             store = self._open()
             try:
-                missing = [i for i, c in zip(ids, store.contains_many(ids)) if not c]
+                missing = [i for i, c in zip(ids, contains_documents(store.docstore, ids)) if not c]
                 if missing:
                     unknown = set(missing)
                     raise ApiError(404, f"{len(missing)} of {len(ids)} id(s) are not in the index, e.g. "

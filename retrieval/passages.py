@@ -1,0 +1,311 @@
+"""Long documents as overlapping passages: split at build time, aggregate back to documents at search time.
+
+Why: the document tower reads at most ``document_max_length`` tokens (256 for all-MiniLM-L6-v2);
+everything after that used to be truncated away, so a sentence deep in a long document could
+never be found.  With passages on, a document whose text is longer than one window becomes
+several *rows* of the index, one per token window, each with its own vector and BM25 entry:
+
+    text --document tokenizer (offsets)--> tokens --windows of W, every S tokens--> spans (start, end)
+    row id ``<doc id>\\x1f<n>``, title = the document's title, text = text[start:end],
+    metadata = the document's metadata (filters match every passage of a matching document)
+
+A document that fits in one window stays one row under its own id, so an index of short
+documents is byte-for-byte what it was without passages.  ``\\x1f`` cannot occur in a user's id
+(`twotower.retrieval.corpus` refuses control characters), so a row id names its document.
+
+Windows (`passage_spans`): ``W`` tokens starting every ``S`` tokens (``S <= W``; ``W - S`` tokens
+overlap), cut at word boundaries (a window never starts or ends inside a word unless one word is
+longer than the window).  The character spans cover the whole text: the first starts at 0, the
+last ends at ``len(text)`` and each starts at or before the previous one's end.  The title (when
+there is one) is encoded with every passage (``title + " " + passage``, `indexing.document_text`),
+so a document's window shrinks by its title's tokens: a passage is never truncated by the encoder.
+
+The parent's text is not stored a second time: it is the union of its passages' spans, so
+`get_documents` rebuilds it exactly (``assemble_parent``) from its passage rows (the docs table
+records each row's parent and character offsets, indexed by parent).  The cost is the overlap
+(a factor ``W / S`` of text for long documents), the gain one source of truth per character.
+
+Search (`document_candidates`): the first stage (dense, BM25 or fused) returns rows; rows are
+grouped by document and each document scored by its best passage (MaxP, Dai & Callan 2019;
+"sum" and "first" are the other aggregations), fetching more rows until ``recall_k`` documents
+come back or the index has no more.  The candidate keeps its best passage, whose text the
+reranker scores and whose offsets the hit carries.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from twotower.indexing import Document
+from twotower.retrieval.candidates import Candidate
+
+logger = logging.getLogger(__name__)
+
+SEPARATOR = "\x1f"  # between a document id and its passage number in a row id
+AGGREGATIONS = ("max", "sum", "first")
+# Chosen on SciFact train claims with all-MiniLM-L6-v2 (docs/results.md, "Long documents").
+DEFAULT_WINDOW = 128
+DEFAULT_STRIDE = 96
+MIN_WINDOW = 16  # a title so long that less is left still gets windows of this many tokens
+
+
+def passage_id(doc_id: str, n: int) -> str:
+    return f"{doc_id}{SEPARATOR}{n}"
+
+
+def parent_of(row_id: str) -> str:
+    """The document id a row belongs to (the row id itself for a document stored whole)."""
+    return row_id.split(SEPARATOR, 1)[0]
+
+
+def passage_number(row_id: str) -> int | None:
+    head, sep, n = row_id.partition(SEPARATOR)
+    return int(n) if sep else None
+
+
+def passage_spans(
+    offsets: Sequence[tuple[int, int]], word_ids: Sequence[int | None], text_length: int, window: int, stride: int,
+) -> list[tuple[int, int]]:
+    """Character spans of the token windows of one text (see the module docstring for the rules).
+
+    Args:
+        offsets: (start, end) of each token in the text, no special tokens (`Tokenizer.token_spans`).
+        word_ids: the word each token belongs to (tokens of one word share it).
+        text_length: ``len(text)``.
+    Returns:
+        ``[(0, text_length)]`` when the text fits in one window, else one span per window.
+    """
+    if not 1 <= stride <= window:
+        raise ValueError(f"passage stride must be between 1 and the window ({window}), got {stride}")
+    n = len(offsets)
+    if n <= window:
+        return [(0, text_length)]
+    starts_word = [j == 0 or word_ids[j] is None or word_ids[j] != word_ids[j - 1] for j in range(n)]
+    spans: list[tuple[int, int]] = []
+    a, prev_end = 0, 0
+    while True:
+        b = a + window
+        if b >= n:
+            b = n
+        else:
+            cut = b
+            while cut > a and not starts_word[cut]:
+                cut -= 1  # end before the word the window would cut
+            if cut > a:
+                b = cut
+        start = 0 if a == 0 else min(offsets[a][0], prev_end)
+        end = text_length if b == n else offsets[b - 1][1]
+        spans.append((start, end))
+        if b == n:
+            return spans
+        prev_end = end
+        nxt = a + stride
+        while nxt < b and not starts_word[nxt]:
+            nxt += 1  # start at a word
+        a = min(nxt, b)  # never a gap of tokens between two windows
+
+
+@dataclass(frozen=True)
+class PassageSettings:
+    """Window and stride in tokens, as recorded in the index manifest (``passages``)."""
+
+    window: int = DEFAULT_WINDOW
+    stride: int = DEFAULT_STRIDE
+
+    def to_json(self) -> dict[str, int]:
+        return {"window": self.window, "stride": self.stride}
+
+    @classmethod
+    def from_json(cls, block: Mapping[str, Any] | None) -> PassageSettings | None:
+        if not block:
+            return None
+        return cls(int(block["window"]), int(block["stride"]))
+
+
+def max_window(encoder: Any) -> int:
+    """The largest window the document tower reads whole: its maximum length less [CLS], [SEP] and the prefix."""
+    tower = encoder.document_tower
+    prefix = len(tower.tokenizer.tokenize(encoder.document_prefix)) if encoder.document_prefix else 0
+    return tower.max_length - 2 - prefix
+
+
+def check_settings(encoder: Any, window: int, stride: int) -> PassageSettings:
+    """Refuse a window the encoder cannot read whole, or a stride outside 1..window (errors name the flags)."""
+    cap = max_window(encoder)
+    if not isinstance(window, int) or window < 1:
+        raise ValueError(f"--passage-window (passage_window) must be a positive number of tokens, got {window!r}")
+    if window > cap:
+        raise ValueError(
+            f"--passage-window (passage_window) {window} is larger than the model's maximum of {cap} tokens per "
+            f"passage ({encoder.document_max_length} tokens less [CLS], [SEP] and the document prefix); "
+            f"choose at most {cap}")
+    if not isinstance(stride, int) or not 1 <= stride <= window:
+        raise ValueError(f"--passage-stride (passage_stride) must be between 1 and --passage-window ({window}), "
+                         f"got {stride!r}")
+    return PassageSettings(window, stride)
+
+
+class PassageSplitter:
+    """Turns documents into index rows: each long document into its passages, a short one into itself.
+
+    Deterministic (a function of the text, the title and the tokenizer), which is what lets a
+    resumed bulk build know every shard's row count before encoding it.
+    """
+
+    def __init__(self, encoder: Any, settings: PassageSettings) -> None:
+        self.settings = check_settings(encoder, settings.window, settings.stride)
+        self.tokenizer = encoder.document_tower.tokenizer
+        self.cap = max_window(encoder)
+
+    def spans(self, docs: Sequence[Mapping[str, Any]]) -> list[list[tuple[int, int]]]:
+        """Character spans of each document's passages (one span covering the text when it fits)."""
+        w, s = self.settings.window, self.settings.stride
+        titles = [d.get("title") or "" for d in docs]
+        title_tokens = [len(o) for o, _ in self.tokenizer.token_spans(titles)] if any(titles) else [0] * len(docs)
+        out = []
+        for d, (offsets, words), t in zip(docs, self.tokenizer.token_spans([d["text"] for d in docs]), title_tokens):
+            win = max(min(w, self.cap - t), min(w, MIN_WINDOW))  # the title is encoded with every passage
+            stride = s if win == w else max(1, round(s * win / w))  # the same overlap, in proportion
+            out.append(passage_spans(offsets, words, len(d["text"]), win, stride))
+        return out
+
+    def rows(self, docs: Sequence[Mapping[str, Any]]) -> list[Document]:
+        """The index rows of `docs`, in order (a document's passages are consecutive)."""
+        out: list[Document] = []
+        for d, spans in zip(docs, self.spans(docs)):
+            if len(spans) == 1:
+                out.append(d)  # type: ignore[arg-type]
+                continue
+            for n, (start, end) in enumerate(spans):
+                out.append(Document(id=passage_id(d["id"], n), title=d.get("title") or "", text=d["text"][start:end],
+                                    metadata=dict(d.get("metadata") or {}), parent=d["id"], start=start, end=end))
+        return out
+
+    def count_rows(self, docs: Sequence[Mapping[str, Any]]) -> int:
+        return sum(len(s) for s in self.spans(docs))
+
+
+def longer_than_model(encoder: Any, docs: Sequence[Mapping[str, Any]]) -> int:
+    """How many documents the document tower truncates (title + text + prefix longer than its maximum)."""
+    from twotower.indexing import document_text
+
+    tower = getattr(encoder, "document_tower", None)
+    if tower is None:  # an encoder without a tokenizer (tests' stand-ins): nothing to measure
+        return 0
+    lengths = tower.tokenizer.lengths([encoder.document_prefix + document_text(d) for d in docs], max_length=1 << 30)
+    return int((lengths > tower.max_length).sum())
+
+
+def truncation_warning(long_docs: int, total: int, encoder: Any) -> str:
+    return (f"{long_docs} of {total} documents are longer than the model's maximum of {encoder.document_max_length} "
+            "tokens and were truncated at it (text past that cannot be found); build with --passages "
+            "(passages=True) to split them into overlapping passages")
+
+
+# ---------------------------------------------------------------------- documents back from rows
+def assemble_parent(rows: Sequence[Mapping[str, Any]]) -> Document:
+    """A document rebuilt from its passage rows: the text is the union of their spans, in order.
+
+    The result carries ``passages``: the ``[start, end]`` of each passage, by passage number.
+    """
+    rows = sorted(rows, key=lambda r: passage_number(r["id"]) or 0)
+    text, end = "", 0
+    for r in rows:
+        if r["start"] > end:
+            raise ValueError(f"document {r['parent']!r}: passage {r['id']!r} starts at {r['start']}, after the "
+                             f"previous passages end ({end}): the stored passages do not cover the text")
+        text += r["text"][end - r["start"]:]
+        end = max(end, r["end"])
+    first = rows[0]
+    return Document(id=first["parent"], title=first["title"], text=text, metadata=first["metadata"],
+                    passages=[[r["start"], r["end"]] for r in rows])
+
+
+def get_documents(docstore: Any, ids: Sequence[str]) -> list[Document | None]:
+    """Documents by id in order (None where unknown): a split document is rebuilt from its passages."""
+    docs = docstore.get(ids)
+    missing = [i for i, d in zip(ids, docs) if d is None and i]
+    if not missing:
+        return docs
+    groups = docstore.passage_rows(missing)
+    return [d if d is not None else (assemble_parent(groups[i]) if i in groups else None) for i, d in zip(ids, docs)]
+
+
+def expand_ids(docstore: Any, ids: Iterable[str]) -> tuple[list[str], list[str]]:
+    """(row ids to delete, ids that are neither a stored row nor a split document) for document ids."""
+    ids = list(dict.fromkeys(ids))
+    present = docstore.contains_many(ids)
+    rows = [i for i, p in zip(ids, present) if p]
+    absent = [i for i, p in zip(ids, present) if not p]
+    groups = docstore.passage_ids(absent) if absent else {}
+    for i in absent:
+        rows.extend(groups.get(i, ()))
+    return rows, [i for i in absent if i not in groups]
+
+
+def contains_documents(docstore: Any, ids: Sequence[str]) -> list[bool]:
+    """Whether each id is a document of the index: stored whole, or split into passages."""
+    present = docstore.contains_many(ids)
+    absent = [i for i, p in zip(ids, present) if not p]
+    split = docstore.passage_ids(absent) if absent else {}
+    return [p or i in split for i, p in zip(ids, present)]
+
+
+def document_counts(docstore: Any) -> tuple[int, int]:
+    """(documents, passage rows) in a docs table."""
+    return docstore.count_documents()
+
+
+# ---------------------------------------------------------------------- search: rows -> documents
+def aggregate(rows: Sequence[Candidate], how: str = "max", limit: int | None = None) -> list[Candidate]:
+    """Group a ranked row list by document: one candidate per document, scored by its passages.
+
+    ``"max"`` (MaxP): the best passage's score; ``"sum"``: the sum of its retrieved passages' scores;
+    ``"first"``: only the first passage (or the whole document) counts.  The candidate keeps its best
+    passage's row id in ``passage`` (None for a document stored whole), and its dense / BM25 scores.
+    """
+    if how not in AGGREGATIONS:
+        raise ValueError(f"aggregate={how!r}; choose one of {AGGREGATIONS}")
+    best: dict[str, Candidate] = {}
+    total: dict[str, float] = {}
+    for c in rows:
+        if how == "first" and (passage_number(c.id) or 0) != 0:
+            continue
+        doc = parent_of(c.id)
+        if doc not in best or c.score > best[doc].score:
+            best[doc] = c
+        total[doc] = total.get(doc, 0.0) + c.score
+    order = sorted(best, key=lambda d: (-(total[d] if how == "sum" else best[d].score), best[d].rank))
+    if limit is not None:
+        order = order[:limit]
+    return [Candidate(d, total[d] if how == "sum" else best[d].score, r, best[d].dense, best[d].bm25,
+                      best[d].id if best[d].id != d else None)
+            for r, d in enumerate(order, start=1)]
+
+
+def document_candidates(
+    first_stage: Callable[[int], list[list[Candidate]]], recall_k: int, rows: int, how: str = "max",
+    split: bool = True,
+) -> list[list[Candidate]]:
+    """`recall_k` document candidates per query from a first stage that returns rows.
+
+    `first_stage(n)` gives each query's top ``n`` rows.  Without passages (`split` False, the
+    aggregation "max") a row is a document and one call of ``recall_k`` is all.  Otherwise rows
+    are fetched (twice ``recall_k`` first, doubling) until every query has `recall_k` documents or
+    all `rows` of the index were fetched.
+    """
+    if how not in AGGREGATIONS:
+        raise ValueError(f"aggregate={how!r}; choose one of {AGGREGATIONS}")
+    if not split and how != "sum":
+        return first_stage(recall_k)
+    fetch = min(rows, 2 * recall_k)
+    while True:
+        per_query = first_stage(max(1, fetch))
+        out = [aggregate(r, how, recall_k) for r in per_query]
+        if fetch >= rows or all(len(c) >= recall_k for c in out):
+            return out
+        fetch = min(rows, math.ceil(fetch * 2))

@@ -1,0 +1,50 @@
+"""Cross-validation folds of the classic-collection reranker benchmark: disjoint, covering, fixed by the seed."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
+
+from classic_rerank_cv import assign_folds, judged_queries, merge_reranked  # noqa: E402
+
+IDS = [str(i) for i in range(1, 31)]  # Medline's 30 judged queries
+
+
+def test_folds_are_disjoint_and_cover_every_query():
+    folds = assign_folds(IDS, 5, seed=0)
+    assert len(folds) == 5
+    flat = [q for f in folds for q in f]
+    assert sorted(flat) == sorted(IDS) and len(flat) == len(set(flat))
+    assert {len(f) for f in folds} == {6}
+
+
+def test_uneven_counts_differ_by_at_most_one():
+    sizes = [len(f) for f in assign_folds([str(i) for i in range(76)], 5, seed=3)]  # CISI's 76
+    assert sum(sizes) == 76 and max(sizes) - min(sizes) <= 1
+
+
+def test_same_seed_same_folds_whatever_the_input_order():
+    assert assign_folds(IDS, 5, seed=7) == assign_folds(list(reversed(IDS)), 5, seed=7)
+
+
+def test_another_seed_deals_differently():
+    assert assign_folds(IDS, 5, seed=0) != assign_folds(IDS, 5, seed=1)
+
+
+def test_fold_count_is_checked():
+    with pytest.raises(ValueError, match="--folds"):
+        assign_folds(IDS[:3], 5, seed=0)
+
+
+def test_only_queries_with_a_relevant_document_are_judged():
+    assert judged_queries({"a": {"d1": 1}, "b": {"d2": 0}, "c": {"d3": 0, "d4": 2}}) == ["a", "c"]
+
+
+def test_reranked_head_comes_first_then_the_first_stage_order():
+    first = {"a": 5.0, "b": 4.0, "c": 3.0, "d": 2.0}
+    merged = merge_reranked(first, {"b": 0.1, "a": 0.9 - 1.0})  # the reranker puts b above a
+    assert sorted(merged, key=merged.get, reverse=True) == ["b", "a", "c", "d"]

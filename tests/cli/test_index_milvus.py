@@ -1,0 +1,127 @@
+"""`twotower index build --backend milvus` end to end (Milvus Lite): the CLI, search, add/delete, check,
+the HTTP service, and a torchrun build whose rank 0 loads the vectors into Milvus."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("pymilvus")
+pytest.importorskip("milvus_lite")
+
+from tests.cli.cli_run import run_cli  # noqa: E402
+from tests.retrieval.pipeline_fixtures import tiny_model_dir, toy_docs, write_corpus  # noqa: E402
+from twotower.indexing import IndexStore  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """The same 40 documents as a FAISS Flat index and as a Milvus FLAT index (a relative ./vectors.db)."""
+    root = tmp_path_factory.mktemp("milvus-cli")
+    corpus = write_corpus(str(root / "corpus.jsonl"), toy_docs(40))
+    model = tiny_model_dir()
+    common = ["index", "build", "--corpus", corpus, "--model", model, "--no-progress", "--bm25"]
+    from twotower.cli import main
+
+    assert main([*common, "--out", str(root / "faiss"), "--factory", "Flat"]) == 0
+    cwd = os.getcwd()
+    os.chdir(root)
+    try:
+        assert main([*common, "--out", "milvus", "--backend", "milvus", "--milvus-uri", "./vectors.db"]) == 0
+    finally:
+        os.chdir(cwd)
+    return root
+
+
+def test_info_shows_the_backend_and_the_absolute_uri(built, capsys):
+    rc, out, _ = run_cli(capsys, "index", "info", "--index", str(built / "milvus"))
+    assert rc == 0
+    assert f"milvus, collection twotower_milvus at {built / 'vectors.db'}" in out
+    rc, out, _ = run_cli(capsys, "index", "info", "--index", str(built / "milvus"), "--json")
+    info = json.loads(out)
+    assert info["backend"] == "milvus" and info["factory"] == "FLAT" and info["documents"] == 40
+    rc, out, _ = run_cli(capsys, "index", "info", "--index", str(built / "faiss"))
+    assert "faiss (vector files in the directory)" in out
+
+
+def test_search_cli_answers_as_on_faiss(built, capsys):
+    queries = ["tea coffee", "gene cell", "drug dose"]
+    results = {}
+    for name in ("faiss", "milvus"):
+        rc, out, _ = run_cli(capsys, "search", "--index", str(built / name), "-k", "5", "--json", *queries)
+        assert rc == 0
+        results[name] = [[(h["id"], h["score"]) for h in r["hits"]] for r in json.loads(out)]
+    for got, want in zip(results["milvus"], results["faiss"], strict=True):  # float32 sums in another order
+        assert [i for i, _ in got] == [i for i, _ in want]
+        assert [s for _, s in got] == pytest.approx([s for _, s in want], abs=1e-3)
+    rc, out, _ = run_cli(capsys, "search", "--index", str(built / "milvus"), "-k", "3", "--json", "--hybrid",
+                         "tea coffee")
+    assert rc == 0 and len(json.loads(out)[0]["hits"]) == 3
+
+
+def test_add_delete_check_on_a_milvus_index(built, tmp_path, capsys):
+    extra = write_corpus(str(tmp_path / "more.jsonl"), toy_docs(5, seed=9, prefix="n"))
+    for name in ("faiss", "milvus"):
+        assert run_cli(capsys, "index", "add", "--index", str(built / name), "--corpus", extra)[0] == 0
+        assert run_cli(capsys, "index", "delete", "--index", str(built / name), "d3", "n1")[0] == 0
+    with IndexStore.open(built / "faiss", readonly=True) as f, IndexStore.open(built / "milvus", readonly=True) as m:
+        assert sorted(m.vectors.ids()) == sorted(f.vectors.ids()) and len(m) == 43
+        q = f.vectors.reconstruct(["n2", "d7"])  # (2, D)
+        assert m.search(q, 6).ids == f.search(q, 6).ids
+    rc, out, _ = run_cli(capsys, "index", "check", str(built / "milvus"))
+    assert rc == 0 and "ok" in out
+
+
+def test_http_service_searches_a_milvus_index(built):
+    pytest.importorskip("fastapi")
+    from tests.serve.serve_fixtures import client
+
+    with client(str(built / "faiss")) as c:
+        want = c.get("/search", params={"q": "tea coffee", "k": 4}).json()["hits"]
+    with client(str(built / "milvus")) as c:
+        got = c.get("/search", params={"q": "tea coffee", "k": 4}).json()["hits"]
+        assert c.get(f"/documents/{got[0]['id']}").status_code == 200
+    assert [h["id"] for h in got] == [h["id"] for h in want]
+
+
+def test_dimension_mismatch_is_refused_before_encoding(built, tmp_path, capsys):
+    corpus = write_corpus(str(tmp_path / "c.jsonl"), toy_docs(3))
+    rc, _, err = run_cli(capsys, "index", "build", "--corpus", corpus, "--out", str(tmp_path / "other"),
+                         "--model", tiny_model_dir(hidden=24), "--backend", "milvus",
+                         "--milvus-uri", str(built / "vectors.db"), "--collection", "twotower_milvus",
+                         "--no-progress")
+    assert rc == 2 and "dimension 36" in err and "makes 24" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.jsonl"]
+
+
+@pytest.mark.slow
+def test_torchrun_ranks_encode_and_rank_0_loads_milvus(tmp_path):
+    """Encoding split over 2 gloo ranks; rank 0 alone writes to Milvus; the vectors equal a one-process build."""
+    corpus = write_corpus(str(tmp_path / "c.jsonl"), toy_docs(50, seed=3))
+    model = tiny_model_dir()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TWOTOWER_BF16": "0", "PYTHONPATH": REPO}
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    res = subprocess.run([*torchrun, "-m", "twotower", "index", "build", "--corpus", corpus, "--model", model,
+                          "--shard-size", "16", "--no-progress", "--out", str(tmp_path / "two"),
+                          "--backend", "milvus", "--milvus-uri", str(tmp_path / "v.db")],
+                         env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "50 documents" in res.stdout
+    from twotower.retrieval import DualEncoder, SearchPipeline
+
+    SearchPipeline.build(corpus, tmp_path / "one", DualEncoder.from_pretrained(model, bf16=False), shard_size=16,
+                         factory="Flat", progress=False).close()
+    with IndexStore.open(tmp_path / "one", readonly=True) as one, \
+            IndexStore.open(tmp_path / "two", readonly=True) as two:
+        ids = one.vectors.ids()
+        assert sorted(two.vectors.ids()) == sorted(ids)
+        q = one.vectors.reconstruct(ids[:10])
+        np.testing.assert_allclose(two.vectors.reconstruct(ids[:10]), q, atol=1e-5)
+        assert two.search(q, 5).ids == one.search(q, 5).ids

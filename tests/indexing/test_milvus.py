@@ -1,0 +1,344 @@
+"""The Milvus backend (Milvus Lite in a temporary directory) against the FAISS one, and its commit protocol.
+
+One Milvus Lite database is shared by the module (each test has its own collection): starting one
+costs about a second. The killed-writer test uses its own database, because Milvus Lite locks its
+file for one process.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("pymilvus")
+pytest.importorskip("milvus_lite")
+
+from twotower.indexing import IndexFormatError, IndexStore, check_index  # noqa: E402
+from twotower.indexing import milvus as mv  # noqa: E402
+from twotower.indexing.vectors import VectorBackend  # noqa: E402
+
+from .helpers import brute_force, clustered  # noqa: E402
+from .procs import kill_at_flag  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+_names = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def uri(tmp_path_factory) -> str:
+    return mv.resolve_uri(str(tmp_path_factory.mktemp("milvus") / "lite.db"))
+
+
+def spec(uri: str, **kw) -> mv.MilvusSpec:
+    return mv.MilvusSpec(uri, f"t{next(_names)}_{os.getpid()}", **kw)
+
+
+def docs(ids, meta=None):
+    return [{"id": i, "text": f"text {i}", "metadata": (meta(i) if meta else {})} for i in ids]
+
+
+def pair(tmp_path: Path, uri: str, dim: int, metric: str) -> tuple[IndexStore, IndexStore]:
+    """The same empty index twice: FAISS Flat, and Milvus FLAT."""
+    faiss_store = IndexStore.create(tmp_path / "faiss", dim, "Flat", metric)
+    milvus_store = IndexStore.create(tmp_path / "milvus", dim, None, metric, milvus=spec(uri))
+    return faiss_store, milvus_store
+
+
+def same_search(a: IndexStore, b: IndexStore, queries: np.ndarray, k: int) -> list[list[str]]:
+    ra, rb = a.search(queries, k), b.search(queries, k)
+    assert ra.ids == rb.ids
+    np.testing.assert_allclose(ra.scores, rb.scores, rtol=1e-4, atol=1e-4)
+    return ra.ids
+
+
+@pytest.mark.parametrize("metric", ["cosine", "ip", "l2"])
+def test_same_top_k_as_faiss_flat_through_add_replace_delete_commit_rollback(tmp_path, uri, metric):
+    x = clustered(400, 16, seed=1)
+    q = clustered(12, 16, seed=2)
+    ids = [f"d{i}" for i in range(400)]
+    fs, ms = pair(tmp_path, uri, 16, metric)
+    assert isinstance(ms.vectors, VectorBackend) and isinstance(fs.vectors, VectorBackend)
+    for store in (fs, ms):
+        store.add(docs(ids[:300]), x[:300])
+    same_search(fs, ms, q, 10)  # staged: the writer sees its own additions
+    for store in (fs, ms):
+        store.commit()
+    before = same_search(fs, ms, q, 10)
+    truth, _ = brute_force(x[:300], ids[:300], q, 10, metric)
+    assert before == truth
+    # replace the best hit of each query with a far-away vector, delete the second, add 100 new ones
+    replaced = sorted({row[0] for row in before})
+    deleted = sorted({row[1] for row in before} - set(replaced))
+    far = -x[: len(replaced)] * 3
+    for store in (fs, ms):
+        store.add(docs(replaced), far, on_duplicate="replace")
+        assert store.delete(deleted + ["nope"]) == ["nope"]
+        store.add(docs(ids[300:]), x[300:])
+    same_search(fs, ms, q, 10)  # staged replace / delete
+    for store in (fs, ms):
+        store.commit()
+    after = same_search(fs, ms, q, 10)
+    live = {i: v for i, v in zip(ids, x)}
+    for i, v in zip(replaced, far):
+        live[i] = v
+    for i in deleted:
+        del live[i]
+    truth, _ = brute_force(np.stack(list(live.values())), list(live), q, 10, metric)
+    assert after == truth and len(ms) == len(fs) == len(live)
+    # rollback: staged changes vanish from both
+    for store in (fs, ms):
+        store.delete([after[0][0]])
+        store.add(docs(["new"]), q[:1])
+        store.rollback()
+    assert same_search(fs, ms, q, 10) == after
+    assert sorted(ms.vectors.ids()) == sorted(fs.vectors.ids())
+    for store in (fs, ms):
+        store.close()
+    # reopened (writer and reader) the Milvus index answers the same
+    with IndexStore.open(tmp_path / "milvus", readonly=True) as r:
+        assert r.search(q, 10).ids == after
+    with IndexStore.open(tmp_path / "milvus") as w:
+        assert w.search(q, 10).ids == after
+        assert w.vectors.tombstone_count == 0  # a closing writer deletes the superseded rows
+
+
+def test_big_staged_batches_are_flushed_to_milvus_but_invisible_until_commit(tmp_path, uri, monkeypatch):
+    monkeypatch.setattr(mv, "FLUSH_ROWS", 7)  # every 7 staged vectors go to Milvus before the commit
+    x = clustered(120, 8, seed=7)
+    q = clustered(6, 8, seed=8)
+    ids = [f"d{i}" for i in range(120)]
+    fs, ms = pair(tmp_path, uri, 8, "cosine")
+    for store in (fs, ms):
+        store.add(docs(ids[:40]), x[:40])
+        store.commit()
+    r = IndexStore.open(tmp_path / "milvus", readonly=True)
+    before = r.search(q, 10).ids
+    for store in (fs, ms):
+        for s in range(40, 120, 20):
+            store.add(docs(ids[s:s + 20]), x[s:s + 20])
+        store.add(docs(ids[45:50] + ids[2:4]), -x[45:50 + 2][:7], on_duplicate="replace")  # flushed + committed
+        store.delete(ids[50:55] + ids[5:6])  # flushed and committed ids
+    assert mv.row_count(ms.vectors.client, ms.vectors.collection, "gen == 2") > 0  # flushed before the commit
+    same_search(fs, ms, q, 10)
+    assert r.search(q, 10).ids == before  # the reader's commit does not change
+    for store in (fs, ms):
+        store.commit()
+    same_search(fs, ms, q, 10)
+    assert r.refresh() and r.search(q, 10).ids == fs.search(q, 10).ids
+    r.close()
+    for store in (fs, ms):
+        store.close()
+    assert check_index(tmp_path / "milvus").ok
+
+
+def test_reader_answers_from_its_commit_until_refresh(tmp_path, uri, monkeypatch):
+    monkeypatch.setattr(mv, "RETAIN_SECONDS", 3600.0)  # superseded rows stay while this reader may use them
+    x = clustered(200, 8, seed=3)
+    q = x[:5] + 0.01
+    s = spec(uri)
+    w = IndexStore.create(tmp_path / "idx", 8, None, "cosine", milvus=s)
+    w.add(docs([f"d{i}" for i in range(200)]), x)
+    w.commit()
+    r = IndexStore.open(tmp_path / "idx", readonly=True)
+    old = r.search(q, 10)
+    # the next commit replaces every document of the old answers (more stale rows than k: the reader digs deeper)
+    hit = sorted({i for row in old.ids for i in row})
+    w.add(docs(hit), np.random.default_rng(0).normal(size=(len(hit), 8)).astype("float32"), on_duplicate="replace")
+    w.delete(["d199"])
+    w.commit()
+    assert r.generation == 1 and r.search(q, 10).ids == old.ids  # the commit before
+    new = w.search(q, 10)
+    assert new.ids != old.ids
+    assert r.refresh()
+    assert r.search(q, 10).ids == new.ids  # the commit after
+    assert "d199" not in r.vectors
+    r.close()
+    w.close()
+
+
+def test_search_returns_k_live_hits_past_many_stale_rows(tmp_path, uri, monkeypatch):
+    monkeypatch.setattr(mv, "RETAIN_SECONDS", 3600.0)
+    x = clustered(300, 8, seed=4)
+    w = IndexStore.create(tmp_path / "idx", 8, None, "ip", milvus=spec(uri))
+    w.add(docs([f"d{i}" for i in range(300)]), x)
+    w.commit()
+    r = IndexStore.open(tmp_path / "idx", readonly=True)
+    q = x[:1]
+    near = r.search(q, 60).ids[0]
+    w.delete(near)  # 60 rows deleted by a commit the reader does not know about
+    w.commit()
+    w.add(docs(["late"]), x[:1] * 0.5)
+    w.commit()
+    got = r.search(q, 5).ids[0]
+    assert got == near[:5]  # the reader's commit still has them
+    assert r.refresh()
+    truth, _ = brute_force(np.concatenate([x, x[:1] * 0.5]), [f"d{i}" for i in range(300)] + ["late"], q, 400, "ip")
+    expected = [i for i in truth[0] if i not in set(near)][:5]
+    assert r.search(q, 5).ids[0] == expected
+    r.close()
+    w.close()
+
+
+def test_metadata_filter_runs_in_milvus(tmp_path, uri):
+    filters = pytest.importorskip("twotower.indexing.filters")
+    x = clustered(300, 8, seed=5)
+    ids = [f"d{i}" for i in range(300)]
+
+    def meta(i: str) -> dict:
+        n = int(i[1:])
+        return {"lang": ["en", "fr", "de"][n % 3], "year": 2000 + n % 20, "src": {"name": f"s{n % 4}"}}
+
+    w = IndexStore.create(tmp_path / "idx", 8, None, "cosine", milvus=spec(uri))
+    w.add(docs(ids[:250], meta), x[:250])
+    w.commit()
+    w.add(docs(ids[250:], meta), x[250:])  # staged rows are filtered too
+    q = clustered(4, 8, seed=6)
+    for text in ['lang == "fr"', 'year >= 2015 and not (src.name in ["s1", "s2"])', 'lang != "en" or year < 2003']:
+        flt = filters.parse_filter(text)
+        keep = [j for j, i in enumerate(ids) if flt.matches(meta(i))]
+        truth, _ = brute_force(x[keep], [ids[j] for j in keep], q, 10, "cosine")
+        assert w.vectors.search(q, 10, filter=flt).ids == truth, text
+    allowed = set(ids[::7])
+    keep = [j for j, i in enumerate(ids) if i in allowed]
+    truth, _ = brute_force(x[keep], [ids[j] for j in keep], q, 10, "cosine")
+    assert w.vectors.search(q, 10, allowed=allowed).ids == truth
+    w.close()
+
+
+def test_manifest_records_backend_and_info_shows_it(tmp_path, uri):
+    s = spec(uri, fingerprint="enc-1")
+    with IndexStore.create(tmp_path / "idx", 8, "HNSW", "cosine", milvus=s, ef_search=64) as st:
+        info = st.info()
+    assert info["backend"] == "milvus" and info["factory"] == "HNSW"
+    assert info["milvus"] == {"uri": uri, "collection": s.collection}
+    m = IndexStore.open(tmp_path / "idx", readonly=True)
+    assert m.manifest.milvus["fingerprint"] == "enc-1" and m.manifest.milvus["index_id"] == s.index_id
+    m.close()
+    with pytest.raises(ValueError, match="collection"):
+        IndexStore.open(tmp_path / "idx").copy_to(tmp_path / "copy")
+
+
+def test_existing_collection_of_another_dimension_encoder_or_index_is_refused(tmp_path, uri):
+    s = spec(uri, fingerprint="enc-1")
+    with IndexStore.create(tmp_path / "a", 8, None, "cosine", milvus=s) as a:
+        a.add(docs(["x"]), np.ones((1, 8), np.float32))
+    other = mv.MilvusSpec(uri, s.collection, fingerprint="enc-1")
+    with pytest.raises(ValueError, match="dimension 8.*makes 16"):
+        IndexStore.create(tmp_path / "b", 16, None, "cosine", milvus=other)
+    with pytest.raises(ValueError, match="another encoder"):
+        IndexStore.create(tmp_path / "b", 8, None, "cosine", milvus=mv.MilvusSpec(uri, s.collection, "enc-2"))
+    with pytest.raises(ValueError, match="already holds 1 vectors"):
+        IndexStore.create(tmp_path / "b", 8, None, "cosine", milvus=other)
+    assert not (tmp_path / "b").exists()
+    with IndexStore.open(tmp_path / "a") as a:  # the refused builds did not touch it
+        assert len(a) == 1 and a.search(np.ones((1, 8), np.float32), 1).ids == [["x"]]
+
+
+def test_unreachable_uri_is_a_clear_error_and_writes_nothing(tmp_path):
+    with pytest.raises(mv.MilvusUnavailableError, match=r"127\.0\.0\.1:1 \(--milvus-uri\)"):
+        IndexStore.create(tmp_path / "idx", 8, None, "cosine", milvus=mv.MilvusSpec("http://127.0.0.1:1", "c"))
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(ValueError, match="must end in .db"):
+        mv.resolve_uri("vectors.sqlite")
+
+
+def test_cli_build_with_unreachable_uri_fails_before_encoding(tmp_path, capsys):
+    from twotower.cli import main
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"_id": "a", "text": "hello"}\n')
+    out = tmp_path / "idx"
+    rc = main(["index", "build", "--corpus", str(corpus), "--out", str(out), "--backend", "milvus",
+               "--milvus-uri", "http://127.0.0.1:1", "--no-progress"])
+    assert rc == 2
+    assert "--milvus-uri" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.jsonl"]  # no OUT, no OUT.build
+    assert main(["index", "build", "--corpus", str(corpus), "--out", str(out), "--collection", "c"]) == 2
+    assert "need --backend milvus" in capsys.readouterr().err
+
+
+def test_relative_lite_path_resolves_against_the_working_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert mv.resolve_uri("./v.db") == str(tmp_path / "v.db")
+    assert mv.resolve_uri("http://h:19530") == "http://h:19530"
+    assert mv.default_collection(tmp_path / "my-index") == "twotower_my_index"
+
+
+def test_rows_missing_from_milvus_are_reported(tmp_path, uri):
+    s = spec(uri)
+    with IndexStore.create(tmp_path / "idx", 8, None, "cosine", milvus=s) as st:
+        st.add(docs(["a", "b", "c"]), np.eye(3, 8, dtype=np.float32))
+    assert check_index(tmp_path / "idx").ok
+    mv.connect(uri).delete(s.collection, ids=["1:b"])  # lost outside twotower
+    report = check_index(tmp_path / "idx")
+    assert not report.ok and any(s.collection in p and "'b'" in p for p in report.problems)
+    with pytest.raises(IndexFormatError, match=f"{s.collection}.*lacks the vectors of 1 live"):
+        IndexStore.open(tmp_path / "idx")
+
+
+CHILD = textwrap.dedent(
+    """
+    import os, sys, time
+    sys.path.insert(0, {repo!r})
+    import numpy as np
+    import twotower.indexing.store as st
+    from twotower.indexing import IndexStore
+    from twotower.indexing.milvus import MilvusSpec
+
+    directory, uri, stage, signal_file, flush = sys.argv[1:]
+    import twotower.indexing.milvus as mv
+    mv.FLUSH_ROWS = int(flush)
+    x = np.random.default_rng(0).normal(size=(200, 8)).astype("float32")
+    docs = lambda lo, hi: [{{"id": f"d{{i}}", "text": f"w{{i}}"}} for i in range(lo, hi)]
+
+    def stop_here(name):
+        with open(signal_file + ".tmp", "w") as f:
+            f.write(name)
+        os.replace(signal_file + ".tmp", signal_file)
+        time.sleep(120)  # the parent kills us here
+
+    store = IndexStore.create(directory, 8, None, "cosine", bm25=True, milvus=MilvusSpec(uri, "crash"))
+    store.add(docs(0, 100), x[:100])
+    store.commit()
+    st.CRASH_HOOK = lambda name: stop_here(name) if name == stage else None
+    store.add(docs(100, 200), x[100:200])
+    store.add(docs(1, 2), -x[1:2], on_duplicate="replace")
+    store.delete(["d0"])
+    store.commit()
+    stop_here("done")
+    """
+)
+
+
+@pytest.mark.parametrize("stage,committed,flush", [("milvus_written", False, 20000), ("files_written", False, 30),
+                                                   ("sqlite_committed", True, 30)])
+def test_writer_killed_around_the_commit_point_reopens_consistent(tmp_path, stage, committed, flush):
+    script = tmp_path / "child.py"
+    script.write_text(CHILD.format(repo=str(REPO)))
+    directory, flag, db = tmp_path / "idx", tmp_path / "signal", str(tmp_path / "crash.db")
+    proc = subprocess.Popen([sys.executable, str(script), str(directory), db, stage, str(flag), str(flush)])
+    kill_at_flag(proc, flag, stage, timeout=120, poll=0.05)
+    x = np.random.default_rng(0).normal(size=(200, 8)).astype("float32")
+    client = mv.connect(db)
+    client.load_collection("crash")
+    if not committed:
+        assert mv.row_count(client, "crash", "gen > 1") > 0  # the killed commit did write to Milvus
+    with IndexStore.open(directory) as store:  # the writable open repairs
+        assert mv.row_count(client, "crash", f"gen > {store.generation}") == 0
+        live = {f"d{i}": x[i] for i in range(200 if committed else 100)}
+        if committed:
+            live["d1"] = -x[1]
+            del live["d0"]
+        assert store.generation == (2 if committed else 1) and len(store) == len(live)
+        assert sorted(store.vectors.ids()) == sorted(live)
+        truth, _ = brute_force(np.stack(list(live.values())), list(live), x[:20], 5, "cosine")
+        assert store.search(x[:20], 5).ids == truth
+        assert store.search_bm25(["w150"], 1).ids[0] == (["d150"] if committed else [""])
+    assert check_index(directory).ok

@@ -1,0 +1,45 @@
+"""The HTTP service over an index with passages: documents come back whole, hits carry passage offsets."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.retrieval.pipeline_fixtures import write_corpus
+from tests.retrieval.test_passages import corpus_docs, long_text
+from tests.serve.serve_fixtures import AUTH, TOKEN, client
+
+
+@pytest.fixture()
+def passage_index(tmp_path, encoder) -> str:
+    from twotower.retrieval import SearchPipeline
+
+    corpus = write_corpus(str(tmp_path / "c.jsonl"), corpus_docs())
+    out = str(tmp_path / "idx")
+    SearchPipeline.build(corpus, out, encoder, passages=True, passage_window=16, passage_stride=12, bm25=True,
+                         progress=False).close()
+    return out
+
+
+def test_documents_and_hits_over_http(passage_index):
+    docs = {d["_id"]: d for d in corpus_docs()}
+    with client(passage_index, token=TOKEN) as c:
+        got = c.get("/documents/long1", headers=AUTH).json()
+        assert got["text"] == docs["long1"]["text"] and len(got["passages"]) > 2
+        hits = c.get("/search", params={"q": "zorbania", "k": 14, "hybrid": True}, headers=AUTH).json()["hits"]
+        assert len({h["id"] for h in hits}) == len(hits) == 14
+        long1 = next(h for h in hits if h["id"] == "long1")
+        assert "zorbania" in long1["text"][long1["passage"]["start"]:long1["passage"]["end"]]
+        assert all(h["passage"] is None for h in hits if not h["id"].startswith("long"))
+
+        before = c.get("/stats", headers=AUTH).json()["documents"]
+        assert before == len(docs)
+        r = c.post("/documents", json={"documents": [{"_id": "long1", "text": long_text(30)}]}, headers=AUTH)
+        assert r.status_code == 409, r.text  # a split document is a document: no silent second copy
+        r = c.post("/documents", json={"documents": [{"_id": "long1", "text": "tea"}], "replace": True},
+                   headers=AUTH)
+        assert r.status_code == 200 and r.json()["replaced"] == 1 and r.json()["documents"] == before
+        assert c.get("/documents/long1", headers=AUTH).json()["text"] == "tea"
+        r = c.request("DELETE", "/documents", json={"ids": ["long2"]}, headers=AUTH)
+        assert r.status_code == 200, r.text
+        assert r.json()["documents"] == before - 1
+        assert c.get("/documents/long2", headers=AUTH).status_code == 404
