@@ -85,7 +85,8 @@ for qid, by in ranks.items():
     row = "%5s  " % qid + "  ".join("%12s" % (by.get(n) or "-") for n in runs)
     if len(runs) > 1:
         before, after = by.get("recall only") or 99, by.get("reranked") or 99
-        row += "  " + ("helped" if after < before else "did not help" if after == before else "hurt")
+        same = "no change (already first)" if before == 1 else "did not help"
+        row += "  " + ("helped" if after < before else same if after == before else "hurt")
     print(row)
 for n in runs:
     top3 = sum(1 for by in ranks.values() if by.get(n) and by[n] <= 3)
