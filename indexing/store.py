@@ -136,6 +136,14 @@ def bm25_name(generation: int) -> str:
 _DISK_FULL_TEXTS = ("no space left on device", "database or disk is full", "disk quota exceeded")
 
 
+def _bm25_args(bm25: bool | Mapping[str, Any]) -> dict[str, Any] | None:
+    """``IndexStore.create``'s `bm25` as the manifest records it (None: no BM25), validated now."""
+    args = (dict(bm25) if isinstance(bm25, Mapping) else {}) if bm25 else None
+    if args is not None:
+        BM25(**args)  # a bad argument fails before anything is written
+    return args
+
+
 def is_disk_full(exc: BaseException) -> bool:
     """Whether `exc` (or an exception it was raised from) says the disk is full: OSError ENOSPC / EDQUOT,
     SQLite's "database or disk is full", FAISS's RuntimeError quoting strerror."""
@@ -194,7 +202,7 @@ class Snapshot:
         self._owns = owns_docstore
         self._writer = writer
         self._bm25: BM25 | None = None
-        self._filter_cache: dict[Filter, frozenset[str]] = {}  # reader only: see allowed_ids
+        self._filter_cache: dict[Filter, frozenset[str]] = {}  # see allowed_ids
         self._lock = threading.RLock()
         self._users = 0
         self._retired = False
@@ -246,13 +254,12 @@ class Snapshot:
     def allowed_ids(self, flt: Filter) -> frozenset[str]:
         """Ids of the rows passing ``flt`` (FilterError for an unknown field).
 
-        A reader's snapshot is immutable, so the set is cached per filter (the last
-        ``FILTER_CACHE`` filters): a service answering many queries with one filter (a tenant, a
-        language) scans the documents once, and the vector backend maps the same set object to
-        its labels once too.
+        The set is cached per filter (the last ``FILTER_CACHE`` filters): a service answering many
+        queries with one filter (a tenant, a language) scans the documents once, and the vector
+        backend maps the same set object to its labels once too; one filtered search (row count,
+        dense and BM25 recall) resolves it once. A reader's snapshot never changes; the writer's
+        cache is dropped whenever its rows do (``rows_changed``).
         """
-        if self._writer:
-            return frozenset(self.docstore.matching_ids(flt))
         with self._lock:
             hit = self._filter_cache.get(flt)
             if hit is not None:
@@ -263,6 +270,11 @@ class Snapshot:
                 self._filter_cache.pop(next(iter(self._filter_cache)))
             self._filter_cache[flt] = ids
         return ids
+
+    def rows_changed(self) -> None:
+        """The writer staged or discarded changes: filters are resolved again."""
+        with self._lock:
+            self._filter_cache.clear()
 
     def get(self, ids: Sequence[str]) -> list[Document | None]:
         """Documents by id, in order (``None`` for unknown ids, e.g. the ``""`` padding)."""
@@ -380,31 +392,30 @@ class IndexStore:
             return cls._create_milvus(directory, dim, factory, metric, bm25=bm25, extra=extra, spec=milvus,
                                       **vector_options)
         vectors = VectorIndex(dim, factory, metric, expected_size=expected_size, **vector_options)
-        bm25_args = (dict(bm25) if isinstance(bm25, Mapping) else {}) if bm25 else None
-        if bm25_args is not None:
-            BM25(**bm25_args)  # validate the arguments now
+        bm25_args = _bm25_args(bm25)
         policy = merge_policy or MergePolicy()
         options = {key: getattr(vectors, key) for key in VECTOR_OPTIONS}
         options.update(dim=vectors.dim, metric=metric, factory=vectors.factory)
+        manifest = Manifest(dim=vectors.dim, metric=metric, factory=vectors.factory, bm25=bm25_args,
+                            extra=dict(extra or {}))
+        return cls._lay_out(directory, manifest, {"vector_layout": LAYOUT, "vector_options": json.dumps(options),
+                                                  "merge_policy": json.dumps(asdict(policy))})
+
+    @classmethod
+    def _lay_out(cls, directory: Path, manifest: Manifest, meta: Mapping[str, str],
+                 tables: Callable[[DocStore], None] | None = None) -> IndexStore:
+        """Write an empty index (generation 0: documents, BM25, lock, manifest) aside, move it into place, open it."""
         with _built_aside(directory) as tmp:
             with DocStore(tmp / DOCS_NAME) as docs, docs.transaction():
-                docs.set_meta("generation", "0")
-                docs.set_meta("vector_layout", LAYOUT)
-                docs.set_meta("vector_options", json.dumps(options))
-                docs.set_meta("merge_policy", json.dumps(asdict(policy)))
-                docs.set_meta("next_segment", "0")
-                docs.set_meta("ids_digest", hex64(0))
-                docs.set_meta("docs_digest", hex64(0))
-            if bm25_args is not None:
-                BM25(**bm25_args).save(tmp / bm25_name(0))
+                if tables is not None:
+                    tables(docs)
+                for key, value in {"generation": "0", "next_segment": "0", "ids_digest": hex64(0),
+                                   "docs_digest": hex64(0), **meta}.items():
+                    docs.set_meta(key, value)
+            if manifest.bm25 is not None:
+                BM25(**manifest.bm25).save(tmp / bm25_name(0))
             (tmp / LOCK_NAME).touch()
-            Manifest(
-                dim=vectors.dim,
-                metric=metric,
-                factory=vectors.factory,
-                bm25=bm25_args,
-                extra=dict(extra or {}),
-            ).write(tmp / MANIFEST_NAME)
+            manifest.write(tmp / MANIFEST_NAME)
         return cls(directory, readonly=False, mmap=True)
 
     @classmethod
@@ -419,9 +430,7 @@ class IndexStore:
         if unknown:
             raise ValueError(f"IndexStore.create: unknown vector options {sorted(unknown)}")
         index_type = mv.check_index_type(factory)
-        bm25_args = (dict(bm25) if isinstance(bm25, Mapping) else {}) if bm25 else None
-        if bm25_args is not None:
-            BM25(**bm25_args)
+        bm25_args = _bm25_args(bm25)
         if not spec.owner:
             spec = dataclasses.replace(spec, owner=os.path.abspath(directory))
         if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
@@ -429,23 +438,11 @@ class IndexStore:
         mv.check_target(spec, dim, metric, create=True, index_type=index_type)  # before any local file
         options = {key: vector_options.get(key) for key in VECTOR_OPTIONS}
         options.update(dim=dim, metric=metric, factory=index_type)
-        with _built_aside(directory) as tmp:
-            with DocStore(tmp / DOCS_NAME) as docs, docs.transaction():
-                mv.ensure_tables(docs)
-                docs.set_meta("generation", "0")
-                docs.set_meta("vector_layout", mv.LAYOUT)
-                docs.set_meta("vector_options", json.dumps(options))
-                docs.set_meta("milvus", json.dumps(spec.record(), sort_keys=True))
-                docs.set_meta("next_segment", "0")
-                docs.set_meta("ids_digest", hex64(0))
-                docs.set_meta("docs_digest", hex64(0))
-                docs.set_meta("milvus_ids_digest", hex64(0))
-            if bm25_args is not None:
-                BM25(**bm25_args).save(tmp / bm25_name(0))
-            (tmp / LOCK_NAME).touch()
-            Manifest(dim=dim, metric=metric, factory=index_type, bm25=bm25_args, extra=dict(extra or {}),
-                     backend="milvus", milvus=spec.record()).write(tmp / MANIFEST_NAME)
-        return cls(directory, readonly=False, mmap=True)
+        manifest = Manifest(dim=dim, metric=metric, factory=index_type, bm25=bm25_args, extra=dict(extra or {}),
+                            backend="milvus", milvus=spec.record())
+        return cls._lay_out(directory, manifest, {"vector_layout": mv.LAYOUT, "vector_options": json.dumps(options),
+                                                  "milvus": json.dumps(spec.record(), sort_keys=True),
+                                                  "milvus_ids_digest": hex64(0)}, tables=mv.ensure_tables)
 
     @classmethod
     def open(cls, directory: str | os.PathLike, *, readonly: bool = False, mmap: bool = True,
@@ -490,7 +487,14 @@ class IndexStore:
         if gen is None or not gen.isdigit():
             raise IndexFormatError(docs.path, f"missing or invalid 'generation' ({gen!r})")
         options = json.loads(docs.get_meta("vector_options") or "{}")
-        if self.manifest.backend == "milvus" or docs.get_meta("milvus") is not None:
+        m = self.manifest
+        described = options.pop("dim", m.dim), options.pop("metric", m.metric), options.pop("factory", m.factory)
+        if described != (m.dim, m.metric, m.factory):
+            raise IndexFormatError(self.directory / MANIFEST_NAME,
+                                   f"manifest says dim={m.dim} metric={m.metric} factory={m.factory}, but {DOCS_NAME} "
+                                   f"records dim={described[0]} metric={described[1]} factory={described[2]} (the "
+                                   "manifest was edited or belongs to another index)")
+        if m.backend == "milvus" or docs.get_meta("milvus") is not None:
             return int(gen), self._load_milvus(docs, int(gen), options)
         policy = MergePolicy(**json.loads(docs.get_meta("merge_policy") or "{}"))
         reuse = {s.name: s for s in previous.vectors.segments} if previous is not None else {}
@@ -514,12 +518,6 @@ class IndexStore:
         if tombs:
             raise IndexFormatError(docs.path, f"tombstones name segments that are not committed: {sorted(tombs)[:3]}")
         m = self.manifest
-        described = options.pop("dim", m.dim), options.pop("metric", m.metric), options.pop("factory", m.factory)
-        if described != (m.dim, m.metric, m.factory):
-            raise IndexFormatError(self.directory / MANIFEST_NAME,
-                                   f"manifest says dim={m.dim} metric={m.metric} factory={m.factory}, but {DOCS_NAME} "
-                                   f"records dim={described[0]} metric={described[1]} factory={described[2]} (the "
-                                   "manifest was edited or belongs to another index)")
         for seg in segments:
             if (seg.base.dim, seg.base.metric) != (m.dim, m.metric):
                 raise IndexFormatError(self.directory / seg.name, f"holds dim={seg.base.dim} metric={seg.base.metric}, "
@@ -538,11 +536,6 @@ class IndexStore:
             raise IndexFormatError(where, f"manifest says backend={m.backend} milvus={m.milvus}, but {DOCS_NAME} "
                                           f"records milvus={record} (the manifest was edited or belongs to "
                                           "another index)")
-        described = options.pop("dim", m.dim), options.pop("metric", m.metric), options.pop("factory", m.factory)
-        if described != (m.dim, m.metric, m.factory):
-            raise IndexFormatError(where, f"manifest says dim={m.dim} metric={m.metric} factory={m.factory}, but "
-                                          f"{DOCS_NAME} records dim={described[0]} metric={described[1]} "
-                                          f"factory={described[2]}")
         client = mv.open_collection(record, m.dim, m.metric, where)
         return mv.MilvusVectors(client, record, m.dim, m.metric, m.factory, options, docs, gen,
                                 writer=not self.readonly)
@@ -815,6 +808,7 @@ class IndexStore:
             bm25.delete(replaced)
             bm25.add([d["id"] for d in rows], [document_text(d) for d in rows])
         snap.pending = True
+        snap.rows_changed()
         return len(rows)
 
     def delete(self, ids: Iterable[str]) -> list[str]:
@@ -838,6 +832,7 @@ class IndexStore:
             bm25.delete(ids)
         if len(missing) < len(ids):
             snap.pending = True
+            snap.rows_changed()
         return missing
 
     def train(self, vectors: np.ndarray) -> None:
@@ -944,6 +939,7 @@ class IndexStore:
         if snap.pending:
             fresh = self._writer_snapshot(snap)
             snap.vectors, snap.generation, snap._bm25 = fresh.vectors, fresh.generation, None
+            snap.rows_changed()
         snap.pending = False
 
     # ------------------------------------------------------------------ copying

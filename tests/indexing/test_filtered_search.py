@@ -201,6 +201,29 @@ def test_reader_caches_allowed_ids_per_filter(tmp_path):
     reader.close()
 
 
+def test_writer_resolves_a_filter_once_until_its_rows_change(tmp_path):
+    x = clustered(60, 8, seed=12)
+    ids = [f"d{i}" for i in range(60)]
+    flt = parse_filter('lang == "fr"')
+    french = {i for i in ids if meta(int(i[1:]))["lang"] == "fr"}
+    with IndexStore.create(tmp_path / "idx", 8, "Flat", "cosine") as st:
+        st.add(docs(ids[:40]), x[:40])
+        st.commit()
+        with st.snapshot() as snap:
+            first = snap.allowed_ids(flt)
+            assert snap.allowed_ids(flt) is first and first == {i for i in french if int(i[1:]) < 40}
+        st.add(docs(ids[40:]), x[40:])  # staged rows: resolved again
+        with st.snapshot() as snap:
+            assert snap.allowed_ids(flt) == french
+        st.delete(["d1"])
+        with st.snapshot() as snap:
+            assert snap.allowed_ids(flt) == french - {"d1"}
+        st.rollback()  # back to the commit of the first 40
+        with st.snapshot() as snap:
+            assert snap.allowed_ids(flt) == {i for i in french if int(i[1:]) < 40}
+        assert set(st.search(x[:1], 60, filter=flt).ids[0]) - {""} == {i for i in french if int(i[1:]) < 40}
+
+
 def test_bm25_filter_returns_k_allowed_hits_in_masked_order():
     bm = BM25()
     texts = ["tea tea tea"] * 30 + ["tea and cake"] * 10 + ["coffee only"] * 10
