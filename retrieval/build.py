@@ -49,6 +49,7 @@ from tqdm.auto import tqdm
 
 from twotower.common.atomic import atomic_path, atomic_write_text, fsync_dir
 from twotower.common.distributed import all_reduce_sum
+from twotower.common.file_lock import lock_note, try_lock
 from twotower.indexing import IndexFormatError, IndexLockedError, IndexStore, document_text
 from twotower.indexing.integrity import file_sha256
 from twotower.indexing.milvus import MilvusSpec, check_target
@@ -57,11 +58,6 @@ from twotower.retrieval.corpus import CorpusPlan, iter_chunks, validate_corpus
 from twotower.retrieval.dual_encoder import DualEncoder
 from twotower.retrieval.passages import PassageSplitter, longer_than_model, truncation_warning
 from twotower.retrieval.sharding import DistInfo, barrier, init_build_group, owns_shard
-
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - non-POSIX: builds are not locked
-    fcntl = None  # type: ignore[assignment]
 
 logger = logging.getLogger(__name__)
 
@@ -91,9 +87,8 @@ class DiskFullError(OSError):
 class BuildLock:
     """An exclusive ``flock`` on ``work_dir/LOCK``, held for a whole build (a context manager).
 
-    Why a lock *file* and this protocol: the kernel releases an flock when its
-    holder dies, even by SIGKILL, so a stale lock never needs a human to clear it;
-    the file keeps the holder's pid for the message of the build that is refused.
+    The flock is `twotower.common.file_lock`'s, as for the index writer; the file keeps
+    the holder's pid for the message of the build that is refused.
     Because the lock file may be unlinked while held (the work directory is removed
     after a successful build), a process that got the lock checks that the path
     still names the file it locked, and tries again if not.
@@ -110,21 +105,16 @@ class BuildLock:
         self._fd: int | None = None
 
     def acquire(self) -> BuildLock:
-        if fcntl is None:  # pragma: no cover
-            return self
         while True:
             if not os.path.isdir(self.work_dir):
                 os.makedirs(self.work_dir, exist_ok=True)
                 self.created = True
             try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+                fd = try_lock(self.path)
             except FileNotFoundError:  # the directory was removed between the two calls
                 continue
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
-                os.close(fd)
+            if fd is None:
+                holder = lock_note(self.path) or "unknown"
                 raise BuildLockedError(
                     f"another build of {self.out} is running (pid {holder}); wait for it to finish, or stop it "
                     "and rerun this command to resume it"
@@ -420,21 +410,17 @@ def _size(n: int) -> str:
     return f"{n / MB:.1f} MB" if n >= MB // 10 else f"{-(-n // 1024)} KB"
 
 
-def _disk_full_error(work_dir: str, plan: BuildPlan, stage: str, info: DistInfo) -> DiskFullError:
-    """The message for a disk that filled up mid-build: where, and what is kept for the resume.
-
-    Finished shards are kept (hours of encoding, perhaps); a work directory without any is removed.
-    """
+def _clean_up_after_disk_full(work_dir: str, plan: BuildPlan, info: DistInfo) -> str:
+    """Keep the finished shards (hours of encoding, perhaps) or remove a work directory without any;
+    returns what was kept and how to resume, for the message of the `DiskFullError`."""
     done = [i for i in range(plan.num_shards) if _shard_done(shard_path(work_dir, i), plan.shard_rows(i), plan.dim)]
-    size = sum(os.path.getsize(shard_path(work_dir, i)) for i in done)
     if done:
-        kept = (f"the {len(done)} finished shards ({_size(size)}) are kept in {work_dir}: free some space on that "
+        size = sum(os.path.getsize(shard_path(work_dir, i)) for i in done)
+        return (f"the {len(done)} finished shards ({_size(size)}) are kept in {work_dir}: free some space on that "
                 f"disk and rerun the same command to resume from them, or remove {work_dir} to give the space back")
-    else:
-        if info.is_main:
-            shutil.rmtree(work_dir, ignore_errors=True)
-        kept = "nothing was kept; free some space and rerun the command"
-    return DiskFullError(f"no space left on device while {stage}; {kept}")
+    if info.is_main:
+        shutil.rmtree(work_dir, ignore_errors=True)
+    return "nothing was kept; free some space and rerun the command"
 
 
 def build_index(
@@ -531,7 +517,8 @@ def build_index(
             barrier(info)
         except Exception as exc:
             if _out_of_space(exc, work_dir):
-                raise _disk_full_error(work_dir, plan, stage, info) from exc
+                kept = _clean_up_after_disk_full(work_dir, plan, info)
+                raise DiskFullError(f"no space left on device while {stage}; {kept}") from exc
             raise
     except BaseException:
         if not encoding and lock.created:  # stopped before any work: leave nothing behind

@@ -22,7 +22,7 @@ import json
 import os
 import tempfile
 import unicodedata
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,7 +115,7 @@ class CorpusPlan:
     content_bytes: int = 0  # characters of id, title and text of every line: about what the document store holds
 
 
-def validate_corpus(path: str, on_duplicate: str = "error", existing_ids: Iterable[str] = ()) -> CorpusPlan:
+def validate_corpus(path: str, on_duplicate: str = "error", existing_ids: Container[str] = frozenset()) -> CorpusPlan:
     """Check every line, count documents and resolve duplicate ids, without keeping the texts.
 
     Args:
@@ -123,13 +123,14 @@ def validate_corpus(path: str, on_duplicate: str = "error", existing_ids: Iterab
         on_duplicate: "error" (default) stops at the second occurrence of an id,
             naming both lines; "skip" keeps the first occurrence; "replace" keeps the last.
         existing_ids: ids already in the index (for `add`): a collision is a duplicate too;
-            with "replace" the caller must delete the old copy.
+            with "replace" the caller must delete the old copy.  Only ``in`` is used, so a view
+            that asks the index per id (`twotower.retrieval.passages.DocumentIdView`) will do.
     Raises:
         DataError (a ValueError) naming file and line, or the file for an empty corpus.
     """
     if on_duplicate not in DUPLICATE_POLICIES:
         raise ValueError(f"on_duplicate={on_duplicate!r}; choose one of {DUPLICATE_POLICIES}")
-    existing = existing_ids if isinstance(existing_ids, (set, frozenset, dict)) else set(existing_ids)
+    existing = existing_ids
     first_line: dict[str, int] = {}
     skip: set[int] = set()
     dups = 0
@@ -177,7 +178,7 @@ def iter_chunks(path: str, chunk_size: int, skip_lines: set[int] | None = None) 
         yield chunk
 
 
-def resolve_duplicates(rows: list[Document], on_duplicate: str, existing: set[str] | frozenset[str]) -> list[Document]:
+def resolve_duplicates(rows: list[Document], on_duplicate: str, existing: Container[str]) -> list[Document]:
     """Apply the duplicate policy to documents in memory (the same rules as `validate_corpus`).
 
     "error" raises naming both positions; "skip" keeps the first copy (and what the index

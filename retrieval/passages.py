@@ -255,6 +255,20 @@ def contains_documents(docstore: Any, ids: Sequence[str]) -> list[bool]:
     return [p or i in split for i, p in zip(ids, present)]
 
 
+class DocumentIdView:
+    """``doc_id in view``: whether the index holds that document (whole or split into passages).
+
+    Asked of SQLite per id, so checking an add's ids against the index costs O(documents added),
+    not a read of every id in the index.
+    """
+
+    def __init__(self, docstore: Any) -> None:
+        self.docstore = docstore
+
+    def __contains__(self, doc_id: object) -> bool:
+        return isinstance(doc_id, str) and contains_documents(self.docstore, [doc_id])[0]
+
+
 def document_counts(docstore: Any) -> tuple[int, int]:
     """(documents, passage rows) in a docs table."""
     return docstore.count_documents()

@@ -63,14 +63,15 @@ from twotower.retrieval.manifest import (
 )
 from twotower.retrieval.passages import (
     AGGREGATIONS,
+    DocumentIdView,
     PassageSettings,
     PassageSplitter,
+    contains_documents,
     document_candidates,
     document_counts,
     expand_ids,
     get_documents,
     longer_than_model,
-    parent_of,
     passage_number,
     truncation_warning,
 )
@@ -301,14 +302,16 @@ class SearchPipeline:
         """
         if on_duplicate not in DUPLICATE_POLICIES:
             raise ValueError(f"on_duplicate={on_duplicate!r}; choose one of {DUPLICATE_POLICIES}")
-        existing = {parent_of(i) for i in self.store.vectors.ids()}  # document ids, not passage rows
+        existing = DocumentIdView(self.store.docstore)  # document ids (not passage rows), asked per id
         if isinstance(docs, (str, os.PathLike)):
             path = os.fspath(docs)
             plan = validate_corpus(path, on_duplicate, existing_ids=existing)
             chunks: Iterable[list] = iter_chunks(path, 4096, plan.skip_lines)
         else:
             rows = [parse_document(d, f"docs[{i}]") for i, d in enumerate(docs)]
-            rows = resolve_duplicates(rows, on_duplicate, existing)
+            ids = list(dict.fromkeys(r["id"] for r in rows))
+            present = {i for i, p in zip(ids, contains_documents(self.store.docstore, ids)) if p}
+            rows = resolve_duplicates(rows, on_duplicate, present)
             chunks = [rows[s:s + 4096] for s in range(0, len(rows), 4096)]
         added = 0
         splitter = self.splitter

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -150,3 +151,15 @@ def test_stop_refuses_what_is_queued(index_template):
     assert err.value.status_code == 503
     with pytest.raises(ApiError):
         owner.search(["tea"], SearchParams())
+
+
+def test_default_threads_leave_a_core_to_the_event_loop_only_with_bf16(monkeypatch):
+    from twotower.serve.batcher import default_threads
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    assert default_threads(bf16=False) == 4
+    assert default_threads(bf16=True) == 3
+    monkeypatch.setenv("TWOTOWER_BF16", "0")  # "auto" resolves to fp32
+    assert default_threads() == 4
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    assert default_threads(bf16=True) == 1  # never zero

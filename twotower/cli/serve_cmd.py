@@ -35,7 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     p.add_argument("--read-only", action="store_true", help="refuse every write (POST/DELETE /documents)")
     p.add_argument("--token-file", help="file whose first line is the bearer token (default: $TWOTOWER_TOKEN)")
-    p.add_argument("--threads", type=int, help="torch/FAISS threads of the model owner (default: cores - 1)")
+    p.add_argument("--threads", type=int, help="torch/FAISS threads of the model owner (default: all cores in fp32, all but one with bf16)")
     p.add_argument("--max-batch", type=int, default=64, help="most queries encoded together (default 64)")
     p.add_argument("--batch-wait-ms", type=float, default=3.0,
                    help="longest wait for more queries to fill a batch (default 3 ms)")

@@ -56,7 +56,7 @@ class ServeConfig:
         model: query encoder directory (None: the one the manifest names).
         reranker: cross-encoder directory (None: the index's default when `use_default_reranker`).
         token: the bearer token (None: reads are open, writes refused).
-        threads: torch/FAISS threads of the model owner (None: all cores but one).
+        threads: torch/FAISS threads of the model owner (None: `default_threads`: all cores in fp32, all but one with bf16).
         max_batch / max_wait_ms: micro-batching bounds (`ModelOwner`).
         default_recall_k: recall_k when a request gives none (raised to k when smaller).
     """

@@ -41,21 +41,27 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-def default_threads() -> int:
-    """Threads for torch and FAISS: all cores but one, which is left to the HTTP event loop.
+def default_threads(bf16: bool | None = None) -> int:
+    """Threads for torch and FAISS: all cores in fp32; with bf16, all cores but one.
 
-    Measured on 2 cores (Xeon with AMX, SciFact; docs/results.md, "HTTP service"): the event
-    loop needs only ~0.6 ms of CPU per query, so torch on both cores (``--threads 2``) gave 50 %
-    more fp32 throughput (163-173 vs 106-109 dense queries/s at 32 clients), but in bf16 (AMX)
-    it stalled the owner for 0.5-1 s now and then (p99 17-20x p50 at 8 clients in 2 of 3 runs)
-    and was no faster; one thread kept p99 within 1.7x p50 in every run.  The default keeps
-    the tail; ``--threads`` trades it for fp32 throughput.
+    bf16: whether the models run in bf16 (None: what "auto" picks on this CPU, `TWOTOWER_BF16` included).
+
+    Measured on 2 cores (docs/results.md, "HTTP service"): the event loop needs only ~0.6 ms of
+    CPU per query, and in fp32 torch on both cores gave 39-60 % more dense queries/s at 32 clients
+    than one (AMD EPYC with AVX-512: 132 vs 95; Xeon with AMX: 163-173 vs 106-109) with p99
+    within 2x p50 at 8 clients.  With AMX bf16, two threads stalled the owner for 0.5-1 s now and
+    then (p99 17-20x p50 at 8 clients in 2 of 3 runs) and were no faster, so bf16 keeps one core
+    for the event loop; ``--threads`` overrides either choice.
     """
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
         cores = os.cpu_count() or 1
-    return max(1, cores - 1)
+    if bf16 is None:
+        from twotower.common.device import bf16_supported
+
+        bf16 = bf16_supported("cpu")
+    return max(1, cores - 1) if bf16 else cores
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,13 @@ import pytest
 import torch
 
 from twotower.encoder.core.config import EncoderConfig
-from twotower.encoder.core.model import BertModel, build_attention_mask, packed_position_ids
+from twotower.encoder.core.model import (
+    BertModel,
+    Unpadding,
+    build_attention_mask,
+    packed_position_ids,
+    worth_unpadding,
+)
 
 B, T, V, H, NH, FFN = 13, 7, 99, 32, 4, 37
 
@@ -253,3 +259,50 @@ def test_query_positions_equal_the_full_last_layer_at_those_positions(kw, grad):
     torch.testing.assert_close(pooled_part, pooled_full, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match=r"query_positions\[:, 0\] == 0"):
         model(ids, am, query_positions=pos.roll(1, dims=1).clamp(min=1))
+
+
+@pytest.mark.parametrize("kw", [{}, {"norm_first": True}, {"ffn_type": "geglu", "use_bias": False}])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_unpadded_inference_equals_the_padded_forward(kw, dtype, monkeypatch):
+    """A no-grad forward of a padded batch runs its layers on the packed real tokens; the states at real
+    positions are those of the padded computation (the grad-enabled forward, which never packs)."""
+    torch.manual_seed(11)
+    model = BertModel(_config(**kw)).eval().to(dtype)
+    ids, mask, types = _padded_pair_batch(torch.Generator().manual_seed(2))
+    assert worth_unpadding(mask)
+    packed_calls = []
+    original = Unpadding.pack
+    monkeypatch.setattr(Unpadding, "pack", lambda self, x: packed_calls.append(x.shape) or original(self, x))
+    with torch.no_grad():
+        fast, fast_pooled = model(ids, mask, types)
+    assert packed_calls, "the no-grad forward did not take the unpadded path"
+    n_calls = len(packed_calls)
+    with torch.enable_grad():
+        slow, slow_pooled = model(ids, mask, types)
+    assert len(packed_calls) == n_calls, "a grad-enabled forward must keep the padded layout"
+    real = mask.bool()
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(fast[real], slow[real].detach(), atol=tol, rtol=tol)
+    torch.testing.assert_close(fast_pooled, slow_pooled.detach(), atol=tol, rtol=tol)
+    assert (fast[~real] == 0).all()  # padding positions are zeros, never stale memory
+
+
+def test_unpadding_packs_and_unpacks_the_real_positions():
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1]])
+    u = Unpadding.of(mask)
+    assert u.keep.tolist() == [0, 1, 3, 6, 7, 8]
+    x = torch.arange(9.0).view(3, 3, 1)
+    assert u.pack(x).squeeze(1).tolist() == [0.0, 1.0, 3.0, 6.0, 7.0, 8.0]
+    back = u.unpack(u.pack(x))
+    torch.testing.assert_close(back, x * mask[..., None])
+
+
+def test_worth_unpadding_needs_padding(monkeypatch):
+    assert worth_unpadding(torch.tensor([[1, 1, 1, 0]]))
+    assert not worth_unpadding(torch.ones(2, 4, dtype=torch.long))  # nothing to skip
+    assert not worth_unpadding(None)
+    from twotower.encoder.core import model as model_module
+
+    monkeypatch.setattr(model_module, "UNPAD_MIN_PADDING", 0.25)
+    assert not worth_unpadding(torch.tensor([[1, 1, 1, 0]]))  # exactly the threshold: not more
+    assert worth_unpadding(torch.tensor([[1, 1, 0, 0]]))
