@@ -1,8 +1,12 @@
-"""The demo reranker's effect on all 300 SciFact test claims over the bundled 2,000-doc sample (report only).
+"""A reranker's effect on all 300 SciFact test claims over the bundled 2,000-doc sample (report only).
 
-Run after `make demo` (it reads the demo's cached index and reranker):
+Run after `make demo` (it reads the demo's cached index; the reranker is the shipped one unless
+`--reranker DIR`):
 
     .venv/bin/python benchmarks/demo_reranker_eval.py --data ../shared/data/beir-scifact
+
+`--index` another index of SciFact (the full corpus: `twotower index build --bm25`) scores the same
+systems there; `--runs DIR` writes their TREC runs for `benchmarks/scifact_seen_evidence.py`.
 
 The test claims are only scored here; the reranker was trained on train claims and its
 interpolation weight chosen on held-out train claims.
@@ -16,25 +20,33 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from twotower.eval.io.beir import read_beir_qrels, read_beir_queries
+from twotower.eval.io.trec import write_trec_run
 from twotower.eval.metrics import evaluate
 from twotower.retrieval import SearchPipeline
-from twotower.retrieval.interpolation import read_alpha
 
 ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 ap.add_argument("--data", default=os.path.join(REPO, "..", "shared", "data", "beir-scifact"))
 ap.add_argument("--index", default=os.path.join(REPO, ".cache", "demo-index"))
-ap.add_argument("--reranker", default=os.path.join(REPO, ".cache", "demo-reranker", "best"))
+ap.add_argument("--reranker", default="default",
+                help="cross-encoder directory, or 'default' (the shipped one; the default)")
+ap.add_argument("--runs", default=None, metavar="DIR",
+                help="also write each system's TREC run here (for benchmarks/scifact_seen_evidence.py)")
 args = ap.parse_args()
 qs = read_beir_queries(os.path.join(args.data, "queries.jsonl"))
 qrels = read_beir_qrels(os.path.join(args.data, "qrels", "test.tsv"))
 qids = sorted(qrels)
 texts = [qs[q] for q in qids]
-stored = read_alpha(args.reranker)  # the dev-chosen weight the demo applies by default
 out = {}
 with SearchPipeline.load(args.index, reranker=args.reranker) as pipe:
+    stored = pipe.reranker.interpolation  # the dev-chosen weight the demo applies by default
     for name, kw in (("dense", dict(rerank=False)), ("hybrid", dict(rerank=False, hybrid=True)),
-                     (f"dense+rerank(alpha {stored}, stored)", dict()), ("dense+rerank(alpha 1)", dict(rerank_alpha=1.0))):
+                     (f"dense+rerank(alpha {stored}, stored)", dict()), ("dense+rerank(alpha 1)", dict(rerank_alpha=1.0)),
+                     (f"hybrid+rerank(alpha {stored}, stored)", dict(hybrid=True))):
         hits = pipe.search(texts, k=10, recall_k=100, fetch_documents=False, **kw)
         run = {q: {h.id: h.score for h in row} for q, row in zip(qids, hits)}
         out[name] = evaluate(run, qrels, ["ndcg@10", "recall@10"]).means
         print(name, out[name], flush=True)
+        if args.runs:
+            os.makedirs(args.runs, exist_ok=True)
+            tag = name.split("(")[0].replace("+", "_")
+            write_trec_run(run, os.path.join(args.runs, f"test_{tag}.trec"), tag=tag)

@@ -138,8 +138,24 @@ class CrossEncoder(nn.Module):
         """
         if not os.path.isdir(directory):
             raise FileNotFoundError(f"cross-encoder directory not found: {directory}")
+        EncoderConfig.load(os.path.join(directory, CONFIG_NAME))  # a bad config.json is named before the weights load
+        return cls.from_state(directory, read_weights(directory), device=device, max_length=max_length, bf16=bf16)
+
+    @classmethod
+    def from_state(
+        cls,
+        directory: str,
+        weights: dict[str, torch.Tensor],
+        tokenizer_dir: str | None = None,
+        device: torch.device | str | None = None,
+        max_length: int | None = None,
+        bf16: bool | str = "auto",
+    ) -> CrossEncoder:
+        """A reranker from `weights` (``bert.*`` + ``classifier.*``) with `directory`'s config and interpolation
+        weight and the tokenizer of `tokenizer_dir` (default `directory`): `from_pretrained` without reading the
+        weights file, for weights assembled in memory (`twotower.retrieval.default_reranker`)."""
         config = EncoderConfig.load(os.path.join(directory, CONFIG_NAME))
-        enc_state, rest = split_prefix(read_weights(directory))
+        enc_state, rest = split_prefix(weights)
         if "classifier.weight" not in rest or "classifier.bias" not in rest:
             raise ValueError(
                 f"{os.path.join(directory, WEIGHTS_NAME)} has no classifier.weight/classifier.bias: it is not a "
@@ -151,7 +167,7 @@ class CrossEncoder(nn.Module):
                 f"{directory}: num_labels={max(num_labels, _num_labels(config) or 0)}; a reranker needs a single "
                 "relevance logit (num_labels=1)"
             )
-        tokenizer = _load_tokenizer(directory)
+        tokenizer = _load_tokenizer(tokenizer_dir or directory)
         model = BertForSequenceClassification(config, num_labels=1)  # pooling: config's classifier_pooling
         has_pooler = model.pooling == "mean" or _has_pooler(enc_state)
         if not has_pooler:

@@ -113,7 +113,10 @@ def resolve_reranker_source(value: Any, index_dir: str | os.PathLike[str]) -> st
     if value is None:
         return None
     if not isinstance(value, str) or not value.strip():
-        raise IndexFormatError(manifest_path, f"pipeline.reranker must be a directory path or null, got {value!r}")
+        raise IndexFormatError(manifest_path, f"pipeline.reranker must be a directory path, \"default\" or null, "
+                                              f"got {value!r}")
+    if value == "default":  # the reranker twotower ships (twotower.retrieval.default_reranker)
+        return value
     path = os.path.join(os.fspath(index_dir), value)  # an absolute `value` stays as it is
     if not os.path.isdir(path):
         raise FileNotFoundError(

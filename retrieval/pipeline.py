@@ -95,10 +95,23 @@ def _load_encoder(model: DualEncoder | str | os.PathLike | None, bf16: bool | st
                                        bf16=bf16, device=device)
 
 
+def reranker_source(reranker: Any) -> str | None:
+    """What a manifest records for a build's reranker: "default" (the shipped one), an absolute path, or None."""
+    from twotower.retrieval import default_reranker
+
+    if not isinstance(reranker, (str, os.PathLike)):
+        return None  # no reranker, or an object: nothing a later load could find again
+    return reranker if reranker == default_reranker.NAME else os.path.realpath(os.fspath(reranker))
+
+
 def _load_reranker(reranker: Any, bf16: bool | str, device: str | None):
     if reranker is None or not isinstance(reranker, (str, os.PathLike)):
         return reranker  # None, or an object with predict(pairs, batch_size=..., progress=...)
+    from twotower.retrieval import default_reranker
     from twotower.retrieval.cross_encoder import CrossEncoder
+
+    if os.fspath(reranker) == default_reranker.NAME:  # the shipped one, over the embedded all-MiniLM-L6-v2
+        return default_reranker.load(device=device, bf16=bf16)
 
     return CrossEncoder.from_pretrained(os.fspath(reranker), device=device, bf16=bf16)
 
@@ -225,7 +238,7 @@ class SearchPipeline:
             return {PIPELINE_KEY: {
                 "format": PIPELINE_FORMAT,
                 "encoder": desc,
-                "reranker": os.path.realpath(os.fspath(reranker)) if reranker else None,
+                "reranker": reranker_source(reranker),
                 "versions": library_versions(),
                 "corpus": {"path": None if tmp_corpus else os.path.realpath(corpus_path),
                            "sha256": build_plan.corpus_sha256, "documents": build_plan.num_documents,

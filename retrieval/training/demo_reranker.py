@@ -91,6 +91,8 @@ def train_demo_reranker(
     claims: str | None = "bundled",
     steps: int = 150,
     layers: int | None = None,
+    trainable_layers: int | None = None,
+    head_pooling: str = "cls",
     group_size: int = 4,
     batch_size: int = 4,
     max_length: int = 192,
@@ -101,6 +103,8 @@ def train_demo_reranker(
     """Train (or reuse) the demo reranker under `out`; returns the directory to pass to CrossEncoder/--reranker.
 
     layers: keep only the first N encoder layers (None: all; module docstring for why all).
+    trainable_layers: train only the top N of them and the head (None: all; `RerankerTrainConfig`).
+    head_pooling: what the relevance head reads, "cls" or "mean" (`RerankerTrainConfig`).
 
     claims: ``{query, pos: [doc ids]}`` JSONL(.gz) over `corpus`; "bundled" = the SciFact train claims when
         `corpus` is the bundled sample (else title/text pairs); None = title/text pairs from `corpus`.
@@ -116,7 +120,8 @@ def train_demo_reranker(
         claims = BUNDLED_CLAIMS if os.path.abspath(corpus) == os.path.abspath(BUNDLED_CORPUS) else None
     settings = {"model": os.path.abspath(model), "corpus": os.path.abspath(corpus),
                 "claims": os.path.abspath(claims) if claims else None, "steps": steps,
-                "layers": layers, "group_size": group_size, "batch_size": batch_size, "max_length": max_length,
+                "layers": layers, "trainable_layers": trainable_layers, "head_pooling": head_pooling,
+                "group_size": group_size, "batch_size": batch_size, "max_length": max_length,
                 "lr": lr, "seed": seed}
     best = os.path.join(out, "best")
     marker = os.path.join(out, MARKER)
@@ -137,6 +142,7 @@ def train_demo_reranker(
         model=start, pairs=data, corpus=data_corpus, out=out, mine=mine, loss="listwise", group_size=group_size,
         batch_size=batch_size, max_length=max_length, lr=lr, head_lr_scale=10.0, warmup=0.05, max_steps=steps,
         eval_every=max(1, steps // 3), dev_rerank_k=20, eval_at_start=False, seed=seed, progress=progress,
+        trainable_layers=trainable_layers, head_pooling=head_pooling,
     )
     result = train_reranker(cfg)
     if result.best_dir is None:

@@ -88,6 +88,10 @@ class RerankerTrainConfig(TrainSettings):
         it takes hundreds of steps to move, which a CPU budget cannot spare.
     dev_rerank_k: first-stage depth reranked at dev evaluation (100 as at test time; lower is cheaper).
     eval_at_start: evaluate the untrained model too (a fresh head ranks at random: skip it to save time).
+    trainable_layers: train only the top N encoder layers and the head; the embeddings and the layers
+        below stay as loaded (None: train everything). Why: a step then back-propagates through N
+        layers instead of all, and the result differs from its base in those layers only, so it can be
+        shipped as a small delta over the base (`twotower.retrieval.default_reranker`).
     collapse_std: stop when the standard deviation of dev scores, or of the training logits over the last
         collapse_window steps, falls below this (`CollapseGuard`).
     """
@@ -108,6 +112,7 @@ class RerankerTrainConfig(TrainSettings):
     dev_rerank_k: int = 100
     eval_batch_size: int = 32
     eval_at_start: bool = True
+    trainable_layers: int | None = None
     collapse_std: float = 1e-3
     collapse_window: int = 20
 
@@ -118,6 +123,8 @@ class RerankerTrainConfig(TrainSettings):
             raise ValueError(f"head_pooling={self.head_pooling!r}; choose 'cls' or 'mean'")
         if self.loss == "listwise" and self.group_size < 2:
             raise ValueError("listwise groups need at least one negative: group_size >= 2")
+        if self.trainable_layers is not None and self.trainable_layers < 0:
+            raise ValueError(f"trainable_layers={self.trainable_layers}; give 0 or more (None: all)")
 
 
 @dataclass
@@ -245,7 +252,7 @@ def make_head_optimizer(model: CrossEncoder, lr: float, weight_decay: float, hea
     """
     head = torch.nn.ModuleList([m for m in (model.bert.pooler, model.classifier) if m is not None])
     head_ids = {id(p) for p in head.parameters()}
-    body = [(n, p) for n, p in model.named_parameters() if id(p) not in head_ids]
+    body = [(n, p) for n, p in model.named_parameters() if id(p) not in head_ids and p.requires_grad]
     groups = []
     for scale, named in ((1.0, body), (head_scale, list(head.named_parameters()))):
         holder = torch.nn.Module()
@@ -255,6 +262,17 @@ def make_head_optimizer(model: CrossEncoder, lr: float, weight_decay: float, hea
             if g["params"]:
                 groups.append({**g, "lr": lr * scale, "lr_scale": scale})
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), eps=1e-6)
+
+
+def freeze_below_top(model: CrossEncoder, trainable: int) -> None:
+    """Freeze the embeddings and every encoder layer below the top `trainable` (the head stays trainable)."""
+    layers = model.bert.encoder.layer
+    if trainable > len(layers):
+        raise ValueError(f"trainable_layers={trainable}, but the model has {len(layers)} layers")
+    frozen = [model.bert.embeddings, *layers[: len(layers) - trainable]]
+    for module in frozen:
+        for p in module.parameters():
+            p.requires_grad_(False)
 
 
 # ---- the loop ----------------------------------------------------------------------------------------
@@ -279,6 +297,8 @@ def train_reranker(cfg: RerankerTrainConfig) -> RerankerTrainResult:
 
     run, rng, device, _ = start_run(cfg, cfg.out)
     model = load_reranker(cfg, device)  # first: a bad model directory fails before any data work
+    if cfg.trainable_layers is not None:
+        freeze_below_top(model, cfg.trainable_layers)
     data, labeled = load_reranker_data(cfg)
     train, dev = split_dev(data.examples, cfg.dev_fraction, cfg.seed, cfg.dev_size)
     corpus = data.corpus

@@ -221,8 +221,8 @@ def test_relative_reranker_path_resolves_against_the_index_directory(reranked, t
 
 
 @pytest.mark.parametrize("value, message", [
-    (5, "pipeline.reranker must be a directory path or null, got 5"),
-    (["ce"], "pipeline.reranker must be a directory path or null, got ['ce']"),
+    (5, 'pipeline.reranker must be a directory path, "default" or null, got 5'),
+    (["ce"], 'pipeline.reranker must be a directory path, "default" or null, got [\'ce\']'),
     ("no-such-ce", "the index's default reranker"),
 ])
 def test_bad_reranker_entry_in_the_manifest_is_a_clear_error(reranked, tmp_path, capsys, value, message):

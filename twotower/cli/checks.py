@@ -23,6 +23,11 @@ def model_directory(flag: str, path: str) -> str:
     return path
 
 
+def reranker_directory(flag: str, value: str) -> str:
+    """``value`` if it is "default" (the shipped reranker) or a model directory, else a CLIError naming ``flag``."""
+    return value if value == "default" else model_directory(flag, value)
+
+
 def require_bm25(index: str) -> None:
     """Refuse ``--hybrid`` on an index built without BM25, saying how to build one that has it."""
     from twotower.indexing import Manifest

@@ -16,7 +16,7 @@ import os
 import sys
 
 from twotower.cli import CLIError
-from twotower.cli.checks import model_directory
+from twotower.cli.checks import model_directory, reranker_directory
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -102,7 +102,7 @@ def run_build(args: argparse.Namespace) -> int:
     if args.model:
         model_directory("--model", args.model)
     if args.reranker:
-        model_directory("--reranker", args.reranker)
+        reranker_directory("--reranker", args.reranker)
     from twotower.indexing import IndexLockedError
     from twotower.retrieval.build import DiskFullError
     from twotower.retrieval.pipeline import SearchPipeline

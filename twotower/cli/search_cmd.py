@@ -16,7 +16,7 @@ import sys
 import textwrap
 
 from twotower.cli import CLIError
-from twotower.cli.checks import model_directory, require_bm25
+from twotower.cli.checks import require_bm25, reranker_directory
 
 QUERY_BATCH = 256
 
@@ -36,6 +36,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--hybrid", action="store_true", help="fuse dense and BM25 recall (index built with --bm25)")
     p.add_argument("--fusion", choices=["rrf", "minmax", "zscore"], default="rrf",
                    help="hybrid fusion: reciprocal rank (default, k=60) or normalised score sum")
+    p.add_argument("--rerank", action="store_true",
+                   help="rerank with the index's reranker, or with the reranker twotower ships (a delta over the "
+                        "default all-MiniLM-L6-v2, trained on SciFact claims) when the index has none; same as "
+                        "--reranker default then")
     p.add_argument("--no-rerank", action="store_true", help="first-stage results only")
     p.add_argument("--aggregate", choices=["max", "sum", "first"], default="max",
                    help="index built with --passages: a document scores its best passage (max, default), the sum "
@@ -119,6 +123,10 @@ def run_search(args: argparse.Namespace) -> int:
         if args.no_rerank:
             raise CLIError("--rerank-alpha weighs the reranker's scores, but --no-rerank turns reranking off; "
                            "give one of them")
+    if args.rerank and args.no_rerank:
+        raise CLIError("give --rerank or --no-rerank, not both")
+    if args.no_rerank and args.reranker:
+        raise CLIError("--reranker names a reranker, but --no-rerank turns reranking off; give one of them")
     flt = _filter_option(args.filter)
     if args.queries_file and args.queries:
         raise CLIError("give queries as arguments or with --queries FILE, not both")
@@ -134,7 +142,7 @@ def run_search(args: argparse.Namespace) -> int:
     if not os.path.isdir(args.index):
         raise FileNotFoundError(f"index directory not found: {args.index}")
     if args.reranker:
-        model_directory("--reranker", args.reranker)
+        reranker_directory("--reranker", args.reranker)
     if args.hybrid:
         require_bm25(args.index)
     from tqdm.auto import tqdm
@@ -145,9 +153,13 @@ def run_search(args: argparse.Namespace) -> int:
     pipe = SearchPipeline.load(args.index, args.model, reranker=args.reranker,
                                use_default_reranker=not args.no_rerank)
     with pipe:
+        if args.rerank and pipe.reranker is None:  # the index has no reranker of its own: the shipped one
+            from twotower.retrieval import default_reranker
+
+            pipe.reranker = default_reranker.load()
         if args.rerank_alpha is not None and pipe.reranker is None:
             raise CLIError(f"--rerank-alpha: the index {args.index} has no default reranker and no --reranker DIR "
-                           "was given, so there are no reranker scores to weigh; give --reranker DIR or drop "
+                           "was given, so there are no reranker scores to weigh; give --rerank, --reranker DIR or drop "
                            "--rerank-alpha")
         reranked = pipe.reranker is not None and not args.no_rerank
         skipped = reranked and pipe.rerank_alpha(args.rerank_alpha) == 0.0  # the pipeline skips the cross-encoder

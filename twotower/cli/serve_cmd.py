@@ -19,7 +19,7 @@ import os
 import sys
 
 from twotower.cli import CLIError
-from twotower.cli.checks import model_directory
+from twotower.cli.checks import model_directory, reranker_directory
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ def run_serve(args: argparse.Namespace) -> int:
         raise CLIError(f"--index {args.index}: not an index directory (no manifest.json); build one with "
                        "`twotower index build`")
     if args.reranker:
-        model_directory("--reranker", args.reranker)
+        reranker_directory("--reranker", args.reranker)
     if args.model:
         model_directory("--model", args.model)
     try:

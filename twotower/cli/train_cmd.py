@@ -111,6 +111,9 @@ def register(subparsers) -> None:
                    help="what a fresh relevance head reads: the [CLS] pooler (loads in transformers and "
                         "sentence-transformers) or the token mean (learns faster from mean-pooling sentence "
                         "encoders; only twotower scores it)")
+    p.add_argument("--trainable-layers", type=int, default=None, metavar="N",
+                   help="train only the top N encoder layers and the head (default: all); faster steps, and "
+                        "the result differs from its base in N layers only")
     p.set_defaults(func=run_reranker)
 
     p = sub.add_parser("mine", help="mine hard negatives from BM25 or a dense model into JSONL",
@@ -149,6 +152,11 @@ def register(subparsers) -> None:
                         "bundled sample; 'none' = self-supervised title/text pairs")
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--layers", type=int, default=None, help="keep only the first N encoder layers (default: all)")
+    p.add_argument("--trainable-layers", type=int, default=None, metavar="N",
+                   help="train only the top N encoder layers and the head (default: all)")
+    p.add_argument("--max-length", type=int, default=None, help="tokens per claim/abstract pair (default 192)")
+    p.add_argument("--head-pooling", choices=["cls", "mean"], default=None,
+                   help="what the relevance head reads: the [CLS] pooler (default) or the token mean")
     p.add_argument("--lr", type=float, default=None, help="learning rate (default 1e-4)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true")
@@ -205,7 +213,7 @@ def run_reranker(args) -> int:
         model=args.model, pairs=args.pairs, first_stage=args.first_stage, loss=args.loss,
         group_size=args.group_size, batch_size=args.batch_size, max_length=args.max_length, lr=args.lr or 3e-5,
         dev_rerank_k=args.dev_rerank_k, collapse_std=args.collapse_std, head_pooling=args.head_pooling,
-        **_settings(args, default_ranks=(1, 100)),
+        trainable_layers=args.trainable_layers, **_settings(args, default_ranks=(1, 100)),
     )
     res = train_reranker(cfg)
     print(json.dumps({"best": res.best_dir, "best_step": res.best_step, "best_dev_ndcg@10": round(res.best_score, 4),
@@ -271,7 +279,10 @@ def run_demo(args) -> int:
     _check_out(args.out)
     from twotower.retrieval.training.demo_reranker import train_demo_reranker
 
-    kw = {k: v for k, v in (("steps", args.steps), ("layers", args.layers), ("lr", args.lr)) if v is not None}
+    kw = {k: v for k, v in (("steps", args.steps), ("layers", args.layers), ("lr", args.lr),
+                            ("trainable_layers", args.trainable_layers), ("max_length", args.max_length),
+                            ("head_pooling", args.head_pooling))
+          if v is not None}
     claims = None if args.claims.lower() == "none" else args.claims
     path = train_demo_reranker(args.out, model=args.model, corpus=args.corpus, claims=claims, seed=args.seed,
                                progress=not args.no_progress, **kw)

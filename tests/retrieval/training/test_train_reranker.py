@@ -120,6 +120,23 @@ def test_mean_pooled_head_trains_and_is_kept(tmp_path):
     assert sum(len(g["params"]) for g in opt.param_groups) == len(list(again.parameters()))
 
 
+def test_trainable_layers_train_only_the_top_layers_and_the_head(tmp_path):
+    """trainable_layers=1: the embeddings and every layer below the top one end as they started."""
+    import torch
+    from safetensors.torch import load_file
+
+    start = tiny_model_dir(0.2)
+    res = train_reranker(_cfg(tmp_path, trainable_layers=1, max_steps=3, eval_every=3, eval_at_start=False))
+    before = load_file(os.path.join(start, "model.safetensors"))
+    after = {k.removeprefix("bert."): v for k, v in load_file(os.path.join(res.best_dir, "model.safetensors")).items()}
+    top = max(int(k.split(".")[2]) for k in after if k.startswith("encoder.layer."))
+    changed = {k for k, v in before.items() if k in after and not torch.equal(v, after[k])}
+    assert changed and all(k.startswith(f"encoder.layer.{top}.") or k.startswith("pooler.") for k in changed)
+    assert any(k.startswith(f"encoder.layer.{top}.") for k in changed)
+    with pytest.raises(ValueError, match="trainable_layers=9, but the model has"):
+        train_reranker(_cfg(tmp_path, trainable_layers=9, max_steps=1))
+
+
 def test_bad_config():
     with pytest.raises(ValueError, match="loss"):
         RerankerTrainConfig(model="m", pairs="p", out="o", loss="hinge")
