@@ -116,6 +116,7 @@ def pack(reranker_dir: str, base_dir: str, out_dir: str, about: dict[str, Any] |
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     save_file(tensors, os.path.join(tmp, DELTA), metadata={"format": str(FORMAT)})
+    os.chmod(os.path.join(tmp, DELTA), 0o644)  # package data: readable by every user of an install
     for name in (CONFIG_NAME, ALPHA_FILE):
         if os.path.isfile(os.path.join(reranker_dir, name)):
             shutil.copyfile(os.path.join(reranker_dir, name), os.path.join(tmp, name))

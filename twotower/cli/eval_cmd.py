@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 from twotower.cli import CLIError
-from twotower.cli.checks import model_directory, require_bm25
+from twotower.cli.checks import require_bm25, reranker_directory
 
 DEFAULT_METRICS = "ndcg@10,mrr@10,recall@100,map"
 REPORT_METRICS = (
@@ -50,7 +50,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     searched.add_argument("--index", help="index directory built by `twotower index build`")
     searched.add_argument("--dataset", help="BEIR directory (corpus.jsonl, queries.jsonl, qrels/)")
     searched.add_argument("--split", default="test", help="qrels split to evaluate (default: test)")
-    searched.add_argument("--reranker", help="cross-encoder directory: adds a reranked system")
+    searched.add_argument("--reranker", help='cross-encoder directory, or "default" (the reranker twotower ships): '
+                                             'adds a reranked system')
     searched.add_argument("--hybrid", action="store_true", help="add a hybrid (dense + BM25) system")
     searched.add_argument("-k", "--k", type=int, default=100, help="documents kept per query (default 100)")
     searched.add_argument(
@@ -142,7 +143,7 @@ def _search_and_report(args: argparse.Namespace) -> int:
     if not Path(args.index).exists():
         raise FileNotFoundError(f"{args.index}: no such index directory")
     if args.reranker:
-        model_directory("--reranker", args.reranker)
+        reranker_directory("--reranker", args.reranker)
     if args.hybrid:
         require_bm25(args.index)
     from twotower.retrieval.pipeline import SearchPipeline

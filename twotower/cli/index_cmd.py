@@ -32,7 +32,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                      "with --backend milvus the Milvus index type FLAT (default), IVF_FLAT or HNSW")
     b.add_argument("--metric", choices=["cosine", "ip", "l2"], help="default: cosine for normalised models, else ip")
     b.add_argument("--bm25", action="store_true", help="also build a BM25 index (needed for --hybrid search)")
-    b.add_argument("--reranker", help="cross-encoder directory recorded as the index's default reranker")
+    b.add_argument("--reranker", help='cross-encoder directory, or "default" (the reranker twotower ships), '
+                                      "recorded as the index's default reranker")
     b.add_argument("--on-duplicate", choices=["error", "skip", "replace"], default="error",
                    help="repeated _id: stop with an error (default), keep the first, or keep the last")
     b.add_argument("--batch-size", type=int, default=64, help="texts per forward pass (default 64)")

@@ -27,7 +27,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("queries", nargs="*", metavar="QUERY", help="query text(s)")
     p.add_argument("--index", required=True, help="index directory built by `twotower index build`")
     p.add_argument("--model", help="query encoder directory if the index's model moved (must be the same model)")
-    p.add_argument("--reranker", help="cross-encoder directory (default: the index's reranker, if any)")
+    p.add_argument("--reranker", help='cross-encoder directory, or "default" for the reranker twotower ships '
+                                           "(default: the index's reranker, if any)")
     p.add_argument("-k", "--k", type=int, default=10, help="hits per query (default 10)")
     p.add_argument("--recall-k", type=int, default=100, help="first-stage candidates (default 100)")
     p.add_argument("--rerank-k", type=int, default=None, metavar="N",

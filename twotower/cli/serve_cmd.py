@@ -28,7 +28,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("serve", help="serve an index over HTTP (JSON API + search page)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--index", required=True, help="index directory built by `twotower index build`")
-    p.add_argument("--reranker", help="cross-encoder directory (default: the index's reranker, if any)")
+    p.add_argument("--reranker", help='cross-encoder directory, or "default" for the reranker twotower ships '
+                                           "(default: the index's reranker, if any)")
     p.add_argument("--no-reranker", action="store_true", help="load no reranker, not even the index's default")
     p.add_argument("--model", help="query encoder directory if the index's model moved (must be the same model)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
