@@ -48,5 +48,5 @@ with SearchPipeline.load(args.index, reranker=args.reranker) as pipe:
         print(name, out[name], flush=True)
         if args.runs:
             os.makedirs(args.runs, exist_ok=True)
-            tag = name.split("(")[0].replace("+", "_")
+            tag = name.split("(")[0].replace("+", "_") + ("_alpha1" if "alpha 1)" in name else "")
             write_trec_run(run, os.path.join(args.runs, f"test_{tag}.trec"), tag=tag)

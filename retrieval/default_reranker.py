@@ -15,8 +15,8 @@ both, rather than rank with a model nobody trained.
 
 ``"default"`` is the name the rest of the library uses for it: ``--reranker default``,
 ``SearchPipeline.load(..., reranker="default")``, ``twotower search --rerank`` on an index
-that has no reranker of its own.  ``docs/reranker.md`` says how it was trained (the command,
-the data, its licence) and what it scores.
+that has no reranker of its own.  docs/training.md ("The reranker twotower ships") says how it
+was trained (the command, the data, its licence) and what it scores.
 
 Example:
     >>> ce = load()                                     # doctest: +SKIP

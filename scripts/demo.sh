@@ -2,7 +2,7 @@
 # `make demo`: index the bundled SciFact sample (2,000 abstracts, CC BY 4.0 / ODC-By, see
 # retrieval/data/README.md) with all-MiniLM-L6-v2 and show five *test* claims' recall results at
 # once; then answer the same claims with recall-then-rerank, using the reranker twotower ships
-# (trained by the library on SciFact *train* claims: docs/reranker.md), and say per claim whether
+# (trained by the library on SciFact *train* claims: docs/training.md), and say per claim whether
 # reranking helped.
 #
 # The index is cached in .cache/demo-index (DEMO_INDEX=...; an interrupted build resumes from its
@@ -61,9 +61,8 @@ from twotower.retrieval.default_reranker import DIRECTORY, read_manifest
 m = read_manifest()
 d = m["dev"]
 size = sum(os.path.getsize(os.path.join(DIRECTORY, f)) for f in os.listdir(DIRECTORY))
-print("== the reranker twotower ships: all-MiniLM-L6-v2 with its top %d layers fine-tuned on 809 SciFact train"
-      % m["recipe"]["trainable_layers"])
-print("   claims (a %.1f MB delta over the model; docs/reranker.md). Held-out train claims, BM25 top 20:"
+print("== the reranker twotower ships: all-MiniLM-L6-v2 fine-tuned (embeddings frozen) on 809 SciFact train")
+print("   claims, a %.1f MB delta over the model (docs/training.md). Held-out train claims, BM25 top 20:"
       % (size / 1e6))
 print("   nDCG@10 %.3f reranked alone vs %.3f BM25; final score = %.1f x reranker + %.1f x first stage" % (
     d["reranker_ndcg@10"], d["bm25_ndcg@10"], d["interpolation_alpha"], 1 - d["interpolation_alpha"]))

@@ -59,9 +59,15 @@ def test_wheel_has_one_top_level_package_with_every_module_and_data_file(wheel):
                 for folder in FOLDERS for p in (REPO / folder).rglob("*.py") if "__pycache__" not in p.parts}
     assert expected - set(names) == set(), "modules missing from the wheel (a package not listed in pyproject?)"
     assert {n for n in names if n.endswith(".py")} == expected
-    data = {f"twotower/retrieval/data/{p.name}" for p in (REPO / "retrieval" / "data").iterdir() if p.is_file()}
+    data = {f"twotower/retrieval/data/{name}" for name in _data_files()}
     assert data and data <= set(names)
     assert "[console_scripts]\ntwotower = twotower.cli:main" in entry_points
+
+
+def _data_files() -> list[str]:
+    """The package data of twotower.retrieval, as paths relative to retrieval/data/ (subfolders too)."""
+    root = REPO / "retrieval" / "data"
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
 
 
 def test_installed_wheel_imports_as_twotower_only(wheel, tmp_path):
@@ -80,9 +86,10 @@ def test_installed_wheel_imports_as_twotower_only(wheel, tmp_path):
         "    except ModuleNotFoundError:\n"
         "        missing.append(name)\n"
         "data = os.path.join(os.path.dirname(sys.modules['twotower.retrieval'].__file__), 'data')\n"
+        "files = sorted(os.path.relpath(os.path.join(d, f), data) for d, _, fs in os.walk(data) for f in fs)\n"
         "print(json.dumps({'twotower': twotower.__file__, 'pipeline': sys.modules[pipeline.__module__].__file__,\n"
         "                  'cli': sys.modules[main.__module__].__file__, 'missing': missing,\n"
-        "                  'data': sorted(os.listdir(data)), 'version': twotower.__version__}))\n"
+        "                  'data': files, 'version': twotower.__version__}))\n"
     )
     env = {**os.environ, "PYTHONPATH": str(site), "PYTHONSAFEPATH": "1"}
     out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, check=True, capture_output=True,
@@ -91,7 +98,7 @@ def test_installed_wheel_imports_as_twotower_only(wheel, tmp_path):
     for key in ("twotower", "pipeline", "cli"):  # served by the wheel, not by the editable install's finder
         assert Path(got[key]).is_relative_to(site), (key, got[key])
     assert got["missing"] == list(TOP_LEVEL_NAMES)
-    assert got["data"] == sorted(p.name for p in (REPO / "retrieval" / "data").iterdir() if p.is_file())
+    assert got["data"] == _data_files()  # the shipped reranker's files included
     version = subprocess.run([sys.executable, "-m", "twotower", "--version"], cwd=tmp_path, env=env, check=True,
                              capture_output=True, text=True)
     assert version.stdout.strip() == f"twotower {got['version']}"
