@@ -498,6 +498,7 @@ class SearchPipeline:
         retrieval_weight: float = 0.0,
         classifier: Any = None,
         batch_size: int = 16,
+        filter: Filter | str | None = None,
     ) -> AnswerResult | list[AnswerResult]:
         """Retrieve, rerank, then read answer spans from the top `k` passages (retrieve-then-read).
 
@@ -511,6 +512,7 @@ class SearchPipeline:
                 (BERTserini); 0 ranks by the reader alone. Choose it on dev for the index and
                 reader at hand (`twotower.retrieval.reader`).
             classifier: optional classification model; labels the k hits (`search`).
+            filter: read only documents whose metadata matches (`search`).
         Returns:
             One `AnswerResult` (question, answers with passage id and character offsets, hits),
             or a list of them for a list of questions.
@@ -519,7 +521,7 @@ class SearchPipeline:
         questions = check_queries([question] if single else list(question))
         qa = self._task_model(reader, "qa", "reader")
         hits = self.search(questions, k=k, recall_k=max(recall_k, k), rerank=rerank, hybrid=hybrid,
-                           classifier=classifier)
+                           classifier=classifier, filter=filter)
         results = [AnswerResult(q, read_answers(qa, q, h, max_answers=max_answers, batch_size=batch_size,
                                                 retrieval_weight=retrieval_weight), h)
                    for q, h in zip(questions, hits)]
@@ -547,17 +549,23 @@ class SearchPipeline:
             h.label, h.label_score = lab["label"], lab["score"]
 
     def search_vectors(
-        self, query_vectors: np.ndarray, k: int = 10, fetch_documents: bool = True
+        self, query_vectors: np.ndarray, k: int = 10, fetch_documents: bool = True,
+        filter: Filter | str | None = None,
     ) -> list[list[Hit]]:
-        """Dense-only search with query vectors encoded elsewhere: (Q, D) -> Q lists of k Hits."""
+        """Dense-only search with query vectors encoded elsewhere: (Q, D) -> Q lists of k Hits.
+
+        filter: only documents whose metadata matches (`search`); k hits whenever k match.
+        """
         if not isinstance(k, int) or k < 1:
             raise ValueError(f"k must be a positive int, got {k!r}")
+        flt = as_filter(filter)
+        vectors = np.asarray(query_vectors)
         with self._one_commit() as view:
             if self.passages is not None:  # rows are passages: aggregate to documents (MaxP)
-                cands = document_candidates(lambda n: dense_candidates(view.search(np.asarray(query_vectors), n)),
-                                            k, len(view))
+                rows = len(view) if flt is None else len(view.allowed_ids(flt))
+                cands = document_candidates(lambda n: dense_candidates(view.search(vectors, n, filter=flt)), k, rows)
                 return self._hits(cands, k, None, fetch_documents)
-            res = view.search(np.asarray(query_vectors), k)
+            res = view.search(vectors, k, filter=flt)
             if fetch_documents:
                 return self._hits(dense_candidates(res), k, None, True)
         # The lean path (ids and scores only): Hits straight from the result arrays, no Candidates between.

@@ -82,3 +82,15 @@ def test_filter_errors(pipe):
     with pytest.raises(FilterError, match="filter: unexpected end of filter|expected a value"):
         pipe.search("tea", filter="year >=")
     assert pipe.search("tea", k=3, rerank=False, filter='lang == "xx"') == []
+
+
+def test_search_vectors_takes_the_same_filter(pipe, docs):
+    text = 'lang == "de" and year < 2006'
+    allowed = matching(docs, text)
+    qvec = pipe.encoder.encode_queries(["green tea leaf drink"])  # (1, D)
+    full = [h.id for h in pipe.search_vectors(qvec, k=N_DOCS)[0]]
+    for fetch in (True, False):
+        (hits,) = pipe.search_vectors(qvec, k=5, filter=text, fetch_documents=fetch)
+        assert [h.id for h in hits] == [i for i in full if i in allowed][:5]
+    with pytest.raises(FilterError):
+        pipe.search_vectors(qvec, k=5, filter="lang ==")

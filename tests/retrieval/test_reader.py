@@ -173,3 +173,27 @@ def test_answer_cli_end_to_end(reader, tiny_dir, index_dir, tmp_path, capsys):
     reader.info.null_threshold = None
     assert main(["answer", "--index", str(index_dir), "--reader", str(tmp_path / "clf"), "who"]) == 2
     assert "needs a QA model" in capsys.readouterr().err
+
+
+def test_answer_reads_only_documents_the_filter_allows(reader, tmp_path, capsys):
+    from tests.retrieval.pipeline_fixtures import tiny_model_dir, write_corpus
+    from twotower.cli import main
+    from twotower.retrieval.pipeline import SearchPipeline
+
+    kinds = {p["id"]: ("a" if i % 2 else "b") for i, p in enumerate(PASSAGES)}
+    allowed = {i for i, k in kinds.items() if k == "a"}
+    corpus = write_corpus(str(tmp_path / "c.jsonl"), [{"_id": p["id"], "title": p.get("title", ""), "text": p["text"],
+                                                       "kind": kinds[p["id"]]} for p in PASSAGES])
+    SearchPipeline.build(corpus, tmp_path / "idx", tiny_model_dir(), progress=False, bf16=False).close()
+    reader.info.null_threshold = None
+    reader.save(str(tmp_path / "reader"))
+    q = "when was the tower built"
+    with SearchPipeline.load(tmp_path / "idx") as pipe:
+        r = pipe.answer(q, reader, k=len(PASSAGES), filter='kind == "a"')
+        assert {h.id for h in r.hits} == allowed and {a.passage_id for a in r.answers} <= allowed
+    rc = main(["answer", "--index", str(tmp_path / "idx"), "--reader", str(tmp_path / "reader"), "--json",
+               "--filter", 'kind == "a"', q])
+    assert rc == 0 and {h["id"] for h in json.loads(capsys.readouterr().out)[0]["hits"]} <= allowed
+    rc = main(["answer", "--index", str(tmp_path / "idx"), "--reader", str(tmp_path / "reader"),
+               "--filter", 'knid == "a"', q])
+    assert rc == 2 and "--filter" in capsys.readouterr().err

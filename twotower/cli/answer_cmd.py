@@ -13,7 +13,7 @@ import json
 import sys
 
 from twotower.cli import CLIError
-from twotower.cli.checks import model_directory, require_bm25, reranker_directory
+from twotower.cli.checks import error_prefix, filter_option, model_directory, require_bm25, reranker_directory
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -26,6 +26,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                            "(default: the index's reranker, if any)")
     p.add_argument("--no-rerank", action="store_true")
     p.add_argument("--hybrid", action="store_true", help="fuse dense and BM25 recall")
+    p.add_argument("--filter", metavar="EXPR",
+                   help="read only documents whose metadata matches, e.g. 'lang == \"en\"' (as in `twotower search`)")
     p.add_argument("-k", "--passages", type=int, default=5, help="passages read per question (default 5)")
     p.add_argument("--recall-k", type=int, default=100, help="first-stage candidates (default 100)")
     p.add_argument("--answers", type=int, default=3, help="answers shown per question (default 3)")
@@ -49,9 +51,11 @@ def run_answer(args: argparse.Namespace) -> int:
             model_directory(flag, path)
     if args.reranker:
         reranker_directory("--reranker", args.reranker)
+    flt = filter_option(args.filter, "answer")
     if args.hybrid:
         require_bm25(args.index)
     from twotower.encoder.finetuning.task_model import TaskModel
+    from twotower.indexing.filters import FilterError
     from twotower.retrieval.pipeline import SearchPipeline
 
     reader = TaskModel.from_pretrained(args.reader, device=args.device)
@@ -62,9 +66,12 @@ def run_answer(args: argparse.Namespace) -> int:
         raise CLIError(f"{args.classifier} holds a {classifier.info.head!r} head; --classifier needs 'classify'")
     with SearchPipeline.load(args.index, reranker=args.reranker, use_default_reranker=not args.no_rerank,
                              device=args.device) as pipe:
-        results = pipe.answer(args.questions, reader, k=args.passages, recall_k=args.recall_k,
-                              rerank=not args.no_rerank, hybrid=args.hybrid, max_answers=args.answers,
-                              retrieval_weight=args.retrieval_weight, classifier=classifier)
+        try:
+            results = pipe.answer(args.questions, reader, k=args.passages, recall_k=args.recall_k,
+                                  rerank=not args.no_rerank, hybrid=args.hybrid, max_answers=args.answers,
+                                  retrieval_weight=args.retrieval_weight, classifier=classifier, filter=flt)
+        except FilterError as e:  # a field no document of the index has
+            raise CLIError(str(e.renamed("--filter", indent=len(error_prefix("answer"))))) from None
     if args.json:
         out = [{"question": r.question, "answers": [a.to_dict() for a in r.answers],
                 "hits": [{"id": h.id, "rank": h.rank, "score": h.score,

@@ -36,3 +36,23 @@ def require_bm25(index: str) -> None:
     if Manifest.read(os.path.join(index, MANIFEST_NAME)).bm25 is None:
         raise CLIError(f"--hybrid: the index {index} was built without BM25; rebuild it with "
                        "`twotower index build --bm25 --corpus CORPUS --out DIR`, or search without --hybrid")
+
+
+def filter_option(text: str | None, command: str):
+    """``--filter`` parsed before anything is loaded; a syntax error names the option and the column.
+
+    command: the subcommand ("search", "answer"), so the caret lines up under the error prefix.
+    """
+    if text is None:
+        return None
+    from twotower.indexing.filters import FilterError, parse_filter
+
+    try:
+        return parse_filter(text)
+    except FilterError as e:
+        raise CLIError(str(e.renamed("--filter", indent=len(error_prefix(command))))) from None
+
+
+def error_prefix(command: str) -> str:
+    """How twotower.cli.main prints a CLIError of `command` (``twotower search: error: ``)."""
+    return f"twotower {command}: error: "

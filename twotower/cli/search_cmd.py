@@ -16,7 +16,7 @@ import sys
 import textwrap
 
 from twotower.cli import CLIError
-from twotower.cli.checks import require_bm25, reranker_directory
+from twotower.cli.checks import error_prefix, filter_option, require_bm25, reranker_directory
 
 QUERY_BATCH = 256
 
@@ -61,19 +61,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_search)
 
 
-ERROR_PREFIX = "twotower search: error: "  # how twotower.cli.main prints a CLIError (the caret lines up under it)
-
-
-def _filter_option(text: str | None):
-    """``--filter`` parsed before anything is loaded; a syntax error names the option and the column."""
-    if text is None:
-        return None
-    from twotower.indexing.filters import FilterError, parse_filter
-
-    try:
-        return parse_filter(text)
-    except FilterError as e:
-        raise CLIError(str(e.renamed("--filter", indent=len(ERROR_PREFIX)))) from None
+ERROR_PREFIX = error_prefix("search")  # how twotower.cli.main prints a CLIError (the caret lines up under it)
 
 
 def read_queries(path: str) -> list[tuple[str, str]]:
@@ -128,7 +116,7 @@ def run_search(args: argparse.Namespace) -> int:
         raise CLIError("give --rerank or --no-rerank, not both")
     if args.no_rerank and args.reranker:
         raise CLIError("--reranker names a reranker, but --no-rerank turns reranking off; give one of them")
-    flt = _filter_option(args.filter)
+    flt = filter_option(args.filter, "search")
     if args.queries_file and args.queries:
         raise CLIError("give queries as arguments or with --queries FILE, not both")
     if args.queries_file:
