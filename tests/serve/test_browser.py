@@ -37,15 +37,23 @@ def _need_browser() -> None:
     assert not missing, f"CI must have {missing}: .ci/run installs chromium and chromium-driver"
 
 
+def page_index_docs() -> list[dict]:
+    """The 120 bundled abstracts the page's index holds, each with a ``half`` field (0 or 1) to filter on."""
+    with gzip.open(BUNDLED_CORPUS, "rt", encoding="utf-8") as f:
+        return [{**json.loads(line), "half": i % 2} for i, line in enumerate(itertools.islice(f, 120))]
+
+
+def _ids_with_half(docs: list[dict], half: int) -> list[str]:
+    return [d["_id"] for d in docs if d["half"] == half]
+
+
 @pytest.fixture(scope="module")
 def page_index(tmp_path_factory, encoder) -> str:
     """120 real SciFact abstracts (the bundled sample) under the tiny model, with BM25."""
     from twotower.retrieval import SearchPipeline
 
     root = tmp_path_factory.mktemp("page")
-    with gzip.open(BUNDLED_CORPUS, "rt", encoding="utf-8") as f:
-        docs = [json.loads(line) for line in itertools.islice(f, 120)]
-    corpus = write_corpus(str(root / "corpus.jsonl"), docs)
+    corpus = write_corpus(str(root / "corpus.jsonl"), page_index_docs())
     SearchPipeline.build(corpus, str(root / "idx"), encoder, metric="cosine", bm25=True, progress=False).close()
     return str(root / "idx")
 
@@ -96,6 +104,7 @@ def _browser(tmp_path):
 
 def test_the_page_searches_and_shows_the_ranks(server, tmp_path):
     _need_browser()
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support import expected_conditions as ec
@@ -132,6 +141,26 @@ def test_the_page_searches_and_shows_the_ranks(server, tmp_path):
         assert "<mark>" in driver.find_element(By.ID, "results").get_attribute("innerHTML")  # words of the query
         summary = driver.find_element(By.ID, "summary").text
         assert "10 hits" in summary and "hybrid" in summary and "reranked" in summary
+        # A metadata filter from the box: only the odd documents come back; a field no document has is a 400.
+        odd = set(_ids_with_half(page_index_docs(), 1))
+        driver.find_element(By.ID, "filter").send_keys("half == 1")
+        driver.find_element(By.ID, "go").click()
+        def only_odd(d) -> bool:  # the list re-renders when the answer comes: an element can go stale mid-read
+            try:
+                shown = [h.get_attribute("data-id") for h in d.find_elements(By.CSS_SELECTOR, "#results .hit")]
+            except StaleElementReferenceException:
+                return False
+            return len(shown) == 10 and set(shown) <= odd
+
+        wait.until(only_odd)
+        driver.find_element(By.ID, "filter").clear()
+        driver.find_element(By.ID, "filter").send_keys("hlaf == 1")
+        driver.find_element(By.ID, "go").click()
+        wait.until(lambda d: d.find_element(By.ID, "error").is_displayed())
+        assert "400" in driver.find_element(By.ID, "error").text and "hlaf" in driver.find_element(By.ID, "error").text
+        driver.find_element(By.ID, "filter").clear()
+        box.send_keys(Keys.ENTER)
+        wait.until(lambda d: not d.find_element(By.ID, "error").is_displayed())
         shot = tmp_path / "serve-page.png"
         driver.save_screenshot(str(shot))
         assert shot.stat().st_size > 10_000
@@ -143,7 +172,8 @@ def test_the_page_searches_and_shows_the_ranks(server, tmp_path):
         box.send_keys(Keys.ENTER)
         wait.until(lambda d: d.find_element(By.ID, "error").is_displayed())
         assert "type a query" in driver.find_element(By.ID, "error").text
-        severe = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+        severe = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"
+                  and not ("hlaf" in e["message"] and "status of 400" in e["message"])]  # the bad filter, on purpose
         assert not severe, severe
     finally:
         driver.quit()

@@ -93,6 +93,7 @@ async function search(event) {
   if (!q.trim()) { showError({ message: "type a query first" }); return; }
   const params = new URLSearchParams({ q, k: $("k").value, recall_k: $("recall_k").value,
                                        hybrid: $("hybrid").checked, rerank: $("rerank").checked });
+  if ($("filter").value.trim()) params.set("filter", $("filter").value);
   if (Number($("recall_k").value) < Number($("k").value)) params.set("recall_k", $("k").value);
   if ($("rerank").checked) params.set("rerank_k", Math.min(Number($("rerank_k").value), Number(params.get("recall_k"))));
   $("go").disabled = true;
