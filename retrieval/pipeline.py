@@ -66,7 +66,6 @@ from twotower.retrieval.passages import (
     DocumentIdView,
     PassageSettings,
     PassageSplitter,
-    contains_documents,
     document_candidates,
     document_counts,
     expand_ids,
@@ -101,7 +100,8 @@ def reranker_source(reranker: Any) -> str | None:
 
     if not isinstance(reranker, (str, os.PathLike)):
         return None  # no reranker, or an object: nothing a later load could find again
-    return reranker if reranker == default_reranker.NAME else os.path.realpath(os.fspath(reranker))
+    path = os.fspath(reranker)
+    return path if path == default_reranker.NAME else os.path.realpath(path)
 
 
 def _load_reranker(reranker: Any, bf16: bool | str, device: str | None):
@@ -322,9 +322,7 @@ class SearchPipeline:
             chunks: Iterable[list] = iter_chunks(path, 4096, plan.skip_lines)
         else:
             rows = [parse_document(d, f"docs[{i}]") for i, d in enumerate(docs)]
-            ids = list(dict.fromkeys(r["id"] for r in rows))
-            present = {i for i, p in zip(ids, contains_documents(self.store.docstore, ids)) if p}
-            rows = resolve_duplicates(rows, on_duplicate, present)
+            rows = resolve_duplicates(rows, on_duplicate, existing)
             chunks = [rows[s:s + 4096] for s in range(0, len(rows), 4096)]
         added = 0
         splitter = self.splitter

@@ -70,7 +70,29 @@ def main() -> None:
     out = args.out or default_reranker.DIRECTORY
     manifest = default_reranker.pack(best, default_reranker.base_model_dir(), out, about=about)
     size = sum(os.path.getsize(os.path.join(out, f)) for f in os.listdir(out))
-    print(json.dumps({"out": out, "bytes": size, "changed_tensors": manifest["changed_tensors"], **about["dev"]}))
+    print(json.dumps({"out": out, "bytes": size, "changed_tensors": manifest["changed_tensors"],
+                      "max_logit_diff_to_trained": roundtrip_error(best, out), **about["dev"]}))
+
+
+def roundtrip_error(trained_dir: str, packed_dir: str, pairs: int = 200) -> float:
+    """Largest |logit| difference between the trained checkpoint and the packed delta, in fp32, on the
+    bundled example claims paired with the first abstracts of the bundled sample."""
+    import gzip
+
+    import numpy as np
+
+    from twotower.retrieval import default_reranker
+    from twotower.retrieval.cross_encoder import CrossEncoder
+    from twotower.retrieval.training.demo_reranker import BUNDLED_CORPUS, DATA
+
+    with open(os.path.join(DATA, "example_queries.jsonl"), encoding="utf-8") as f:
+        claims = [json.loads(line)["text"] for line in f]
+    with gzip.open(BUNDLED_CORPUS, "rt", encoding="utf-8") as f:
+        docs = [json.loads(line)["text"] for _, line in zip(range(pairs // len(claims)), f)]
+    batch = [(c, d) for c in claims for d in docs]
+    want = CrossEncoder.from_pretrained(trained_dir, device="cpu", bf16=False).predict(batch)
+    got = default_reranker.load(device="cpu", bf16=False, directory=packed_dir).predict(batch)
+    return float(np.abs(got - want).max())
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ Attention masks (docs/architecture.md, "Attention mask"):
   block-diagonal mask built from ``document_ids`` (a [SEP] between them is not
   isolation), and their position ids restart per sample.
 
-Padding in inference: a no-grad forward of a padded batch runs the position-wise work
+Padding in inference: an eval-mode, no-grad forward of a padded batch runs the position-wise work
 (Q/K/V, output projection, FFN, LayerNorms: nearly all the FLOPs) on the real tokens only,
 packed into one (N, H) matrix (`Unpadding`); only attention sees the padded (B, T) layout.
 Row-wise ops give the same numbers either way; a batch of short queries of mixed length
@@ -86,9 +86,9 @@ def build_attention_mask(
     return same[:, None, :, :]
 
 
-# Pack when more than this fraction of a batch's (B, T) positions is padding.  0: any padding.  Packing
-# was never slower at 2-26 % padding (all-MiniLM-L6-v2, one thread, fp32 and bf16 weights, batches of
-# 16 x 256 and 64 x 32 tokens: 0.99-1.32x); with none there is nothing to skip and the gathers cost ~7 %.
+# Pack when more than this fraction of a batch's (B, T) positions is padding.  0: any padding (with none
+# there is nothing to skip).  `benchmarks/embed_speed.py --ours fp32,fp32-padded` sets it to infinity for
+# the padded baseline: SciFact claims in batches of 32 gave 1.23x fp32 and 1.20x bf16 on CPU-A (results.md).
 UNPAD_MIN_PADDING = 0.0
 
 

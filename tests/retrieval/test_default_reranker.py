@@ -68,7 +68,7 @@ def test_a_delta_over_other_base_weights_is_refused_naming_both(tmp_path):
         default_reranker.load(device="cpu", bf16=False, directory=out, base_dir=other)
 
 
-def test_pack_refuses_a_reranker_of_another_shape(tmp_path):
+def test_a_tensor_the_base_lacks_is_stored_whole_and_another_shape_is_refused(tmp_path):
     from twotower.retrieval.training.demo_reranker import truncated_encoder
 
     smaller = truncated_encoder(tiny_model_dir(0.2), 2, str(tmp_path / "two-layers"))
@@ -78,6 +78,13 @@ def test_pack_refuses_a_reranker_of_another_shape(tmp_path):
     manifest = default_reranker.pack(str(tmp_path / "rr"), smaller, str(tmp_path / "out"))
     assert manifest["changed_tensors"] == 0
     assert "bert.encoder.layer.2.attention.self.query.weight" in load_file(str(tmp_path / "out" / "delta.safetensors"))
+    # A base whose tensor has another shape: the reranker was not trained from it.
+    weights = load_file(os.path.join(smaller, "model.safetensors"))
+    name = next(k for k in weights if k.endswith("layer.0.attention.self.query.weight"))
+    weights[name] = torch.zeros(weights[name].shape[0] + 1, weights[name].shape[1])
+    save_file(weights, os.path.join(smaller, "model.safetensors"))
+    with pytest.raises(ValueError, match=r"query.weight is .* the base's .* was not trained from"):
+        default_reranker.pack(str(tmp_path / "rr"), smaller, str(tmp_path / "out2"))
 
 
 def test_a_matrix_delta_rounds_within_half_a_step_of_its_row_scale():

@@ -159,6 +159,8 @@ def test_default_threads_leave_a_core_to_the_event_loop_only_with_bf16(monkeypat
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
     assert default_threads(bf16=False) == 4
     assert default_threads(bf16=True) == 3
+    monkeypatch.setenv("TWOTOWER_BF16", "0")  # no bf16 whatever the CPU: fp32, so every core
+    assert default_threads() == 4
     monkeypatch.setenv("TWOTOWER_BF16", "0")  # "auto" resolves to fp32
     assert default_threads() == 4
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)

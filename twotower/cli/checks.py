@@ -25,7 +25,9 @@ def model_directory(flag: str, path: str) -> str:
 
 def reranker_directory(flag: str, value: str) -> str:
     """``value`` if it is "default" (the shipped reranker) or a model directory, else a CLIError naming ``flag``."""
-    return value if value == "default" else model_directory(flag, value)
+    from twotower.retrieval.default_reranker import NAME as SHIPPED
+
+    return value if value == SHIPPED else model_directory(flag, value)
 
 
 def require_bm25(index: str) -> None:

@@ -47,9 +47,9 @@ def default_threads(bf16: bool | None = None) -> int:
     bf16: whether the models run in bf16 (None: what "auto" picks on this CPU, `TWOTOWER_BF16` included).
 
     Measured on 2 cores (docs/results.md, "HTTP service"): the event loop needs only ~0.6 ms of
-    CPU per query, and in fp32 torch on both cores gave 39-60 % more dense queries/s at 32 clients
-    than one (AMD EPYC with AVX-512: 132 vs 95; Xeon with AMX: 163-173 vs 106-109) with p99
-    within 2x p50 at 8 clients.  With AMX bf16, two threads stalled the owner for 0.5-1 s now and
+    CPU per query, and in fp32 torch on both cores gave 50-60 % more dense queries/s at 32 clients
+    than one (AMD EPYC with AVX512-BF16, CPU-A: 149.9 vs 99.7; Xeon with AMX, CPU-C: 163-173 vs
+    106-109) with p99 within 2.2x p50 at 8 clients.  With AMX bf16, two threads stalled the owner for 0.5-1 s now and
     then (p99 17-20x p50 at 8 clients in 2 of 3 runs) and were no faster, so bf16 keeps one core
     for the event loop; ``--threads`` overrides either choice.
     """

@@ -264,7 +264,7 @@ def test_query_positions_equal_the_full_last_layer_at_those_positions(kw, grad):
 @pytest.mark.parametrize("kw", [{}, {"norm_first": True}, {"ffn_type": "geglu", "use_bias": False}])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_unpadded_inference_equals_the_padded_forward(kw, dtype, monkeypatch):
-    """A no-grad forward of a padded batch runs its layers on the packed real tokens; the states at real
+    """An eval-mode, no-grad forward of a padded batch runs its layers on the packed real tokens; the states at real
     positions are those of the padded computation (the grad-enabled forward, which never packs)."""
     torch.manual_seed(11)
     model = BertModel(_config(**kw)).eval().to(dtype)
@@ -280,6 +280,10 @@ def test_unpadded_inference_equals_the_padded_forward(kw, dtype, monkeypatch):
     with torch.enable_grad():
         slow, slow_pooled = model(ids, mask, types)
     assert len(packed_calls) == n_calls, "a grad-enabled forward must keep the padded layout"
+    with torch.no_grad():  # train mode (GradCache's no-grad first pass): padded, so dropout replays with grad
+        model.train()(ids, mask, types)
+    model.eval()
+    assert len(packed_calls) == n_calls, "a training forward must keep the padded layout, even without grad"
     real = mask.bool()
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(fast[real], slow[real].detach(), atol=tol, rtol=tol)
