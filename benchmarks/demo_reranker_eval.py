@@ -38,10 +38,11 @@ qids = sorted(qrels)
 texts = [qs[q] for q in qids]
 out = {}
 with SearchPipeline.load(args.index, reranker=args.reranker) as pipe:
-    stored = pipe.reranker.interpolation  # the dev-chosen weight the demo applies by default
+    stored = pipe.rerank_alpha()  # the dev-chosen weights the pipeline applies by default
+    stored_hybrid = pipe.rerank_alpha(hybrid=True)
     for name, kw in (("dense", dict(rerank=False)), ("hybrid", dict(rerank=False, hybrid=True)),
                      (f"dense+rerank(alpha {stored}, stored)", dict()), ("dense+rerank(alpha 1)", dict(rerank_alpha=1.0)),
-                     (f"hybrid+rerank(alpha {stored}, stored)", dict(hybrid=True))):
+                     (f"hybrid+rerank(alpha {stored_hybrid}, stored)", dict(hybrid=True))):
         hits = pipe.search(texts, k=10, recall_k=100, fetch_documents=False, **kw)
         run = {q: {h.id: h.score for h in row} for q, row in zip(qids, hits)}
         out[name] = evaluate(run, qrels, ["ndcg@10", "recall@10"]).means

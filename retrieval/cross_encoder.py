@@ -61,7 +61,7 @@ from twotower.encoder.core.config import EncoderConfig
 from twotower.encoder.core.heads import BertForSequenceClassification
 from twotower.encoder.core.model import BertModel
 from twotower.encoder.core.tokenizer import Tokenizer
-from twotower.retrieval.interpolation import read_alpha, write_alpha
+from twotower.retrieval.interpolation import read_alpha, read_first_stage_alphas, write_alpha
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +100,9 @@ class CrossEncoder(nn.Module):
         # The dev-chosen weight of this reranker's scores against the first stage's (retrieval.interpolation);
         # None = pure reranking. Loaded from / saved to ALPHA_FILE next to the weights.
         self.interpolation: float | None = None
+        # Weights chosen over particular first stages ({"dense": .., "hybrid": ..}); they win over
+        # `interpolation` when a search names its first stage (`SearchPipeline.rerank_alpha`).
+        self.interpolation_by_first_stage: dict[str, float] = {}
         cap = model.config.max_position_embeddings
         self.max_length = min(int(max_length or tokenizer.model_max_length or cap), cap)
         if self.max_length < 8:
@@ -180,6 +183,7 @@ class CrossEncoder(nn.Module):
             max_length = _st_max_length(directory)
         ce = cls(model, tokenizer, max_length=max_length, device=device, bf16=bf16)
         ce.interpolation = read_alpha(directory)
+        ce.interpolation_by_first_stage = read_first_stage_alphas(directory)
         return ce
 
     @classmethod
@@ -351,7 +355,7 @@ class CrossEncoder(nn.Module):
         finally:
             tok.model_max_length = saved_max
         if self.interpolation is not None:
-            write_alpha(directory, self.interpolation)
+            write_alpha(directory, self.interpolation, self.interpolation_by_first_stage)
 
 
 def _has_pooler(enc_state: dict[str, torch.Tensor]) -> bool:

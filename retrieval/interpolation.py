@@ -11,7 +11,9 @@ each query's candidate scores are z-normalised before mixing:
 alpha = 1 is pure reranking, 0 keeps the first-stage order.  The reranker
 trainer picks it on dev queries, never test (`twotower.retrieval.training.alpha`),
 and stores the choice next to the checkpoint (`ALPHA_FILE`); `SearchPipeline`
-applies it.  Applying lives here, in inference; choosing it needs the dev
+applies it.  A weight suits the first stage it was chosen over: a reranker whose dev run also reranked
+other first stages stores their weights too (``by_first_stage``, e.g. {"dense": 0.6, "hybrid": 0.4}),
+and a hybrid search uses the hybrid's.  Applying lives here, in inference; choosing it needs the dev
 metrics, so it lives with training.
 
 Example:
@@ -63,10 +65,31 @@ def interpolate_run(rerank: Mapping[str, Mapping[str, float]], first: Mapping[st
     return out
 
 
-def write_alpha(directory: str, alpha: float, **details) -> None:
-    """Store `alpha` (and optional JSON-ready details of how it was chosen) next to a reranker checkpoint."""
+def write_alpha(directory: str, alpha: float, by_first_stage: Mapping[str, float] | None = None, **details) -> None:
+    """Store `alpha` (and per-first-stage weights, and JSON-ready details of how they were chosen) next to a
+    reranker checkpoint."""
     _check_alpha(alpha)
-    atomic_write_text(os.path.join(directory, ALPHA_FILE), json.dumps({"alpha": alpha, **details}, indent=2) + "\n")
+    record: dict = {"alpha": alpha}
+    if by_first_stage:
+        for a in by_first_stage.values():
+            _check_alpha(a)
+        record["by_first_stage"] = dict(by_first_stage)
+    atomic_write_text(os.path.join(directory, ALPHA_FILE), json.dumps({**record, **details}, indent=2) + "\n")
+
+
+def read_first_stage_alphas(directory: str) -> dict[str, float]:
+    """{first stage: alpha} stored with a reranker checkpoint ({} when none are)."""
+    path = os.path.join(directory, ALPHA_FILE)
+    if not os.path.isfile(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        try:
+            table = json.load(f).get("by_first_stage", {})
+        except (json.JSONDecodeError, AttributeError) as exc:
+            raise ValueError(f"{path}: expected a JSON object ({exc})") from None
+    if not isinstance(table, dict) or not all(isinstance(v, int | float) and 0.0 <= v <= 1.0 for v in table.values()):
+        raise ValueError(f"{path}: by_first_stage must map first-stage names to numbers in [0, 1], got {table!r}")
+    return {str(k): float(v) for k, v in table.items()}
 
 
 def read_alpha(directory: str) -> float | None:

@@ -473,7 +473,7 @@ class SearchPipeline:
             candidates = document_candidates(first_stage, recall_k, rows, aggregate, self.passages is not None)
             cross_scores = final_scores = None
             if rerank and self.reranker is not None:
-                alpha = self.rerank_alpha(rerank_alpha)
+                alpha = self.rerank_alpha(rerank_alpha, hybrid=hybrid)
                 if alpha > 0.0:  # alpha 0 keeps the first-stage ranking: scoring pairs would change nothing
                     depth = min(DEFAULT_RERANK_K, recall_k) if rerank_k is None else rerank_k
                     candidates, cross_scores, final_scores = self._rerank(queries, candidates, k, batch_size,
@@ -612,9 +612,13 @@ class SearchPipeline:
             out_f.append([float(final[j]) for j in order] + [floor - i for i in range(1, len(tail) + 1)])
         return out_c, out_s, out_f
 
-    def rerank_alpha(self, override: float | None = None) -> float:
-        """The interpolation weight a search uses: `override`, else the reranker's stored one, else 1.0."""
-        alpha = override if override is not None else getattr(self.reranker, "interpolation", None)
+    def rerank_alpha(self, override: float | None = None, hybrid: bool = False) -> float:
+        """The interpolation weight a search uses: `override`, else the one the reranker stored for this
+        first stage ("hybrid" or "dense"), else its general one, else 1.0."""
+        alpha = override
+        if alpha is None:
+            table = getattr(self.reranker, "interpolation_by_first_stage", None) or {}
+            alpha = table.get("hybrid" if hybrid else "dense", getattr(self.reranker, "interpolation", None))
         alpha = 1.0 if alpha is None else float(alpha)
         if not 0.0 <= alpha <= 1.0:
             raise ValueError(f"rerank_alpha must be in [0, 1], got {alpha}")

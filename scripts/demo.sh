@@ -61,11 +61,12 @@ from twotower.retrieval.default_reranker import DIRECTORY, read_manifest
 m = read_manifest()
 d = m["dev"]
 size = sum(os.path.getsize(os.path.join(DIRECTORY, f)) for f in os.listdir(DIRECTORY))
+first = "dense" if "dense_ndcg@10" in d else "bm25"  # what dev reranked: the dense model's top 20 (or BM25's)
 print("== the reranker twotower ships: all-MiniLM-L6-v2 fine-tuned (embeddings frozen) on 809 SciFact train")
-print("   claims, a %.1f MB delta over the model (docs/training.md). Held-out train claims, BM25 top 20:"
-      % (size / 1e6))
-print("   nDCG@10 %.3f reranked alone vs %.3f BM25; final score = %.1f x reranker + %.1f x first stage" % (
-    d["reranker_ndcg@10"], d["bm25_ndcg@10"], d["interpolation_alpha"], 1 - d["interpolation_alpha"]))
+print("   claims, a %.1f MB delta over the model (docs/training.md). Held-out train claims, %s top 20:"
+      % (size / 1e6, "the dense model's" if first == "dense" else "BM25's"))
+print("   nDCG@10 %.3f reranked alone vs %.3f %s alone; final score = %.1f x reranker + %.1f x first stage" % (
+    d["reranker_ndcg@10"], d[first + "_ndcg@10"], first, d["interpolation_alpha"], 1 - d["interpolation_alpha"]))
 PYEOF
   echo
 fi

@@ -4,9 +4,10 @@ Run from the repository root (minutes on 2 CPU cores; fp32 so that the result do
 the CPU having native bf16):
     TWOTOWER_BF16=0 .venv/bin/python scripts/make_default_reranker.py
 
-It trains `twotower train demo-reranker --trainable-layers 6` (every layer, the embeddings frozen;
-the bundled 809 SciFact train claims, BM25-mined negatives over the bundled 2,000-abstract sample,
-seed 0), then packs the result as an int8 delta over the embedded all-MiniLM-L6-v2
+It trains `twotower train demo-reranker --trainable-layers 6 --teacher embedded --mine dense
+--first-stage dense` (every layer, the embeddings frozen; the bundled 809 SciFact train claims,
+negatives mined by the embedded all-MiniLM-L6-v2 over the bundled 2,000-abstract sample, its scores
+distilled next to the labels, seed 0), then packs the result as an int8 delta over the embedded all-MiniLM-L6-v2
 (`twotower.retrieval.default_reranker.pack`), recording the command, the data and the licences.
 """
 
@@ -42,30 +43,43 @@ def main() -> None:
                     help="top layers trained (default all 6: the embeddings stay as the base's)")
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--max-length", type=int, default=192)
+    ap.add_argument("--distill-weight", type=float, default=1.0,
+                    help="weight of the embedded dense model's scores next to the labels (0: labels only)")
+    ap.add_argument("--mine", choices=["bm25", "dense"], default="dense",
+                    help="negatives from BM25 or the embedded dense model (the first stage --rerank reorders)")
     ap.add_argument("--out", default=None, help="default: the package's retrieval/data/default-reranker")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args()
 
     from twotower.retrieval import default_reranker
+    from twotower.retrieval.interpolation import read_first_stage_alphas
     from twotower.retrieval.training.demo_reranker import train_demo_reranker
 
+    teacher = "embedded" if args.distill_weight > 0 or args.mine == "dense" else None
     best = train_demo_reranker(args.work, steps=args.steps, trainable_layers=args.trainable_layers,
-                               max_length=args.max_length, progress=not args.no_progress)
+                               max_length=args.max_length, teacher=teacher, distill_weight=args.distill_weight,
+                               mine=args.mine, first_stage="dense" if teacher else None,
+                               progress=not args.no_progress)
     with open(os.path.join(args.work, "demo_reranker.json"), encoding="utf-8") as f:
         run = json.load(f)
     about = {
         "command": " ".join(["TWOTOWER_BF16=0 .venv/bin/python scripts/make_default_reranker.py",
                              *(shlex.quote(a) for a in recipe_args(sys.argv[1:]))]).strip(),
         "recipe": {"trainable_layers": args.trainable_layers, "steps": args.steps, "max_length": args.max_length,
-                   "loss": "listwise, 1 positive + 3 BM25-mined negatives, 4 groups a step",
+                   "loss": f"listwise, 1 positive + 3 negatives mined by {args.mine}, 4 groups a step"
+                           + (f"; + {args.distill_weight} x KL to the embedded all-MiniLM-L6-v2's scores (x20)"
+                              if args.distill_weight > 0 else ""),
                    "lr": "1e-4, head 10x, 5% warmup, linear decay", "seed": 0},
         "data": "SciFact train claims (809, the bundled retrieval/data/scifact-train-claims.jsonl.gz) over the "
                 "bundled 2,000-abstract SciFact sample (retrieval/data/scifact-sample.jsonl.gz); 10% of the "
-                "claims held out as dev to choose the checkpoint and the interpolation weight",
+                "claims held out as dev to choose the checkpoint and the interpolation weights (over the "
+                "dense model's top 20 and over the hybrid's)",
         "licence": "weights: Apache-2.0 (all-MiniLM-L6-v2, sentence-transformers); training data: SciFact claims "
                    "CC BY 4.0, abstracts ODC-By 1.0 (Wadden et al. 2020; retrieval/data/README.md)",
-        "dev": {"reranker_ndcg@10": run["best_dev_ndcg@10"], "bm25_ndcg@10": run["first_stage_dev_ndcg@10"],
-                "interpolation_alpha": run["interpolation_alpha"], "best_step": run["best_step"]},
+        "dev": {"reranker_ndcg@10": run["best_dev_ndcg@10"],
+                ("dense_ndcg@10" if teacher else "bm25_ndcg@10"): run["first_stage_dev_ndcg@10"],
+                "interpolation_alpha": run["interpolation_alpha"],
+                "interpolation_by_first_stage": read_first_stage_alphas(best), "best_step": run["best_step"]},
     }
     out = args.out or default_reranker.DIRECTORY
     manifest = default_reranker.pack(best, default_reranker.base_model_dir(), out, about=about)

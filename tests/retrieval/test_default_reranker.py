@@ -117,5 +117,8 @@ def test_the_shipped_reranker_loads_over_the_installed_model():
                           "The Eiffel tower was completed in 1889 for the World's Fair in Paris.")])
     assert scores[0] > scores[1]
     assert ce.interpolation is not None and 0.0 <= ce.interpolation <= 1.0
+    # chosen over the dense model's dev top 20 and the hybrid's: hybrid searches get their own weight
+    assert set(ce.interpolation_by_first_stage) == {"dense", "hybrid"}
+    assert manifest["dev"]["interpolation_by_first_stage"] == ce.interpolation_by_first_stage
 
 

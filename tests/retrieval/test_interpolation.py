@@ -12,7 +12,14 @@ import pytest
 import torch
 
 import twotower.retrieval.interpolation
-from twotower.retrieval.interpolation import ALPHA_FILE, interpolate, interpolate_run, read_alpha, write_alpha
+from twotower.retrieval.interpolation import (
+    ALPHA_FILE,
+    interpolate,
+    interpolate_run,
+    read_alpha,
+    read_first_stage_alphas,
+    write_alpha,
+)
 
 
 def test_interpolate_matches_the_formula_by_hand():
@@ -61,6 +68,19 @@ def test_write_alpha_round_trips_with_details(tmp_path):
     assert read_alpha(str(tmp_path)) == 0.3  # the refused write left the stored value alone
 
 
+def test_weights_per_first_stage_round_trip(tmp_path):
+    assert read_first_stage_alphas(str(tmp_path)) == {}
+    write_alpha(str(tmp_path), 0.6, {"dense": 0.6, "hybrid": 0.2}, chosen_on="dev")
+    assert read_alpha(str(tmp_path)) == 0.6
+    assert read_first_stage_alphas(str(tmp_path)) == {"dense": 0.6, "hybrid": 0.2}
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        write_alpha(str(tmp_path), 0.5, {"hybrid": 1.5})
+    assert read_first_stage_alphas(str(tmp_path))["hybrid"] == 0.2  # the refused write changed nothing
+    (tmp_path / ALPHA_FILE).write_text(json.dumps({"alpha": 0.5, "by_first_stage": {"hybrid": "high"}}))
+    with pytest.raises(ValueError, match=f"{ALPHA_FILE}: by_first_stage must map"):
+        read_first_stage_alphas(str(tmp_path))
+
+
 def test_pipeline_applies_the_stored_alpha(tmp_path):
     from twotower.indexing import document_text
     from twotower.retrieval import SearchPipeline
@@ -104,3 +124,15 @@ def test_pipeline_applies_the_stored_alpha(tmp_path):
         assert [h.score for h in half] == pytest.approx(sorted(want.tolist(), reverse=True))
         with pytest.raises(ValueError, match="rerank_alpha"):
             pipe.search(query, rerank_alpha=-0.1)
+
+    # A weight chosen over the hybrid first stage: hybrid searches use it, dense ones the general weight.
+    staged = str(tmp_path / "ce-staged")
+    shutil.copytree(plain, staged)
+    write_alpha(staged, 0.0, {"hybrid": 1.0})
+    SearchPipeline.build(corpus, tmp_path / "idx-bm25", tiny_model_dir(), bm25=True, progress=False).close()
+    with SearchPipeline.load(tmp_path / "idx-bm25", tiny_model_dir(), reranker=staged, bf16=False) as pipe:
+        assert pipe.rerank_alpha() == 0.0 and pipe.rerank_alpha(hybrid=True) == 1.0
+        assert pipe.rerank_alpha(0.3, hybrid=True) == 0.3  # an explicit override still wins
+        assert all(h.rerank_score is None for h in pipe.search(query, k=5, recall_k=10))
+        hybrid = pipe.search(query, k=5, recall_k=10, hybrid=True)
+        assert all(h.rerank_score is not None and h.score == h.rerank_score for h in hybrid)

@@ -151,7 +151,7 @@ def run_search(args: argparse.Namespace) -> int:
                            "was given, so there are no reranker scores to weigh; give --rerank, --reranker DIR or drop "
                            "--rerank-alpha")
         reranked = pipe.reranker is not None and not args.no_rerank
-        skipped = reranked and pipe.rerank_alpha(args.rerank_alpha) == 0.0  # the pipeline skips the cross-encoder
+        skipped = reranked and pipe.rerank_alpha(args.rerank_alpha, hybrid=args.hybrid) == 0.0  # the pipeline skips the cross-encoder
         reranked = reranked and not skipped
         recall = min(args.recall_k, len(pipe))  # the first stage cannot return more than the index holds
         results = []

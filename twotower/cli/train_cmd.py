@@ -39,13 +39,14 @@ def parse_ranks(text: str) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
-def _common(p: argparse.ArgumentParser) -> None:
+def _common(p: argparse.ArgumentParser, mine: tuple[str, ...] = ("bm25", "none")) -> None:
     p.add_argument("--out", required=True, metavar="DIR", help="run directory (best checkpoint in DIR/best)")
     p.add_argument("--split", default="train", help="qrels split of a BEIR directory to train on")
     p.add_argument("--corpus", default=None, metavar="FILE", help="corpus.jsonl resolving document ids in JSONL data")
     p.add_argument("--negatives", default=None, metavar="FILE", help="mined negatives JSONL (twotower train mine)")
-    p.add_argument("--mine", choices=["bm25", "none"], default="bm25",
-                   help="mine BM25 negatives before training when --negatives is not given")
+    p.add_argument("--mine", choices=list(mine), default="bm25",
+                   help="mine negatives before training when --negatives is not given"
+                        + (" (dense: the --teacher's ranking)" if "dense" in mine else ""))
     p.add_argument("--mine-ranks", default=None, metavar="A-B", help="rank window for --mine")
     p.add_argument("--epochs", type=float, default=1.0)
     p.add_argument("--max-steps", type=int, default=None)
@@ -99,8 +100,9 @@ def register(subparsers) -> None:
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--model", required=True, metavar="DIR", help="encoder checkpoint or reranker directory")
     p.add_argument("--pairs", required=True, metavar="FILE(.tsv|.jsonl)|BEIR_DIR")
-    _common(p)
-    p.add_argument("--first-stage", default=None, metavar="RUN", help="TREC run of the dev queries (default BM25)")
+    _common(p, mine=("bm25", "dense", "none"))
+    p.add_argument("--first-stage", default=None, metavar="RUN|dense",
+                   help="TREC run of the dev queries, or 'dense' (the --teacher's ranking; default BM25)")
     p.add_argument("--loss", choices=["listwise", "pointwise"], default="listwise")
     p.add_argument("--group-size", type=int, default=8, help="listwise: 1 positive + N-1 negatives")
     p.add_argument("--batch-size", type=int, default=4, help="groups (listwise) or pairs (pointwise) per step")
@@ -114,6 +116,10 @@ def register(subparsers) -> None:
     p.add_argument("--trainable-layers", type=int, default=None, metavar="N",
                    help="train only the top N encoder layers and the head (default: all); faster steps, and "
                         "the result differs from its base in N layers only")
+    p.add_argument("--teacher", default=None, metavar="DIR|embedded",
+                   help="dual encoder whose scores the reranker also learns (listwise distillation); "
+                        "'embedded' = all-MiniLM-L6-v2, the default dense model")
+    p.add_argument("--distill-weight", type=float, default=1.0, help="weight of the distillation term")
     p.set_defaults(func=run_reranker)
 
     p = sub.add_parser("mine", help="mine hard negatives from BM25 or a dense model into JSONL",
@@ -158,6 +164,14 @@ def register(subparsers) -> None:
     p.add_argument("--head-pooling", choices=["cls", "mean"], default=None,
                    help="what the relevance head reads: the [CLS] pooler (default) or the token mean")
     p.add_argument("--lr", type=float, default=None, help="learning rate (default 1e-4)")
+    p.add_argument("--teacher", default=None, metavar="DIR|embedded",
+                   help="dual encoder whose scores the reranker also learns (listwise distillation); "
+                        "'embedded' = all-MiniLM-L6-v2, the default dense model")
+    p.add_argument("--distill-weight", type=float, default=1.0, help="weight of the distillation term")
+    p.add_argument("--mine", choices=["bm25", "dense"], default="bm25",
+                   help="labeled claims: mine negatives with BM25 or the --teacher's ranking")
+    p.add_argument("--first-stage", choices=["bm25", "dense"], default="bm25",
+                   help="what dev reranks to choose the checkpoint and weight: BM25's or the --teacher's top 20")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run_demo)
@@ -205,6 +219,21 @@ def run_dual(args) -> int:
     return 0
 
 
+def _teacher(flag: str | None, args) -> str | None:
+    """--teacher: a directory, or 'embedded' (the installed all-MiniLM-L6-v2); dense mining and a dense
+    dev first stage rank with it."""
+    dense = [f for f, v in (("--mine dense", args.mine), ("--first-stage dense", args.first_stage)) if v == "dense"]
+    if dense and flag is None:
+        raise ValueError(f"{' and '.join(dense)} rank with the teacher: add --teacher DIR (or --teacher embedded)")
+    if flag == "embedded":
+        from twotower.retrieval.manifest import default_model_dir
+
+        return default_model_dir()
+    if flag is not None and not os.path.isdir(flag):
+        raise ValueError(f"--teacher {flag}: not a directory (give a dual-encoder directory or 'embedded')")
+    return flag
+
+
 def run_reranker(args) -> int:
     _check_out(args.out)
     from twotower.retrieval.training.train_reranker import RerankerTrainConfig, train_reranker
@@ -213,7 +242,8 @@ def run_reranker(args) -> int:
         model=args.model, pairs=args.pairs, first_stage=args.first_stage, loss=args.loss,
         group_size=args.group_size, batch_size=args.batch_size, max_length=args.max_length, lr=args.lr or 3e-5,
         dev_rerank_k=args.dev_rerank_k, collapse_std=args.collapse_std, head_pooling=args.head_pooling,
-        trainable_layers=args.trainable_layers, **_settings(args, default_ranks=(1, 100)),
+        trainable_layers=args.trainable_layers, teacher=_teacher(args.teacher, args), distill_weight=args.distill_weight,
+        **_settings(args, default_ranks=(1, 100)),
     )
     res = train_reranker(cfg)
     print(json.dumps({"best": res.best_dir, "best_step": res.best_step, "best_dev_ndcg@10": round(res.best_score, 4),
@@ -281,8 +311,11 @@ def run_demo(args) -> int:
 
     kw = {k: v for k, v in (("steps", args.steps), ("layers", args.layers), ("lr", args.lr),
                             ("trainable_layers", args.trainable_layers), ("max_length", args.max_length),
-                            ("head_pooling", args.head_pooling))
+                            ("head_pooling", args.head_pooling), ("teacher", _teacher(args.teacher, args)))
           if v is not None}
+    if args.teacher is not None or args.mine != "bm25" or args.first_stage != "bm25":
+        kw.update(distill_weight=args.distill_weight, mine=args.mine,
+                  first_stage=None if args.first_stage == "bm25" else args.first_stage)
     claims = None if args.claims.lower() == "none" else args.claims
     path = train_demo_reranker(args.out, model=args.model, corpus=args.corpus, claims=claims, seed=args.seed,
                                progress=not args.no_progress, **kw)

@@ -1,5 +1,6 @@
-"""Training losses for retrieval: one loss per file (contrastive, cached contrastive, listwise, pointwise)."""
+"""Training losses for retrieval: one loss per file (contrastive, cached contrastive, listwise, pointwise, distillation)."""
 
+from twotower.retrieval.training.losses.distill import listwise_kl
 from twotower.retrieval.training.losses.gather import gather_with_grad, rank, world_size
 from twotower.retrieval.training.losses.gradcache import RngState, cached_step, split_inputs
 from twotower.retrieval.training.losses.infonce import Temperature, info_nce, similarity_matrix
@@ -13,6 +14,7 @@ __all__ = [
     "gather_with_grad",
     "info_nce",
     "listwise_ce",
+    "listwise_kl",
     "pointwise_bce",
     "rank",
     "similarity_matrix",

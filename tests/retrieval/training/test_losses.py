@@ -13,7 +13,14 @@ import torch
 import torch.nn.functional as F
 
 from tests.retrieval.training_fixtures import tiny_model_dir
-from twotower.retrieval.training.losses import Temperature, cached_step, info_nce, listwise_ce, pointwise_bce
+from twotower.retrieval.training.losses import (
+    Temperature,
+    cached_step,
+    info_nce,
+    listwise_ce,
+    listwise_kl,
+    pointwise_bce,
+)
 
 
 def _ref_info_nce(q, d, tau, pos_idx, excluded=None):
@@ -214,3 +221,22 @@ def test_gathered_loss_equals_single_process_loss():
         assert float(res["loss"]) == pytest.approx(float(ref), abs=1e-6)
         for got, full in zip(res["grads"], (q.grad, pos.grad, neg.grad)):
             torch.testing.assert_close(got, full[r], atol=1e-6, rtol=1e-5)
+
+
+def test_listwise_kl_worked_example_and_shift_invariance():
+    s = torch.tensor([[2.0, 0.0, -1.0], [0.5, 0.5, 0.0]])
+    t = torch.tensor([[1.0, 1.0, 0.0], [3.0, 0.0, 0.0]])
+    p = t.softmax(-1)
+    ref = (p * (p.log() - s.log_softmax(-1))).sum(-1).mean()  # KL(teacher || student), mean over groups
+    assert float(listwise_kl(s, t)) == pytest.approx(float(ref), abs=1e-6)
+    assert float(listwise_kl(s + 7.0, t - 3.0)) == pytest.approx(float(ref), abs=1e-5)  # a softmax ignores shifts
+    assert float(listwise_kl(t, t)) == pytest.approx(0.0, abs=1e-7)
+    with pytest.raises(ValueError, match=r"must both be \(G, n\)"):
+        listwise_kl(s, t[:, :2])
+
+
+def test_listwise_kl_gradient_moves_the_student_towards_the_teacher():
+    s = torch.zeros(1, 3, requires_grad=True)
+    listwise_kl(s, torch.tensor([[0.0, 2.0, -2.0]])).backward()
+    # d/ds KL = softmax(s) - softmax(t): raise the teacher's favourite, lower its least liked
+    assert s.grad[0, 1] < 0 < s.grad[0, 2]

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from twotower.retrieval.training.mining import MinedQuery, write_mined
-from twotower.retrieval.training.negatives import add_mined_negatives, mine_bm25_negatives, sample_negatives
+from twotower.retrieval.training.negatives import add_mined_negatives, mine_negatives, sample_negatives
 from twotower.retrieval.training.training_data import Skipped, TrainExample
 from twotower.retrieval.training.training_run import TrainingRun
 
@@ -46,8 +46,11 @@ def test_mined_file_is_merged_and_ids_missing_from_the_corpus_are_counted(tmp_pa
     assert skipped.where["mined negatives missing from the corpus"] == [path]
 
 
-def test_only_bm25_mines_inside_training(tmp_path):
+def test_dense_mining_inside_training_needs_a_retriever(tmp_path):
     run = TrainingRun(str(tmp_path / "run"))
-    with pytest.raises(ValueError, match="mine='dense': only 'bm25' mining runs inside training"):
-        mine_bm25_negatives([TrainExample("q", "query", ("d",))], {"d": "text"}, run, method="dense",
-                            ranks=(1, 10), num_negatives=2, seed=0, progress=False)
+    with pytest.raises(ValueError, match="mine='dense' needs a dense retriever"):
+        mine_negatives([TrainExample("q", "query", ("d",))], {"d": "text"}, run, method="dense",
+                       ranks=(1, 10), num_negatives=2, seed=0, progress=False)
+    with pytest.raises(ValueError, match="mine='colbert'"):
+        mine_negatives([TrainExample("q", "query", ("d",))], {"d": "text"}, run, method="colbert",
+                       ranks=(1, 10), num_negatives=2, seed=0, progress=False)
