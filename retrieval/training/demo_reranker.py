@@ -115,16 +115,11 @@ def train_demo_reranker(
     claims: ``{query, pos: [doc ids]}`` JSONL(.gz) over `corpus`; "bundled" = the SciFact train claims when
         `corpus` is the bundled sample (else title/text pairs); None = title/text pairs from `corpus`.
     """
-    from twotower.retrieval.training.train_reranker import RerankerTrainConfig, train_reranker
+    from twotower.retrieval.manifest import default_model_dir
+    from twotower.retrieval.training.train_reranker import RerankerTrainConfig, teacher_dir, train_reranker
 
-    if model is None:
-        from twotower.retrieval.manifest import default_model_dir
-
-        model = default_model_dir()
-    if teacher == "embedded":
-        from twotower.retrieval.manifest import default_model_dir
-
-        teacher = default_model_dir()
+    model = model or default_model_dir()
+    teacher = teacher_dir(teacher)
     corpus = corpus or BUNDLED_CORPUS
     if claims == "bundled":
         claims = BUNDLED_CLAIMS if os.path.abspath(corpus) == os.path.abspath(BUNDLED_CORPUS) else None

@@ -252,17 +252,11 @@ def hybrid_first_stage(dev: Sequence[TrainExample], corpus: dict[str, str], dens
 # ---- batches -----------------------------------------------------------------------------------------
 def listwise_batches(train: Sequence[TrainExample], corpus_ids: Sequence[str], group_size: int,
                      batch_size: int, rng: random.Random):
-    """Endless groups: (query, [positive, n negatives]) with n = group_size - 1, one group per labelled pair.
+    """Endless groups: (example index, [positive, n negatives]) with n = group_size - 1, one group per labelled
+    pair (the index, not the query text, so that the teacher can look up the query's vector).
 
     A query short of mined negatives is topped up with random corpus documents (counted).
     """
-    for groups, filled in indexed_listwise_batches(train, corpus_ids, group_size, batch_size, rng):
-        yield [(train[i].query, docs) for i, docs in groups], filled
-
-
-def indexed_listwise_batches(train: Sequence[TrainExample], corpus_ids: Sequence[str], group_size: int,
-                             batch_size: int, rng: random.Random):
-    """`listwise_batches` with each group's example index in place of its query text: (i, [positive, ...])."""
     items = [(i, p) for i, e in enumerate(train) for p in e.positives]
     n = group_size - 1
     while True:
@@ -315,6 +309,15 @@ def freeze_below_top(model: CrossEncoder, trainable: int) -> None:
 
 
 # ---- the loop ----------------------------------------------------------------------------------------
+def teacher_dir(name: str | None) -> str | None:
+    """A teacher as users name it: "embedded" is the installed all-MiniLM-L6-v2, anything else a directory."""
+    if name == "embedded":
+        from twotower.retrieval.manifest import default_model_dir
+
+        return default_model_dir()
+    return name
+
+
 class Teacher:
     """The dual encoder `cfg.teacher` over the training corpus, embedded once: ranks (`dense`) and group logits.
 
@@ -359,8 +362,8 @@ def hybrid_alpha(cfg: RerankerTrainConfig, best_dir: str, device: torch.device, 
     """Choose the best checkpoint's weight over the hybrid first stage too, and store both in its ALPHA_FILE.
 
     Why: the weight chosen over the dense top-k is too high for the hybrid's, whose first-stage scores
-    already carry BM25's evidence; one weight for both cost 0.013-0.027 nDCG@10 on SciFact test
-    (docs/results.md, "Distilling the dense model").
+    already carry BM25's evidence; with one weight (0.6) the shipped recipe's hybrid + rerank scored 0.6883
+    nDCG@10 on SciFact test, with its own (0.2) 0.7174 (docs/results.md, "Distilling the dense model").
     """
     from twotower.retrieval.interpolation import read_alpha
     from twotower.retrieval.training.dev_eval import rerank_run
@@ -418,7 +421,7 @@ def train_reranker(cfg: RerankerTrainConfig) -> RerankerTrainResult:
     params = [p for p in model.parameters() if p.requires_grad]
     if cfg.loss == "listwise":
         per_epoch = max(1, sum(len(e.positives) for e in train) // cfg.batch_size)
-        batches = indexed_listwise_batches(train, list(corpus), cfg.group_size, cfg.batch_size, rng)
+        batches = listwise_batches(train, list(corpus), cfg.group_size, cfg.batch_size, rng)
         if teacher is not None and cfg.distill_weight > 0:
             teacher.embed_queries(train)
     else:

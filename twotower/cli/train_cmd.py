@@ -225,13 +225,11 @@ def _teacher(flag: str | None, args) -> str | None:
     dense = [f for f, v in (("--mine dense", args.mine), ("--first-stage dense", args.first_stage)) if v == "dense"]
     if dense and flag is None:
         raise ValueError(f"{' and '.join(dense)} rank with the teacher: add --teacher DIR (or --teacher embedded)")
-    if flag == "embedded":
-        from twotower.retrieval.manifest import default_model_dir
+    from twotower.retrieval.training.train_reranker import teacher_dir
 
-        return default_model_dir()
-    if flag is not None and not os.path.isdir(flag):
+    if flag not in (None, "embedded") and not os.path.isdir(flag):
         raise ValueError(f"--teacher {flag}: not a directory (give a dual-encoder directory or 'embedded')")
-    return flag
+    return teacher_dir(flag)
 
 
 def run_reranker(args) -> int:
