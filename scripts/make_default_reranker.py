@@ -43,6 +43,9 @@ def main() -> None:
                     help="top layers trained (default all 6: the embeddings stay as the base's)")
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--max-length", type=int, default=192)
+    ap.add_argument("--evals", type=int, default=3,
+                    help="dev evaluations, evenly spaced, the last at the end (3: as the shipped one was chosen; "
+                         "the demo recipe's 2 save one dev pass)")
     ap.add_argument("--distill-weight", type=float, default=1.0,
                     help="weight of the embedded dense model's scores next to the labels (0: labels only)")
     ap.add_argument("--mine", choices=["bm25", "dense"], default="dense",
@@ -58,14 +61,15 @@ def main() -> None:
     teacher = "embedded" if args.distill_weight > 0 or args.mine == "dense" else None
     best = train_demo_reranker(args.work, steps=args.steps, trainable_layers=args.trainable_layers,
                                max_length=args.max_length, teacher=teacher, distill_weight=args.distill_weight,
-                               mine=args.mine, first_stage="dense" if teacher else None,
+                               mine=args.mine, first_stage="dense" if teacher else None, evals=args.evals,
                                progress=not args.no_progress)
     with open(os.path.join(args.work, "demo_reranker.json"), encoding="utf-8") as f:
         run = json.load(f)
     about = {
         "command": " ".join(["TWOTOWER_BF16=0 .venv/bin/python scripts/make_default_reranker.py",
                              *(shlex.quote(a) for a in recipe_args(sys.argv[1:]))]).strip(),
-        "recipe": {"trainable_layers": args.trainable_layers, "steps": args.steps, "max_length": args.max_length,
+        "recipe": {"trainable_layers": args.trainable_layers, "steps": args.steps, "dev_evaluations": args.evals,
+                   "max_length": args.max_length,
                    "loss": f"listwise, 1 positive + 3 negatives mined by {args.mine}, 4 groups a step"
                            + (f"; + {args.distill_weight} x KL to the embedded all-MiniLM-L6-v2's scores (x20)"
                               if args.distill_weight > 0 else ""),

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import importlib.resources
 import json
+import math
 import os
 import random
 
@@ -101,6 +102,7 @@ def train_demo_reranker(
     distill_weight: float = 1.0,
     mine: str = "bm25",
     first_stage: str | None = None,
+    evals: int = 2,
     seed: int = 0,
     progress: bool = True,
 ) -> str:
@@ -109,6 +111,9 @@ def train_demo_reranker(
     layers: keep only the first N encoder layers (None: all; module docstring for why all).
     trainable_layers: train only the top N of them and the head (None: all; `RerankerTrainConfig`).
     head_pooling: what the relevance head reads, "cls" or "mean" (`RerankerTrainConfig`).
+    evals: dev evaluations, evenly spaced, the last at the final step. Two, not more: a dev pass costs
+        as much as ~30 training steps, and the first third of a run was never the best checkpoint
+        (docs/results.md, "The reranker twotower ships").
     teacher / distill_weight / mine / first_stage: as `RerankerTrainConfig` (teacher "embedded": the
         embedded all-MiniLM-L6-v2, the dense model the demo index is built with).
 
@@ -118,6 +123,8 @@ def train_demo_reranker(
     from twotower.retrieval.manifest import default_model_dir
     from twotower.retrieval.training.train_reranker import RerankerTrainConfig, teacher_dir, train_reranker
 
+    if evals < 1:
+        raise ValueError(f"evals={evals}: need at least one dev evaluation to choose a checkpoint")
     model = model or default_model_dir()
     teacher = teacher_dir(teacher)
     corpus = corpus or BUNDLED_CORPUS
@@ -127,7 +134,7 @@ def train_demo_reranker(
                 "claims": os.path.abspath(claims) if claims else None, "steps": steps,
                 "layers": layers, "trainable_layers": trainable_layers, "head_pooling": head_pooling,
                 "group_size": group_size, "batch_size": batch_size, "max_length": max_length,
-                "lr": lr, "seed": seed}
+                "lr": lr, "seed": seed, "evals": evals}
     if teacher is not None or mine != "bm25" or first_stage is not None:  # older caches keep their key
         settings.update(teacher=os.path.abspath(teacher) if teacher else None, distill_weight=distill_weight,
                         mine=mine, first_stage=first_stage)
@@ -149,7 +156,7 @@ def train_demo_reranker(
     cfg = RerankerTrainConfig(
         model=start, pairs=data, corpus=data_corpus, out=out, mine=mine, loss="listwise", group_size=group_size,
         batch_size=batch_size, max_length=max_length, lr=lr, head_lr_scale=10.0, warmup=0.05, max_steps=steps,
-        eval_every=max(1, steps // 3), dev_rerank_k=20, eval_at_start=False, seed=seed, progress=progress,
+        eval_every=max(1, math.ceil(steps / evals)), dev_rerank_k=20, eval_at_start=False, seed=seed, progress=progress,
         trainable_layers=trainable_layers, head_pooling=head_pooling, teacher=teacher,
         distill_weight=distill_weight, first_stage=first_stage,
     )

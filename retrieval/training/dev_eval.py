@@ -47,18 +47,27 @@ def top_k(run: Mapping[str, Mapping[str, float]], k: int) -> dict[str, list[str]
 
 def rerank_run(cross_encoder, queries: Mapping[str, str], first_stage: Mapping[str, Mapping[str, float]],
                corpus: Mapping[str, str], k: int = 100, batch_size: int = 32,
-               progress: bool = False) -> tuple[Run, np.ndarray]:
+               progress: bool = False, known: Mapping[str, Mapping[str, float]] | None = None) -> tuple[Run, np.ndarray]:
     """Rescore each query's first-stage top-k with the cross-encoder. Returns (run, all scores (N,)).
 
     Scored by `twotower.retrieval.rerank.rerank_scores`, the step `SearchPipeline` reranks with.
+    known: scores this cross-encoder already gave ({query id: {doc id: score}}); those pairs are
+    taken from it instead of scored again (why: a second first stage's top-k mostly repeats the first's).
     """
     from twotower.retrieval.rerank import rerank_scores
 
+    known = known or {}
     tops = top_k({q: first_stage.get(q, {}) for q in queries}, k)
-    texts = [[corpus[d] for d in docs] for docs in tops.values()]
-    scores = rerank_scores(cross_encoder, [queries[q] for q in tops], texts, batch_size=batch_size, progress=progress)
-    run: Run = {q: dict(zip(docs, s.tolist())) for (q, docs), s in zip(tops.items(), scores)}
-    return run, np.concatenate(scores) if scores else np.zeros(0, dtype=np.float32)
+    todo = {q: [d for d in docs if d not in known.get(q, {})] for q, docs in tops.items()}
+    todo = {q: docs for q, docs in todo.items() if docs}
+    fresh: Run = {}
+    if todo:
+        texts = [[corpus[d] for d in docs] for docs in todo.values()]
+        scores = rerank_scores(cross_encoder, [queries[q] for q in todo], texts, batch_size=batch_size, progress=progress)
+        fresh = {q: dict(zip(docs, s.tolist())) for (q, docs), s in zip(todo.items(), scores)}
+    run: Run = {q: {d: fresh[q][d] if d in fresh.get(q, {}) else known[q][d] for d in docs} for q, docs in tops.items()}
+    flat = [s for docs in run.values() for s in docs.values()]
+    return run, np.asarray(flat, dtype=np.float32)
 
 
 DEV_METRICS = ("ndcg@10", "recall@100")

@@ -267,6 +267,40 @@ class DenseRetriever:
         self._setup(dual, list(ids), vectors)
         return self
 
+    @classmethod
+    def from_index(cls, directory: str, corpus: Mapping[str, str], bf16: bool | str = "auto",
+                   device: str | None = None) -> DenseRetriever:
+        """A retriever over an index's own vectors of `corpus`, with the index's query encoder.
+
+        Why: the index already holds every document's vector, and encoding a corpus again costs
+        minutes on a CPU. Refused, naming the document, when one of `corpus` is missing from the
+        index or its text differs from the index's copy (its vector would be another text's).
+        """
+        from twotower.indexing import document_text
+        from twotower.retrieval.pipeline import SearchPipeline
+
+        pipe = SearchPipeline.load(directory, use_default_reranker=False, bf16=bf16, device=device or "cpu")
+        try:
+            if pipe.passages is not None:
+                raise ValueError(f"teacher {directory}: an index of passages has no vector per document; "
+                                 "give the dual encoder's directory instead")
+            if pipe.store.manifest.metric == "l2":
+                raise ValueError(f"teacher {directory}: an l2 index; a teacher scores by inner product "
+                                 "(give the dual encoder's directory instead)")
+            ids = list(corpus)
+            for doc_id, doc in zip(ids, pipe.store.get(ids)):
+                if doc is None:
+                    raise ValueError(f"teacher {directory}: document {doc_id!r} of the training corpus is not in "
+                                     "the index; index it, or give the dual encoder's directory instead")
+                if document_text(doc) != corpus[doc_id]:
+                    raise ValueError(f"teacher {directory}: document {doc_id!r} differs from the index's copy; "
+                                     "rebuild the index from the training corpus, or give the dual encoder's "
+                                     "directory instead")
+            vectors = np.asarray(pipe.store.vectors.reconstruct(ids), dtype=np.float32)  # (N, H)
+            return cls.from_vectors(pipe.encoder, ids, vectors)
+        finally:
+            pipe.close()
+
     def _setup(self, dual, ids: list[str], vectors: np.ndarray) -> None:
         from twotower.indexing import VectorIndex
 

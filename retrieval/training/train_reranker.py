@@ -28,7 +28,7 @@ import logging
 import os
 import random
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -70,7 +70,9 @@ class RerankerTrainConfig(TrainSettings):
     The settings both trainers share (split, corpus, negatives, length, schedule, dev split, evaluation
     schedule) come from `TrainSettings`; these are the reranker's own.
 
-    model: encoder checkpoint (a fresh relevance head is added) or a reranker directory (continued).
+    model: encoder checkpoint (a fresh relevance head is added), a reranker directory (continued), or
+        "default": the reranker twotower ships (`twotower.retrieval.default_reranker`), continued on your
+        labels; it starts from a ranking that already beats the dense first stage, not from a random head.
     pairs: labeled pairs .tsv/.jsonl ({query, passage, label}), a BEIR directory, or {query, pos, neg} JSONL.
     out: the run directory (`twotower.retrieval.training.training_run`).
     mine: without `negatives`, "bm25" (or "dense": the teacher's ranking) mines ranks `mine_ranks` for the
@@ -93,7 +95,8 @@ class RerankerTrainConfig(TrainSettings):
         below stay as loaded (None: train everything). Why: a step then back-propagates through N
         layers instead of all, and the result differs from its base in those layers only, so it can be
         shipped as a small delta over the base (`twotower.retrieval.default_reranker`).
-    teacher: a dual-encoder directory (e.g. the embedded all-MiniLM-L6-v2) whose inner products also
+    teacher: a dual-encoder directory (e.g. the embedded all-MiniLM-L6-v2), or an index directory built
+        from the training corpus (its vectors and query encoder: no document is encoded again), whose inner products also
         train the reranker: its listwise softmax over each group is pulled towards the teacher's
         (`twotower.retrieval.training.losses.distill`), weighted by `distill_weight`. It also serves
         ``mine="dense"`` (negatives from the teacher's ranking) and ``first_stage="dense"`` (dev reranks the
@@ -326,10 +329,14 @@ class Teacher:
     """
 
     def __init__(self, cfg: RerankerTrainConfig, corpus: dict[str, str], device: torch.device) -> None:
+        from twotower.indexing.manifest import MANIFEST_NAME
         from twotower.retrieval.dual_encoder import DualEncoder
 
-        dual = DualEncoder.from_pretrained(cfg.teacher, bf16=cfg.bf16, device=device)
-        self.dense = DenseRetriever(dual, corpus, progress=cfg.progress)
+        if os.path.isfile(os.path.join(cfg.teacher, MANIFEST_NAME)):  # an index: its vectors, its query encoder
+            self.dense = DenseRetriever.from_index(cfg.teacher, corpus, bf16=cfg.bf16, device=str(device))
+        else:
+            dual = DualEncoder.from_pretrained(cfg.teacher, bf16=cfg.bf16, device=device)
+            self.dense = DenseRetriever(dual, corpus, progress=cfg.progress)
         self.scale = cfg.teacher_scale
         self.query_vectors: np.ndarray | None = None
 
@@ -343,8 +350,14 @@ class Teacher:
 
 
 def load_reranker(cfg: RerankerTrainConfig, device: torch.device) -> CrossEncoder:
-    """Continue a reranker directory (it has a classifier head) or start a fresh head on an encoder."""
+    """Continue a reranker directory (it has a classifier head) or the shipped one ("default"), or start a
+    fresh head on an encoder."""
     from safetensors import safe_open
+
+    from twotower.retrieval import default_reranker
+
+    if cfg.model == default_reranker.NAME:
+        return default_reranker.load(device=device, bf16=cfg.bf16, max_length=cfg.max_length)
 
     path = os.path.join(cfg.model, "model.safetensors")
     has_head = False
@@ -358,12 +371,14 @@ def load_reranker(cfg: RerankerTrainConfig, device: torch.device) -> CrossEncode
 
 
 def hybrid_alpha(cfg: RerankerTrainConfig, best_dir: str, device: torch.device, dev: Sequence[TrainExample],
-                 corpus: dict[str, str], dense: DenseRetriever, run) -> float:
+                 corpus: dict[str, str], dense: DenseRetriever, run,
+                 known: Mapping[str, Mapping[str, float]] | None = None) -> float:
     """Choose the best checkpoint's weight over the hybrid first stage too, and store both in its ALPHA_FILE.
 
     Why: the weight chosen over the dense top-k is too high for the hybrid's, whose first-stage scores
     already carry BM25's evidence; with one weight (0.6) the shipped recipe's hybrid + rerank scored 0.6883
     nDCG@10 on SciFact test, with its own (0.2) 0.7174 (docs/results.md, "Distilling the dense model").
+    known: the best checkpoint's dev scores over the dense top-k; only the hybrid's other pairs are scored.
     """
     from twotower.retrieval.interpolation import read_alpha
     from twotower.retrieval.training.dev_eval import rerank_run
@@ -371,7 +386,7 @@ def hybrid_alpha(cfg: RerankerTrainConfig, best_dir: str, device: torch.device, 
     best = CrossEncoder.from_pretrained(best_dir, device=device, bf16=cfg.bf16)
     first = hybrid_first_stage(dev, corpus, dense, cfg.dev_rerank_k)
     reranked, _ = rerank_run(best, queries_of(dev), first, corpus, k=cfg.dev_rerank_k,
-                             batch_size=cfg.eval_batch_size, progress=cfg.progress)
+                             batch_size=cfg.eval_batch_size, progress=cfg.progress, known=known)
     alpha, curve = choose_alpha(reranked, first, qrels_of(dev))
     dense_alpha = read_alpha(best_dir)
     write_alpha(best_dir, dense_alpha, {"dense": dense_alpha, "hybrid": alpha},
@@ -461,17 +476,20 @@ def train_reranker(cfg: RerankerTrainConfig) -> RerankerTrainResult:
         return loss, {"logit_std": float(logits.detach().std()), **extra}
 
     last_alpha: dict = {}
+    best_scores: dict = {}  # the best checkpoint's dev scores, reused by hybrid_alpha
 
     def evaluate(step: int) -> dict:
         reranked, scores = rerank_run(model, dev_queries, first, corpus, k=cfg.dev_rerank_k,
                                       batch_size=cfg.eval_batch_size, progress=cfg.progress)
         metrics = dev_metrics(reranked, dev_qrels)
         alpha, curve = choose_alpha(reranked, first, dev_qrels)
-        last_alpha.update(alpha=alpha, curve=curve)
+        last_alpha.update(alpha=alpha, curve=curve, run=reranked)
         return {"score_std": float(np.std(scores)) if len(scores) else 0.0, "rerank_k": cfg.dev_rerank_k,
                 **metrics, "interpolation_alpha": alpha, "interpolated_ndcg10": curve[alpha]}
 
     def save(directory: str, step: int, score: float) -> None:
+        best_scores.clear()
+        best_scores.update(last_alpha["run"])
         model.save_pretrained(directory)
         write_training_args(directory, {**asdict(cfg), "step": step, "dev_ndcg@10": score})
         # The rerank/first-stage mix that was best on dev for *this* checkpoint (retrieval.interpolation).
@@ -488,7 +506,7 @@ def train_reranker(cfg: RerankerTrainConfig) -> RerankerTrainResult:
         plot_title=f"reranker: dev nDCG@10 of first-stage top-{cfg.dev_rerank_k} ({len(dev)} queries)",
     ).train()
     if teacher is not None and cfg.first_stage == "dense" and result.best_dir:
-        hybrid_alpha(cfg, result.best_dir, device, dev, corpus, teacher.dense, run)
+        hybrid_alpha(cfg, result.best_dir, device, dev, corpus, teacher.dense, run, known=best_scores)
     run.finish({**result.summary(), "first_stage_dev_ndcg@10": first_score,
                 "random_negative_fill_ins": filled_total, "skipped": data.skipped.as_dict(), "dev_queries": len(dev)})
     return RerankerTrainResult(result.best_dir, result.best_step, result.best_score, result.initial_score,

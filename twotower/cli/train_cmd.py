@@ -19,6 +19,12 @@ import json
 import os
 import re
 
+from twotower.cli.checks import reranker_directory
+
+TEACHER_HELP = ("dual encoder whose scores the reranker also learns (listwise distillation); an index built from "
+                "{corpus} lends its vectors and query encoder (no document is encoded again); "
+                "'embedded' = all-MiniLM-L6-v2, the default dense model")
+
 
 def parse_duration(flag: str, text: str | None) -> float | None:
     """The seconds of a duration flag ('45m', '2h', '1h30m', '90s' or plain seconds); None stays None."""
@@ -98,7 +104,9 @@ def register(subparsers) -> None:
 
     p = sub.add_parser("reranker", help="cross-encoder reranker training (listwise or pointwise)",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--model", required=True, metavar="DIR", help="encoder checkpoint or reranker directory")
+    p.add_argument("--model", required=True, metavar="DIR|default",
+                   help="encoder checkpoint (a fresh head), reranker directory (continued), or 'default': "
+                        "continue the reranker twotower ships on your labels")
     p.add_argument("--pairs", required=True, metavar="FILE(.tsv|.jsonl)|BEIR_DIR")
     _common(p, mine=("bm25", "dense", "none"))
     p.add_argument("--first-stage", default=None, metavar="RUN|dense",
@@ -116,9 +124,8 @@ def register(subparsers) -> None:
     p.add_argument("--trainable-layers", type=int, default=None, metavar="N",
                    help="train only the top N encoder layers and the head (default: all); faster steps, and "
                         "the result differs from its base in N layers only")
-    p.add_argument("--teacher", default=None, metavar="DIR|embedded",
-                   help="dual encoder whose scores the reranker also learns (listwise distillation); "
-                        "'embedded' = all-MiniLM-L6-v2, the default dense model")
+    p.add_argument("--teacher", default=None, metavar="DIR|INDEX|embedded",
+                   help=TEACHER_HELP.format(corpus="the --pairs corpus"))
     p.add_argument("--distill-weight", type=float, default=1.0, help="weight of the distillation term")
     p.set_defaults(func=run_reranker)
 
@@ -164,9 +171,8 @@ def register(subparsers) -> None:
     p.add_argument("--head-pooling", choices=["cls", "mean"], default=None,
                    help="what the relevance head reads: the [CLS] pooler (default) or the token mean")
     p.add_argument("--lr", type=float, default=None, help="learning rate (default 1e-4)")
-    p.add_argument("--teacher", default=None, metavar="DIR|embedded",
-                   help="dual encoder whose scores the reranker also learns (listwise distillation); "
-                        "'embedded' = all-MiniLM-L6-v2, the default dense model")
+    p.add_argument("--teacher", default=None, metavar="DIR|INDEX|embedded",
+                   help=TEACHER_HELP.format(corpus="--corpus"))
     p.add_argument("--distill-weight", type=float, default=1.0, help="weight of the distillation term")
     p.add_argument("--mine", choices=["bm25", "dense"], default="bm25",
                    help="labeled claims: mine negatives with BM25 or the --teacher's ranking")
@@ -243,6 +249,7 @@ def run_reranker(args) -> int:
         trainable_layers=args.trainable_layers, teacher=_teacher(args.teacher, args), distill_weight=args.distill_weight,
         **_settings(args, default_ranks=(1, 100)),
     )
+    reranker_directory("--model", args.model)
     res = train_reranker(cfg)
     print(json.dumps({"best": res.best_dir, "best_step": res.best_step, "best_dev_ndcg@10": round(res.best_score, 4),
                       "first_stage_dev_ndcg@10": round(res.first_stage_score, 4), "steps": res.steps,

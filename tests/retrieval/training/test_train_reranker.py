@@ -188,7 +188,7 @@ def test_demo_reranker_trains_on_labeled_claims(tmp_path):
             f.write(json.dumps({"query_id": f"q{d['_id']}", "query": d["title"], "pos": [d["_id"]]}) + "\n")
     out = str(tmp_path / "demo")
     path = demo_reranker.train_demo_reranker(out, model=tiny_model_dir(0.2), corpus=corpus, claims=str(claims),
-                                             steps=2, layers=2, progress=False)
+                                             steps=5, layers=2, progress=False)
     assert os.path.isfile(os.path.join(path, "model.safetensors"))
     # The trainer stores the rerank/first-stage weight it chose on dev with the checkpoint, and loading uses it.
     from twotower.retrieval.cross_encoder import CrossEncoder
@@ -198,9 +198,10 @@ def test_demo_reranker_trains_on_labeled_claims(tmp_path):
     alpha = read_alpha(path)
     assert alpha in ALPHA_GRID and CrossEncoder.from_pretrained(path, bf16=False).interpolation == alpha
     evals = [e for e in (json.loads(x) for x in open(os.path.join(out, "train_log.jsonl"))) if e["event"] == "eval"]
-    assert evals and all(e["interpolation_alpha"] in ALPHA_GRID for e in evals)
+    assert all(e["interpolation_alpha"] in ALPHA_GRID for e in evals)
+    assert [e["step"] for e in evals] == [3, 5]  # two dev passes, the last at the end (none at 4 and again at 5)
     marker = json.load(open(os.path.join(out, demo_reranker.MARKER)))
-    assert marker["settings"]["claims"] == str(claims) and marker["settings"]["steps"] == 2
+    assert marker["settings"]["claims"] == str(claims) and marker["settings"]["steps"] == 5
     assert not os.path.exists(os.path.join(out, "title_abstract_pairs.jsonl"))
     log = [json.loads(x) for x in open(os.path.join(out, "train_log.jsonl"))]
     data = next(e for e in log if e["event"] == "data")
@@ -246,6 +247,25 @@ def test_cli_head_pooling_mean_reaches_the_checkpoint(tmp_path, capsys):
     assert json.load(open(os.path.join(res["best"], "config.json")))["classifier_pooling"] == "mean"
 
 
+def test_training_continues_the_shipped_reranker(tmp_path, capsys):
+    """--model default starts from the shipped reranker (its weights and head), and its checkpoints stand alone."""
+    from twotower.cli import main
+    from twotower.retrieval import default_reranker
+    from twotower.retrieval.cross_encoder import CrossEncoder
+
+    pairs = [("a claim about cells", "cells divide by mitosis"), ("a claim about cells", "rivers flow to the sea")]
+    shipped = default_reranker.load(device="cpu", bf16=False, max_length=64).predict(pairs)
+    start = load_reranker(_cfg(tmp_path, model="default", max_length=64), device="cpu")
+    np.testing.assert_allclose(start.predict(pairs), shipped, atol=1e-5)
+    res = train_reranker(_cfg(tmp_path, model="default", max_length=64, lr=1e-5, max_steps=2, eval_every=2))
+    assert res.steps == 2 and res.best_dir and np.isfinite(res.initial_score)
+    reloaded = CrossEncoder.from_pretrained(res.best_dir, bf16=False).predict(pairs)  # tokenizer and head saved
+    assert reloaded.shape == (2,) and np.isfinite(reloaded).all()
+    rc = main(["train", "reranker", "--model", str(tmp_path / "nope"), "--pairs", tiny_beir_dir(),
+               "--out", str(tmp_path / "o")])
+    assert rc == 2 and "--model" in capsys.readouterr().err
+
+
 def test_dense_mining_and_first_stage_need_a_teacher(tmp_path):
     with pytest.raises(ValueError, match="rank with the teacher: give teacher"):
         _cfg(tmp_path, mine="dense")
@@ -270,6 +290,31 @@ def test_teacher_logits_are_scaled_inner_products(tmp_path):
     order = [[0, 1, 2], [2, 0, 1]]  # group 1's documents a, b, c as rows of d
     want = np.stack([5.0 * d[order[g]] @ q[g] for g in range(2)])
     np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_teacher_from_an_index_uses_its_vectors_and_names_what_does_not_match(tmp_path):
+    from twotower.retrieval.pipeline import SearchPipeline
+    from twotower.retrieval.training.train_reranker import Teacher
+    from twotower.retrieval.training.training_data import TrainExample
+
+    model = tiny_model_dir()
+    corpus = {"a": "alpha beta gamma", "b": "delta epsilon", "c": "gamma delta alpha beta"}
+    index = str(tmp_path / "index")
+    SearchPipeline.build([{"id": k, "title": "", "text": v} for k, v in corpus.items()], index, model,
+                         progress=False, bf16=False).close()
+    train = [TrainExample("q0", "alpha gamma", ("a",)), TrainExample("q1", "epsilon", ("b",))]
+    groups = [(1, ["b", "c", "a"]), (0, ["a", "b", "c"])]
+    got = {}
+    for name, source in (("index", index), ("model", model)):
+        teacher = Teacher(_cfg(tmp_path, teacher=source), corpus, device="cpu")
+        teacher.embed_queries(train)
+        got[name] = teacher.logits(groups).numpy()
+        assert [d for d, _ in teacher.dense(["epsilon"], 3)[0]][0] == "b"
+    np.testing.assert_allclose(got["index"], got["model"], rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="document 'd' of the training corpus is not in the index"):
+        Teacher(_cfg(tmp_path, teacher=index), {**corpus, "d": "zeta"}, device="cpu")
+    with pytest.raises(ValueError, match="document 'b' differs from the index's copy"):
+        Teacher(_cfg(tmp_path, teacher=index), {**corpus, "b": "delta epsilon zeta"}, device="cpu")
 
 
 def test_distillation_run_mines_densely_and_ends_nearer_the_teacher(tmp_path):
