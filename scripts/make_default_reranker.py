@@ -5,7 +5,7 @@ the CPU having native bf16):
     TWOTOWER_BF16=0 .venv/bin/python scripts/make_default_reranker.py
 
 It trains `twotower train demo-reranker --trainable-layers 6 --teacher embedded --mine dense
---first-stage dense` (every layer, the embeddings frozen; the bundled 809 SciFact train claims,
+--first-stage dense --evals 3` (every layer, the embeddings frozen; the bundled 809 SciFact train claims,
 negatives mined by the embedded all-MiniLM-L6-v2 over the bundled 2,000-abstract sample, its scores
 distilled next to the labels, seed 0), then packs the result as an int8 delta over the embedded all-MiniLM-L6-v2
 (`twotower.retrieval.default_reranker.pack`), recording the command, the data and the licences.

@@ -168,6 +168,9 @@ def register(subparsers) -> None:
     p.add_argument("--trainable-layers", type=int, default=None, metavar="N",
                    help="train only the top N encoder layers and the head (default: all)")
     p.add_argument("--max-length", type=int, default=None, help="tokens per claim/abstract pair (default 192)")
+    p.add_argument("--evals", type=int, default=None,
+                   help="dev evaluations, evenly spaced, the last at the end (default 2; the runs in "
+                        "docs/results.md before this flag used 3)")
     p.add_argument("--head-pooling", choices=["cls", "mean"], default=None,
                    help="what the relevance head reads: the [CLS] pooler (default) or the token mean")
     p.add_argument("--lr", type=float, default=None, help="learning rate (default 1e-4)")
@@ -316,7 +319,8 @@ def run_demo(args) -> int:
 
     kw = {k: v for k, v in (("steps", args.steps), ("layers", args.layers), ("lr", args.lr),
                             ("trainable_layers", args.trainable_layers), ("max_length", args.max_length),
-                            ("head_pooling", args.head_pooling), ("teacher", _teacher(args.teacher, args)))
+                            ("head_pooling", args.head_pooling), ("teacher", _teacher(args.teacher, args)),
+                            ("evals", args.evals))
           if v is not None}
     if args.teacher is not None or args.mine != "bm25" or args.first_stage != "bm25":
         kw.update(distill_weight=args.distill_weight, mine=args.mine,
