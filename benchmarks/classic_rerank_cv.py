@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import glob
 import json
+import math
 import os
 import random
 import sys
@@ -183,7 +184,7 @@ def run_fold(args: argparse.Namespace) -> dict:
         model="default" if args.start == "default" else base, pairs=claims, corpus=corpus_path,
         out=os.path.join(fold_dir, "reranker"), mine=args.mine, loss="listwise", group_size=4, batch_size=4,
         max_length=192, lr=args.lr, head_lr_scale=10.0, warmup=0.05, max_steps=args.steps,
-        eval_every=max(1, args.steps // 3), dev_rerank_k=args.rerank_k, eval_at_start=args.start == "default",
+        eval_every=max(1, math.ceil(args.steps / 3)), dev_rerank_k=args.rerank_k, eval_at_start=args.start == "default",
         seed=args.seed, dev_fraction=args.dev_fraction, first_stage=first_path, progress=False,
         trainable_layers=args.trainable_layers, teacher=teacher, distill_weight=args.distill_weight,
     )

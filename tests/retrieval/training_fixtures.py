@@ -20,23 +20,27 @@ WORDS = (
 ).split()
 
 
-def corpus_sentences(n: int = 400, seed: int = 0) -> list[str]:
-    rng = random.Random(seed)
-    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 20))) for _ in range(n)]
-
-
 @functools.cache
 def tiny_model_dir(initializer_range: float = 0.02) -> str:
-    """A random 3-layer BERT (hidden 32) with a ~150-token WordPiece vocabulary, saved in HF layout.
+    """A random 3-layer BERT (hidden 32) with a fixed ~130-token WordPiece vocabulary, saved in HF layout.
 
     BERT's init (std 0.02) gives a [CLS] that barely depends on the input, so a fresh
     relevance head scores every pair alike; reranker tests use a wider init (0.2).
+    The vocabulary is written, not trained: `tokenizers`' WordPiece trainer breaks frequency ties
+    in hash-map order, so a trained one differs from process to process (huggingface/tokenizers#1794)
+    and so did every score of a model built on it.
     """
     from twotower.encoder import EncoderConfig, Tokenizer, save_encoder
     from twotower.encoder.core.model import BertModel
+    from twotower.encoder.core.tokenizer import SPECIAL_TOKENS
 
     root = tempfile.mkdtemp(prefix="twotower-tiny-")
-    tok = Tokenizer.train(iterator=corpus_sentences(), vocab_size=150, min_frequency=1, progress=False)
+    chars = "abcdefghijklmnopqrstuvwxyz0123456789"
+    vocab = [*SPECIAL_TOKENS, *".,;:!?'\"()-", *chars, *(f"##{c}" for c in chars), *sorted(set(WORDS))]
+    vocab_path = os.path.join(root, "vocab.txt")
+    with open(vocab_path, "w", encoding="utf-8") as f:
+        f.write("\n".join(vocab) + "\n")
+    tok = Tokenizer.from_vocab(vocab_path)
     torch.manual_seed(0)
     config = EncoderConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=3,
                            num_attention_heads=2, intermediate_size=37, max_position_embeddings=64,

@@ -357,6 +357,6 @@ def test_distillation_run_mines_densely_and_ends_nearer_the_teacher(tmp_path):
         student = torch.tensor(np.stack([model.predict([(data.examples[i].query, data.corpus[d]) for d in docs])
                                          for i, docs in groups]))  # (Q, 4)
         kls[weight] = float(listwise_kl(student, teacher.logits(groups)))
-    # Over PYTHONHASHSEEDs 0, 7, 13, 21 (and CI's) the ratio spanned 0.23-0.77: the tiny tokenizer and
-    # sampling vary with the hash seed, so the bound leaves room while still failing a no-op distillation.
-    assert kls[100.0] < 0.9 * kls[0.0], kls
+    # The ratio is 0.28 with the fixed tiny vocabulary (it spanned 0.23-0.91 while the fixture's
+    # vocabulary was trained, and so differed from process to process; see tiny_model_dir).
+    assert kls[100.0] < 0.75 * kls[0.0], kls
