@@ -196,16 +196,10 @@ class BM25:
         if len(self) == 0 or len(queries) == 0:
             return empty_result(len(queries), k)
         retriever = self._ensure_built()
-        vocab_size = len(retriever.vocab_dict)
-        empty_id = self._tokenizer.get_vocab_dict().get("")
-        query_ids = self._tokenizer.tokenize(
-            list(queries), update_vocab=False, return_as="ids", show_progress=False
-        )
         doc_ids = np.array(self._built_ids, dtype=object)
         result = empty_result(len(queries), k)
         mask = None if allowed is None else self._allowed_mask(allowed)  # (N,) bool
-        for qi, toks in enumerate(query_ids):
-            toks = [t for t in toks if t != empty_id and t < vocab_size]
+        for qi, toks in enumerate(self._query_tokens(queries)):
             if not toks:
                 continue
             scores = retriever.get_scores_from_ids(toks)  # (N,)
@@ -220,6 +214,30 @@ class BM25:
             result.ids[qi][: len(order)] = doc_ids[order].tolist()
             result.scores[qi, : len(order)] = scores[order]
         return result
+
+    def score(self, query: str, ids: Sequence[str]) -> np.ndarray:
+        """BM25 scores (len(ids),) of the named documents for one query; 0 where no term is shared.
+
+        Why: a teacher or a fusion needs the scores of given documents (a reranker's group), not a top-k.
+        """
+        if not isinstance(query, str):
+            raise ValueError("BM25.score: pass one query string")
+        retriever = self._ensure_built()
+        missing = [i for i in ids if i not in self._pos]
+        if missing:
+            raise KeyError(f"BM25.score: document(s) not indexed, e.g. {missing[:5]}")
+        toks = self._query_tokens([query])[0]
+        if not toks:
+            return np.zeros(len(ids), dtype=np.float32)
+        scores = retriever.get_scores_from_ids(toks)  # (N,)
+        return np.asarray(scores[[self._pos[i] for i in ids]], dtype=np.float32)
+
+    def _query_tokens(self, queries: Sequence[str]) -> list[list[int]]:
+        """Token ids of each query that the built index knows (unknown and empty tokens dropped)."""
+        vocab_size = len(self._ensure_built().vocab_dict)
+        empty_id = self._tokenizer.get_vocab_dict().get("")
+        query_ids = self._tokenizer.tokenize(list(queries), update_vocab=False, return_as="ids", show_progress=False)
+        return [[t for t in toks if t != empty_id and t < vocab_size] for toks in query_ids]
 
     def _allowed_mask(self, allowed: Collection[str]) -> np.ndarray:
         """Bool mask (N,) over the built documents; the last one is reused for the same allowed set."""

@@ -100,9 +100,11 @@ def train_demo_reranker(
     lr: float = 1e-4,
     teacher: str | None = None,
     distill_weight: float = 1.0,
+    teacher_bm25: float = 0.0,
     mine: str = "bm25",
     first_stage: str | None = None,
     evals: int = 2,
+    dev_by: str = "query",
     seed: int = 0,
     progress: bool = True,
 ) -> str:
@@ -111,10 +113,12 @@ def train_demo_reranker(
     layers: keep only the first N encoder layers (None: all; module docstring for why all).
     trainable_layers: train only the top N of them and the head (None: all; `RerankerTrainConfig`).
     head_pooling: what the relevance head reads, "cls" or "mean" (`RerankerTrainConfig`).
+    dev_by: "query" (10 % of the claims) or "document" (no dev claim's evidence is a training claim's;
+        `split_dev`).
     evals: dev evaluations, evenly spaced, the last at the final step. Two, not more: a dev pass costs
         as much as ~30 training steps, and the first third of a run was never the best checkpoint
         (docs/results.md, "The reranker twotower ships").
-    teacher / distill_weight / mine / first_stage: as `RerankerTrainConfig` (teacher "embedded": the
+    teacher / distill_weight / teacher_bm25 / mine / first_stage: as `RerankerTrainConfig` (teacher "embedded": the
         embedded all-MiniLM-L6-v2, the dense model the demo index is built with).
 
     claims: ``{query, pos: [doc ids]}`` JSONL(.gz) over `corpus`; "bundled" = the SciFact train claims when
@@ -138,6 +142,10 @@ def train_demo_reranker(
     if teacher is not None or mine != "bm25" or first_stage is not None:  # older caches keep their key
         settings.update(teacher=os.path.abspath(teacher) if teacher else None, distill_weight=distill_weight,
                         mine=mine, first_stage=first_stage)
+    if teacher_bm25:
+        settings.update(teacher_bm25=teacher_bm25)
+    if dev_by != "query":
+        settings.update(dev_by=dev_by)
     best = os.path.join(out, "best")
     marker = os.path.join(out, MARKER)
     if os.path.isfile(marker) and os.path.isdir(best):
@@ -157,8 +165,9 @@ def train_demo_reranker(
         model=start, pairs=data, corpus=data_corpus, out=out, mine=mine, loss="listwise", group_size=group_size,
         batch_size=batch_size, max_length=max_length, lr=lr, head_lr_scale=10.0, warmup=0.05, max_steps=steps,
         eval_every=max(1, math.ceil(steps / evals)), dev_rerank_k=20, eval_at_start=False, seed=seed, progress=progress,
+        dev_by=dev_by,
         trainable_layers=trainable_layers, head_pooling=head_pooling, teacher=teacher,
-        distill_weight=distill_weight, first_stage=first_stage,
+        distill_weight=distill_weight, teacher_bm25=teacher_bm25, first_stage=first_stage,
     )
     result = train_reranker(cfg)
     if result.best_dir is None:

@@ -70,6 +70,8 @@ class TrainSettings:
         decay (not on biases and norms) and the gradient clipping norm.
     bf16: "auto" = bf16 autocast where the hardware has it natively; True/False force it.
     dev_fraction / dev_size: dev split carved from train by query (dev_size, a query count, wins).
+    dev_by: "query", or "document": no dev query's positive is a training query's positive
+        (`twotower.retrieval.training.training_data.split_dev`; for corpora whose new documents matter).
     eval_every: steps between dev evaluations (None = once per epoch); eval_interval_s: also evaluate
         when this many seconds passed since the last evaluation.
     save_last: also keep the final weights in ``out/last``; dry_run: one step and one evaluation.
@@ -88,6 +90,7 @@ class TrainSettings:
     seed: int = 0
     dev_fraction: float = 0.1
     dev_size: int | None = None
+    dev_by: str = "query"
     eval_every: int | None = None
     eval_interval_s: float | None = None
     save_last: bool = False

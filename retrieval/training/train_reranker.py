@@ -102,6 +102,11 @@ class RerankerTrainConfig(TrainSettings):
         ``mine="dense"`` (negatives from the teacher's ranking) and ``first_stage="dense"`` (dev reranks the
         teacher's top-k, as `twotower search --rerank` reranks the dense index's). None: labels only.
     distill_weight: weight of the distillation term next to the label loss (1.0: equal).
+    teacher_bm25: add BM25's scores to the teacher's logits with this weight (0: the dense teacher alone).
+        BM25 is first rescaled so that its scores spread over the training queries' candidates as much as the
+        dense teacher's do (`Teacher.calibrate`); 1.0 then weighs the two equally. Why: the hybrid ranks
+        better than either alone on claims whose evidence was never seen in training (docs/results.md), and
+        a reranker interpolated with the dense first stage can only add the lexical evidence it has learned.
     teacher_scale: the teacher's scores are scale x inner product before the softmax (20: the scale
         sentence-transformers trains all-MiniLM-L6-v2 with, 1 / temperature 0.05).
     collapse_std: stop when the standard deviation of dev scores, or of the training logits over the last
@@ -127,6 +132,7 @@ class RerankerTrainConfig(TrainSettings):
     trainable_layers: int | None = None
     teacher: str | None = None
     distill_weight: float = 1.0
+    teacher_bm25: float = 0.0
     teacher_scale: float = 20.0
     collapse_std: float = 1e-3
     collapse_window: int = 20
@@ -142,6 +148,10 @@ class RerankerTrainConfig(TrainSettings):
             raise ValueError("mine='dense' and first_stage='dense' rank with the teacher: give teacher (--teacher DIR)")
         if self.distill_weight < 0:
             raise ValueError(f"distill_weight={self.distill_weight}; give 0 or more")
+        if self.teacher_bm25 < 0:
+            raise ValueError(f"teacher_bm25={self.teacher_bm25}; give 0 or more")
+        if self.teacher_bm25 > 0 and self.teacher is None:
+            raise ValueError("teacher_bm25 adds BM25 to the dense teacher's scores: give teacher (--teacher DIR)")
         if self.trainable_layers is not None and self.trainable_layers < 0:
             raise ValueError(f"trainable_layers={self.trainable_layers}; give 0 or more (None: all)")
 
@@ -325,7 +335,8 @@ class Teacher:
     """The dual encoder `cfg.teacher` over the training corpus, embedded once: ranks (`dense`) and group logits.
 
     Why once: every group's teacher scores are inner products of vectors computed before the first step,
-    so distillation costs no forward pass during training.
+    so distillation costs no forward pass during training. With ``cfg.teacher_bm25`` the logits also carry
+    BM25's scores of the same documents (a sparse lookup per group, no model).
     """
 
     def __init__(self, cfg: RerankerTrainConfig, corpus: dict[str, str], device: torch.device) -> None:
@@ -338,15 +349,48 @@ class Teacher:
             dual = DualEncoder.from_pretrained(cfg.teacher, bf16=cfg.bf16, device=device)
             self.dense = DenseRetriever(dual, corpus, progress=cfg.progress)
         self.scale = cfg.teacher_scale
+        self.bm25_weight = cfg.teacher_bm25
+        self.bm25 = None
+        if self.bm25_weight > 0:
+            from twotower.indexing.bm25 import BM25
+
+            self.bm25 = BM25()
+            self.bm25.add(list(corpus), list(corpus.values()))
+        self.bm25_scale = 0.0  # set by calibrate
+        self.queries: list[str] = []
         self.query_vectors: np.ndarray | None = None
 
     def embed_queries(self, train: Sequence[TrainExample]) -> None:
-        self.query_vectors = self.dense.dual.encode_queries([e.query for e in train])  # (Q, H)
+        self.queries = [e.query for e in train]
+        self.query_vectors = self.dense.dual.encode_queries(self.queries)  # (Q, H)
+        if self.bm25 is not None:
+            self.bm25_scale = self.calibrate(train)
+
+    def _dense(self, i: int, docs: Sequence[str]) -> np.ndarray:
+        return self.scale * (self.dense.index.reconstruct(list(docs)) @ self.query_vectors[i])  # (n,)
+
+    def calibrate(self, train: Sequence[TrainExample], queries: int = 200) -> float:
+        """The factor that gives BM25's scores the dense logits' spread: the ratio of their mean per-query
+        standard deviations over the first `queries` training queries' positives and mined negatives."""
+        dense_std, bm25_std = [], []
+        for i, e in enumerate(train[:queries]):
+            docs = list(dict.fromkeys((*e.positives, *e.negatives)))
+            if len(docs) < 2:
+                continue
+            dense_std.append(float(np.std(self._dense(i, docs))))
+            bm25_std.append(float(np.std(self.bm25.score(self.queries[i], docs))))
+        if not dense_std or np.mean(bm25_std) == 0:
+            raise ValueError("teacher_bm25: no training query has two candidates that BM25 tells apart; "
+                             "mine negatives (--mine) or drop --teacher-bm25")
+        return float(np.mean(dense_std) / np.mean(bm25_std))
 
     def logits(self, groups: Sequence[tuple[int, Sequence[str]]]) -> torch.Tensor:
-        """(G, n): scale x <query, document> for each group's documents, in order."""
-        rows = [self.dense.index.reconstruct(list(docs)) @ self.query_vectors[i] for i, docs in groups]  # (n,) each
-        return torch.from_numpy(self.scale * np.stack(rows)).float()
+        """(G, n): scale x <query, document> (+ weight x calibrated BM25) for each group's documents, in order."""
+        rows = [self._dense(i, docs) for i, docs in groups]  # (n,) each
+        if self.bm25 is not None:
+            factor = self.bm25_weight * self.bm25_scale
+            rows = [r + factor * self.bm25.score(self.queries[i], list(docs)) for r, (i, docs) in zip(rows, groups)]
+        return torch.from_numpy(np.stack(rows)).float()
 
 
 def load_reranker(cfg: RerankerTrainConfig, device: torch.device) -> CrossEncoder:
@@ -406,7 +450,7 @@ def train_reranker(cfg: RerankerTrainConfig) -> RerankerTrainResult:
     if cfg.trainable_layers is not None:
         freeze_below_top(model, cfg.trainable_layers)
     data, labeled = load_reranker_data(cfg)
-    train, dev = split_dev(data.examples, cfg.dev_fraction, cfg.seed, cfg.dev_size)
+    train, dev = split_dev(data.examples, cfg.dev_fraction, cfg.seed, cfg.dev_size, by=cfg.dev_by)
     corpus = data.corpus
     teacher = Teacher(cfg, corpus, device) if cfg.teacher else None
     if cfg.negatives:
@@ -439,6 +483,8 @@ def train_reranker(cfg: RerankerTrainConfig) -> RerankerTrainResult:
         batches = listwise_batches(train, list(corpus), cfg.group_size, cfg.batch_size, rng)
         if teacher is not None and cfg.distill_weight > 0:
             teacher.embed_queries(train)
+            if teacher.bm25 is not None:
+                run.log("teacher_bm25", weight=cfg.teacher_bm25, bm25_scale=teacher.bm25_scale)
     else:
         if len(train_pairs) < cfg.batch_size:
             raise ValueError(f"{len(train_pairs)} training pairs cannot fill a batch of {cfg.batch_size}")

@@ -100,3 +100,15 @@ def test_dense_mining_without_a_teacher_names_the_flags(command, tmp_path, capsy
     rc, out, err = run_cli(capsys, *args, "--teacher", str(tmp_path / "nowhere"))
     assert rc == 2 and f"--teacher {tmp_path / 'nowhere'}: not a directory" in err
     assert not (tmp_path / "rr").exists()
+
+
+@pytest.mark.parametrize("command", ["reranker", "demo-reranker"])
+def test_teacher_bm25_names_its_flag(command, tmp_path, capsys):
+    args = ["train", command, "--out", str(tmp_path / "rr")]
+    if command == "reranker":
+        args += ["--model", str(tmp_path), "--pairs", str(tmp_path / "pairs.tsv")]
+    rc, out, err = run_cli(capsys, *args, "--teacher-bm25", "1")
+    assert rc == 2 and "--teacher-bm25 adds BM25 to the teacher's scores: add --teacher DIR" in err
+    rc, out, err = run_cli(capsys, *args, "--teacher", "embedded", "--teacher-bm25", "-1")
+    assert rc == 2 and "--teacher-bm25 -1: give 0 or more" in err
+    assert not (tmp_path / "rr").exists()

@@ -95,6 +95,19 @@ def test_incremental_changes_equal_a_fresh_index(tiny):
     assert len(tiny) == 4 and "cats" not in tiny and "new" in tiny
 
 
+def test_score_of_named_documents_equals_the_search_scores(tiny):
+    tiny.delete(["fish"])  # positions move on the rebuild; scores must follow the ids
+    tiny.add(["fish2"], ["Fish and cats swim in the river"])
+    res = tiny.search(["cat river"], k=5)
+    hits = [(d, s) for d, s in zip(res.ids[0], res.scores[0]) if d]
+    got = tiny.score("cat river", [d for d, _ in reversed(hits)] + ["dogs"])  # any order, and a doc with no match
+    np.testing.assert_allclose(got, [s for _, s in reversed(hits)] + [0.0], rtol=1e-6)
+    assert got.dtype == np.float32 and len(hits) == 2
+    np.testing.assert_array_equal(tiny.score("the and", ["cats", "dogs"]), [0.0, 0.0])  # stopwords only
+    with pytest.raises(KeyError, match="fish"):
+        tiny.score("cat", ["cats", "fish"])  # deleted
+
+
 def test_add_and_delete_errors(tiny):
     with pytest.raises(ValueError, match=r"already indexed or repeated.*dogs"):
         tiny.add(["dogs"], ["again"])

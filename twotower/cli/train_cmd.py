@@ -63,6 +63,9 @@ def _common(p: argparse.ArgumentParser, mine: tuple[str, ...] = ("bm25", "none")
     p.add_argument("--max-grad-norm", type=float, default=1.0)
     p.add_argument("--dev-fraction", type=float, default=0.1, help="share of train queries carved out as dev")
     p.add_argument("--dev-size", type=int, default=None, help="number of dev queries (overrides --dev-fraction)")
+    p.add_argument("--dev-by", choices=["query", "document"], default="query",
+                   help="carve dev by query, or by document: no dev query's positive is a training query's "
+                        "(choose for documents training has not seen)")
     p.add_argument("--eval-every", type=int, default=None, help="steps between dev evaluations (default: an epoch)")
     p.add_argument("--eval-interval", default=None, help="also evaluate after this long (e.g. 10m)")
     p.add_argument("--seed", type=int, default=0)
@@ -127,6 +130,9 @@ def register(subparsers) -> None:
     p.add_argument("--teacher", default=None, metavar="DIR|INDEX|embedded",
                    help=TEACHER_HELP.format(corpus="the --pairs corpus"))
     p.add_argument("--distill-weight", type=float, default=1.0, help="weight of the distillation term")
+    p.add_argument("--teacher-bm25", type=float, default=0.0, metavar="W",
+                   help="add BM25's scores, rescaled to the --teacher's spread, to the teacher with weight W "
+                        "(0: the dense teacher alone)")
     p.set_defaults(func=run_reranker)
 
     p = sub.add_parser("mine", help="mine hard negatives from BM25 or a dense model into JSONL",
@@ -177,10 +183,15 @@ def register(subparsers) -> None:
     p.add_argument("--teacher", default=None, metavar="DIR|INDEX|embedded",
                    help=TEACHER_HELP.format(corpus="--corpus"))
     p.add_argument("--distill-weight", type=float, default=1.0, help="weight of the distillation term")
+    p.add_argument("--teacher-bm25", type=float, default=0.0, metavar="W",
+                   help="add BM25's scores, rescaled to the --teacher's spread, to the teacher with weight W "
+                        "(0: the dense teacher alone)")
     p.add_argument("--mine", choices=["bm25", "dense"], default="bm25",
                    help="labeled claims: mine negatives with BM25 or the --teacher's ranking")
     p.add_argument("--first-stage", choices=["bm25", "dense"], default="bm25",
                    help="what dev reranks to choose the checkpoint and weight: BM25's or the --teacher's top 20")
+    p.add_argument("--dev-by", choices=["query", "document"], default="query",
+                   help="carve dev by claim, or by document: no dev claim's evidence is a training claim's")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run_demo)
@@ -200,7 +211,7 @@ def _settings(args, default_ranks: tuple[int, int]) -> dict:
         epochs=args.epochs, max_steps=args.max_steps, time_budget=parse_duration("--time-budget", args.time_budget),
         warmup=args.warmup, weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm,
         bf16=False if args.no_bf16 else "auto", seed=args.seed, dev_fraction=args.dev_fraction,
-        dev_size=args.dev_size, eval_every=args.eval_every,
+        dev_size=args.dev_size, dev_by=args.dev_by, eval_every=args.eval_every,
         eval_interval_s=parse_duration("--eval-interval", args.eval_interval), save_last=args.save_last,
         progress=not args.no_progress, device=args.device, dry_run=args.dry_run,
     )
@@ -241,6 +252,14 @@ def _teacher(flag: str | None, args) -> str | None:
     return teacher_dir(flag)
 
 
+def _teacher_bm25(args) -> float:
+    if args.teacher_bm25 < 0:
+        raise ValueError(f"--teacher-bm25 {args.teacher_bm25:g}: give 0 or more")
+    if args.teacher_bm25 > 0 and args.teacher is None:
+        raise ValueError("--teacher-bm25 adds BM25 to the teacher's scores: add --teacher DIR (or --teacher embedded)")
+    return args.teacher_bm25
+
+
 def run_reranker(args) -> int:
     _check_out(args.out)
     from twotower.retrieval.training.train_reranker import RerankerTrainConfig, train_reranker
@@ -250,7 +269,7 @@ def run_reranker(args) -> int:
         group_size=args.group_size, batch_size=args.batch_size, max_length=args.max_length, lr=args.lr or 3e-5,
         dev_rerank_k=args.dev_rerank_k, collapse_std=args.collapse_std, head_pooling=args.head_pooling,
         trainable_layers=args.trainable_layers, teacher=_teacher(args.teacher, args), distill_weight=args.distill_weight,
-        **_settings(args, default_ranks=(1, 100)),
+        teacher_bm25=_teacher_bm25(args), **_settings(args, default_ranks=(1, 100)),
     )
     reranker_directory("--model", args.model)
     res = train_reranker(cfg)
@@ -320,7 +339,8 @@ def run_demo(args) -> int:
     kw = {k: v for k, v in (("steps", args.steps), ("layers", args.layers), ("lr", args.lr),
                             ("trainable_layers", args.trainable_layers), ("max_length", args.max_length),
                             ("head_pooling", args.head_pooling), ("teacher", _teacher(args.teacher, args)),
-                            ("evals", args.evals))
+                            ("evals", args.evals), ("teacher_bm25", _teacher_bm25(args) or None),
+                            ("dev_by", None if args.dev_by == "query" else args.dev_by))
           if v is not None}
     if args.teacher is not None or args.mine != "bm25" or args.first_stage != "bm25":
         kw.update(distill_weight=args.distill_weight, mine=args.mine,

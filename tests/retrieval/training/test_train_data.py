@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 
 import pytest
 
@@ -130,3 +131,30 @@ def test_dev_split_by_query_is_seeded_and_disjoint(beir):
     assert split_dev(examples, 0.2, seed=4)[1] != dev
     with pytest.raises(ValueError, match="at least 2 distinct queries"):
         split_dev(examples[:1])
+    # the split every earlier run used: the first n of the seeded shuffle of the sorted query ids
+    qids = sorted({e.query_id for e in examples})
+    random.Random(3).shuffle(qids)
+    assert {e.query_id for e in dev} == set(qids[:2])
+
+
+def test_dev_split_by_document_keeps_every_positive_on_one_side():
+    from twotower.retrieval.training.training_data import TrainExample
+
+    rng = random.Random(0)
+    # 60 queries over 40 documents: many share a positive, some transitively (q1 ~ q2 via d5, q2 ~ q3 via d9)
+    examples = [TrainExample(f"q{i}", f"query {i}", tuple(f"d{rng.randrange(40)}" for _ in range(rng.choice([1, 2]))))
+                for i in range(60)]
+    by_query = split_dev(examples, dev_fraction=0.2, seed=1)
+    train_pos = {d for e in by_query[0] for d in e.positives}
+    assert any(d in train_pos for e in by_query[1] for d in e.positives)  # the leak this split removes
+    for seed in range(5):
+        train, dev = split_dev(examples, dev_fraction=0.2, seed=seed, by="document")
+        train_pos = {d for e in train for d in e.positives}
+        assert dev and all(d not in train_pos for e in dev for d in e.positives)
+        assert 0 < len(dev) <= 12 and len(train) + len(dev) == 60
+        assert split_dev(examples, dev_fraction=0.2, seed=seed, by="document") == (train, dev)
+    one_group = [TrainExample(f"q{i}", "q", ("d0",)) for i in range(5)]
+    with pytest.raises(ValueError, match="positives form one group; split by query instead"):
+        split_dev(one_group, dev_size=2, by="document")
+    with pytest.raises(ValueError, match="dev split by 'doc'"):
+        split_dev(examples, by="doc")

@@ -292,6 +292,34 @@ def test_teacher_logits_are_scaled_inner_products(tmp_path):
     np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-5)
 
 
+def test_teacher_bm25_adds_calibrated_bm25_scores(tmp_path):
+    from twotower.indexing.bm25 import BM25
+    from twotower.retrieval.training.train_reranker import Teacher
+    from twotower.retrieval.training.training_data import TrainExample
+
+    model = tiny_model_dir()
+    corpus = {"a": "alpha beta gamma", "b": "delta epsilon", "c": "gamma delta alpha beta", "d": "epsilon zeta"}
+    train = [TrainExample("q0", "alpha gamma", ("a",), ("b", "c")), TrainExample("q1", "epsilon", ("b",), ("c", "d"))]
+    dense = Teacher(_cfg(tmp_path, teacher=model), corpus, device="cpu")
+    dense.embed_queries(train)
+    mixed = Teacher(_cfg(tmp_path, teacher=model, teacher_bm25=0.5), corpus, device="cpu")
+    mixed.embed_queries(train)
+    bm = BM25()
+    bm.add(list(corpus), list(corpus.values()))
+    # calibration: the scaled BM25 scores spread over the training candidates as much as the dense logits do
+    cands = [["a", "b", "c"], ["b", "c", "d"]]
+    dense_std = np.mean([np.std(dense.logits([(i, c)]).numpy()) for i, c in enumerate(cands)])
+    bm25_std = np.mean([np.std(bm.score(e.query, c)) for e, c in zip(train, cands)])
+    assert mixed.bm25_scale == pytest.approx(dense_std / bm25_std, rel=1e-5)
+    groups = [(1, ["d", "a", "b"]), (0, ["c", "a", "d"])]
+    want = dense.logits(groups).numpy() + 0.5 * mixed.bm25_scale * np.stack(
+        [bm.score(train[i].query, docs) for i, docs in groups])
+    np.testing.assert_allclose(mixed.logits(groups).numpy(), want, rtol=1e-5, atol=1e-5)
+    assert (want != dense.logits(groups).numpy()).any()
+    with pytest.raises(ValueError, match="teacher_bm25 adds BM25"):
+        _cfg(tmp_path, teacher_bm25=1.0)
+
+
 def test_teacher_from_an_index_uses_its_vectors_and_names_what_does_not_match(tmp_path):
     from twotower.retrieval.pipeline import SearchPipeline
     from twotower.retrieval.training.train_reranker import Teacher
