@@ -282,18 +282,18 @@ class DenseRetriever:
         pipe = SearchPipeline.load(directory, use_default_reranker=False, bf16=bf16, device=device or "cpu")
         try:
             if pipe.passages is not None:
-                raise ValueError(f"teacher {directory}: an index of passages has no vector per document; "
+                raise ValueError(f"--teacher {directory}: an index of passages has no vector per document; "
                                  "give the dual encoder's directory instead")
             if pipe.store.manifest.metric == "l2":
-                raise ValueError(f"teacher {directory}: an l2 index; a teacher scores by inner product "
+                raise ValueError(f"--teacher {directory}: an l2 index; a teacher scores by inner product "
                                  "(give the dual encoder's directory instead)")
             ids = list(corpus)
             for doc_id, doc in zip(ids, pipe.store.get(ids)):
                 if doc is None:
-                    raise ValueError(f"teacher {directory}: document {doc_id!r} of the training corpus is not in "
+                    raise ValueError(f"--teacher {directory}: document {doc_id!r} of the training corpus is not in "
                                      "the index; index it, or give the dual encoder's directory instead")
                 if document_text(doc) != corpus[doc_id]:
-                    raise ValueError(f"teacher {directory}: document {doc_id!r} differs from the index's copy; "
+                    raise ValueError(f"--teacher {directory}: document {doc_id!r} differs from the index's copy; "
                                      "rebuild the index from the training corpus, or give the dual encoder's "
                                      "directory instead")
             vectors = np.asarray(pipe.store.vectors.reconstruct(ids), dtype=np.float32)  # (N, H)

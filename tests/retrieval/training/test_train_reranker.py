@@ -339,7 +339,7 @@ def test_teacher_from_an_index_uses_its_vectors_and_names_what_does_not_match(tm
         got[name] = teacher.logits(groups).numpy()
         assert [d for d, _ in teacher.dense(["epsilon"], 3)[0]][0] == "b"
     np.testing.assert_allclose(got["index"], got["model"], rtol=1e-5, atol=1e-5)
-    with pytest.raises(ValueError, match="document 'd' of the training corpus is not in the index"):
+    with pytest.raises(ValueError, match=r"--teacher .*index: document 'd' of the training corpus is not in the index"):
         Teacher(_cfg(tmp_path, teacher=index), {**corpus, "d": "zeta"}, device="cpu")
     with pytest.raises(ValueError, match="document 'b' differs from the index's copy"):
         Teacher(_cfg(tmp_path, teacher=index), {**corpus, "b": "delta epsilon zeta"}, device="cpu")
