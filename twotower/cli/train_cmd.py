@@ -26,6 +26,10 @@ TEACHER_HELP = ("dual encoder whose scores the reranker also learns (listwise di
                 "'embedded' = all-MiniLM-L6-v2, the default dense model")
 
 
+TEACHER_BM25_HELP = ("add BM25's scores, rescaled to the --teacher's spread, to the teacher with weight W "
+                     "(0: the dense teacher alone)")
+
+
 def parse_duration(flag: str, text: str | None) -> float | None:
     """The seconds of a duration flag ('45m', '2h', '1h30m', '90s' or plain seconds); None stays None."""
     if text is None:
@@ -130,9 +134,7 @@ def register(subparsers) -> None:
     p.add_argument("--teacher", default=None, metavar="DIR|INDEX|embedded",
                    help=TEACHER_HELP.format(corpus="the --pairs corpus"))
     p.add_argument("--distill-weight", type=float, default=1.0, help="weight of the distillation term")
-    p.add_argument("--teacher-bm25", type=float, default=0.0, metavar="W",
-                   help="add BM25's scores, rescaled to the --teacher's spread, to the teacher with weight W "
-                        "(0: the dense teacher alone)")
+    p.add_argument("--teacher-bm25", type=float, default=0.0, metavar="W", help=TEACHER_BM25_HELP)
     p.set_defaults(func=run_reranker)
 
     p = sub.add_parser("mine", help="mine hard negatives from BM25 or a dense model into JSONL",
@@ -183,9 +185,7 @@ def register(subparsers) -> None:
     p.add_argument("--teacher", default=None, metavar="DIR|INDEX|embedded",
                    help=TEACHER_HELP.format(corpus="--corpus"))
     p.add_argument("--distill-weight", type=float, default=1.0, help="weight of the distillation term")
-    p.add_argument("--teacher-bm25", type=float, default=0.0, metavar="W",
-                   help="add BM25's scores, rescaled to the --teacher's spread, to the teacher with weight W "
-                        "(0: the dense teacher alone)")
+    p.add_argument("--teacher-bm25", type=float, default=0.0, metavar="W", help=TEACHER_BM25_HELP)
     p.add_argument("--mine", choices=["bm25", "dense"], default="bm25",
                    help="labeled claims: mine negatives with BM25 or the --teacher's ranking")
     p.add_argument("--first-stage", choices=["bm25", "dense"], default="bm25",

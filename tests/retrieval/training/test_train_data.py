@@ -141,7 +141,7 @@ def test_dev_split_by_document_keeps_every_positive_on_one_side():
     from twotower.retrieval.training.training_data import TrainExample
 
     rng = random.Random(0)
-    # 60 queries over 40 documents: many share a positive, some transitively (q1 ~ q2 via d5, q2 ~ q3 via d9)
+    # 60 queries over 40 documents: many share a positive, directly or through other queries
     examples = [TrainExample(f"q{i}", f"query {i}", tuple(f"d{rng.randrange(40)}" for _ in range(rng.choice([1, 2]))))
                 for i in range(60)]
     by_query = split_dev(examples, dev_fraction=0.2, seed=1)
