@@ -83,6 +83,9 @@ def main() -> None:
     ap.add_argument("--dev-rerank-k", type=int, default=20, help="first-stage depth reranked at dev evaluations")
     ap.add_argument("--final-k", type=int, default=100, help="first-stage depth reranked for the reported runs")
     ap.add_argument("--skip-train", action="store_true")
+    ap.add_argument("--reranker", default=None, metavar="DIR|default",
+                    help="score this reranker (a directory, or 'default': the one twotower ships) instead of "
+                         "training one; implies --skip-train")
     args = ap.parse_args()
 
     from twotower.retrieval.cross_encoder import CrossEncoder
@@ -105,7 +108,7 @@ def main() -> None:
                                   os.path.join(args.out, "first_stage_negatives.jsonl"))
         mine = None
     results["negatives_from"] = first_name if negatives else "bm25"
-    if not args.skip_train:
+    if not (args.skip_train or args.reranker):
         cfg = RerankerTrainConfig(
             model=args.model or minilm_path(), pairs=args.data, out=args.out, negatives=negatives, mine=mine,
             mine_ranks=(1, 100), first_stage=os.path.join(runs_dir, f"dev_{first_name}.trec"), loss="listwise",
@@ -121,7 +124,12 @@ def main() -> None:
                             "first_stage_dev_ndcg@10": res.first_stage_score, "stopped_by": res.stopped_by}
         print("training:", results["train"], flush=True)
 
-    model = CrossEncoder.from_pretrained(os.path.join(args.out, "best"), max_length=args.max_length)
+    if args.reranker == "default":
+        from twotower.retrieval import default_reranker
+
+        model = default_reranker.load(max_length=args.max_length)
+    else:
+        model = CrossEncoder.from_pretrained(args.reranker or os.path.join(args.out, "best"), max_length=args.max_length)
     table = {}
     reranked, firsts = {}, {}
     for split, queries, qrels in (("dev", dev_q, dev_qrels), ("test", test_q, test_qrels)):

@@ -269,6 +269,7 @@ class SearchPipeline:
         *,
         readonly: bool = True,
         use_default_reranker: bool = True,
+        fallback_reranker: Any = None,
         bf16: bool | str = "auto",
         device: str = "cpu",
         mmap: bool = True,
@@ -280,6 +281,9 @@ class SearchPipeline:
                 A model whose fingerprint or dimension differs from the index is refused.
             reranker: a cross-encoder directory or object; None = the manifest's default
                 (when `use_default_reranker`), else no reranking.
+            fallback_reranker: what to rerank with when `reranker` is None and the index's own is not used
+                (it records none, or `use_default_reranker` is False); `twotower search --rerank` passes
+                "default", the shipped one.
             readonly: open for searching only (many readers may share a directory);
                 False to `add`/`delete` (one writer at a time).
         """
@@ -292,6 +296,8 @@ class SearchPipeline:
             encoder = _load_encoder(model, bf16, device)
             if reranker is None and use_default_reranker:
                 reranker = resolve_reranker_source(block.get("reranker"), directory)
+            if reranker is None:
+                reranker = fallback_reranker
             return cls(store, encoder, _load_reranker(reranker, bf16, device))
         except BaseException:
             store.close()

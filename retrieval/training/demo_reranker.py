@@ -101,6 +101,7 @@ def train_demo_reranker(
     teacher: str | None = None,
     distill_weight: float = 1.0,
     teacher_bm25: float = 0.0,
+    residual: bool = False,
     mine: str = "bm25",
     first_stage: str | None = None,
     evals: int = 2,
@@ -118,7 +119,7 @@ def train_demo_reranker(
     evals: dev evaluations, evenly spaced, the last at the final step. Two, not more: a dev pass costs
         as much as ~30 training steps, and the first third of a run was never the best checkpoint
         (docs/results.md, "The reranker twotower ships").
-    teacher / distill_weight / teacher_bm25 / mine / first_stage: as `RerankerTrainConfig` (teacher "embedded": the
+    teacher / distill_weight / teacher_bm25 / residual / mine / first_stage: as `RerankerTrainConfig` (teacher "embedded": the
         embedded all-MiniLM-L6-v2, the dense model the demo index is built with).
 
     claims: ``{query, pos: [doc ids]}`` JSONL(.gz) over `corpus`; "bundled" = the SciFact train claims when
@@ -144,6 +145,8 @@ def train_demo_reranker(
                         mine=mine, first_stage=first_stage)
     if teacher_bm25:
         settings.update(teacher_bm25=teacher_bm25)
+    if residual:
+        settings.update(residual=True)
     if dev_by != "query":
         settings.update(dev_by=dev_by)
     best = os.path.join(out, "best")
@@ -167,7 +170,7 @@ def train_demo_reranker(
         eval_every=max(1, math.ceil(steps / evals)), dev_rerank_k=20, eval_at_start=False, seed=seed, progress=progress,
         dev_by=dev_by,
         trainable_layers=trainable_layers, head_pooling=head_pooling, teacher=teacher,
-        distill_weight=distill_weight, teacher_bm25=teacher_bm25, first_stage=first_stage,
+        distill_weight=distill_weight, teacher_bm25=teacher_bm25, residual=residual, first_stage=first_stage,
     )
     result = train_reranker(cfg)
     if result.best_dir is None:

@@ -107,6 +107,14 @@ class RerankerTrainConfig(TrainSettings):
         dense teacher's do (`Teacher.calibrate`); 1.0 then weighs the two equally. Why: the hybrid ranks
         better than either alone on claims whose evidence was never seen in training (docs/results.md), and
         a reranker interpolated with the dense first stage can only add the lexical evidence it has learned.
+    residual: train the reranker as a correction to the teacher instead of a ranker of its own: the listwise
+        loss reads reranker + teacher logits (no distillation term), so the gradient flows where the teacher
+        ranks a group wrong and vanishes where it is already right. At search time the pipeline's z-score
+        interpolation with the first stage (`twotower.retrieval.interpolation`) stands in for the sum, so
+        dev chooses the checkpoint on the interpolated nDCG@10; the reranker alone is not a ranking then.
+        Why: 150 CPU steps do not teach a cross-encoder to rank as well as the dual encoder it started from
+        (alone it stays below it on claims whose evidence it never saw, docs/results.md), but they can
+        teach it what the dual encoder gets wrong. With `teacher_bm25`, the correction is to dense + BM25.
     teacher_scale: the teacher's scores are scale x inner product before the softmax (20: the scale
         sentence-transformers trains all-MiniLM-L6-v2 with, 1 / temperature 0.05).
     collapse_std: stop when the standard deviation of dev scores, or of the training logits over the last
@@ -134,6 +142,7 @@ class RerankerTrainConfig(TrainSettings):
     distill_weight: float = 1.0
     teacher_bm25: float = 0.0
     teacher_scale: float = 20.0
+    residual: bool = False
     collapse_std: float = 1e-3
     collapse_window: int = 20
 
@@ -152,6 +161,9 @@ class RerankerTrainConfig(TrainSettings):
             raise ValueError(f"teacher_bm25={self.teacher_bm25}; give 0 or more")
         if self.teacher_bm25 > 0 and self.teacher is None:
             raise ValueError("teacher_bm25 adds BM25 to the dense teacher's scores: give teacher (--teacher DIR)")
+        if self.residual and (self.teacher is None or self.loss != "listwise"):
+            raise ValueError("residual trains the reranker as a correction to the teacher's listwise scores: give "
+                             "teacher (--teacher DIR) and loss='listwise'")
         if self.trainable_layers is not None and self.trainable_layers < 0:
             raise ValueError(f"trainable_layers={self.trainable_layers}; give 0 or more (None: all)")
 
@@ -481,7 +493,7 @@ def train_reranker(cfg: RerankerTrainConfig) -> RerankerTrainResult:
     if cfg.loss == "listwise":
         per_epoch = max(1, sum(len(e.positives) for e in train) // cfg.batch_size)
         batches = listwise_batches(train, list(corpus), cfg.group_size, cfg.batch_size, rng)
-        if teacher is not None and cfg.distill_weight > 0:
+        if teacher is not None and (cfg.distill_weight > 0 or cfg.residual):
             teacher.embed_queries(train)
             if teacher.bm25 is not None:
                 run.log("teacher_bm25", weight=cfg.teacher_bm25, bm25_scale=teacher.bm25_scale)
@@ -511,8 +523,11 @@ def train_reranker(cfg: RerankerTrainConfig) -> RerankerTrainResult:
         extra = {}
         if labels is None:
             scores = logits.view(len(groups), cfg.group_size)  # (G, 1 + n)
-            loss = listwise_ce(scores)
-            if teacher is not None and cfg.distill_weight > 0:
+            if cfg.residual:  # the label loss of teacher + reranker; the teacher's part is a constant
+                loss = listwise_ce(scores + teacher.logits(groups).to(device))
+            else:
+                loss = listwise_ce(scores)
+            if teacher is not None and cfg.distill_weight > 0 and not cfg.residual:
                 kl = listwise_kl(scores, teacher.logits(groups).to(device))
                 extra.update(label_loss=float(loss.detach()), distill_kl=float(kl.detach()))
                 loss = loss + cfg.distill_weight * kl
@@ -549,6 +564,7 @@ def train_reranker(cfg: RerankerTrainConfig) -> RerankerTrainResult:
         step, evaluate, save, guard=CollapseGuard(cfg.collapse_std, cfg.collapse_window),
         save_last=(lambda directory, steps: model.save_pretrained(directory)) if cfg.save_last else None,
         progress=cfg.progress, desc=f"train reranker ({cfg.loss})",
+        metric="interpolated_ndcg10" if cfg.residual else "ndcg@10",
         plot_title=f"reranker: dev nDCG@10 of first-stage top-{cfg.dev_rerank_k} ({len(dev)} queries)",
     ).train()
     if teacher is not None and cfg.first_stage == "dense" and result.best_dir:

@@ -60,6 +60,22 @@ def test_a_reranker_that_is_not_a_model_directory_is_named(plain_index, tmp_path
     assert not (tmp_path / "new").exists()
 
 
+def test_reranker_default_beside_a_directory_named_default_says_which_one_is_used(plain_index, tmp_path, capsys,
+                                                                                   monkeypatch):
+    idx = str(plain_index / "idx")
+    monkeypatch.chdir(tmp_path)
+    rc, _, err = run_cli(capsys, "search", "--index", idx, "--reranker", "default", "--hybrid", "tea")
+    assert "note: --reranker default is the reranker twotower ships, not the directory default/ here" not in err
+    os.mkdir(tmp_path / "default")
+    # --hybrid on this BM25-less index stops the command right after the reranker is checked
+    rc, _, err = run_cli(capsys, "search", "--index", idx, "--reranker", "default", "--hybrid", "tea")
+    assert rc == 2 and "--hybrid: the index" in err
+    assert "note: --reranker default is the reranker twotower ships, not the directory default/ here; give " \
+           "--reranker ./default for that one" in err
+    rc, _, err = run_cli(capsys, "search", "--index", idx, "--reranker", "./default", "tea")
+    assert rc == 2 and "--reranker ./default: not a model directory" in err
+
+
 def test_adding_to_a_read_only_pipeline_says_how_to_open_it(plain_index):
     from twotower.retrieval.pipeline import SearchPipeline
 
@@ -111,4 +127,17 @@ def test_teacher_bm25_names_its_flag(command, tmp_path, capsys):
     assert rc == 2 and "--teacher-bm25 adds BM25 to the teacher's scores: add --teacher DIR" in err
     rc, out, err = run_cli(capsys, *args, "--teacher", "embedded", "--teacher-bm25", "-1")
     assert rc == 2 and "--teacher-bm25 -1: give 0 or more" in err
+    assert not (tmp_path / "rr").exists()
+
+
+@pytest.mark.parametrize("command", ["reranker", "demo-reranker"])
+def test_residual_names_its_flag(command, tmp_path, capsys):
+    args = ["train", command, "--out", str(tmp_path / "rr"), "--residual"]
+    if command == "reranker":
+        args += ["--model", str(tmp_path), "--pairs", str(tmp_path / "pairs.tsv")]
+    rc, _, err = run_cli(capsys, *args)
+    assert rc == 2 and "--residual trains a correction to the teacher's scores: add --teacher DIR" in err
+    if command == "reranker":
+        rc, _, err = run_cli(capsys, *args, "--teacher", "embedded", "--loss", "pointwise")
+        assert rc == 2 and "--residual corrects the teacher's listwise scores: use --loss listwise" in err
     assert not (tmp_path / "rr").exists()

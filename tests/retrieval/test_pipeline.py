@@ -145,6 +145,22 @@ def test_rerank_orders_candidates_by_cross_encoder(built, reranker_dir, encoder)
         pipe.close()
 
 
+def test_fallback_reranker_only_when_neither_the_caller_nor_the_index_names_one(built, reranker_dir, tmp_path, docs,
+                                                                                 encoder):
+    """`fallback_reranker` (what `search --rerank` passes) never overrides a reranker given or recorded."""
+    mine, fallback = object(), object()
+    with SearchPipeline.load(built.directory, encoder, fallback_reranker=fallback) as pipe:
+        assert pipe.reranker is fallback  # the index records none
+    with SearchPipeline.load(built.directory, encoder, reranker=mine, fallback_reranker=fallback) as pipe:
+        assert pipe.reranker is mine
+    corpus = write_corpus(str(tmp_path / "c.jsonl"), docs[:10])
+    SearchPipeline.build(corpus, tmp_path / "own", encoder, reranker=reranker_dir, progress=False).close()
+    with SearchPipeline.load(tmp_path / "own", encoder, fallback_reranker=fallback, bf16=False) as pipe:
+        assert pipe.reranker is not fallback and pipe.reranker is not None  # the index's own
+    with SearchPipeline.load(tmp_path / "own", encoder, use_default_reranker=False, fallback_reranker=fallback) as pipe:
+        assert pipe.reranker is fallback  # the index's own was declined; the caller's fallback stands
+
+
 def test_search_vectors_equals_search(built):
     queries = ["tea cold", "virus mouse"]
     qv = built.encoder.encode_queries(queries)

@@ -8,6 +8,7 @@ flag they typed and the command that fixes it, so these run before anything load
 from __future__ import annotations
 
 import os
+import sys
 
 from twotower.cli import CLIError
 
@@ -24,10 +25,19 @@ def model_directory(flag: str, path: str) -> str:
 
 
 def reranker_directory(flag: str, value: str) -> str:
-    """``value`` if it is "default" (the shipped reranker) or a model directory, else a CLIError naming ``flag``."""
+    """``value`` if it is "default" (the shipped reranker) or a model directory, else a CLIError naming ``flag``.
+
+    The name wins over a directory called ``default`` in the working directory; the user is told so, and
+    how to name the directory instead (``./default``), rather than left to wonder which one ranked.
+    """
     from twotower.retrieval.default_reranker import NAME as SHIPPED
 
-    return value if value == SHIPPED else model_directory(flag, value)
+    if value != SHIPPED:
+        return model_directory(flag, value)
+    if os.path.isdir(value):
+        print(f"note: {flag} {SHIPPED} is the reranker twotower ships, not the directory {SHIPPED}/ here; "
+              f"give {flag} ./{SHIPPED} for that one", file=sys.stderr)
+    return value
 
 
 def require_bm25(index: str) -> None:

@@ -139,13 +139,9 @@ def run_search(args: argparse.Namespace) -> int:
     from twotower.indexing.filters import FilterError
     from twotower.retrieval.pipeline import DEFAULT_RERANK_K, SearchPipeline
 
-    pipe = SearchPipeline.load(args.index, args.model, reranker=args.reranker,
-                               use_default_reranker=not args.no_rerank)
+    pipe = SearchPipeline.load(args.index, args.model, reranker=args.reranker, use_default_reranker=not args.no_rerank,
+                               fallback_reranker="default" if args.rerank else None)  # --rerank: the index's, else ours
     with pipe:
-        if args.rerank and pipe.reranker is None:  # the index has no reranker of its own: the shipped one
-            from twotower.retrieval import default_reranker
-
-            pipe.reranker = default_reranker.load()
         if args.rerank_alpha is not None and pipe.reranker is None:
             raise CLIError(f"--rerank-alpha: the index {args.index} has no default reranker and no --reranker DIR "
                            "was given, so there are no reranker scores to weigh; give --rerank, --reranker DIR or drop "

@@ -26,6 +26,9 @@ TEACHER_HELP = ("dual encoder whose scores the reranker also learns (listwise di
                 "'embedded' = all-MiniLM-L6-v2, the default dense model")
 
 
+RESIDUAL_HELP = ("train the reranker as a correction to the --teacher's scores (the label loss reads their sum; "
+                 "no distillation term); dev then chooses the checkpoint on the interpolated ranking")
+
 TEACHER_BM25_HELP = ("add BM25's scores, rescaled to the --teacher's spread, to the teacher with weight W "
                      "(0: the dense teacher alone)")
 
@@ -135,6 +138,7 @@ def register(subparsers) -> None:
                    help=TEACHER_HELP.format(corpus="the --pairs corpus"))
     p.add_argument("--distill-weight", type=float, default=1.0, help="weight of the distillation term")
     p.add_argument("--teacher-bm25", type=float, default=0.0, metavar="W", help=TEACHER_BM25_HELP)
+    p.add_argument("--residual", action="store_true", help=RESIDUAL_HELP)
     p.set_defaults(func=run_reranker)
 
     p = sub.add_parser("mine", help="mine hard negatives from BM25 or a dense model into JSONL",
@@ -186,6 +190,7 @@ def register(subparsers) -> None:
                    help=TEACHER_HELP.format(corpus="--corpus"))
     p.add_argument("--distill-weight", type=float, default=1.0, help="weight of the distillation term")
     p.add_argument("--teacher-bm25", type=float, default=0.0, metavar="W", help=TEACHER_BM25_HELP)
+    p.add_argument("--residual", action="store_true", help=RESIDUAL_HELP)
     p.add_argument("--mine", choices=["bm25", "dense"], default="bm25",
                    help="labeled claims: mine negatives with BM25 or the --teacher's ranking")
     p.add_argument("--first-stage", choices=["bm25", "dense"], default="bm25",
@@ -260,6 +265,15 @@ def _teacher_bm25(args) -> float:
     return args.teacher_bm25
 
 
+def _residual(args) -> bool:
+    if args.residual and args.teacher is None:
+        raise ValueError("--residual trains a correction to the teacher's scores: add --teacher DIR (or --teacher "
+                         "embedded)")
+    if args.residual and getattr(args, "loss", "listwise") != "listwise":
+        raise ValueError("--residual corrects the teacher's listwise scores: use --loss listwise")
+    return args.residual
+
+
 def run_reranker(args) -> int:
     _check_out(args.out)
     from twotower.retrieval.training.train_reranker import RerankerTrainConfig, train_reranker
@@ -269,7 +283,7 @@ def run_reranker(args) -> int:
         group_size=args.group_size, batch_size=args.batch_size, max_length=args.max_length, lr=args.lr or 3e-5,
         dev_rerank_k=args.dev_rerank_k, collapse_std=args.collapse_std, head_pooling=args.head_pooling,
         trainable_layers=args.trainable_layers, teacher=_teacher(args.teacher, args), distill_weight=args.distill_weight,
-        teacher_bm25=_teacher_bm25(args), **_settings(args, default_ranks=(1, 100)),
+        teacher_bm25=_teacher_bm25(args), residual=_residual(args), **_settings(args, default_ranks=(1, 100)),
     )
     reranker_directory("--model", args.model)
     res = train_reranker(cfg)
@@ -340,6 +354,7 @@ def run_demo(args) -> int:
                             ("trainable_layers", args.trainable_layers), ("max_length", args.max_length),
                             ("head_pooling", args.head_pooling), ("teacher", _teacher(args.teacher, args)),
                             ("evals", args.evals), ("teacher_bm25", _teacher_bm25(args) or None),
+                            ("residual", _residual(args) or None),
                             ("dev_by", None if args.dev_by == "query" else args.dev_by))
           if v is not None}
     if args.teacher is not None or args.mine != "bm25" or args.first_stage != "bm25":

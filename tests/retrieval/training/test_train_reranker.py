@@ -388,3 +388,42 @@ def test_distillation_run_mines_densely_and_ends_nearer_the_teacher(tmp_path):
     # The ratio is 0.28 with the fixed tiny vocabulary (it spanned 0.23-0.91 while the fixture's
     # vocabulary was trained, and so differed from process to process; see tiny_model_dir).
     assert kls[100.0] < 0.75 * kls[0.0], kls
+
+
+def test_residual_training_learns_only_where_the_teacher_ranks_wrong(tmp_path, monkeypatch):
+    """residual=True: the label loss reads reranker + teacher logits. A teacher that puts every group's
+    positive first by a margin of 200 leaves no gradient (in fp32, exp(-200) is 0), so the encoder ends
+    exactly as it began; an uninformative teacher (all zeros) leaves the labels' whole gradient, and
+    the same run moves it. Dev then chooses checkpoints on the interpolated nDCG@10."""
+    import torch
+
+    from twotower.encoder import load_encoder
+    from twotower.retrieval.cross_encoder import CrossEncoder
+    from twotower.retrieval.training.train_reranker import Teacher
+
+    def teacher_logits(margin):
+        def logits(self, groups):  # (G, n): the positive is each group's first document
+            out = torch.zeros(len(groups), len(groups[0][1]))
+            out[:, 0] = margin
+            return out
+        return logits
+
+    base, _ = load_encoder(tiny_model_dir(0.2))
+    start = {k: v.clone() for k, v in base.state_dict().items()}
+    moved = {}
+    for margin in (200.0, 0.0):
+        monkeypatch.setattr(Teacher, "logits", teacher_logits(margin))
+        cfg = _cfg(tmp_path, out=str(tmp_path / f"m{margin}"), teacher=tiny_model_dir(), residual=True,
+                   weight_decay=0.0, max_steps=3, eval_every=3, eval_at_start=False, save_last=True)
+        res = train_reranker(cfg)
+        steps = [r for r in _log(cfg.out) if r["event"] == "step"]
+        evals = [r for r in _log(cfg.out) if r["event"] == "eval"]
+        assert res.best_score == pytest.approx(evals[-1]["interpolated_ndcg10"])  # the metric that chose it
+        assert "distill_kl" not in steps[0]
+        if margin:
+            assert all(r["loss"] == 0.0 for r in steps)
+        body = CrossEncoder.from_pretrained(os.path.join(cfg.out, "last"), bf16=False).bert.state_dict()
+        moved[margin] = max(float((body[k].float() - v.float()).abs().max()) for k, v in start.items() if k in body)
+    assert moved[200.0] == 0.0 and moved[0.0] > 1e-4, moved
+    with pytest.raises(ValueError, match="residual trains the reranker as a correction"):
+        _cfg(tmp_path, residual=True)
