@@ -90,6 +90,7 @@ def train_demo_reranker(
     model: str | None = None,
     corpus: str | None = None,
     claims: str | None = "bundled",
+    titles: int = 600,
     steps: int = 150,
     layers: int | None = None,
     trainable_layers: int | None = None,
@@ -124,6 +125,7 @@ def train_demo_reranker(
 
     claims: ``{query, pos: [doc ids]}`` JSONL(.gz) over `corpus`; "bundled" = the SciFact train claims when
         `corpus` is the bundled sample (else title/text pairs); None = title/text pairs from `corpus`.
+    titles: how many documents' titles become queries when the pairs are title/text (drawn at random).
     """
     from twotower.retrieval.manifest import default_model_dir
     from twotower.retrieval.training.train_reranker import RerankerTrainConfig, teacher_dir, train_reranker
@@ -149,6 +151,8 @@ def train_demo_reranker(
         settings.update(residual=True)
     if dev_by != "query":
         settings.update(dev_by=dev_by)
+    if titles != 600 and not claims:
+        settings.update(titles=titles)
     best = os.path.join(out, "best")
     marker = os.path.join(out, MARKER)
     if os.path.isfile(marker) and os.path.isdir(best):
@@ -163,7 +167,7 @@ def train_demo_reranker(
         data, data_corpus = claims, corpus
     else:
         data, data_corpus, mine = os.path.join(out, "title_abstract_pairs.jsonl"), None, None
-        title_abstract_pairs(corpus, data, seed=seed)
+        title_abstract_pairs(corpus, data, queries=titles, seed=seed)
     cfg = RerankerTrainConfig(
         model=start, pairs=data, corpus=data_corpus, out=out, mine=mine, loss="listwise", group_size=group_size,
         batch_size=batch_size, max_length=max_length, lr=lr, head_lr_scale=10.0, warmup=0.05, max_steps=steps,

@@ -141,3 +141,12 @@ def test_residual_names_its_flag(command, tmp_path, capsys):
         rc, _, err = run_cli(capsys, *args, "--teacher", "embedded", "--loss", "pointwise")
         assert rc == 2 and "--residual corrects the teacher's listwise scores: use --loss listwise" in err
     assert not (tmp_path / "rr").exists()
+
+
+def test_titles_without_claims_none_names_the_flags(tmp_path, capsys):
+    rc, _, err = run_cli(capsys, "train", "demo-reranker", "--out", str(tmp_path / "rr"), "--titles", "100")
+    assert rc == 2 and "--titles sets how many title/text pairs --claims none makes; add --claims none" in err
+    rc, _, err = run_cli(capsys, "train", "demo-reranker", "--out", str(tmp_path / "rr"), "--claims", "none",
+                         "--titles", "0")
+    assert rc == 2 and "--titles 0: give 1 or more" in err
+    assert not (tmp_path / "rr").exists()

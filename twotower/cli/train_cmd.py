@@ -175,6 +175,8 @@ def register(subparsers) -> None:
     p.add_argument("--claims", default="bundled", metavar="FILE",
                    help="{query, pos: [doc ids]} JSONL over --corpus; 'bundled' = SciFact train claims for the "
                         "bundled sample; 'none' = self-supervised title/text pairs")
+    p.add_argument("--titles", type=int, default=None, metavar="N",
+                   help="with --claims none: documents whose titles become queries (default 600)")
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--layers", type=int, default=None, help="keep only the first N encoder layers (default: all)")
     p.add_argument("--trainable-layers", type=int, default=None, metavar="N",
@@ -263,6 +265,16 @@ def _teacher_bm25(args) -> float:
     if args.teacher_bm25 > 0 and args.teacher is None:
         raise ValueError("--teacher-bm25 adds BM25 to the teacher's scores: add --teacher DIR (or --teacher embedded)")
     return args.teacher_bm25
+
+
+def _titles(args) -> int | None:
+    if args.titles is None:
+        return None
+    if args.claims.lower() != "none":
+        raise ValueError("--titles sets how many title/text pairs --claims none makes; add --claims none")
+    if args.titles < 1:
+        raise ValueError(f"--titles {args.titles}: give 1 or more")
+    return args.titles
 
 
 def _residual(args) -> bool:
@@ -354,7 +366,7 @@ def run_demo(args) -> int:
                             ("trainable_layers", args.trainable_layers), ("max_length", args.max_length),
                             ("head_pooling", args.head_pooling), ("teacher", _teacher(args.teacher, args)),
                             ("evals", args.evals), ("teacher_bm25", _teacher_bm25(args) or None),
-                            ("residual", _residual(args) or None),
+                            ("residual", _residual(args) or None), ("titles", _titles(args)),
                             ("dev_by", None if args.dev_by == "query" else args.dev_by))
           if v is not None}
     if args.teacher is not None or args.mine != "bm25" or args.first_stage != "bm25":

@@ -174,6 +174,20 @@ def test_demo_reranker_trains_once_then_is_cached(tmp_path, monkeypatch):
                                              progress=False) == path
 
 
+def test_demo_reranker_titles_sets_how_many_title_pairs_and_is_part_of_the_cache_key(tmp_path, monkeypatch):
+    from twotower.retrieval.training import demo_reranker
+
+    corpus = _titled_corpus(tmp_path)
+    out = str(tmp_path / "demo")
+    kw = dict(model=tiny_model_dir(0.2), corpus=corpus, claims=None, steps=1, layers=1, progress=False)
+    demo_reranker.train_demo_reranker(out, titles=20, **kw)
+    pairs = [json.loads(x) for x in open(os.path.join(out, "title_abstract_pairs.jsonl"))]
+    assert len(pairs) == 20 and len({p["query_id"] for p in pairs}) == 20
+    assert json.load(open(os.path.join(out, demo_reranker.MARKER)))["settings"]["titles"] == 20
+    demo_reranker.train_demo_reranker(out, titles=30, **kw)  # another count: trained again, not the cache
+    assert len(open(os.path.join(out, "title_abstract_pairs.jsonl")).readlines()) == 30
+
+
 def test_demo_reranker_trains_on_labeled_claims(tmp_path):
     """With a claims file the demo reranker learns from (claim, evidence id) pairs, negatives mined by BM25."""
     import gzip
