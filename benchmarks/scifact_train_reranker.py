@@ -14,6 +14,9 @@ Steps, none of which looks at test:
 4. the best checkpoint reranks the top-100 of dev and test; besides the reranker alone we report
    the interpolation ``a * z(rerank) + (1 - a) * z(first stage)`` (per-query z-scores) with ``a``
    chosen on dev.
+
+``--reranker DIR|default`` skips training and scores that reranker (``default``: the one twotower
+ships) over the same first stage, its weight chosen on dev the same way.
 """
 
 from __future__ import annotations
