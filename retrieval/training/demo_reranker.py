@@ -45,9 +45,10 @@ DATA = str(importlib.resources.files("twotower.retrieval").joinpath("data"))  # 
 BUNDLED_CORPUS = os.path.join(DATA, "scifact-sample.jsonl.gz")
 BUNDLED_CLAIMS = os.path.join(DATA, "scifact-train-claims.jsonl.gz")
 MARKER = "demo_reranker.json"
+TITLES = 600  # title/text pairs made when there are no claims (runs made before `titles` keep their cache key)
 
 
-def title_abstract_pairs(corpus_path: str, out_path: str, negatives: int = 12, queries: int = 600,
+def title_abstract_pairs(corpus_path: str, out_path: str, negatives: int = 12, queries: int = TITLES,
                          seed: int = 0) -> int:
     """Write {query: title, pos: [abstract], neg: [BM25 ranks 2-30 abstracts]} JSONL; returns lines written."""
     from twotower.retrieval.corpus import iter_documents
@@ -90,7 +91,7 @@ def train_demo_reranker(
     model: str | None = None,
     corpus: str | None = None,
     claims: str | None = "bundled",
-    titles: int = 600,
+    titles: int = TITLES,
     steps: int = 150,
     layers: int | None = None,
     trainable_layers: int | None = None,
@@ -151,7 +152,7 @@ def train_demo_reranker(
         settings.update(residual=True)
     if dev_by != "query":
         settings.update(dev_by=dev_by)
-    if titles != 600 and not claims:
+    if titles != TITLES and not claims:
         settings.update(titles=titles)
     best = os.path.join(out, "best")
     marker = os.path.join(out, MARKER)

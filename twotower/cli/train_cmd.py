@@ -20,6 +20,7 @@ import os
 import re
 
 from twotower.cli.checks import reranker_directory
+from twotower.retrieval.training.demo_reranker import TITLES as DEMO_TITLES  # stdlib only: cheap at start-up
 
 TEACHER_HELP = ("dual encoder whose scores the reranker also learns (listwise distillation); an index built from "
                 "{corpus} lends its vectors and query encoder (no document is encoded again); "
@@ -176,7 +177,7 @@ def register(subparsers) -> None:
                    help="{query, pos: [doc ids]} JSONL over --corpus; 'bundled' = SciFact train claims for the "
                         "bundled sample; 'none' = self-supervised title/text pairs")
     p.add_argument("--titles", type=int, default=None, metavar="N",
-                   help="with --claims none: documents whose titles become queries (default 600)")
+                   help=f"with --claims none: documents whose titles become queries (default {DEMO_TITLES})")
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--layers", type=int, default=None, help="keep only the first N encoder layers (default: all)")
     p.add_argument("--trainable-layers", type=int, default=None, metavar="N",
