@@ -142,7 +142,7 @@ def run_fold(args: argparse.Namespace) -> dict:
     from twotower.retrieval.interpolation import interpolate_run, read_alpha
     from twotower.retrieval.training.dev_eval import rerank_run
     from twotower.retrieval.training.train_reranker import RerankerTrainConfig, train_reranker
-    from twotower.retrieval.training.training_data import read_corpus
+    from twotower.retrieval.training.training_data import read_corpus, read_titles, titled_documents
 
     root = os.path.join(args.data, COLLECTIONS[args.collection])
     ds = load_beir(root, split="test", corpus=False)
@@ -187,6 +187,7 @@ def run_fold(args: argparse.Namespace) -> dict:
         eval_every=max(1, math.ceil(args.steps / 3)), dev_rerank_k=args.rerank_k, eval_at_start=args.start == "default",
         seed=args.seed, dev_fraction=args.dev_fraction, first_stage=first_path, progress=False,
         trainable_layers=args.trainable_layers, teacher=teacher, distill_weight=args.distill_weight,
+        passage_window=args.passage_window or None, max_windows=args.max_windows or None,
     )
     t0 = time.perf_counter()
     result = train_reranker(cfg)
@@ -198,6 +199,8 @@ def run_fold(args: argparse.Namespace) -> dict:
 
     corpus = read_corpus(corpus_path)
     model = CrossEncoder.from_pretrained(result.best_dir, max_length=cfg.max_length)
+    if model.windows is not None:  # windows carry the title, as the search pipeline hands it over
+        corpus = titled_documents(corpus, read_titles(corpus_path))
     t0 = time.perf_counter()
     first = {q: runs[chosen][q] for q in held}
     scored, _ = rerank_run(model, {q: queries[q] for q in held}, first, corpus, k=args.rerank_k)
@@ -212,7 +215,8 @@ def run_fold(args: argparse.Namespace) -> dict:
         "held_out_queries": len(held), "train_queries": len(train_ids), "dev_fraction": args.dev_fraction,
         "steps": args.steps, "rerank_k": args.rerank_k, "recall_k": args.recall_k,
         "recipe": {"start": args.start, "mine": args.mine, "distill_weight": args.distill_weight, "lr": args.lr,
-                   "trainable_layers": args.trainable_layers},
+                   "trainable_layers": args.trainable_layers, "passage_window": args.passage_window,
+                   "max_windows": args.max_windows},
         "first_stage": chosen, "train_folds_ndcg@10": on_train,
         "ndcg@10": {**held_ndcg, "reranker_alone": ndcg10(alone, held_qrels), "reranked": ndcg10(reranked, held_qrels)},
         "interpolation_alpha": alpha, "best_step": result.best_step, "best_dev_ndcg@10": result.best_score,
@@ -279,6 +283,10 @@ def main() -> None:
                     help="weight of all-MiniLM-L6-v2's scores next to the labels (0: labels only)")
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--trainable-layers", type=int, default=None, help="train only the top N layers (default all)")
+    ap.add_argument("--passage-window", type=int, default=0,
+                    help="train and rerank on windows of N tokens (`train reranker --passage-window`; 0: off, "
+                         "or as the --start reranker has them)")
+    ap.add_argument("--max-windows", type=int, default=3, help="windows scored per document (0: all)")
     ap.add_argument("--index-dir", default="runs/results-table",
                     help="folder of the <collection>-index shared with results_table.py --out")
     args = ap.parse_args()

@@ -133,6 +133,10 @@ def main() -> None:
         model = default_reranker.load(max_length=args.max_length)
     else:
         model = CrossEncoder.from_pretrained(args.reranker or os.path.join(args.out, "best"), max_length=args.max_length)
+    if model.windows is not None:  # a windowed reranker reads (title, text), as the search pipeline hands it
+        from twotower.retrieval.training.training_data import read_titles, titled_documents
+
+        corpus = titled_documents(corpus, read_titles(os.path.join(args.data, "corpus.jsonl")))
     table = {}
     reranked, firsts = {}, {}
     for split, queries, qrels in (("dev", dev_q, dev_qrels), ("test", test_q, test_qrels)):

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
     "CrossEncoder": "twotower.retrieval.cross_encoder",
+    "RerankWindows": "twotower.retrieval.cross_encoder",
     "DualTrainConfig": "twotower.retrieval.training.train_dual",
     "train_dual": "twotower.retrieval.training.train_dual",
     "RerankerTrainConfig": "twotower.retrieval.training.train_reranker",
@@ -41,6 +42,7 @@ _EXPORTS = {
 
 __all__ = [
     "CrossEncoder",
+    "RerankWindows",
     "DualTrainConfig",
     "train_dual",
     "RerankerTrainConfig",

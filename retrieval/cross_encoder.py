@@ -25,6 +25,16 @@ and sentence-transformers' BERT classes always read the [CLS] pooler, so a mean-
 reranker scores correctly only here; they would load it with a freshly drawn pooler
 (and say so in a warning).
 
+Long documents (``windows``): a cross-encoder reads at most ``max_length`` tokens of query + document, and
+a head-truncated abstract loses what its later sentences say (on SciFact 92 % of title + abstract pairs
+with a claim pass 192 tokens, and a claim's evidence is often a result stated near the end).  With
+``windows`` set (`RerankWindows`, in tokens of the document text), each document is read as overlapping
+windows, the title (when the document is given as ``(title, text)``) in front of every one, and its score
+is its best window's (MaxP, Dai & Callan 2019).  So that a long document does not cost a forward pass per
+window, only the ``keep`` windows that BM25 (over that document's windows) ranks best for the query are
+scored.  The setting is saved in config.json (``rerank_windows``), so a reranker trained on windows scores
+on them.
+
 Scores are raw logits.  sentence-transformers applies a sigmoid to
 ``num_labels=1`` models by default; the directories we write name
 ``torch.nn.Identity`` as the activation (config.json ``sentence_transformers``
@@ -43,6 +53,7 @@ import json
 import logging
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -62,6 +73,7 @@ from twotower.encoder.core.heads import BertForSequenceClassification
 from twotower.encoder.core.model import BertModel
 from twotower.encoder.core.tokenizer import Tokenizer
 from twotower.retrieval.interpolation import read_alpha, read_first_stage_alphas, write_alpha
+from twotower.retrieval.passages import passage_spans
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +84,31 @@ ST_IDENTITY = "torch.nn.modules.linear.Identity"
 POOLINGS = ("cls", "mean")
 # Pairs tokenized at once before being cut into length-sorted batches (bounds padding memory).
 _CHUNK = 2048
+# config.json key of the window setting ({"window": W, "stride": S}); absent = head truncation.
+WINDOWS_KEY = "rerank_windows"
+# What a document is to a reranker: its text, or (title, text) so that windows can each carry the title.
+PairDocument = str | tuple[str, str]
+
+
+@dataclass(frozen=True)
+class RerankWindows:
+    """How a reranker reads long documents (module docstring): windows of `window` text tokens every `stride`,
+    at most `keep` of them scored per (query, document) (None: all)."""
+
+    window: int
+    stride: int
+    keep: int | None = None
+
+    def to_json(self) -> dict[str, int]:
+        return {"window": self.window, "stride": self.stride, **({"keep": self.keep} if self.keep else {})}
+
+
+def document_string(doc: PairDocument) -> str:
+    """One string for a document: the text, or "title text" (`twotower.indexing.document_text`'s join)."""
+    if isinstance(doc, tuple):
+        title, text = doc
+        return f"{title} {text}" if title else text
+    return doc
 
 
 class CrossEncoder(nn.Module):
@@ -81,6 +118,8 @@ class CrossEncoder(nn.Module):
         model: the scoring network, a [CLS]-pooled sequence-classification head with one label.
         tokenizer: the tokenizer the encoder was trained with.
         max_length: tokens per pair (query + document); None = the tokenizer's maximum, capped by the model's.
+        windows: score a document by its best window of this many text tokens (module docstring); None =
+            read the head of each document up to `max_length`.
     """
 
     def __init__(
@@ -90,6 +129,7 @@ class CrossEncoder(nn.Module):
         max_length: int | None = None,
         device: torch.device | str | None = None,
         bf16: bool | str = "auto",
+        windows: RerankWindows | None = None,
     ) -> None:
         super().__init__()
         if model.num_labels != 1 or model.pooling not in POOLINGS:
@@ -107,6 +147,7 @@ class CrossEncoder(nn.Module):
         self.max_length = min(int(max_length or tokenizer.model_max_length or cap), cap)
         if self.max_length < 8:
             raise ValueError(f"max_length={self.max_length} is too short for a query-document pair")
+        self.windows = check_windows(windows, self.max_length)
         self.device = torch.device(device) if device is not None else default_device()
         self.bf16 = resolve_bf16(bf16, self.device)
         self.to(self.device)
@@ -158,6 +199,7 @@ class CrossEncoder(nn.Module):
         weight and the tokenizer of `tokenizer_dir` (default `directory`): `from_pretrained` without reading the
         weights file, for weights assembled in memory (`twotower.retrieval.default_reranker`)."""
         config = EncoderConfig.load(os.path.join(directory, CONFIG_NAME))
+        windows = _windows_of(config, directory)
         enc_state, rest = split_prefix(weights)
         if "classifier.weight" not in rest or "classifier.bias" not in rest:
             raise ValueError(
@@ -182,6 +224,11 @@ class CrossEncoder(nn.Module):
         if max_length is None:
             max_length = _st_max_length(directory)
         ce = cls(model, tokenizer, max_length=max_length, device=device, bf16=bf16)
+        if windows is not None and windows.window > ce.max_length - 3:  # the saved setting, not a flag the user gave
+            raise ValueError(f"{os.path.join(directory, CONFIG_NAME)}: this reranker reads documents as windows of "
+                             f"{windows.window} tokens ({WINDOWS_KEY}), which needs a max_length (--max-length) of at "
+                             f"least {windows.window + 3}; got {ce.max_length}")
+        ce.windows = check_windows(windows, ce.max_length)
         ce.interpolation = read_alpha(directory)
         ce.interpolation_by_first_stage = read_first_stage_alphas(directory)
         return ce
@@ -210,7 +257,7 @@ class CrossEncoder(nn.Module):
         enc_state, _ = split_prefix(read_weights(directory))
         # Task metadata of the source checkpoint (its labels, its head's pooling) does not describe the new head.
         for key in ("num_labels", "id2label", "label2id", "problem_type", "sentence_transformers",
-                    "classifier_pooling"):
+                    "classifier_pooling", WINDOWS_KEY):
             config.extra.pop(key, None)
         if pooling == "mean":
             config.extra["classifier_pooling"] = "mean"  # saved with the checkpoint, read back by from_pretrained
@@ -261,25 +308,87 @@ class CrossEncoder(nn.Module):
         return [clipped.get(q, q) for q in out]
 
     # ---- inference ---------------------------------------------------------------------------------
+    def document_windows(self, docs: Sequence[PairDocument]) -> list[list[str]]:
+        """The texts each document is read as: one (its whole string) without `windows`, else all its windows,
+        each prefixed with the title of a ``(title, text)`` document. A text that fits one window is one."""
+        if self.windows is None:
+            return [[document_string(d)] for d in docs]
+        parts = [d if isinstance(d, tuple) else ("", d) for d in docs]
+        unique = list(dict.fromkeys(text for _, text in parts))  # a document repeats across queries
+        spans = dict(zip(unique, (passage_spans(offsets, words, len(text), self.windows.window, self.windows.stride)
+                                  for text, (offsets, words) in zip(unique, self.tokenizer.token_spans(unique)))))
+        return [[f"{title} {text[a:b]}" if title else text[a:b] for a, b in spans[text]] for title, text in parts]
+
+    def pair_windows(self, pairs: Sequence[tuple[str, PairDocument]]) -> list[list[str]]:
+        """The windows each pair is scored on: its document's (`document_windows`), cut to the `keep` that BM25
+        over that document's windows ranks best for the query (ties: the earlier window)."""
+        windows = self.document_windows([d for _, d in pairs])
+        keep = self.windows.keep if self.windows is not None else None
+        if not keep:
+            return windows
+        from twotower.indexing.bm25 import BM25
+
+        out = []
+        for (query, _), w in zip(pairs, windows):
+            if len(w) > keep:
+                bm25 = BM25()
+                ids = [str(i) for i in range(len(w))]
+                bm25.add(ids, w)
+                best = np.argsort(-bm25.score(query, ids), kind="stable")[:keep]
+                w = [w[i] for i in sorted(best)]
+            out.append(w)
+        return out
+
     @torch.inference_mode()
     def predict(
-        self, pairs: Sequence[tuple[str, str]], batch_size: int = 32, progress: bool = False
+        self, pairs: Sequence[tuple[str, PairDocument]], batch_size: int = 32, progress: bool = False
     ) -> np.ndarray:
         """Relevance logits for (query, document) pairs, in input order. Returns (N,) float32.
 
+        A document is a string, or ``(title, text)``; with `windows` its score is its best window's
+        (of those `pair_windows` keeps).
         Pairs are tokenized in chunks and batched by length (longest first), so a
         batch pads to similar lengths.  With bf16 (where the device supports it) the
         forward runs on a bf16 copy of the weights, made once and refreshed only when
         the weights change (`twotower.encoder.core.encode.inference_copy`): faster than autocast on CPUs.
         """
-        if isinstance(pairs, tuple) and len(pairs) == 2 and isinstance(pairs[0], str):
-            raise TypeError("predict takes a list of (query, document) pairs; wrap a single pair in a list")
-        pairs = list(pairs)
-        for i, p in enumerate(pairs):
-            if len(p) != 2 or not isinstance(p[0], str) or not isinstance(p[1], str):
-                raise TypeError(f"pair {i} is not a (query: str, document: str) tuple: {p!r}")
+        pairs = _check_pairs(pairs)
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        windows = self.pair_windows(pairs)
+        if self.windows is None:
+            return self._score([(q, w[0]) for (q, _), w in zip(pairs, windows)], batch_size, progress)
+        owner = np.repeat(np.arange(len(pairs)), [len(w) for w in windows])  # (W,) pair of each window
+        flat = [(q, t) for (q, _), w in zip(pairs, windows) for t in w]
+        scores = np.full(len(pairs), -np.inf, dtype=np.float32)
+        np.maximum.at(scores, owner, self._score(flat, batch_size, progress))
+        return scores
+
+    def best_windows(self, pairs: Sequence[tuple[str, PairDocument]], batch_size: int = 32) -> list[str]:
+        """For each pair, the text of the document's best-scoring window (its string without `windows`).
+
+        Why: training on windows back-propagates through the window a document is scored by (the
+        gradient of a max is its argmax's), so a training step first scores every window without
+        gradients, then trains on the winners (`twotower.retrieval.training.train_reranker`).
+        """
+        pairs = _check_pairs(pairs)
+        windows = self.pair_windows(pairs)
+        if self.windows is None:
+            return [w[0] for w in windows]
+        flat = [(q, t) for (q, _), w in zip(pairs, windows) for t in w if len(w) > 1]
+        scores = iter(self._score(flat, batch_size, False).tolist()) if flat else iter(())
+        out = []
+        for w in windows:
+            if len(w) == 1:
+                out.append(w[0])
+            else:
+                s = [next(scores) for _ in w]
+                out.append(w[int(np.argmax(s))])
+        return out
+
+    @torch.inference_mode()
+    def _score(self, pairs: Sequence[tuple[str, str]], batch_size: int, progress: bool) -> np.ndarray:
+        """One logit per (query, text) pair: the batched forward of `predict`. (N,) float32."""
         was_training = self.training
         self.eval()
         net = self.model
@@ -350,12 +459,55 @@ class CrossEncoder(nn.Module):
                     "label2id": {"LABEL_0": 0},
                     "num_labels": 1,
                     "sentence_transformers": {"activation_fn": ST_IDENTITY},
+                    **({WINDOWS_KEY: self.windows.to_json()} if self.windows is not None else {}),
                 },
             )
         finally:
             tok.model_max_length = saved_max
         if self.interpolation is not None:
             write_alpha(directory, self.interpolation, self.interpolation_by_first_stage)
+
+
+def check_windows(windows: RerankWindows | None, max_length: int) -> RerankWindows | None:
+    """A window the reranker can read whole next to a query (errors name the training flags)."""
+    if windows is None:
+        return None
+    if not isinstance(windows.window, int) or not 1 <= windows.window <= max_length - 3:
+        raise ValueError(f"--passage-window (passage_window) must be between 1 and --max-length less 3 "
+                         f"({max_length - 3}) tokens, got {windows.window!r}")
+    if not isinstance(windows.stride, int) or not 1 <= windows.stride <= windows.window:
+        raise ValueError(f"--passage-stride (passage_stride) must be between 1 and --passage-window "
+                         f"({windows.window}), got {windows.stride!r}")
+    if windows.keep is not None and (not isinstance(windows.keep, int) or windows.keep < 1):
+        raise ValueError(f"--max-windows (max_windows) must be a positive number of windows, got {windows.keep!r}")
+    return windows
+
+
+def _windows_of(config: EncoderConfig, directory: str) -> RerankWindows | None:
+    """The window setting a reranker directory's config.json records (popped: the head, not the encoder, owns it)."""
+    block = config.extra.pop(WINDOWS_KEY, None)
+    if block is None:
+        return None
+    try:
+        keep = block.get("keep")
+        return RerankWindows(int(block["window"]), int(block["stride"]), int(keep) if keep is not None else None)
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{os.path.join(directory, CONFIG_NAME)}: {WINDOWS_KEY} must be "
+                         f'{{"window": tokens, "stride": tokens[, "keep": windows]}}, got {block!r}') from exc
+
+
+def _check_pairs(pairs: Sequence[tuple[str, PairDocument]]) -> list[tuple[str, PairDocument]]:
+    """(query, document) pairs, a document a string or (title, text); errors name the pair."""
+    if isinstance(pairs, tuple) and len(pairs) == 2 and isinstance(pairs[0], str):
+        raise TypeError("predict takes a list of (query, document) pairs; wrap a single pair in a list")
+    pairs = list(pairs)
+    for i, p in enumerate(pairs):
+        doc = p[1] if len(p) == 2 else None
+        if len(p) != 2 or not isinstance(p[0], str) or not (
+                isinstance(doc, str) or (isinstance(doc, tuple) and len(doc) == 2
+                                         and all(isinstance(x, str) for x in doc))):
+            raise TypeError(f"pair {i} is not a (query: str, document: str | (title, text)) tuple: {p!r}")
+    return pairs
 
 
 def _has_pooler(enc_state: dict[str, torch.Tensor]) -> bool:

@@ -604,8 +604,12 @@ class SearchPipeline:
         (the merge rule of `search`).
         """
         heads = [cands[:depth] for cands in candidates]
-        docs = self._documents(heads, rows=True)
-        texts = [[document_text(docs[c.passage or c.id]) for c in cands] for cands in heads]  # best passages
+        if getattr(self.reranker, "windows", None) is not None:  # it reads whole documents, window by window
+            docs = self._documents(heads)
+            texts = [[(docs[c.id]["title"] or "", docs[c.id]["text"]) for c in cands] for cands in heads]
+        else:
+            docs = self._documents(heads, rows=True)
+            texts = [[document_text(docs[c.passage or c.id]) for c in cands] for cands in heads]  # best passages
         out_c, out_s, out_f = [], [], []
         for cands, head, s in zip(candidates, heads, rerank_scores(self.reranker, queries, texts, batch_size,
                                                                    progress)):

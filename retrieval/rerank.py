@@ -13,13 +13,16 @@ pad less than they would inside one query's candidates.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+if TYPE_CHECKING:
+    from twotower.retrieval.cross_encoder import PairDocument
+
 
 def rerank_scores(
-    reranker: Any, queries: Sequence[str], texts: Sequence[Sequence[str]], batch_size: int = 32,
+    reranker: Any, queries: Sequence[str], texts: Sequence[Sequence[PairDocument]], batch_size: int = 32,
     progress: bool = False,
 ) -> list[np.ndarray]:
     """Scores of each query's candidate texts, one (n_i,) array per query, in the candidates' order.
@@ -28,7 +31,8 @@ def rerank_scores(
         reranker: a `CrossEncoder`, or anything with ``predict(pairs, batch_size=..., progress=...)``
             returning one score per (query, text) pair.
         queries: Q query strings.
-        texts: Q lists of candidate texts (`twotower.indexing.document_text` of each document).
+        texts: Q lists of candidate documents: `twotower.indexing.document_text` of each, or (title, text)
+            for a reranker that reads documents window by window (`CrossEncoder.windows`).
     """
     pairs = [(q, t) for q, candidates in zip(queries, texts) for t in candidates]
     scores = np.asarray(reranker.predict(pairs, batch_size=batch_size, progress=progress))  # (N,)

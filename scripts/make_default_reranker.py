@@ -28,9 +28,9 @@ def recipe_args(argv: list[str]) -> list[str]:
     for a in argv:
         if skip:
             skip = False
-        elif a == "--work":
+        elif a in ("--work", "--out"):
             skip = True
-        elif not (a.startswith("--work=") or a == "--no-progress"):
+        elif not (a.startswith(("--work=", "--out=")) or a == "--no-progress"):
             out.append(a)
     return out
 
@@ -50,6 +50,12 @@ def main() -> None:
                     help="weight of the embedded dense model's scores next to the labels (0: labels only)")
     ap.add_argument("--mine", choices=["bm25", "dense"], default="dense",
                     help="negatives from BM25 or the embedded dense model (the first stage --rerank reorders)")
+    ap.add_argument("--passage-window", type=int, default=96,
+                    help="read abstracts as windows of N tokens, each scored with the title, the best one counting "
+                         "(0: the head of each abstract up to --max-length, the recipe before windows)")
+    ap.add_argument("--passage-stride", type=int, default=64, help="tokens between window starts")
+    ap.add_argument("--max-windows", type=int, default=3,
+                    help="windows scored per abstract and claim, those BM25 ranks best among its windows (0: all)")
     ap.add_argument("--out", default=None, help="default: the package's retrieval/data/default-reranker")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args()
@@ -62,6 +68,9 @@ def main() -> None:
     best = train_demo_reranker(args.work, steps=args.steps, trainable_layers=args.trainable_layers,
                                max_length=args.max_length, teacher=teacher, distill_weight=args.distill_weight,
                                mine=args.mine, first_stage="dense" if teacher else None, evals=args.evals,
+                               passage_window=args.passage_window or None,
+                               passage_stride=args.passage_stride if args.passage_window else None,
+                               max_windows=args.max_windows or None,
                                progress=not args.no_progress)
     with open(os.path.join(args.work, "demo_reranker.json"), encoding="utf-8") as f:
         run = json.load(f)
@@ -70,6 +79,8 @@ def main() -> None:
                              *(shlex.quote(a) for a in recipe_args(sys.argv[1:]))]).strip(),
         "recipe": {"trainable_layers": args.trainable_layers, "steps": args.steps, "dev_evaluations": args.evals,
                    "max_length": args.max_length,
+                   "windows": ({"window": args.passage_window, "stride": args.passage_stride,
+                                "keep": args.max_windows or None} if args.passage_window else None),
                    "loss": f"listwise, 1 positive + 3 negatives mined by {args.mine}, 4 groups a step"
                            + (f"; + {args.distill_weight} x KL to the embedded all-MiniLM-L6-v2's scores (x20)"
                               if args.distill_weight > 0 else ""),

@@ -27,6 +27,8 @@ _HF_IGNORED_KEYS = {
     "num_labels", "id2label", "label2id", "prefix", "decoder_start_token_id", "embedding_size",
     "is_encoder_decoder", "pruned_heads", "tie_encoder_decoder", "cross_attention_hidden_size",
     "output_scores", "return_dict_in_generate", "sentence_transformers", "pad_token_id",
+    # a reranker head's settings (twotower.retrieval.cross_encoder): read there, not by the encoder
+    "classifier_pooling", "rerank_windows",
 }
 
 _REQUIRED_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")

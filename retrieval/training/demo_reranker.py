@@ -108,6 +108,9 @@ def train_demo_reranker(
     first_stage: str | None = None,
     evals: int = 2,
     dev_by: str = "query",
+    passage_window: int | None = None,
+    passage_stride: int | None = None,
+    max_windows: int | None = 3,
     seed: int = 0,
     progress: bool = True,
 ) -> str:
@@ -127,6 +130,8 @@ def train_demo_reranker(
     claims: ``{query, pos: [doc ids]}`` JSONL(.gz) over `corpus`; "bundled" = the SciFact train claims when
         `corpus` is the bundled sample (else title/text pairs); None = title/text pairs from `corpus`.
     titles: how many documents' titles become queries when the pairs are title/text (drawn at random).
+    passage_window / passage_stride / max_windows: read abstracts as windows of this many tokens, scored by
+        the best (`RerankerTrainConfig`; None: the head of each up to `max_length`).
     """
     from twotower.retrieval.manifest import default_model_dir
     from twotower.retrieval.training.train_reranker import RerankerTrainConfig, teacher_dir, train_reranker
@@ -154,6 +159,8 @@ def train_demo_reranker(
         settings.update(dev_by=dev_by)
     if titles != TITLES and not claims:
         settings.update(titles=titles)
+    if passage_window is not None:
+        settings.update(passage_window=passage_window, passage_stride=passage_stride, max_windows=max_windows)
     best = os.path.join(out, "best")
     marker = os.path.join(out, MARKER)
     if os.path.isfile(marker) and os.path.isdir(best):
@@ -176,6 +183,7 @@ def train_demo_reranker(
         dev_by=dev_by,
         trainable_layers=trainable_layers, head_pooling=head_pooling, teacher=teacher,
         distill_weight=distill_weight, teacher_bm25=teacher_bm25, residual=residual, first_stage=first_stage,
+        passage_window=passage_window, passage_stride=passage_stride, max_windows=max_windows,
     )
     result = train_reranker(cfg)
     if result.best_dir is None:

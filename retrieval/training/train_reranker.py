@@ -36,7 +36,7 @@ import torch
 
 from twotower.common.device import autocast
 from twotower.encoder.training.optim import param_groups
-from twotower.retrieval.cross_encoder import CrossEncoder
+from twotower.retrieval.cross_encoder import CrossEncoder, PairDocument, RerankWindows, check_windows
 from twotower.retrieval.export import write_training_args
 from twotower.retrieval.interpolation import write_alpha
 from twotower.retrieval.training.alpha import choose_alpha
@@ -53,8 +53,10 @@ from twotower.retrieval.training.training_data import (
     qrels_of,
     queries_of,
     read_labeled_pairs,
+    read_titles,
     read_training,
     split_dev,
+    titled_documents,
     training_from_pairs,
 )
 
@@ -118,6 +120,16 @@ class RerankerTrainConfig(TrainSettings):
         Measured on SciFact it learned less than distillation (dev 0.746 against 0.779, docs/results.md).
     teacher_scale: the teacher's scores are scale x inner product before the softmax (20: the scale
         sentence-transformers trains all-MiniLM-L6-v2 with, 1 / temperature 0.05).
+    passage_window / passage_stride: read each document as windows of this many text tokens, every
+        `passage_stride` tokens (default two thirds of the window), the title in front of each, and score it by
+        its best window (`CrossEncoder.windows`). Each step first scores every window of the group's documents
+        without gradients and trains on the best one of each (the gradient of a max); dev reranks the same way,
+        and the setting is saved with the checkpoint, so searches read windows too. None: the head of each
+        document up to `max_length` (a reranker that already has windows keeps them). Why: on SciFact, where
+        most abstracts are longer than 192 tokens, windows of 96 added 0.035-0.045 nDCG@10 on dev (docs/results.md).
+    max_windows: with windows, score at most this many per (query, document): those BM25 over the document's
+        windows ranks best for the query (None: every window). Why: a document's cost stays bounded however
+        long it is; on SciFact dev, 3 of a document's ~5 windows ranked as well as all of them (docs/results.md).
     collapse_std: stop when the standard deviation of dev scores, or of the training logits over the last
         collapse_window steps, falls below this (`CollapseGuard`).
     """
@@ -144,6 +156,9 @@ class RerankerTrainConfig(TrainSettings):
     teacher_bm25: float = 0.0
     teacher_scale: float = 20.0
     residual: bool = False
+    passage_window: int | None = None
+    passage_stride: int | None = None
+    max_windows: int | None = 3
     collapse_std: float = 1e-3
     collapse_window: int = 20
 
@@ -165,6 +180,8 @@ class RerankerTrainConfig(TrainSettings):
         if self.residual and (self.teacher is None or self.loss != "listwise"):
             raise ValueError("residual trains the reranker as a correction to the teacher's listwise scores: give "
                              "teacher (--teacher DIR) and loss='listwise'")
+        if self.passage_stride is not None and self.passage_window is None:
+            raise ValueError("passage_stride needs passage_window (--passage-window TOKENS)")
         if self.trainable_layers is not None and self.trainable_layers < 0:
             raise ValueError(f"trainable_layers={self.trainable_layers}; give 0 or more (None: all)")
 
@@ -273,6 +290,17 @@ def hybrid_first_stage(dev: Sequence[TrainExample], corpus: dict[str, str], dens
     dense_hits, bm25_hits = dense(queries, depth), bm25_retriever(corpus)(queries, depth)
     return {e.query_id: dict(reciprocal_rank_fusion([[d for d, _ in a], [d for d, _ in b]], limit=k))
             for e, a, b in zip(dev, dense_hits, bm25_hits)}
+
+
+def corpus_file(cfg: RerankerTrainConfig) -> str | None:
+    """The corpus file the training documents come from (`cfg.corpus`, or a BEIR directory's), if there is one."""
+    path = cfg.corpus or (os.path.join(cfg.pairs, "corpus.jsonl") if os.path.isdir(cfg.pairs) else None)
+    return path if path and os.path.isfile(path) else None
+
+
+def default_stride(window: int) -> int:
+    """Windows overlap by a third unless told otherwise (96 -> 64, the setting measured in docs/results.md)."""
+    return max(1, window * 2 // 3)
 
 
 # ---- batches -----------------------------------------------------------------------------------------
@@ -429,20 +457,22 @@ def load_reranker(cfg: RerankerTrainConfig, device: torch.device) -> CrossEncode
 
 def hybrid_alpha(cfg: RerankerTrainConfig, best_dir: str, device: torch.device, dev: Sequence[TrainExample],
                  corpus: dict[str, str], dense: DenseRetriever, run,
-                 known: Mapping[str, Mapping[str, float]] | None = None) -> float:
+                 known: Mapping[str, Mapping[str, float]] | None = None,
+                 docs: Mapping[str, PairDocument] | None = None) -> float:
     """Choose the best checkpoint's weight over the hybrid first stage too, and store both in its ALPHA_FILE.
 
     Why: the weight chosen over the dense top-k is too high for the hybrid's, whose first-stage scores
     already carry BM25's evidence; with one weight (0.6) the shipped recipe's hybrid + rerank scored 0.6883
     nDCG@10 on SciFact test, with its own (0.2) 0.7174 (docs/results.md, "Distilling the dense model").
     known: the best checkpoint's dev scores over the dense top-k; only the hybrid's other pairs are scored.
+    docs: the documents as the reranker reads them (`titled_documents`; default `corpus`).
     """
     from twotower.retrieval.interpolation import read_alpha
     from twotower.retrieval.training.dev_eval import rerank_run
 
     best = CrossEncoder.from_pretrained(best_dir, device=device, bf16=cfg.bf16)
     first = hybrid_first_stage(dev, corpus, dense, cfg.dev_rerank_k)
-    reranked, _ = rerank_run(best, queries_of(dev), first, corpus, k=cfg.dev_rerank_k,
+    reranked, _ = rerank_run(best, queries_of(dev), first, docs or corpus, k=cfg.dev_rerank_k,
                              batch_size=cfg.eval_batch_size, progress=cfg.progress, known=known)
     alpha, curve = choose_alpha(reranked, first, qrels_of(dev))
     dense_alpha = read_alpha(best_dir)
@@ -462,9 +492,18 @@ def train_reranker(cfg: RerankerTrainConfig) -> RerankerTrainResult:
     model = load_reranker(cfg, device)  # first: a bad model directory fails before any data work
     if cfg.trainable_layers is not None:
         freeze_below_top(model, cfg.trainable_layers)
+    if cfg.passage_window is not None:
+        model.windows = check_windows(RerankWindows(cfg.passage_window, cfg.passage_stride
+                                                    or default_stride(cfg.passage_window), cfg.max_windows),
+                                      model.max_length)
     data, labeled = load_reranker_data(cfg)
     train, dev = split_dev(data.examples, cfg.dev_fraction, cfg.seed, cfg.dev_size, by=cfg.dev_by)
     corpus = data.corpus
+    if model.windows is not None:  # (title, text) where the corpus file has titles: each window carries it
+        path = corpus_file(cfg)
+        docs = titled_documents(corpus, read_titles(path) if path else {})
+    else:
+        docs = corpus
     teacher = Teacher(cfg, corpus, device) if cfg.teacher else None
     if cfg.negatives:
         train = add_mined_negatives(train, cfg.negatives, corpus, data.skipped)
@@ -510,14 +549,16 @@ def train_reranker(cfg: RerankerTrainConfig) -> RerankerTrainResult:
         if cfg.loss == "listwise":
             groups, filled = next(batches)
             filled_total += filled
-            queries = [train[i].query for i, docs in groups for _ in docs]
-            texts = [corpus[d] for _, docs in groups for d in docs]
+            queries = [train[i].query for i, ids in groups for _ in ids]
+            texts = [docs[d] for _, ids in groups for d in ids]
             labels = None
         else:
             chunk = next(batches)
             queries = [p.query for p in chunk]
-            texts = [corpus[p.doc_id] for p in chunk]
+            texts = [docs[p.doc_id] for p in chunk]
             labels = torch.tensor([p.label / scale for p in chunk], device=device)
+        # each document's best window, scored without gradients (the text itself without windows)
+        texts = model.best_windows(list(zip(queries, texts)), batch_size=cfg.eval_batch_size)
         enc = model.encode_pairs(queries, texts).model_inputs(device)
         with autocast(device, model.bf16):
             logits = model(**enc).float()  # (N,)
@@ -541,7 +582,7 @@ def train_reranker(cfg: RerankerTrainConfig) -> RerankerTrainResult:
     best_scores: dict = {}  # the best checkpoint's dev scores, reused by hybrid_alpha
 
     def evaluate(step: int) -> dict:
-        reranked, scores = rerank_run(model, dev_queries, first, corpus, k=cfg.dev_rerank_k,
+        reranked, scores = rerank_run(model, dev_queries, first, docs, k=cfg.dev_rerank_k,
                                       batch_size=cfg.eval_batch_size, progress=cfg.progress)
         metrics = dev_metrics(reranked, dev_qrels)
         alpha, curve = choose_alpha(reranked, first, dev_qrels)
@@ -569,7 +610,7 @@ def train_reranker(cfg: RerankerTrainConfig) -> RerankerTrainResult:
         plot_title=f"reranker: dev nDCG@10 of first-stage top-{cfg.dev_rerank_k} ({len(dev)} queries)",
     ).train()
     if teacher is not None and cfg.first_stage == "dense" and result.best_dir:
-        hybrid_alpha(cfg, result.best_dir, device, dev, corpus, teacher.dense, run, known=best_scores)
+        hybrid_alpha(cfg, result.best_dir, device, dev, corpus, teacher.dense, run, known=best_scores, docs=docs)
     run.finish({**result.summary(), "first_stage_dev_ndcg@10": first_score,
                 "random_negative_fill_ins": filled_total, "skipped": data.skipped.as_dict(), "dev_queries": len(dev)})
     return RerankerTrainResult(result.best_dir, result.best_step, result.best_score, result.initial_score,

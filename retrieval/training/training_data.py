@@ -126,6 +126,28 @@ def read_corpus(path: str) -> dict[str, str]:
     return corpus
 
 
+def read_titles(path: str) -> dict[str, str]:
+    """``corpus.jsonl`` -> {id: title} for the documents that have a title.
+
+    Why apart from `read_corpus`: a reranker that reads documents window by window puts the title in
+    front of every window (`twotower.retrieval.cross_encoder.CrossEncoder.windows`), so it needs the title
+    separately from the "title text" string everything else trains on.
+    """
+    return {doc["id"]: doc["title"] for _, doc in iter_documents(path) if (doc.get("title") or "").strip()}
+
+
+def titled_documents(corpus: Mapping[str, str], titles: Mapping[str, str]) -> dict[str, str | tuple[str, str]]:
+    """The corpus as a windowed reranker reads it: ``(title, text)`` where `titles` has one, else the text.
+
+    `read_corpus` joined them as "title text" (`twotower.indexing.document_text`); this splits there again.
+    """
+    out: dict[str, str | tuple[str, str]] = {}
+    for d, text in corpus.items():
+        title = titles.get(d)
+        out[d] = (title, text[len(title) + 1:]) if title and text.startswith(title + " ") else text
+    return out
+
+
 def _string(obj: dict, key: str, where: str, required: bool = True) -> str | None:
     value = obj.get(key)
     if value is None:

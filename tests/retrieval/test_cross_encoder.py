@@ -210,3 +210,101 @@ def test_fresh_cls_head_ignores_a_mean_pooling_source(tmp_path):
     ce.save_pretrained(str(tmp_path / "mean"))
     fresh = CrossEncoder.from_encoder(str(tmp_path / "mean"), device="cpu", bf16=False)
     assert fresh.model.pooling == "cls" and fresh.bert.pooler is not None
+
+
+# ---- windows (MaxP) ----------------------------------------------------------------------------------------
+# Every word below is one token of the tiny vocabulary, so windows of 4 tokens every 3 are easy to write out.
+TITLE, TEXT = "tea cold", "gene expression cancer cell mouse virus heart risk drug dose trial"
+WINDOWS = ["gene expression cancer cell", "cell mouse virus heart", "heart risk drug dose", "dose trial"]
+
+
+def _windowed(out, window=4, stride=3):
+    from twotower.retrieval.cross_encoder import RerankWindows
+
+    ce = CrossEncoder.from_pretrained(out, device="cpu", bf16=False)
+    ce.windows = RerankWindows(window, stride)
+    return ce
+
+
+def test_windows_score_a_document_by_its_best_window(saved):
+    """A (title, text) document is read as title + window, every window; its score is the best one's."""
+    head, out = saved
+    ce = _windowed(out)
+    assert ce.document_windows([(TITLE, TEXT)]) == [[f"{TITLE} {w}" for w in WINDOWS]]
+    assert ce.document_windows([TEXT]) == [WINDOWS]  # a plain string has no title to repeat
+    queries = ["drug dose trial", "mouse virus", "tea cold"]
+    for q in queries:
+        each = head.predict([(q, f"{TITLE} {w}") for w in WINDOWS])  # the windows, scored one by one
+        assert np.ptp(each) > 1e-3, "test needs windows that score differently"
+        got = ce.predict([(q, (TITLE, TEXT))])
+        np.testing.assert_allclose(got, [each.max()], atol=1e-5)
+        assert ce.best_windows([(q, (TITLE, TEXT))]) == [f"{TITLE} {WINDOWS[int(np.argmax(each))]}"]
+    # Many pairs in one call (a document repeated across queries) give each pair its own maximum.
+    many = ce.predict([(q, (TITLE, TEXT)) for q in queries] + [("virus", "mouse virus")])
+    np.testing.assert_allclose(many[:3], [ce.predict([(q, (TITLE, TEXT))])[0] for q in queries], atol=1e-5)
+    # A document that fits one window is scored whole: windows change nothing for it.
+    np.testing.assert_allclose(many[3], head.predict([("virus", "mouse virus")]), atol=1e-5)
+    np.testing.assert_allclose(ce.predict([("virus", ("heart", "mouse virus"))]),
+                               head.predict([("virus", "heart mouse virus")]), atol=1e-5)
+    # Without windows a (title, text) document is its "title text" string.
+    np.testing.assert_allclose(head.predict([("virus", (TITLE, TEXT))]), head.predict([("virus", f"{TITLE} {TEXT}")]),
+                               atol=1e-6)
+
+
+def test_windows_round_trip_through_config_json(saved, tmp_path):
+    _, out = saved
+    ce = _windowed(out)
+    path = str(tmp_path / "windowed")
+    ce.save_pretrained(path)
+    assert json.load(open(os.path.join(path, "config.json")))["rerank_windows"] == {"window": 4, "stride": 3}
+    again = CrossEncoder.from_pretrained(path, device="cpu", bf16=False)
+    assert (again.windows.window, again.windows.stride) == (4, 3)
+    np.testing.assert_allclose(again.predict([("drug", (TITLE, TEXT))]), ce.predict([("drug", (TITLE, TEXT))]),
+                               atol=1e-6)
+    # A fresh head on it reads heads again: windows belong to the trained reranker, not to its encoder.
+    assert CrossEncoder.from_encoder(path, device="cpu", bf16=False).windows is None
+    transformers = pytest.importorskip("transformers")
+    transformers.BertForSequenceClassification.from_pretrained(path)  # the extra key does not stop other loaders
+
+
+def test_bad_windows_are_refused_with_the_flag_or_the_file(saved, tmp_path):
+    from twotower.retrieval.cross_encoder import RerankWindows, check_windows
+
+    ce, out = saved
+    with pytest.raises(ValueError, match="--passage-window"):
+        check_windows(RerankWindows(ce.max_length, 8), ce.max_length)  # no room for the query
+    with pytest.raises(ValueError, match="--passage-stride"):
+        check_windows(RerankWindows(16, 17), ce.max_length)
+    bad = str(tmp_path / "bad")
+    shutil.copytree(out, bad)
+    cfg = json.load(open(os.path.join(bad, "config.json")))
+    cfg["rerank_windows"] = {"window": 16}
+    json.dump(cfg, open(os.path.join(bad, "config.json"), "w"))
+    with pytest.raises(ValueError, match=r"config\.json: rerank_windows"):
+        CrossEncoder.from_pretrained(bad, device="cpu", bf16=False)
+    with pytest.raises(TypeError, match="pair 1"):
+        ce.predict([("q", "doc"), ("q", ("title", 3))])
+
+
+def test_keep_scores_only_the_windows_bm25_ranks_best_for_the_query(saved, tmp_path):
+    """keep=2: of the four windows, the two BM25 (over the document's windows) ranks best for the query count."""
+    from twotower.indexing.bm25 import BM25
+    from twotower.retrieval.cross_encoder import RerankWindows
+
+    head, out = saved
+    ce = _windowed(out)
+    ce.windows = RerankWindows(4, 3, keep=2)
+    q = "heart risk dose"  # "heart" is in windows 1 and 2, "risk" in 2, "dose" in 2 and 3: windows 2, then 1 or 3
+    windows = [f"{TITLE} {w}" for w in WINDOWS]
+    bm25 = BM25()
+    bm25.add(["0", "1", "2", "3"], windows)
+    kept = sorted(np.argsort(-bm25.score(q, ["0", "1", "2", "3"]), kind="stable")[:2])
+    assert 2 in kept and 0 not in kept
+    assert ce.pair_windows([(q, (TITLE, TEXT))]) == [[windows[i] for i in kept]]
+    each = head.predict([(q, w) for w in windows])
+    np.testing.assert_allclose(ce.predict([(q, (TITLE, TEXT))]), [each[kept].max()], atol=1e-5)
+    assert ce.best_windows([(q, (TITLE, TEXT))]) == [windows[kept[int(np.argmax(each[kept]))]]]
+    path = str(tmp_path / "kept")
+    ce.save_pretrained(path)
+    assert json.load(open(os.path.join(path, "config.json")))["rerank_windows"] == {"window": 4, "stride": 3, "keep": 2}
+    assert CrossEncoder.from_pretrained(path, device="cpu", bf16=False).windows == RerankWindows(4, 3, 2)

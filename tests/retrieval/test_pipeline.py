@@ -145,6 +145,25 @@ def test_rerank_orders_candidates_by_cross_encoder(built, reranker_dir, encoder)
         pipe.close()
 
 
+def test_windowed_reranker_reads_whole_documents_with_their_titles(built, reranker_dir, encoder, tmp_path):
+    """A reranker with windows gets each candidate as (title, text) and scores it by its best window."""
+    from twotower.retrieval.cross_encoder import CrossEncoder, RerankWindows
+
+    ce = CrossEncoder.from_pretrained(reranker_dir, bf16=False, device="cpu")
+    ce.windows = RerankWindows(5, 3)
+    path = str(tmp_path / "windowed")
+    ce.save_pretrained(path)
+    with SearchPipeline.load(built.directory, encoder, reranker=path, bf16=False) as pipe:
+        query = "coffee cup hot milk sugar"
+        recall = pipe.search(query, k=20, recall_k=20, rerank=False)
+        hits = pipe.search(query, k=20, recall_k=20, rerank_alpha=1.0)
+    scores = ce.predict([(query, (h.title or "", h.text)) for h in recall])
+    assert any(len(ce.document_windows([(h.title or "", h.text)])[0]) > 1 for h in recall), "needs long documents"
+    order = np.argsort(-scores, kind="stable")
+    assert [h.id for h in hits] == [recall[i].id for i in order]
+    assert [h.rerank_score for h in hits] == pytest.approx([float(scores[i]) for i in order], abs=1e-4)
+
+
 def test_fallback_reranker_only_when_neither_the_caller_nor_the_index_names_one(built, reranker_dir, tmp_path, docs,
                                                                                  encoder):
     """`fallback_reranker` (what `search --rerank` passes) never overrides a reranker given or recorded."""

@@ -30,6 +30,10 @@ TEACHER_HELP = ("dual encoder whose scores the reranker also learns (listwise di
 RESIDUAL_HELP = ("train the reranker as a correction to the --teacher's scores (the label loss reads their sum; "
                  "no distillation term); dev then chooses the checkpoint on the interpolated ranking")
 
+WINDOW_HELP = ("read each document as windows of N text tokens (its title in front of each) and score it by its "
+               "best window; saved with the reranker, so searches read windows too (default: the head of each "
+               "document up to --max-length)")
+
 TEACHER_BM25_HELP = ("add BM25's scores, rescaled to the --teacher's spread, to the teacher with weight W "
                      "(0: the dense teacher alone)")
 
@@ -140,6 +144,7 @@ def register(subparsers) -> None:
     p.add_argument("--distill-weight", type=float, default=1.0, help="weight of the distillation term")
     p.add_argument("--teacher-bm25", type=float, default=0.0, metavar="W", help=TEACHER_BM25_HELP)
     p.add_argument("--residual", action="store_true", help=RESIDUAL_HELP)
+    _window_flags(p)
     p.set_defaults(func=run_reranker)
 
     p = sub.add_parser("mine", help="mine hard negatives from BM25 or a dense model into JSONL",
@@ -200,9 +205,20 @@ def register(subparsers) -> None:
                    help="what dev reranks to choose the checkpoint and weight: BM25's or the --teacher's top 20")
     p.add_argument("--dev-by", choices=["query", "document"], default="query",
                    help="carve dev by claim, or by document: no dev claim's evidence is a training claim's")
+    _window_flags(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run_demo)
+
+
+def _window_flags(p: argparse.ArgumentParser) -> None:
+    """--passage-window / --passage-stride / --max-windows: how a reranker reads long documents (`_windows`)."""
+    p.add_argument("--passage-window", type=int, default=None, metavar="N", help=WINDOW_HELP)
+    p.add_argument("--passage-stride", type=int, default=None, metavar="N",
+                   help="tokens between window starts (default: two thirds of --passage-window)")
+    p.add_argument("--max-windows", type=int, default=3, metavar="N",
+                   help="with --passage-window: score at most N windows of a document per query, those BM25 "
+                        "ranks best among its windows (0: every window)")
 
 
 def _check_out(path: str) -> None:
@@ -287,6 +303,21 @@ def _residual(args) -> bool:
     return args.residual
 
 
+def _windows(args) -> tuple[int | None, int | None, int | None]:
+    """--passage-window / --passage-stride / --max-windows (0: None, every window), checked before any data is
+    read."""
+    window, stride = args.passage_window, args.passage_stride
+    if args.max_windows < 0:
+        raise ValueError(f"--max-windows {args.max_windows}: give 0 (every window) or more")
+    if stride is not None and window is None:
+        raise ValueError("--passage-stride sets the step between windows: add --passage-window N")
+    if window is not None and window < 1:
+        raise ValueError(f"--passage-window {window}: give a positive number of tokens")
+    if stride is not None and not 1 <= stride <= window:
+        raise ValueError(f"--passage-stride {stride}: give 1 to --passage-window ({window})")
+    return window, stride, args.max_windows or None
+
+
 def run_reranker(args) -> int:
     _check_out(args.out)
     from twotower.retrieval.training.train_reranker import RerankerTrainConfig, train_reranker
@@ -296,7 +327,8 @@ def run_reranker(args) -> int:
         group_size=args.group_size, batch_size=args.batch_size, max_length=args.max_length, lr=args.lr or 3e-5,
         dev_rerank_k=args.dev_rerank_k, collapse_std=args.collapse_std, head_pooling=args.head_pooling,
         trainable_layers=args.trainable_layers, teacher=_teacher(args.teacher, args), distill_weight=args.distill_weight,
-        teacher_bm25=_teacher_bm25(args), residual=_residual(args), **_settings(args, default_ranks=(1, 100)),
+        teacher_bm25=_teacher_bm25(args), residual=_residual(args), passage_window=_windows(args)[0],
+        passage_stride=_windows(args)[1], max_windows=_windows(args)[2], **_settings(args, default_ranks=(1, 100)),
     )
     reranker_directory("--model", args.model)
     res = train_reranker(cfg)
@@ -368,8 +400,11 @@ def run_demo(args) -> int:
                             ("head_pooling", args.head_pooling), ("teacher", _teacher(args.teacher, args)),
                             ("evals", args.evals), ("teacher_bm25", _teacher_bm25(args) or None),
                             ("residual", _residual(args) or None), ("titles", _titles(args)),
-                            ("dev_by", None if args.dev_by == "query" else args.dev_by))
+                            ("dev_by", None if args.dev_by == "query" else args.dev_by),
+                            ("passage_window", _windows(args)[0]), ("passage_stride", _windows(args)[1]))
           if v is not None}
+    if args.passage_window is not None:
+        kw["max_windows"] = _windows(args)[2]  # None: every window
     if args.teacher is not None or args.mine != "bm25" or args.first_stage != "bm25":
         kw.update(distill_weight=args.distill_weight, mine=args.mine,
                   first_stage=None if args.first_stage == "bm25" else args.first_stage)

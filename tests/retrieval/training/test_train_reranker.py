@@ -261,6 +261,20 @@ def test_cli_head_pooling_mean_reaches_the_checkpoint(tmp_path, capsys):
     assert json.load(open(os.path.join(res["best"], "config.json")))["classifier_pooling"] == "mean"
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--passage-stride", "3"], "--passage-stride sets the step between windows: add --passage-window"),
+    (["--passage-window", "0"], "--passage-window 0: give a positive number"),
+    (["--passage-window", "4", "--passage-stride", "5"], "--passage-stride 5: give 1 to --passage-window"),
+    (["--passage-window", "46"], "--passage-window"),  # no room beside the query in --max-length 48
+])
+def test_cli_window_flags_are_checked(tmp_path, capsys, flags, message):
+    from twotower.cli import main
+
+    rc = main(["train", "reranker", "--model", tiny_model_dir(0.2), "--pairs", tiny_beir_dir(), "--out",
+               str(tmp_path / "rr"), "--max-length", "48", "--max-steps", "1", "--no-progress", *flags])
+    assert rc == 2 and message in capsys.readouterr().err
+
+
 def test_training_continues_the_shipped_reranker(tmp_path, capsys):
     """--model default starts from the shipped reranker (its weights and head), and its checkpoints stand alone."""
     from twotower.cli import main
@@ -268,10 +282,13 @@ def test_training_continues_the_shipped_reranker(tmp_path, capsys):
     from twotower.retrieval.cross_encoder import CrossEncoder
 
     pairs = [("a claim about cells", "cells divide by mitosis"), ("a claim about cells", "rivers flow to the sea")]
-    shipped = default_reranker.load(device="cpu", bf16=False, max_length=64).predict(pairs)
-    start = load_reranker(_cfg(tmp_path, model="default", max_length=64), device="cpu")
+    shipped = default_reranker.load(device="cpu", bf16=False, max_length=128).predict(pairs)
+    start = load_reranker(_cfg(tmp_path, model="default", max_length=128), device="cpu")
     np.testing.assert_allclose(start.predict(pairs), shipped, atol=1e-5)
-    res = train_reranker(_cfg(tmp_path, model="default", max_length=64, lr=1e-5, max_steps=2, eval_every=2))
+    with pytest.raises(ValueError, match=r"config.json: this reranker reads documents as windows of 96 tokens "
+                                         r"\(rerank_windows\), which needs a max_length \(--max-length\) of at least 99"):
+        load_reranker(_cfg(tmp_path, model="default", max_length=64), device="cpu")  # too short for its windows
+    res = train_reranker(_cfg(tmp_path, model="default", max_length=128, lr=1e-5, max_steps=2, eval_every=2))
     assert res.steps == 2 and res.best_dir and np.isfinite(res.initial_score)
     reloaded = CrossEncoder.from_pretrained(res.best_dir, bf16=False).predict(pairs)  # tokenizer and head saved
     assert reloaded.shape == (2,) and np.isfinite(reloaded).all()
@@ -441,3 +458,56 @@ def test_residual_training_learns_only_where_the_teacher_ranks_wrong(tmp_path, m
     assert moved[200.0] == 0.0 and moved[0.0] > 1e-4, moved
     with pytest.raises(ValueError, match="residual trains the reranker as a correction"):
         _cfg(tmp_path, residual=True)
+
+
+def _titled_beir(tmp_path) -> str:
+    """tiny_beir_dir with a two-word title on every document (the texts stay as they were)."""
+    import shutil
+
+    root = str(tmp_path / "titled")
+    shutil.copytree(tiny_beir_dir(), root)
+    docs = [json.loads(x) for x in open(os.path.join(root, "corpus.jsonl"))]
+    with open(os.path.join(root, "corpus.jsonl"), "w") as f:
+        for i, d in enumerate(docs):
+            f.write(json.dumps({**d, "title": f"{WORDS[i % 7]} {WORDS[7 + i % 5]}"}) + "\n")
+    return root
+
+
+def test_windowed_training_trains_on_each_documents_best_window(tmp_path, monkeypatch):
+    """With passage_window, each step trains on the window `best_windows` picks for each (query, document),
+    the title in front of it; dev reranks by the best window; the checkpoint keeps the setting."""
+    from twotower.retrieval.cross_encoder import CrossEncoder
+
+    data = _titled_beir(tmp_path)
+    corpus = {d["_id"]: d for d in map(json.loads, open(os.path.join(data, "corpus.jsonl")))}
+    picked, trained = [], []
+    best_windows, encode_pairs = CrossEncoder.best_windows, CrossEncoder.encode_pairs
+
+    def spy_best(self, pairs, batch_size=32):
+        out = best_windows(self, pairs, batch_size)
+        picked.append((list(pairs), out))
+        return out
+
+    def spy_encode(self, queries, texts):
+        if self.training:
+            trained.append(list(texts))
+        return encode_pairs(self, queries, texts)
+
+    monkeypatch.setattr(CrossEncoder, "best_windows", spy_best)
+    monkeypatch.setattr(CrossEncoder, "encode_pairs", spy_encode)
+    res = train_reranker(_cfg(tmp_path, pairs=data, passage_window=4, passage_stride=3, max_steps=2, eval_every=2))
+    assert len(trained) == 2 and [out for _, out in picked] == trained  # trained on what best_windows chose
+    long_docs = 0
+    for pairs, out in picked:
+        for (_, doc), text in zip(pairs, out):
+            title, body = doc
+            d = next(v for v in corpus.values() if v["title"] == title and v["text"] == body)
+            assert text.startswith(title + " ") and text[len(title) + 1:] in d["text"]
+            long_docs += len(d["text"].split()) > 4
+            assert len(text.split()) <= 2 + 4 and (len(d["text"].split()) <= 4 or text != f"{title} {body}")
+    assert long_docs > 0, "test needs documents longer than a window"
+    assert json.load(open(os.path.join(res.best_dir, "config.json")))["rerank_windows"] == {"window": 4, "stride": 3,
+                                                                                       "keep": 3}
+    assert CrossEncoder.from_pretrained(res.best_dir, bf16=False).windows.window == 4
+    with pytest.raises(ValueError, match="passage_window"):
+        _cfg(tmp_path, pairs=data, passage_stride=3)
