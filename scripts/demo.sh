@@ -68,9 +68,9 @@ size = sum(os.path.getsize(os.path.join(DIRECTORY, f)) for f in os.listdir(DIREC
 first = "dense" if "dense_ndcg@10" in d else "bm25"  # what dev reranked: the dense model's top 20 (or BM25's)
 w = m["recipe"].get("windows")
 print("== the reranker twotower ships: all-MiniLM-L6-v2 fine-tuned (embeddings frozen) on 809 SciFact train")
-print("   claims, a %.1f MB delta over the model (docs/training.md)%s. Held-out train claims, %s top 20:"
-      % (size / 1e6, ", reading abstracts as windows of %d tokens" % w["window"] if w else "",
-         "the dense model's" if first == "dense" else "BM25's"))
+print("   claims, a %.1f MB delta over the model (docs/training.md)%s." % (
+    size / 1e6, ",\n   reading abstracts as windows of %d tokens" % w["window"] if w else ""))
+print("   Held-out train claims, %s top 20:" % ("the dense model's" if first == "dense" else "BM25's"))
 print("   nDCG@10 %.3f reranked alone vs %.3f %s alone; final score = %.1f x reranker + %.1f x first stage" % (
     d["reranker_ndcg@10"], d[first + "_ndcg@10"], first, d["interpolation_alpha"], 1 - d["interpolation_alpha"]))
 PYEOF
