@@ -41,6 +41,7 @@ import random
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from types import SimpleNamespace
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -110,9 +111,16 @@ def first_stage_runs(name: str, docs: dict, queries: Mapping[str, str], cache: s
 
 
 def merge_reranked(first: Mapping[str, float], final: Mapping[str, float]) -> dict[str, float]:
-    """The reranked top-k (by `final`) at ranks 1..k, then the rest of the first stage in its own order."""
-    head = sorted(final, key=lambda d: (-final[d], d))
-    tail = [d for d in sorted(first, key=lambda d: (-first[d], d)) if d not in final]
+    """The reranked top-k (by `final`) at ranks 1..k, then the rest of the first stage in its own order.
+
+    Both orders are trec_eval's (`rank_documents`: ties by document id, descending), the order the first
+    stage itself is scored in; so weight 0, whose `final` is a monotone map of the first-stage scores,
+    reproduces the first stage's ranking and its nDCG exactly, ties included.
+    """
+    from twotower.eval.metrics import rank_documents
+
+    head = rank_documents(final)
+    tail = [d for d in rank_documents(first) if d not in final]
     return {d: float(-rank) for rank, d in enumerate(head + tail)}
 
 
@@ -189,9 +197,20 @@ def run_fold(args: argparse.Namespace) -> dict:
         trainable_layers=args.trainable_layers, teacher=teacher, distill_weight=args.distill_weight,
         passage_window=args.passage_window or None, max_windows=args.max_windows or None,
     )
-    t0 = time.perf_counter()
-    result = train_reranker(cfg)
-    train_s = time.perf_counter() - t0
+    report_path = os.path.join(work, f"fold{args.fold}.json")
+    if args.reuse_checkpoint:  # rerank the held-out fold again with the checkpoint an earlier run of this fold chose
+        with open(report_path, encoding="utf-8") as f:
+            earlier = json.load(f)
+        result = SimpleNamespace(best_dir=os.path.join(cfg.out, "best"), best_step=earlier["best_step"],
+                                 best_score=earlier["best_dev_ndcg@10"], stopped_by=earlier["stopped_by"],
+                                 first_stage_score=earlier["first_stage_dev_ndcg@10"])
+        train_s = earlier["seconds"]["train"]
+        if not os.path.isdir(result.best_dir):
+            raise SystemExit(f"--reuse-checkpoint: {result.best_dir} is missing; run the fold without it")
+    else:
+        t0 = time.perf_counter()
+        result = train_reranker(cfg)
+        train_s = time.perf_counter() - t0
     if result.best_dir is None:
         raise SystemExit(f"training produced no checkpoint ({result.stopped_by})")
     alpha = read_alpha(result.best_dir)
@@ -226,7 +245,7 @@ def run_fold(args: argparse.Namespace) -> dict:
     }
     from twotower.common.atomic import atomic_write_text
 
-    atomic_write_text(os.path.join(work, f"fold{args.fold}.json"), json.dumps(report, indent=2) + "\n")
+    atomic_write_text(report_path, json.dumps(report, indent=2) + "\n")
     return report
 
 
@@ -287,6 +306,9 @@ def main() -> None:
                     help="train and rerank on windows of N tokens (`train reranker --passage-window`; 0: off, "
                          "or as the --start reranker has them)")
     ap.add_argument("--max-windows", type=int, default=3, help="windows scored per document (0: all)")
+    ap.add_argument("--reuse-checkpoint", action="store_true",
+                    help="skip training: rerank the held-out fold with the checkpoint an earlier run of the same fold "
+                         "and --out chose (its fold JSON keeps the training fields)")
     ap.add_argument("--index-dir", default="runs/results-table",
                     help="folder of the <collection>-index shared with results_table.py --out")
     args = ap.parse_args()

@@ -48,3 +48,17 @@ def test_reranked_head_comes_first_then_the_first_stage_order():
     first = {"a": 5.0, "b": 4.0, "c": 3.0, "d": 2.0}
     merged = merge_reranked(first, {"b": 0.1, "a": 0.9 - 1.0})  # the reranker puts b above a
     assert sorted(merged, key=merged.get, reverse=True) == ["b", "a", "c", "d"]
+
+
+def test_weight_zero_reproduces_the_first_stage_order_ties_included():
+    # Fused scores tie often (RRF); the merged run must break them as trec_eval breaks the first stage's.
+    import numpy as np
+
+    from twotower.eval.metrics import rank_documents
+    from twotower.retrieval.interpolation import interpolate
+
+    first = {"d1": 0.5, "d2": 0.5, "d3": 0.4, "d10": 0.4, "d4": 0.3, "d5": 0.2}
+    top = rank_documents(first)[:4]  # the reranked head
+    mixed = interpolate(np.array([9.0, -1.0, 3.0, 0.5]), np.array([first[d] for d in top]), 0.0)
+    merged = merge_reranked(first, dict(zip(top, mixed.tolist())))
+    assert rank_documents(merged) == rank_documents(first) == ["d2", "d1", "d3", "d10", "d4", "d5"]
