@@ -24,6 +24,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="+", help="TREC run files over the SciFact test claims")
     ap.add_argument("--data", default=DEFAULT_DATA)
+    ap.add_argument("--baseline", default=None, metavar="RUN",
+                    help="also print each run's paired difference from this run on each group: the mean, its 95%% "
+                         "confidence interval (paired t) and the paired randomization test's p")
     args = ap.parse_args()
 
     from twotower.eval.io.beir import read_beir_qrels as read_qrels
@@ -44,10 +47,32 @@ def main() -> None:
     print(f"dev claims: {len(dev_qrels)}; evidence seen in the other {len(rest)} train claims: {dev_seen}")
     print("| run | all | seen evidence | unseen evidence |")
     print("|---|---|---|---|")
+    groups = (test, seen, unseen)
     for path in args.runs:
         run = read_run(path)
-        cells = [evaluate({q: run.get(q, {}) for q in group}, group)["ndcg@10"] for group in (test, seen, unseen)]
+        cells = [evaluate({q: run.get(q, {}) for q in group}, group)["ndcg@10"] for group in groups]
         print(f"| {path} | " + " | ".join(f"{c:.4f}" for c in cells) + " |")
+    if args.baseline:
+        print(f"\nnDCG@10 minus {args.baseline}'s, per claim: mean [95% CI], randomization p")
+        print("| run | all | seen evidence | unseen evidence |")
+        print("|---|---|---|---|")
+        base = read_run(args.baseline)
+        for path in args.runs:
+            run = read_run(path)
+            cells = [paired_cell(run, base, group) for group in groups]
+            print(f"| {path} | " + " | ".join(cells) + " |")
+
+
+def paired_cell(run: dict, base: dict, qrels: dict) -> str:
+    """'+0.0130 [-0.0050, +0.0310] p 0.16': the paired difference of nDCG@10 over the judged claims of `qrels`."""
+    from twotower.eval.metrics import evaluate as ev
+    from twotower.eval.metrics import paired_randomization_test, paired_t_interval
+
+    a = ev({q: run.get(q, {}) for q in qrels}, qrels, ["ndcg@10"]).column("ndcg@10")
+    b = ev({q: base.get(q, {}) for q in qrels}, qrels, ["ndcg@10"]).column("ndcg@10")
+    low, high = paired_t_interval(a, b)
+    p = paired_randomization_test(a, b).pvalue
+    return f"{float((a - b).mean()):+.4f} [{low:+.4f}, {high:+.4f}] p {p:.3g}"
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from twotower.common.atomic import atomic_write_bytes, atomic_write_text
 from twotower.eval.io.trec import write_trec_run
 from twotower.eval.metrics.names import parse_metrics
 from twotower.eval.metrics.retrieval import Qrels, RetrievalEvaluation, Run, evaluate, mean_recall_curve
-from twotower.eval.metrics.significance import paired_randomization_test, paired_t_test
+from twotower.eval.metrics.significance import paired_randomization_test, paired_t_interval, paired_t_test
 
 REPORT_METRICS = ("ndcg@10", "mrr@10", "recall@10", "recall@100", "map", "p@10")
 AVERAGING_NOTE = (
@@ -84,7 +84,7 @@ def _markdown(
     sig_metric = next(iter(significance.values()))["metric"] if significance else None
     head = ["system", *labels, "queries"]
     if significance:
-        head += [f"p ({sig_metric}, t-test)", f"p ({sig_metric}, randomization)"]
+        head += [f"{sig_metric} − baseline [95% CI]", f"p ({sig_metric}, t-test)", f"p ({sig_metric}, randomization)"]
     lines = [f"# {title}", ""]
     lines += [f"- {key}: {value}" for key, value in settings.items()]
     lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -93,13 +93,15 @@ def _markdown(
         if significance:
             sig = significance.get(name)
             cells += (
-                [f"{sig['t_test_p']:.4g}", f"{sig['randomization_p']:.4g}"]
+                [f"{sig['mean_difference']:+.4f} [{sig['ci95'][0]:+.4f}, {sig['ci95'][1]:+.4f}]",
+                 f"{sig['t_test_p']:.4g}", f"{sig['randomization_p']:.4g}"]
                 if sig
-                else ["baseline", "baseline"]
+                else ["baseline", "baseline", "baseline"]
             )
         lines.append("| " + " | ".join(cells) + " |")
     if significance:
-        lines += ["", f"p-values are two-sided, paired over queries, against `{baseline}`."]
+        lines += ["", f"Differences and p-values are paired over queries, against `{baseline}`; the interval is the "
+                  "paired t-test's, the p-values two-sided."]
     lines += ["", "![Recall@k](recall_at_k.png)", ""]
     return "\n".join(lines)
 
@@ -205,6 +207,7 @@ def write_report(
             "baseline": baseline,
             "mean_difference": t_test.mean_difference,
             "t_statistic": t_test.statistic,
+            "ci95": list(paired_t_interval(values, base_values)),
             "t_test_p": t_test.pvalue,
             "randomization_p": rand.pvalue,
             "n_resamples": n_resamples,

@@ -13,7 +13,7 @@ from twotower.eval.metrics.classification import (
     misclassified,
 )
 from twotower.eval.metrics.correlation import CorrelationResult, average_ranks, pearson, spearman
-from twotower.eval.metrics.distributions import betainc, student_t_sf, student_t_two_sided_p
+from twotower.eval.metrics.distributions import betainc, student_t_ppf, student_t_sf, student_t_two_sided_p
 from twotower.eval.metrics.language_model import (
     MLMAccumulator,
     log_softmax,
@@ -42,7 +42,12 @@ from twotower.eval.metrics.retrieval import (
     mean_recall_curve,
     ranked_relevance,
 )
-from twotower.eval.metrics.significance import SignificanceResult, paired_randomization_test, paired_t_test
+from twotower.eval.metrics.significance import (
+    SignificanceResult,
+    paired_randomization_test,
+    paired_t_interval,
+    paired_t_test,
+)
 from twotower.eval.metrics.tagging import TaggingReport, get_entities, tagging_report
 
 __all__ = [
@@ -73,6 +78,7 @@ __all__ = [
     "mlm_perplexity",
     "normalize_answer",
     "paired_randomization_test",
+    "paired_t_interval",
     "paired_t_test",
     "parse_metric",
     "parse_metrics",
@@ -86,6 +92,7 @@ __all__ = [
     "squad_v1_scores",
     "squad_v2_raw_scores",
     "squad_v2_scores",
+    "student_t_ppf",
     "student_t_sf",
     "student_t_two_sided_p",
     "tagging_report",

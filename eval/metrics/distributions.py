@@ -78,3 +78,28 @@ def student_t_sf(t: float, df: float) -> float:
     """One-sided upper tail P(T >= t)."""
     half = 0.5 * student_t_two_sided_p(t, df)
     return half if t >= 0 else 1.0 - half
+
+
+def student_t_ppf(q: float, df: float) -> float:
+    """The t with P(T <= t) = q (``scipy.stats.t.ppf``), by bisection on `student_t_sf`.
+
+    Why bisection: the CDF is monotone and cheap here, and confidence intervals need only a few quantiles.
+    """
+    if not 0.0 < q < 1.0:
+        raise ValueError(f"quantile level must be in (0, 1), got {q}")
+    if q == 0.5:
+        return 0.0
+    if q < 0.5:
+        return -student_t_ppf(1.0 - q, df)
+    lo, hi = 0.0, 1.0
+    while 1.0 - student_t_sf(hi, df) < q:  # grow until the bracket holds the quantile
+        lo, hi = hi, hi * 2.0
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if 1.0 - student_t_sf(mid, df) < q:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= 1e-12 * max(1.0, hi):
+            break
+    return 0.5 * (lo + hi)

@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from twotower.eval.metrics.distributions import student_t_two_sided_p
+from twotower.eval.metrics.distributions import student_t_ppf, student_t_two_sided_p
 
 
 class SignificanceResult(NamedTuple):
@@ -56,6 +56,22 @@ def paired_t_test(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarr
         return SignificanceResult(math.copysign(math.inf, mean), 0.0, mean, n)
     t = mean / (sd / math.sqrt(n))
     return SignificanceResult(t, student_t_two_sided_p(t, n - 1), mean, n)
+
+
+def paired_t_interval(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray,
+                      level: float = 0.95) -> tuple[float, float]:
+    """Confidence interval of mean(a - b) from the paired t-test (``ttest_rel(a, b).confidence_interval(level)``).
+
+    Why an interval next to the p-value: a goal such as "at least +0.02" is met with confidence only when the
+    interval's low end clears it, and a gain that falls short can still be consistent with the goal.
+    """
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"confidence level must be in (0, 1), got {level}")
+    diff = _paired(a, b)
+    n = diff.shape[0]
+    mean = float(diff.mean())
+    half = student_t_ppf(0.5 + level / 2.0, n - 1) * float(diff.std(ddof=1)) / math.sqrt(n)
+    return mean - half, mean + half
 
 
 def paired_randomization_test(

@@ -59,6 +59,10 @@ def test_write_report_files_and_numbers(tmp_path):
     assert sig["baseline"] == "weak" and sig["metric"] == "ndcg@10"
     assert sig["mean_difference"] > 0.3
     assert sig["t_test_p"] < 1e-6 and sig["randomization_p"] < 0.001
+    low, high = sig["ci95"]
+    diff = result.evaluations["good"].column("ndcg@10") - result.evaluations["weak"].column("ndcg@10")
+    half = 1.96 * diff.std(ddof=1) / np.sqrt(diff.size)  # the normal interval; t's is a little wider at 40 queries
+    assert low < sig["mean_difference"] < high and low < diff.mean() - half * 0.99 and high > diff.mean() + half * 0.99
     assert "weak" not in payload["significance"]
     assert set(result.significance) == {"good"}
 
@@ -66,6 +70,7 @@ def test_write_report_files_and_numbers(tmp_path):
     assert "| good |" in md and "| weak |" in md and "baseline" in md
     assert "drop_self_hits: off" in md and "trec_eval -c" in md
     assert f"{result.evaluations['good'].means['ndcg@10']:.4f}" in md
+    assert f"{sig['mean_difference']:+.4f} [{low:+.4f}, {high:+.4f}]" in md
 
     png = (out / "recall_at_k.png").read_bytes()
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 5000

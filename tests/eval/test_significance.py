@@ -132,3 +132,26 @@ def test_correlation_of_constant_is_nan():
     r = pearson([1.0, 1.0, 1.0], [1.0, 2.0, 3.0])
     assert math.isnan(r.statistic) and math.isnan(r.pvalue)
     assert pearson([1, 2, 3], [2, 4, 6]).statistic == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("df", [1, 3, 29, 103, 299])
+def test_student_t_ppf_matches_scipy(df):
+    from twotower.eval.metrics import student_t_ppf
+
+    for q in [0.001, 0.025, 0.3, 0.5, 0.8, 0.975, 0.9995]:
+        assert student_t_ppf(q, df) == pytest.approx(float(stats.t.ppf(q, df)), rel=1e-8, abs=1e-10)
+    with pytest.raises(ValueError, match="quantile level"):
+        student_t_ppf(1.0, df)
+
+
+@pytest.mark.parametrize("level", [0.9, 0.95, 0.99])
+def test_paired_t_interval_matches_scipy(level):
+    from twotower.eval.metrics import paired_t_interval
+
+    rng = np.random.default_rng(3)
+    a = rng.uniform(0, 1, 104)
+    b = np.clip(a - 0.02 + rng.normal(0, 0.15, 104), 0, 1)
+    ci = stats.ttest_rel(a, b).confidence_interval(confidence_level=level)
+    low, high = paired_t_interval(a, b, level)
+    assert (low, high) == pytest.approx((ci.low, ci.high), rel=1e-8)
+    assert low < float(np.mean(a - b)) < high
