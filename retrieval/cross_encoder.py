@@ -355,14 +355,8 @@ class CrossEncoder(nn.Module):
         pairs = _check_pairs(pairs)
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        windows = self.pair_windows(pairs)
-        if self.windows is None:
-            return self._score([(q, w[0]) for (q, _), w in zip(pairs, windows)], batch_size, progress)
-        owner = np.repeat(np.arange(len(pairs)), [len(w) for w in windows])  # (W,) pair of each window
-        flat = [(q, t) for (q, _), w in zip(pairs, windows) for t in w]
-        scores = np.full(len(pairs), -np.inf, dtype=np.float32)
-        np.maximum.at(scores, owner, self._score(flat, batch_size, progress))
-        return scores
+        per = self._window_scores(pairs, self.pair_windows(pairs), batch_size, progress)
+        return np.array([s.max() for s in per], dtype=np.float32)  # (N,) the best window's (the head's without windows)
 
     def best_windows(self, pairs: Sequence[tuple[str, PairDocument]], batch_size: int = 32) -> list[str]:
         """For each pair, the text of the document's best-scoring window (its string without `windows`).
@@ -373,17 +367,23 @@ class CrossEncoder(nn.Module):
         """
         pairs = _check_pairs(pairs)
         windows = self.pair_windows(pairs)
-        if self.windows is None:
-            return [w[0] for w in windows]
-        flat = [(q, t) for (q, _), w in zip(pairs, windows) for t in w if len(w) > 1]
-        scores = iter(self._score(flat, batch_size, False).tolist()) if flat else iter(())
-        out = []
-        for w in windows:
-            if len(w) == 1:
-                out.append(w[0])
-            else:
-                s = [next(scores) for _ in w]
-                out.append(w[int(np.argmax(s))])
+        per = self._window_scores(pairs, windows, batch_size, False, single_too=False)
+        return [w[0] if s is None else w[int(np.argmax(s))] for w, s in zip(windows, per)]
+
+    def _window_scores(self, pairs: Sequence[tuple[str, PairDocument]], windows: Sequence[Sequence[str]],
+                       batch_size: int, progress: bool, single_too: bool = True) -> list[np.ndarray | None]:
+        """Each pair's logits for its `windows`, scored in one batched pass over all of them: (n_windows,) per pair.
+
+        single_too=False leaves out (None) the pairs with a single window, which need no forward to pick one.
+        """
+        take = [single_too or len(w) > 1 for w in windows]
+        flat = [(q, t) for (q, _), w, on in zip(pairs, windows, take) if on for t in w]
+        scores = self._score(flat, batch_size, progress) if flat else np.empty(0, dtype=np.float32)  # (W,)
+        out: list[np.ndarray | None] = []
+        start = 0
+        for w, on in zip(windows, take):
+            out.append(scores[start:start + len(w)] if on else None)
+            start += len(w) if on else 0
         return out
 
     @torch.inference_mode()
