@@ -93,7 +93,8 @@ def main() -> None:
             alpha, curve = choose_alpha(rerank, first, dev_qrels)
             row[name] = {"first_stage": evaluate(first, dev_qrels)["ndcg@10"],
                          "alone": evaluate(rerank, dev_qrels)["ndcg@10"],
-                         "alpha": alpha, "interpolated": round(curve[alpha], 4)}
+                         "alpha": alpha, "interpolated": round(curve[alpha], 4),
+                         "by_alpha": {str(a): round(v, 4) for a, v in curve.items()}}
         rows.append(row)
         print(json.dumps(row), flush=True)
     print(f"| reading | dense: alone | dense: interpolated (weight) | hybrid: alone | hybrid: interpolated (weight) "
