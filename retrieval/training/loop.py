@@ -4,8 +4,10 @@
 measures; they hand those to `TrainingLoop` as functions, and everything around them is here once:
 
 * the learning rate is ``lr * lr_factor(progress)`` (`twotower.encoder.training.optim`), where progress
-  is the larger of steps done / total and seconds spent / time budget, so warmup and decay end when
-  the first of the two runs out;
+  is steps done / the steps planned: the total, or, once a time budget is projected to end the run
+  first, the steps that fit in it at the median pace of the recent steps (`Schedule.planned_steps`).
+  So warmup and decay end when the first of the two runs out, and a budget the steps finish within
+  leaves the schedule, and so a seeded run, exactly as without one;
 * after each step: gradient clipping, the optimizer step, a ``step`` record in the run log; a
   non-finite loss writes a ``stop`` record and raises `FloatingPointError` (no later step could help);
 * dev evaluation at step 0 (unless switched off), every `Schedule.eval_every` steps, when
@@ -27,6 +29,9 @@ from __future__ import annotations
 import logging
 import math
 import random
+import statistics
+import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -37,6 +42,9 @@ from twotower.common.device import default_device, resolve_bf16
 from twotower.common.malloc import retain_freed_memory_for
 from twotower.encoder.training.optim import lr_factor, set_lr
 from twotower.retrieval.training.training_run import TrainingRun
+
+MIN_PACE_STEPS = 5  # steps timed before a time budget may reshape the schedule
+PACE_WINDOW = 20  # recent steps whose median duration is the pace
 
 logger = logging.getLogger(__name__)
 
@@ -140,9 +148,29 @@ class Schedule:
         return cls(total, cfg.eval_every or steps_per_epoch, lr, cfg.warmup, cfg.time_budget, cfg.eval_interval_s,
                    eval_at_start)
 
-    def lr_factor(self, step: int, elapsed: float) -> float:
-        progress = max(step / self.total_steps, elapsed / self.time_budget if self.time_budget else 0.0)
-        return lr_factor(progress, warmup=self.warmup)
+    def lr_factor(self, step: int, planned: float | None = None) -> float:
+        """The learning-rate multiplier before optimizer step `step + 1`, of `planned` steps (default the total)."""
+        planned = self.total_steps if planned is None else planned
+        return lr_factor(step / planned if planned > 0 else 1.0, warmup=self.warmup)
+
+    def planned_steps(self, step: int, elapsed: float, step_seconds: Sequence[float]) -> float:
+        """Steps the schedule is laid over after `step` steps and `elapsed` seconds of the run.
+
+        The total, unless the time budget will run out first: then the steps done plus the steps the
+        seconds left fit at the median of `step_seconds` (recent steps' durations; the median ignores a
+        slow first step). Why not the clock itself: a time term that is merely larger than step progress
+        (early, when the seconds spent before training or a slow first step put the clock ahead) made the
+        rate, and so a seeded run, depend on the machine's speed even when the budget never bound.
+        """
+        if not self.time_budget:
+            return self.total_steps
+        left = self.time_budget - elapsed
+        if left <= 0:
+            return step  # the budget is spent: the schedule is at its end
+        if len(step_seconds) < MIN_PACE_STEPS:
+            return self.total_steps
+        pace = statistics.median(step_seconds)
+        return min(self.total_steps, step + left / pace) if pace > 0 else self.total_steps
 
     def out_of_time(self, elapsed: float) -> bool:
         return self.time_budget is not None and elapsed > self.time_budget
@@ -202,6 +230,7 @@ class TrainingLoop:
 
     def __post_init__(self) -> None:
         self.steps = 0  # optimizer steps done
+        self._paces: deque[float] = deque(maxlen=PACE_WINDOW)  # seconds of the recent steps
         self.best_score, self.best_step, self.best_dir = -1.0, -1, None
 
     def train(self) -> LoopResult:
@@ -245,12 +274,15 @@ class TrainingLoop:
 
     def _step(self, bar) -> None:
         """One optimizer step, its record, the guard."""
-        factor = self.schedule.lr_factor(self.steps, self.run.elapsed)
+        planned = self.schedule.planned_steps(self.steps, self.run.elapsed, self._paces)
+        factor = self.schedule.lr_factor(self.steps, planned)
         set_lr(self.optimizer, self.schedule.lr, factor)
+        t0 = time.perf_counter()
         loss, fields = self.step(self.steps)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        self._paces.append(time.perf_counter() - t0)
         self.steps += 1
         step = self.steps
         loss_value = float(loss.detach())

@@ -151,3 +151,47 @@ def test_other_ranks_step_but_neither_log_evaluations_nor_save(tmp_path):
     assert result.steps == 2 and result.best_dir is None and parts.saved == []
     assert not _records(parts, "eval") and len(_records(parts, "step")) == 2
     assert not os.path.exists(tmp_path / "run")
+
+
+def test_a_time_budget_that_never_binds_leaves_the_learning_rates_as_without_one(tmp_path, monkeypatch):
+    # Seconds spent before the first step (embedding a corpus, the step-0 evaluation) are not training
+    # time: counted, they drove warmup by the clock and a seeded run did not repeat itself.
+    clock = [0.0]
+    monkeypatch.setattr(TrainingRun, "elapsed", property(lambda self: clock[0]))
+
+    def rates(budget, sub):
+        clock[0] = 150.0  # spent before the loop starts
+        schedule = Schedule(total_steps=10, eval_every=100, lr=0.1, warmup=0.5, time_budget=budget)
+        loop, parts = _loop(tmp_path / sub, [0.1, 0.2], schedule)
+        step = loop.step
+
+        def timed_step(done):
+            clock[0] += 1.0  # a second a step: 10 s of training against a budget of 1,000
+            return step(done)
+
+        loop.step = timed_step
+        real = loop._step
+
+        def later_step(bar):  # the clock moves a little between the first step's start and its rate
+            clock[0] += 1e-6
+            real(bar)
+
+        loop._step = later_step
+        loop.train()
+        return [r["lr"] for r in _records(parts, "step")]
+
+    free = rates(None, "free")
+    assert free[0] == 0.0 and free[4] == pytest.approx(0.08) and free[5] == pytest.approx(0.1)
+    assert rates(1000.0, "budget") == free
+
+
+def test_the_schedule_follows_the_budget_only_where_it_binds():
+    schedule = Schedule(total_steps=1000, eval_every=100, lr=0.1, warmup=0.0, time_budget=100.0)
+    paced = [1.0] * 5
+    assert Schedule(1000, 100, 0.1, 0.0).planned_steps(10, 500.0, paced) == 1000  # no budget
+    assert schedule.planned_steps(10, 120.0, paced) == 10  # spent: the schedule is at its end
+    assert schedule.planned_steps(3, 60.0, [1.0] * 3) == 1000  # too few steps timed to judge the pace
+    assert schedule.planned_steps(10, 60.0, paced) == 50  # 40 s left at 1 s a step: 10 + 40 planned
+    assert schedule.lr_factor(10, 50) == pytest.approx(0.8)
+    loose = Schedule(total_steps=100, eval_every=100, lr=0.1, warmup=0.0, time_budget=1000.0)
+    assert loose.planned_steps(5, 160.0, [6.5, 0.4, 0.4, 0.4, 0.4]) == 100  # a slow first step is not the pace
