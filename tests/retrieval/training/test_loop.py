@@ -154,10 +154,12 @@ def test_other_ranks_step_but_neither_log_evaluations_nor_save(tmp_path):
 
 
 def test_a_time_budget_that_never_binds_leaves_the_learning_rates_as_without_one(tmp_path, monkeypatch):
-    # Seconds spent before the first step (embedding a corpus, the step-0 evaluation) are not training
-    # time: counted, they drove warmup by the clock and a seeded run did not repeat itself.
+    # The clock leads the steps early in a run (150 s spent before the loop, the clock moving before the
+    # first rate is set); when the time term could win, the rates followed the machine's speed and a seeded
+    # run did not repeat itself. Steps are timed on the same fake clock, 1 s each, so the pace is judged too.
     clock = [0.0]
     monkeypatch.setattr(TrainingRun, "elapsed", property(lambda self: clock[0]))
+    monkeypatch.setattr("twotower.retrieval.training.loop.time.perf_counter", lambda: clock[0])
 
     def rates(budget, sub):
         clock[0] = 150.0  # spent before the loop starts
