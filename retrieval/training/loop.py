@@ -20,8 +20,12 @@ measures; they hand those to `TrainingLoop` as functions, and everything around 
   far, and the reason in `LoopResult.stopped_by`.
 
 Under torchrun every rank runs the loop (the steps are collective); only the main process logs,
-evaluates into the log and writes checkpoints.  Nothing here draws random numbers, so a seeded
-run is reproduced exactly by the trainer's own seeding.
+evaluates into the log and writes checkpoints.  What the clock decides (the planned steps and so the
+learning rate, when to evaluate, when the budget is spent) and a guard's stop are agreed by all ranks
+(`TrainingLoop._agree`): the mean of their clocks and paces, and a stop on rank 0 stops every rank.
+Each rank reading its own clock let their learning rates drift apart, and let one rank leave the loop
+or start an evaluation while another waited in a collective, which hangs.  Nothing here draws random
+numbers, so a seeded run is reproduced exactly by the trainer's own seeding.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from typing import Any
 import torch
 
 from twotower.common.device import default_device, resolve_bf16
+from twotower.common.distributed import DistInfo, all_reduce_sum
 from twotower.common.malloc import retain_freed_memory_for
 from twotower.encoder.training.optim import lr_factor, set_lr
 from twotower.retrieval.training.training_run import TrainingRun
@@ -54,6 +59,12 @@ EvalFn = Callable[[int], dict]
 """evaluate(step) -> the eval record's fields (dev metrics and whatever else the trainer logs)."""
 SaveFn = Callable[[str, int, float], None]
 """save(directory, step, dev score): write a checkpoint into `directory` (swapped into place afterwards)."""
+
+
+def step_pace(step_seconds: Sequence[float]) -> float | None:
+    """Seconds a step: the median of the recent steps' durations (it ignores a slow first step), or None
+    while fewer than `MIN_PACE_STEPS` are timed."""
+    return statistics.median(step_seconds) if len(step_seconds) >= MIN_PACE_STEPS else None
 
 
 class StopTraining(RuntimeError):
@@ -153,23 +164,22 @@ class Schedule:
         planned = self.total_steps if planned is None else planned
         return lr_factor(step / planned if planned > 0 else 1.0, warmup=self.warmup)
 
-    def planned_steps(self, step: int, elapsed: float, step_seconds: Sequence[float]) -> float:
+    def planned_steps(self, step: int, elapsed: float, pace: float | None) -> float:
         """Steps the schedule is laid over after `step` steps and `elapsed` seconds of the run.
 
         The total, unless the time budget will run out first: then the steps done plus the steps the
-        seconds left fit at the median of `step_seconds` (recent steps' durations; the median ignores a
-        slow first step). Why not the clock itself: a time term that is merely larger than step progress
-        (early, when the seconds spent before training or a slow first step put the clock ahead) made the
-        rate, and so a seeded run, depend on the machine's speed even when the budget never bound.
+        seconds left fit at `pace` (seconds a step, `step_pace`; None: too few steps timed to judge). Why
+        not the clock itself: a time term that is merely larger than step progress (early, when the
+        seconds spent before training or a slow first step put the clock ahead) made the rate, and so a
+        seeded run, depend on the machine's speed even when the budget never bound.
         """
         if not self.time_budget:
             return self.total_steps
         left = self.time_budget - elapsed
         if left <= 0:
             return step  # the budget is spent: the schedule is at its end
-        if len(step_seconds) < MIN_PACE_STEPS:
+        if pace is None:
             return self.total_steps
-        pace = statistics.median(step_seconds)
         return min(self.total_steps, step + left / pace) if pace > 0 else self.total_steps
 
     def out_of_time(self, elapsed: float) -> bool:
@@ -232,6 +242,10 @@ class TrainingLoop:
         self.steps = 0  # optimizer steps done
         self._paces: deque[float] = deque(maxlen=PACE_WINDOW)  # seconds of the recent steps
         self.best_score, self.best_step, self.best_dir = -1.0, -1, None
+        world = torch.distributed.get_world_size() if torch.distributed.is_available() and \
+            torch.distributed.is_initialized() else 1
+        self._dist = DistInfo(world, torch.distributed.get_rank() if world > 1 else 0)
+        self._stop: StopTraining | None = None  # a guard's stop on rank 0, held until every rank agrees on it
 
     def train(self) -> LoopResult:
         run, schedule = self.run, self.schedule
@@ -244,15 +258,15 @@ class TrainingLoop:
         try:
             if schedule.eval_at_start:
                 initial = self._evaluate(0)
-            last_eval = run.elapsed
+            last_eval, _ = self._agree()
             self._set_mode(train=True)
             while self.steps < schedule.total_steps:
                 self._step(bar)
-                elapsed = run.elapsed
+                elapsed, _ = self._agree()
                 out_of_time = schedule.out_of_time(elapsed)
                 if schedule.eval_due(self.steps, elapsed, elapsed - last_eval):
                     self._evaluate(self.steps)
-                    last_eval = run.elapsed
+                    last_eval, _ = self._agree()
                 if out_of_time:
                     stopped_by = "time budget"
                     break
@@ -272,9 +286,42 @@ class TrainingLoop:
         for m in self.modules:
             m.train(train)
 
+    def _agree(self) -> tuple[float, float | None]:
+        """(seconds elapsed, seconds a step or None) that every rank acts on; raises a guard's stop on all.
+
+        Alone: this process's clock and `step_pace`. Under torchrun: their means over the ranks (one
+        all-reduce of four numbers; every rank has timed the same steps, so all or none have a pace), so
+        that the planned steps, the learning rate and the clock's decisions are the same on every rank.
+        """
+        elapsed, pace = self.run.elapsed, step_pace(self._paces)
+        if self._dist.enabled:
+            device = self.params[0].device if self.params else "cpu"
+            total, pace_total, timed, stops = all_reduce_sum(
+                [elapsed, pace or 0.0, float(pace is not None), float(self._stop is not None)], self._dist, device)
+            n = self._dist.world_size
+            elapsed, pace = total / n, (pace_total / n if timed == n else None)
+            if stops and self._stop is None:
+                raise StopTraining(f"stopped on rank 0 at step {self.steps}")
+        if self._stop is not None:
+            raise self._stop
+        return elapsed, pace
+
+    def _check(self, record: dict) -> None:
+        """The guard, on the main process. Under torchrun its stop waits for the next `_agree`, which raises it
+        on every rank together (a rank that left alone would leave the others waiting in a collective)."""
+        if self.guard is None or not self.main_process:
+            return
+        try:
+            self.guard(record)
+        except StopTraining as exc:
+            if not self._dist.enabled:
+                raise
+            self._stop = exc
+
     def _step(self, bar) -> None:
         """One optimizer step, its record, the guard."""
-        planned = self.schedule.planned_steps(self.steps, self.run.elapsed, self._paces)
+        elapsed, pace = self._agree()
+        planned = self.schedule.planned_steps(self.steps, elapsed, pace)
         factor = self.schedule.lr_factor(self.steps, planned)
         set_lr(self.optimizer, self.schedule.lr, factor)
         t0 = time.perf_counter()
@@ -296,8 +343,7 @@ class TrainingLoop:
         if bar is not None:
             bar.update(1)
             bar.set_postfix(loss=f"{loss_value:.3f}")
-        if self.guard is not None and self.main_process:
-            self.guard(record)
+        self._check(record)
 
     def _evaluate(self, step: int) -> float:
         """Evaluate, log, keep the checkpoint if it is the best so far; returns the dev score (nan off main)."""
@@ -308,9 +354,8 @@ class TrainingLoop:
         if self.main_process:
             record = self.run.log("eval", step=step, **fields)
             self.run.plot(metric=self.metric, title=self.plot_title)
-            if self.guard is not None:
-                self.guard(record)
-            if score > self.best_score:
+            self._check(record)
+            if self._stop is None and score > self.best_score:  # a stopped run keeps the best before it
                 self.best_dir = self.run.save_checkpoint("best", lambda directory: self.save(directory, step, score))
                 self.best_score, self.best_step = score, step
         return score

@@ -12,7 +12,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from twotower.retrieval.training.loop import LoopResult, Schedule, StopTraining, TrainingLoop, TrainSettings
+from twotower.retrieval.training.loop import (
+    LoopResult,
+    Schedule,
+    StopTraining,
+    TrainingLoop,
+    TrainSettings,
+    step_pace,
+)
 from twotower.retrieval.training.training_run import TrainingRun
 
 
@@ -189,11 +196,43 @@ def test_a_time_budget_that_never_binds_leaves_the_learning_rates_as_without_one
 
 def test_the_schedule_follows_the_budget_only_where_it_binds():
     schedule = Schedule(total_steps=1000, eval_every=100, lr=0.1, warmup=0.0, time_budget=100.0)
-    paced = [1.0] * 5
+    paced = step_pace([1.0] * 5)
     assert Schedule(1000, 100, 0.1, 0.0).planned_steps(10, 500.0, paced) == 1000  # no budget
     assert schedule.planned_steps(10, 120.0, paced) == 10  # spent: the schedule is at its end
-    assert schedule.planned_steps(3, 60.0, [1.0] * 3) == 1000  # too few steps timed to judge the pace
+    assert step_pace([1.0] * 3) is None  # too few steps timed to judge the pace
+    assert schedule.planned_steps(3, 60.0, None) == 1000
     assert schedule.planned_steps(10, 60.0, paced) == 50  # 40 s left at 1 s a step: 10 + 40 planned
     assert schedule.lr_factor(10, 50) == pytest.approx(0.8)
     loose = Schedule(total_steps=100, eval_every=100, lr=0.1, warmup=0.0, time_budget=1000.0)
-    assert loose.planned_steps(5, 160.0, [6.5, 0.4, 0.4, 0.4, 0.4]) == 100  # a slow first step is not the pace
+    assert step_pace([6.5, 0.4, 0.4, 0.4, 0.4]) == 0.4  # a slow first step is not the pace
+    assert loose.planned_steps(5, 160.0, step_pace([6.5, 0.4, 0.4, 0.4, 0.4])) == 100
+
+
+def test_under_torchrun_the_ranks_agree_on_the_clock_and_on_a_guards_stop(tmp_path):
+    """Two ranks whose clocks run at 1 and 3 s a step: one learning rate, one stop, no rank left waiting.
+
+    Each rank used to read its own clock: rank 1 ran out of budget at step 7 and left the loop while rank 0
+    waited in the next step's all-reduce, and their rates (planned from their own paces) differed; a guard's
+    stop on rank 0 left rank 1 waiting the same way. (loop_ranks_worker.py runs both.)
+    """
+    import subprocess
+    import sys
+
+    worker = os.path.join(os.path.dirname(__file__), "loop_ranks_worker.py")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", worker,
+           str(tmp_path)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ranks = []
+    for i in (0, 1):
+        with open(tmp_path / f"rank{i}.json", encoding="utf-8") as f:
+            ranks.append(json.load(f))
+    a, b = ranks[0]["budget"], ranks[1]["budget"]
+    assert a["stopped_by"] == b["stopped_by"] == "time budget"
+    assert a["steps"] == b["steps"] == 11  # the mean clock, 2 s a step, passes the 20 s budget after step 11
+    assert a["lrs"] == b["lrs"] and a["w"] == b["w"]  # one schedule, so the replicas stay identical
+    assert a["lrs"][-1] < 0.5 * max(a["lrs"])  # the schedule was laid over the steps the budget allowed
+    g0, g1 = ranks[0]["guard"], ranks[1]["guard"]
+    assert g0["steps"] == g1["steps"] == 10
+    assert g0["stopped_by"] == "halted: dev score collapsed"
+    assert g1["stopped_by"] == "stopped: stopped on rank 0 at step 10"
