@@ -420,21 +420,29 @@ class BertModel(nn.Module):
                 position_ids = torch.arange(T, device=input_ids.device).expand(B, T)
         mask = build_attention_mask(attention_mask, document_ids)
         x = self.embeddings(input_ids, token_type_ids, position_ids)  # (B, T, H)
-        if (document_ids is None and query_positions is None and not self.training
+        if (document_ids is None and not self.training
                 and not torch.is_grad_enabled() and worth_unpadding(attention_mask)):
             # Inference only (eval mode, no grad): a training forward, even GradCache's no-grad first
             # pass, keeps the padded layout so its dropout draws replay identically with grad.
-            x = self._forward_unpadded(x, mask, Unpadding.of(attention_mask))
+            x = self._forward_unpadded(x, mask, Unpadding.of(attention_mask), query_positions, return_pooled)
         else:
             x = self._forward_padded(x, mask, query_positions, return_pooled)
         pooled = self.pooler(x) if (self.pooler is not None and return_pooled) else None
         return x, pooled
 
-    def _forward_unpadded(self, x: torch.Tensor, mask: torch.Tensor | None, unpad: Unpadding) -> torch.Tensor:
-        """(B, T, H) embeddings -> (B, T, H) final states, every layer run on the (N, H) real tokens."""
+    def _forward_unpadded(
+        self, x: torch.Tensor, mask: torch.Tensor | None, unpad: Unpadding,
+        query_positions: torch.Tensor | None = None, return_pooled: bool = True,
+    ) -> torch.Tensor:
+        """(B, T, H) embeddings -> (B, T, H) final states, every layer run on the (N, H) real tokens; with
+        `query_positions`, the last layer runs padded at those positions only and the result is (B, M, H)."""
         x = unpad.pack(x)  # (N, H)
-        for layer in self.encoder.layer:
+        *inner, last = self.encoder.layer
+        for layer in inner:
             x = layer(x, mask, unpad=unpad)
+        if query_positions is not None:
+            return self._last_at_queries(unpad.unpack(x), mask, query_positions, return_pooled)  # (B, M, H)
+        x = last(x, mask, unpad=unpad)
         if self.final_norm is not None:
             x = self.final_norm(x)
         return unpad.unpack(x)  # (B, T, H), zeros at the padding
@@ -443,18 +451,26 @@ class BertModel(nn.Module):
         self, x: torch.Tensor, mask: torch.Tensor | None, query_positions: torch.Tensor | None, return_pooled: bool
     ) -> torch.Tensor:
         """(B, T, H) embeddings -> (B, T, H) final states, or (B, M, H) at `query_positions`."""
-        T = x.shape[1]
         *inner, last = self.encoder.layer
         for layer in inner:
             x = layer(x, mask)
-        if query_positions is None:
-            x = last(x, mask)
-        else:
-            if return_pooled and self.pooler is not None and bool((query_positions[:, 0] != 0).any()):
-                raise ValueError("a pooled output needs query_positions[:, 0] == 0 (the [CLS] position)")
-            if mask is not None and mask.shape[2] != 1:  # block-diagonal: the rows of the M queries
-                mask = mask.gather(2, query_positions[:, None, :, None].expand(-1, 1, -1, T))  # (B, 1, M, T)
-            x = last(x, mask, query_positions)  # (B, M, H)
+        if query_positions is not None:
+            return self._last_at_queries(x, mask, query_positions, return_pooled)
+        x = last(x, mask)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        return x
+
+    def _last_at_queries(
+        self, x: torch.Tensor, mask: torch.Tensor | None, query_positions: torch.Tensor, return_pooled: bool
+    ) -> torch.Tensor:
+        """The last layer (and final norm) on (B, T, H) states, at the (B, M) `query_positions` only -> (B, M, H)."""
+        T = x.shape[1]
+        if return_pooled and self.pooler is not None and bool((query_positions[:, 0] != 0).any()):
+            raise ValueError("a pooled output needs query_positions[:, 0] == 0 (the [CLS] position)")
+        if mask is not None and mask.shape[2] != 1:  # block-diagonal: the rows of the M queries
+            mask = mask.gather(2, query_positions[:, None, :, None].expand(-1, 1, -1, T))  # (B, 1, M, T)
+        x = self.encoder.layer[-1](x, mask, query_positions)  # (B, M, H)
         if self.final_norm is not None:
             x = self.final_norm(x)
         return x

@@ -221,3 +221,27 @@ def test_pooling_option_is_checked(tiny_dir):
         build_head("classify", config, 2, pooling="max")
     with pytest.raises(ValueError, match="classification head only"):
         build_head("tag", config, 3, pooling="mean")
+
+
+@pytest.mark.parametrize("padded", [True, False])
+def test_cls_classifier_inference_runs_the_last_layer_at_cls_only_with_the_same_logits(tiny_dir, padded, monkeypatch):
+    """Inference (eval, no grad) asks the encoder for the [CLS] state alone; the logits equal the whole last
+    layer's (an eval forward with grad runs it whole), padded batches (the unpadded path) included."""
+    m = TaskModel.from_encoder(tiny_dir, TaskInfo("classify", ["a", "b", "c"]), seed=2).model.eval()
+    _randomize(m, 5)
+    ids, mask, types = _batch(50)
+    if not padded:
+        mask = torch.ones_like(mask)
+    asked = []
+    forward = type(m.bert).forward
+
+    def spy(self, *a, **kw):
+        asked.append(kw.get("query_positions"))
+        return forward(self, *a, **kw)
+
+    monkeypatch.setattr(type(m.bert), "forward", spy)
+    whole = m(ids, mask, types).detach()  # grad enabled: the whole last layer
+    with torch.no_grad():
+        cls = m(ids, mask, types)
+    assert asked[0] is None and torch.equal(asked[1], torch.zeros(13, 1, dtype=torch.long))
+    torch.testing.assert_close(cls, whole, atol=1e-5, rtol=1e-5)

@@ -289,6 +289,14 @@ def test_unpadded_inference_equals_the_padded_forward(kw, dtype, monkeypatch):
     torch.testing.assert_close(fast[real], slow[real].detach(), atol=tol, rtol=tol)
     torch.testing.assert_close(fast_pooled, slow_pooled.detach(), atol=tol, rtol=tol)
     assert (fast[~real] == 0).all()  # padding positions are zeros, never stale memory
+    # At query positions ([CLS] and each row's last real token): the inner layers packed too, the last at those only.
+    pos = torch.stack([torch.zeros(len(ids), dtype=torch.long), mask.sum(1) - 1], 1)  # (B, 2)
+    with torch.no_grad():
+        at, at_pooled = model(ids, mask, types, query_positions=pos)
+    assert len(packed_calls) > n_calls, "query positions in inference should keep the unpadded path"
+    want = slow.detach().gather(1, pos[..., None].expand(-1, -1, slow.shape[-1]))
+    torch.testing.assert_close(at, want, atol=tol, rtol=tol)
+    torch.testing.assert_close(at_pooled, slow_pooled.detach(), atol=tol, rtol=tol)
 
 
 def test_unpadding_packs_and_unpacks_the_real_positions():
