@@ -46,6 +46,7 @@ from twotower.common.device import default_device, resolve_bf16
 from twotower.common.distributed import DistInfo, all_reduce_sum
 from twotower.common.malloc import retain_freed_memory_for
 from twotower.encoder.training.optim import lr_factor, set_lr
+from twotower.retrieval.training.losses.gather import rank, world_size
 from twotower.retrieval.training.training_run import TrainingRun
 
 MIN_PACE_STEPS = 5  # steps timed before a time budget may reshape the schedule
@@ -242,10 +243,10 @@ class TrainingLoop:
         self.steps = 0  # optimizer steps done
         self._paces: deque[float] = deque(maxlen=PACE_WINDOW)  # seconds of the recent steps
         self.best_score, self.best_step, self.best_dir = -1.0, -1, None
-        world = torch.distributed.get_world_size() if torch.distributed.is_available() and \
-            torch.distributed.is_initialized() else 1
-        self._dist = DistInfo(world, torch.distributed.get_rank() if world > 1 else 0)
-        self._stop: StopTraining | None = None  # a guard's stop on rank 0, held until every rank agrees on it
+        self._dist = DistInfo(world_size(), rank())
+        # Under torchrun, why this rank must end the run (a guard's stop on rank 0, a non-finite loss on any
+        # rank), held until every rank learns of it at the next `_agree`.
+        self._stop: StopTraining | FloatingPointError | None = None
 
     def train(self) -> LoopResult:
         run, schedule = self.run, self.schedule
@@ -287,20 +288,27 @@ class TrainingLoop:
             m.train(train)
 
     def _agree(self) -> tuple[float, float | None]:
-        """(seconds elapsed, seconds a step or None) that every rank acts on; raises a guard's stop on all.
+        """(seconds elapsed, seconds a step or None) that every rank acts on; ends the run on every rank together.
 
         Alone: this process's clock and `step_pace`. Under torchrun: their means over the ranks (one
-        all-reduce of four numbers; every rank has timed the same steps, so all or none have a pace), so
-        that the planned steps, the learning rate and the clock's decisions are the same on every rank.
+        all-reduce of five numbers; every rank has timed the same steps, so all or none have a pace), so
+        that the planned steps, the learning rate and the clock's decisions are the same on every rank;
+        and a guard's stop on rank 0 or a non-finite loss on any rank is raised on all of them.
         """
         elapsed, pace = self.run.elapsed, step_pace(self._paces)
         if self._dist.enabled:
             device = self.params[0].device if self.params else "cpu"
-            total, pace_total, timed, stops = all_reduce_sum(
-                [elapsed, pace or 0.0, float(pace is not None), float(self._stop is not None)], self._dist, device)
+            mine = self._stop
+            total, pace_total, timed, stops, faults = all_reduce_sum(
+                [elapsed, pace or 0.0, float(pace is not None), float(isinstance(mine, StopTraining)),
+                 float(isinstance(mine, FloatingPointError))], self._dist, device)
             n = self._dist.world_size
             elapsed, pace = total / n, (pace_total / n if timed == n else None)
-            if stops and self._stop is None:
+            if faults and not isinstance(mine, FloatingPointError):
+                self.run.log("stop", step=self.steps, reason="loss is not finite on another rank")
+                raise FloatingPointError(f"training loss became non-finite on another rank at step {self.steps}; "
+                                         "lower the learning rate")
+            if stops and mine is None:
                 raise StopTraining(f"stopped on rank 0 at step {self.steps}")
         if self._stop is not None:
             raise self._stop
@@ -335,7 +343,11 @@ class TrainingLoop:
         loss_value = float(loss.detach())
         if not math.isfinite(loss_value):
             self.run.log("stop", step=step, reason=f"loss is {loss_value}")
-            raise FloatingPointError(f"training loss became {loss_value} at step {step}; lower the learning rate")
+            fault = FloatingPointError(f"training loss became {loss_value} at step {step}; lower the learning rate")
+            if not self._dist.enabled:
+                raise fault
+            self._stop = fault  # raised on every rank at the next `_agree`
+            return
         if self.update_fields is not None:
             fields = {**fields, **self.update_fields()}
         record = self.run.log("step", step=step, loss=loss_value, lr=self.schedule.lr * factor,

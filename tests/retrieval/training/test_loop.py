@@ -213,7 +213,8 @@ def test_under_torchrun_the_ranks_agree_on_the_clock_and_on_a_guards_stop(tmp_pa
 
     Each rank used to read its own clock: rank 1 ran out of budget at step 7 and left the loop while rank 0
     waited in the next step's all-reduce, and their rates (planned from their own paces) differed; a guard's
-    stop on rank 0 left rank 1 waiting the same way. (loop_ranks_worker.py runs both.)
+    stop on rank 0 left rank 1 waiting the same way, and so did a non-finite loss on one rank.
+    (loop_ranks_worker.py runs all three.)
     """
     import subprocess
     import sys
@@ -236,3 +237,7 @@ def test_under_torchrun_the_ranks_agree_on_the_clock_and_on_a_guards_stop(tmp_pa
     assert g0["steps"] == g1["steps"] == 10
     assert g0["stopped_by"] == "halted: dev score collapsed"
     assert g1["stopped_by"] == "stopped: stopped on rank 0 at step 10"
+    n0, n1 = ranks[0]["nan"], ranks[1]["nan"]  # a non-finite loss on rank 1 ends the run on both
+    assert n0["steps"] == n1["steps"] == 3
+    assert n1["error"].startswith("training loss became nan at step 3")
+    assert n0["error"].startswith("training loss became non-finite on another rank at step 3")
