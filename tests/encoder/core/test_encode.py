@@ -75,6 +75,24 @@ def test_encode_texts_rows_in_input_order_and_batch_invariant(tiny_model):
         assert torch.get_num_threads() == threads  # concurrent batches restore torch's thread count
 
 
+def test_cls_pooling_runs_the_last_layer_at_cls_only(tiny_model, monkeypatch):
+    """encode_texts with [CLS] pooling asks the encoder for the [CLS] state alone (the vectors themselves are
+    checked against the whole forward above); other poolings need every state."""
+    model, tok = tiny_model
+    asked = []
+    forward = type(model).forward
+
+    def spy(self, *a, **kw):
+        asked.append(kw.get("query_positions"))
+        return forward(self, *a, **kw)
+
+    monkeypatch.setattr(type(model), "forward", spy)
+    encode_texts(model, tok, TEXTS[:3], batch_size=3, pooling="cls", bf16=False, progress=False, workers=1)
+    assert len(asked) == 1 and torch.equal(asked[0], torch.zeros(3, 1, dtype=torch.long))
+    encode_texts(model, tok, TEXTS[:3], batch_size=3, pooling="mean", bf16=False, progress=False, workers=1)
+    assert asked[1] is None
+
+
 def test_batch_spans_fixed_size_or_token_budget():
     lengths = np.array([600, 256, 256, 100, 30, 10])  # sorted longest first
     assert batch_spans(lengths, 4, None) == [(0, 4), (4, 6)]
