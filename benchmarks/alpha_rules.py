@@ -6,8 +6,8 @@ dev claims cite evidence that training claims cite, and the reranker has learned
 favours high weights, which did not hold on the test claims whose evidence was never seen
 (docs/results.md).  This script judges selection rules on dev alone, no test claim is read:
 
-* for each training run (`--runs`, each a `twotower train demo-reranker --out` directory; its seed says
-  which 81 claims were dev), the dev claims are searched in `--index` (dense, and the hybrid of dense +
+* for each training run (`--runs`, each a `twotower train demo-reranker --out` directory; its dev seed, else its
+  seed, says which 81 claims were dev), the dev claims are searched in `--index` (dense, and the hybrid of dense +
   BM25 by RRF), the run's best checkpoint scores each claim's top `--rerank-k`, and nDCG@10 is taken per
   claim at every weight of the grid;
 * dev claims are split by whether any of their evidence abstracts is cited by a claim the run trained
@@ -66,7 +66,8 @@ def score_run(run_dir: str, index: str, data: str, rerank_k: int, grid: list[flo
     from twotower.retrieval.interpolation import interpolate_run
 
     with open(os.path.join(run_dir, "demo_reranker.json"), encoding="utf-8") as f:
-        seed = json.load(f)["settings"]["seed"]
+        settings = json.load(f)["settings"]
+    seed = settings.get("dev_seed", settings["seed"])  # the seed that carved this run's dev claims
     _, dev_q, dev_qrels, _, _, _, train_qrels = load_splits(data, seed=seed, with_train=True)
     cited = {d for rel in train_qrels.values() for d, g in rel.items() if g > 0}
     qids = sorted(dev_q)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -35,7 +35,9 @@ def write_training_args(directory: str, metadata: Mapping) -> None:
     atomic_write_text(os.path.join(directory, TRAINING_ARGS), json.dumps(dict(metadata), indent=2, default=str) + "\n")
 
 
-def _write_dir(directory: str, write, metadata: Mapping | None) -> str:
+def write_model_dir(directory: str, write: Callable[[str], None], metadata: Mapping | None = None) -> str:
+    """Have `write` fill a fresh sibling folder, then swap it in as `directory`: a failure leaves `directory`
+    as it was. Returns the path."""
     parent = os.path.dirname(os.path.abspath(directory))
     os.makedirs(parent, exist_ok=True)
     tmp = os.path.join(parent, f".{os.path.basename(os.path.abspath(directory))}.tmp-{os.getpid()}")
@@ -53,12 +55,12 @@ def _write_dir(directory: str, write, metadata: Mapping | None) -> str:
 
 def export_dual_encoder(dual, directory: str, metadata: Mapping | None = None) -> str:
     """Write `dual` (a `DualEncoder`) as a sentence-transformers directory, atomically. Returns the path."""
-    return _write_dir(directory, dual.save_pretrained, metadata)
+    return write_model_dir(directory, dual.save_pretrained, metadata)
 
 
 def export_reranker(cross_encoder, directory: str, metadata: Mapping | None = None) -> str:
     """Write a `CrossEncoder` as an HF seq-classification directory (num_labels=1), atomically."""
-    return _write_dir(directory, cross_encoder.save_pretrained, metadata)
+    return write_model_dir(directory, cross_encoder.save_pretrained, metadata)
 
 
 def check_sentence_transformers(directory: str, texts: Sequence[str], ours: np.ndarray,

@@ -112,6 +112,7 @@ def train_demo_reranker(
     passage_stride: int | None = None,
     max_windows: int | None = 3,
     seed: int = 0,
+    dev_seed: int | None = None,
     progress: bool = True,
 ) -> str:
     """Train (or reuse) the demo reranker under `out`; returns the directory to pass to CrossEncoder/--reranker.
@@ -119,6 +120,7 @@ def train_demo_reranker(
     layers: keep only the first N encoder layers (None: all; module docstring for why all).
     trainable_layers: train only the top N of them and the head (None: all; `RerankerTrainConfig`).
     head_pooling: what the relevance head reads, "cls" or "mean" (`RerankerTrainConfig`).
+    seed / dev_seed: the run's draws, and the dev split's (None: `seed`; `TrainSettings`).
     dev_by: "query" (10 % of the claims) or "document" (no dev claim's evidence is a training claim's;
         `split_dev`).
     evals: dev evaluations, evenly spaced, the last at the final step. Two, not more: a dev pass costs
@@ -157,6 +159,8 @@ def train_demo_reranker(
         settings.update(residual=True)
     if dev_by != "query":
         settings.update(dev_by=dev_by)
+    if dev_seed is not None and dev_seed != seed:
+        settings.update(dev_seed=dev_seed)
     if titles != TITLES and not claims:
         settings.update(titles=titles)
     if passage_window is not None:
@@ -180,7 +184,7 @@ def train_demo_reranker(
         model=start, pairs=data, corpus=data_corpus, out=out, mine=mine, loss="listwise", group_size=group_size,
         batch_size=batch_size, max_length=max_length, lr=lr, head_lr_scale=10.0, warmup=0.05, max_steps=steps,
         eval_every=max(1, math.ceil(steps / evals)), dev_rerank_k=20, eval_at_start=False, seed=seed, progress=progress,
-        dev_by=dev_by,
+        dev_by=dev_by, dev_seed=dev_seed,
         trainable_layers=trainable_layers, head_pooling=head_pooling, teacher=teacher,
         distill_weight=distill_weight, teacher_bm25=teacher_bm25, residual=residual, first_stage=first_stage,
         passage_window=passage_window, passage_stride=passage_stride, max_windows=max_windows,

@@ -92,6 +92,9 @@ class TrainSettings:
     dev_fraction / dev_size: dev split carved from train by query (dev_size, a query count, wins).
     dev_by: "query", or "document": no dev query's positive is a training query's positive
         (`twotower.retrieval.training.training_data.split_dev`; for corpora whose new documents matter).
+    dev_seed: carve the dev split with this seed instead of `seed` (None: `seed`). Why: runs that differ
+        only in their training draws then choose on the same queries, so they can be compared, and
+        averaged (`twotower.retrieval.training.soup`), without one run having trained on another's dev.
     eval_every: steps between dev evaluations (None = once per epoch); eval_interval_s: also evaluate
         when this many seconds passed since the last evaluation.
     save_last: also keep the final weights in ``out/last``; dry_run: one step and one evaluation.
@@ -111,12 +114,18 @@ class TrainSettings:
     dev_fraction: float = 0.1
     dev_size: int | None = None
     dev_by: str = "query"
+    dev_seed: int | None = None
     eval_every: int | None = None
     eval_interval_s: float | None = None
     save_last: bool = False
     progress: bool = True
     device: str | None = None
     dry_run: bool = False
+
+    @property
+    def dev_split_seed(self) -> int:
+        """The seed `split_dev` carves dev with: `dev_seed`, else `seed`."""
+        return self.seed if self.dev_seed is None else self.dev_seed
 
 
 def start_run(cfg: TrainSettings, out: str, enabled: bool = True,

@@ -318,7 +318,7 @@ def train_dual(cfg: DualTrainConfig) -> DualTrainResult:
 
     dual = load_towers(cfg, device)  # first: a bad model directory fails before any data work
     data = load_training_data(cfg)
-    train, dev = split_dev(data.examples, cfg.dev_fraction, cfg.seed, cfg.dev_size, by=cfg.dev_by)
+    train, dev = split_dev(data.examples, cfg.dev_fraction, cfg.dev_split_seed, cfg.dev_size, by=cfg.dev_by)
     if cfg.mine and not cfg.freeze_documents:  # with a frozen corpus every document is a negative already
         train = mine_negatives(train, data.corpus, run, method=cfg.mine, ranks=cfg.mine_ranks,
                                num_negatives=max(cfg.hard_negatives * 4, 8), seed=cfg.seed, progress=cfg.progress)

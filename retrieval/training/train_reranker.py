@@ -38,7 +38,7 @@ from twotower.common.device import autocast
 from twotower.encoder.training.optim import param_groups
 from twotower.retrieval.cross_encoder import CrossEncoder, PairDocument, RerankWindows, check_windows
 from twotower.retrieval.export import write_training_args
-from twotower.retrieval.interpolation import write_alpha
+from twotower.retrieval.interpolation import ALPHA_FILE, write_alpha
 from twotower.retrieval.training.alpha import choose_alpha
 from twotower.retrieval.training.loop import Schedule, StopTraining, TrainingLoop, TrainSettings, start_run
 from twotower.retrieval.training.losses import listwise_ce, listwise_kl, pointwise_bce
@@ -298,6 +298,26 @@ def corpus_file(cfg: RerankerTrainConfig) -> str | None:
     return path if path and os.path.isfile(path) else None
 
 
+def reranker_documents(cfg: RerankerTrainConfig, corpus: dict[str, str],
+                       model: CrossEncoder) -> Mapping[str, PairDocument]:
+    """The documents as `model` reads them: (title, text) when it reads windows and the corpus file has titles
+    (each window carries the title), else the texts."""
+    if model.windows is None:
+        return corpus
+    path = corpus_file(cfg)
+    return titled_documents(corpus, read_titles(path) if path else {})
+
+
+def write_dev_alpha(directory: str, cfg: RerankerTrainConfig, alpha: float, curve: Mapping[float, float],
+                    dev_queries: int) -> None:
+    """Store the rerank/first-stage mix that was best on dev for the checkpoint in `directory`, with its curve
+    (`twotower.retrieval.interpolation`)."""
+    write_alpha(directory, alpha,
+                chosen_on=f"dev nDCG@10 of the first stage's top-{cfg.dev_rerank_k} ({dev_queries} "
+                          f"queries, first stage {cfg.first_stage or 'bm25'})",
+                **{"dev_ndcg@10_by_alpha": {str(a): v for a, v in curve.items()}})
+
+
 def default_stride(window: int) -> int:
     """Windows overlap by a third unless told otherwise (96 -> 64, the setting measured in docs/results.md)."""
     return max(1, window * 2 // 3)
@@ -476,10 +496,13 @@ def hybrid_alpha(cfg: RerankerTrainConfig, best_dir: str, device: torch.device, 
                              batch_size=cfg.eval_batch_size, progress=cfg.progress, known=known)
     alpha, curve = choose_alpha(reranked, first, qrels_of(dev))
     dense_alpha = read_alpha(best_dir)
+    with open(os.path.join(best_dir, ALPHA_FILE), encoding="utf-8") as f:
+        dense_curve = json.load(f).get("dev_ndcg@10_by_alpha", {})  # kept beside the hybrid's
     write_alpha(best_dir, dense_alpha, {"dense": dense_alpha, "hybrid": alpha},
                 chosen_on=f"dev nDCG@10 of the top-{cfg.dev_rerank_k} of each first stage ({len(dev)} queries; "
                           "dense: the teacher, hybrid: teacher + BM25 by RRF)",
-                **{"hybrid_dev_ndcg@10_by_alpha": {str(a): v for a, v in curve.items()}})
+                **{"dev_ndcg@10_by_alpha": dense_curve,
+                   "hybrid_dev_ndcg@10_by_alpha": {str(a): v for a, v in curve.items()}})
     run.log("hybrid_alpha", alpha=alpha, dev_ndcg10=curve[alpha], first_stage_dev_ndcg10=curve[0.0])
     return alpha
 
@@ -497,13 +520,9 @@ def train_reranker(cfg: RerankerTrainConfig) -> RerankerTrainResult:
                                                     or default_stride(cfg.passage_window), cfg.max_windows),
                                       model.max_length)
     data, labeled = load_reranker_data(cfg)
-    train, dev = split_dev(data.examples, cfg.dev_fraction, cfg.seed, cfg.dev_size, by=cfg.dev_by)
+    train, dev = split_dev(data.examples, cfg.dev_fraction, cfg.dev_split_seed, cfg.dev_size, by=cfg.dev_by)
     corpus = data.corpus
-    if model.windows is not None:  # (title, text) where the corpus file has titles: each window carries it
-        path = corpus_file(cfg)
-        docs = titled_documents(corpus, read_titles(path) if path else {})
-    else:
-        docs = corpus
+    docs = reranker_documents(cfg, corpus, model)
     teacher = Teacher(cfg, corpus, device) if cfg.teacher else None
     if cfg.negatives:
         train = add_mined_negatives(train, cfg.negatives, corpus, data.skipped)
@@ -595,11 +614,7 @@ def train_reranker(cfg: RerankerTrainConfig) -> RerankerTrainResult:
         best_scores.update(last_alpha["run"])
         model.save_pretrained(directory)
         write_training_args(directory, {**asdict(cfg), "step": step, "dev_ndcg@10": score})
-        # The rerank/first-stage mix that was best on dev for *this* checkpoint (retrieval.interpolation).
-        write_alpha(directory, last_alpha["alpha"],
-                    chosen_on=f"dev nDCG@10 of the first stage's top-{cfg.dev_rerank_k} ({len(dev)} "
-                              f"queries, first stage {cfg.first_stage or 'bm25'})",
-                    **{"dev_ndcg@10_by_alpha": {str(a): v for a, v in last_alpha["curve"].items()}})
+        write_dev_alpha(directory, cfg, last_alpha["alpha"], last_alpha["curve"], len(dev))
 
     result = TrainingLoop(
         run, Schedule.of(cfg, per_epoch, cfg.lr, eval_at_start=cfg.eval_at_start), opt, params, cfg.max_grad_norm, [model],

@@ -34,6 +34,9 @@ WINDOW_HELP = ("read each document as windows of N text tokens (its title in fro
                "best window; saved with the reranker, so searches read windows too (default: the head of each "
                "document up to --max-length)")
 
+DEV_SEED_HELP = ("carve dev with this seed instead of --seed, so runs that differ only in --seed choose on the "
+                 "same queries (and can be averaged: twotower train soup)")
+
 TEACHER_BM25_HELP = ("add BM25's scores, rescaled to the --teacher's spread, to the teacher with weight W "
                      "(0: the dense teacher alone)")
 
@@ -81,6 +84,7 @@ def _common(p: argparse.ArgumentParser, mine: tuple[str, ...] = ("bm25", "none")
     p.add_argument("--eval-every", type=int, default=None, help="steps between dev evaluations (default: an epoch)")
     p.add_argument("--eval-interval", default=None, help="also evaluate after this long (e.g. 10m)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dev-seed", type=int, default=None, help=DEV_SEED_HELP)
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda when available)")
     p.add_argument("--no-bf16", action="store_true", help="train in float32 even where bf16 is native")
     p.add_argument("--save-last", action="store_true", help="also keep the final weights in DIR/last")
@@ -207,8 +211,18 @@ def register(subparsers) -> None:
                    help="carve dev by claim, or by document: no dev claim's evidence is a training claim's")
     _window_flags(p)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dev-seed", type=int, default=None, help=DEV_SEED_HELP)
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run_demo)
+
+    p = sub.add_parser("soup", help="average rerankers trained with different seeds into one, scored on their dev",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("runs", nargs="+", metavar="RUN",
+                   help="--out directories of reranker runs (or their best/ checkpoints) with the same data, "
+                        "start and --dev-seed")
+    p.add_argument("--out", required=True, metavar="DIR", help="the averaged reranker (use it as --reranker DIR)")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=run_soup)
 
 
 def _window_flags(p: argparse.ArgumentParser) -> None:
@@ -235,7 +249,7 @@ def _settings(args, default_ranks: tuple[int, int]) -> dict:
         epochs=args.epochs, max_steps=args.max_steps, time_budget=parse_duration("--time-budget", args.time_budget),
         warmup=args.warmup, weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm,
         bf16=False if args.no_bf16 else "auto", seed=args.seed, dev_fraction=args.dev_fraction,
-        dev_size=args.dev_size, dev_by=args.dev_by, eval_every=args.eval_every,
+        dev_size=args.dev_size, dev_by=args.dev_by, dev_seed=args.dev_seed, eval_every=args.eval_every,
         eval_interval_s=parse_duration("--eval-interval", args.eval_interval), save_last=args.save_last,
         progress=not args.no_progress, device=args.device, dry_run=args.dry_run,
     )
@@ -391,6 +405,20 @@ def run_pairs(args) -> int:
     return 0
 
 
+def run_soup(args) -> int:
+    _check_out(args.out)
+    from twotower.retrieval.training.soup import soup_rerankers
+
+    res = soup_rerankers(args.runs, args.out, progress=not args.no_progress)
+    print(json.dumps({"reranker": res.directory, "dev_ndcg@10": round(res.dev_ndcg10, 4),
+                      "interpolated_dev_ndcg@10": round(res.interpolated_ndcg10, 4), "alpha": res.alpha,
+                      "alphas_by_first_stage": res.alphas_by_first_stage,
+                      "first_stage_dev_ndcg@10": round(res.first_stage_ndcg10, 4),
+                      "ingredients": [{k: i[k] for k in ("checkpoint", "seed", "step", "dev_ndcg@10",
+                                                         "interpolated_dev_ndcg@10")} for i in res.ingredients]}))
+    return 0
+
+
 def run_demo(args) -> int:
     _check_out(args.out)
     from twotower.retrieval.training.demo_reranker import train_demo_reranker
@@ -401,6 +429,7 @@ def run_demo(args) -> int:
                             ("evals", args.evals), ("teacher_bm25", _teacher_bm25(args) or None),
                             ("residual", _residual(args) or None), ("titles", _titles(args)),
                             ("dev_by", None if args.dev_by == "query" else args.dev_by),
+                            ("dev_seed", args.dev_seed),
                             ("passage_window", _windows(args)[0]), ("passage_stride", _windows(args)[1]))
           if v is not None}
     if args.passage_window is not None:

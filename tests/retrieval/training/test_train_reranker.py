@@ -97,6 +97,32 @@ def test_same_seed_same_run(tmp_path):
     assert logs[0] == logs[1] and len(logs[0]) == 4  # eval 0, step 1, step 2, eval 2
 
 
+@pytest.mark.parametrize("trainer", ["reranker", "dual"])
+def test_dev_seed_carves_dev_apart_from_the_training_seed(tmp_path, monkeypatch, trainer):
+    """dev_seed, not seed, carves dev when given; without it the seed does (runs before dev_seed are unchanged)."""
+    import importlib
+
+    module = importlib.import_module(f"twotower.retrieval.training.train_{trainer}")
+    seeds, real = [], module.split_dev
+
+    def spy(examples, fraction, seed, size, by):
+        seeds.append(seed)
+        return real(examples, fraction, seed, size, by=by)
+
+    monkeypatch.setattr(module, "split_dev", spy)
+    for name, kw in (("given", {"dev_seed": 0}), ("not", {})):
+        if trainer == "reranker":
+            train_reranker(_cfg(tmp_path, out=str(tmp_path / name), seed=3, max_steps=1, eval_every=1,
+                                eval_at_start=False, **kw))
+        else:
+            from twotower.retrieval.training.train_dual import DualTrainConfig, train_dual
+
+            train_dual(DualTrainConfig(model=tiny_model_dir(), data=tiny_beir_dir(), out=str(tmp_path / name),
+                                       batch_size=4, doc_max_length=48, progress=False, dev_fraction=0.25,
+                                       bf16=False, max_steps=1, eval_every=1, seed=3, **kw))
+    assert seeds == [0, 3]
+
+
 def test_first_stage_run_must_cover_the_dev_queries(tmp_path):
     run = tmp_path / "first.trec"
     run.write_text("q0 Q0 d1 1 3.0 x\n")
@@ -186,6 +212,9 @@ def test_demo_reranker_titles_sets_how_many_title_pairs_and_is_part_of_the_cache
     assert json.load(open(os.path.join(out, demo_reranker.MARKER)))["settings"]["titles"] == 20
     demo_reranker.train_demo_reranker(out, titles=30, **kw)  # another count: trained again, not the cache
     assert len(open(os.path.join(out, "title_abstract_pairs.jsonl")).readlines()) == 30
+    demo_reranker.train_demo_reranker(out, titles=30, dev_seed=1, **kw)  # another dev split: trained again
+    settings = json.load(open(os.path.join(out, demo_reranker.MARKER)))["settings"]
+    assert settings["dev_seed"] == 1 and json.load(open(os.path.join(out, "best", "training_args.json")))["dev_seed"] == 1
 
 
 def test_demo_reranker_trains_on_labeled_claims(tmp_path):
