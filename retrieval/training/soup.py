@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
+from twotower.encoder.training.run_log import RunLog
 from twotower.retrieval.export import TRAINING_ARGS, write_model_dir, write_training_args
 from twotower.retrieval.interpolation import ALPHA_FILE
 
@@ -135,14 +136,9 @@ def _interpolated(checkpoint: str, step: int | None) -> float | None:
     curve = _read_json(path).get("dev_ndcg@10_by_alpha", {}) if os.path.isfile(path) else {}
     if curve:
         return max(curve.values())
-    log = os.path.join(os.path.dirname(os.path.abspath(checkpoint)), "train_log.jsonl")
-    if os.path.isfile(log):
-        with open(log, encoding="utf-8") as f:
-            for line in f:
-                record = json.loads(line)
-                if record.get("event") == "eval" and record.get("step") == step:
-                    return record.get("interpolated_ndcg10")
-    return None
+    log = RunLog(os.path.join(os.path.dirname(os.path.abspath(checkpoint)), "train_log.jsonl"), enabled=False)
+    return next((r.get("interpolated_ndcg10") for r in log.read() if r.get("event") == "eval" and r.get("step") == step),
+                None)
 
 
 def _ingredient(checkpoint: str, args: dict) -> dict:
