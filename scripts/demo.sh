@@ -43,7 +43,7 @@ if [ -z "$RERANKER" ] && [ "$DEMO_TRAIN" = 1 ]; then
     echo "   150 steps (minutes on 2 CPU cores; cached)"
   fi
   RERANKER=$("$PY" -m twotower train demo-reranker --out "$RERANKER_DIR" --trainable-layers 6 \
-      --teacher "$IDX" --mine dense --first-stage dense --passage-window 96 \
+      --teacher "$IDX" --mine dense --first-stage dense --passage-window 96 --evals 1 \
     | "$PY" -c 'import json, sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1])["reranker"])')
   "$PY" - "$RERANKER_DIR/demo_reranker.json" <<'PYEOF'
 import json, sys
