@@ -11,10 +11,11 @@
 # step 2-3x, because OpenMP threads spin between small kernels and the spin is charged to the
 # quota (docs/results.md, "The same recipe as DEMO_TRAIN=1 make demo runs it").
 set -euo pipefail
-if [ $# -lt 2 ]; then
-  echo "usage: $0 QUOTA_US COMMAND [ARGS...]   (CPU time allowed per 10 ms, all cores together)" >&2
-  exit 2
-fi
+usage="usage: $0 QUOTA_US COMMAND [ARGS...]   (CPU time allowed per 10 ms, all cores together)
+Everything after QUOTA_US is the command and its own arguments, e.g. the fp32 matmul peak under it:
+  $0 6500 .venv/bin/python -c 'import sys, torch; sys.path.insert(0, \"benchmarks\"); import embed_speed as e; print(e.matmul_peak(torch.float32))'"
+if [ "${1:-}" = --help ] || [ "${1:-}" = -h ]; then echo "$usage"; exit 0; fi
+if [ $# -lt 2 ]; then echo "$usage" >&2; exit 2; fi
 quota=$1; shift
 if [ -f /sys/fs/cgroup/cgroup.controllers ]; then       # cgroup v2
   group=/sys/fs/cgroup/twotower-quota
