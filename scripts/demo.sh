@@ -39,11 +39,11 @@ if [ -z "$RERANKER" ] && [ "$DEMO_TRAIN" = 1 ]; then
   else
     echo "== training a reranker on labeled pairs, the shipped reranker's recipe: all-MiniLM-L6-v2, listwise"
     echo "   loss on 809 SciFact train claims with negatives from the index's dense ranking, its scores"
-    echo "   distilled next to the labels (the index lends its vectors), abstracts read as windows of 96 tokens,"
-    echo "   150 steps (minutes on 2 CPU cores; cached)"
+    echo "   distilled next to the labels (the index lends its vectors), abstracts read as windows of 96 tokens"
+    echo "   (each step trains on the window BM25 ranks best), 150 steps (minutes on 2 CPU cores; cached)"
   fi
   RERANKER=$("$PY" -m twotower train demo-reranker --out "$RERANKER_DIR" --trainable-layers 6 \
-      --teacher "$IDX" --mine dense --first-stage dense --passage-window 96 --evals 1 \
+      --teacher "$IDX" --mine dense --first-stage dense --passage-window 96 --window-choice bm25 --evals 1 \
     | "$PY" -c 'import json, sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1])["reranker"])')
   "$PY" - "$RERANKER_DIR/demo_reranker.json" <<'PYEOF'
 import json, sys

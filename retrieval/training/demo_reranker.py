@@ -111,6 +111,7 @@ def train_demo_reranker(
     passage_window: int | None = None,
     passage_stride: int | None = None,
     max_windows: int | None = 3,
+    window_choice: str = "model",
     seed: int = 0,
     dev_seed: int | None = None,
     progress: bool = True,
@@ -134,6 +135,8 @@ def train_demo_reranker(
     titles: how many documents' titles become queries when the pairs are title/text (drawn at random).
     passage_window / passage_stride / max_windows: read abstracts as windows of this many tokens, scored by
         the best (`RerankerTrainConfig`; None: the head of each up to `max_length`).
+    window_choice: with windows, the window of a training document a step trains on: the one the model scores
+        best ("model") or the one BM25 ranks best ("bm25", ~40 % less time a step; `RerankerTrainConfig`).
     """
     from twotower.retrieval.manifest import default_model_dir
     from twotower.retrieval.training.train_reranker import RerankerTrainConfig, teacher_dir, train_reranker
@@ -165,6 +168,8 @@ def train_demo_reranker(
         settings.update(titles=titles)
     if passage_window is not None:
         settings.update(passage_window=passage_window, passage_stride=passage_stride, max_windows=max_windows)
+    if window_choice != "model":  # older caches keep their key
+        settings.update(window_choice=window_choice)
     best = os.path.join(out, "best")
     marker = os.path.join(out, MARKER)
     if os.path.isfile(marker) and os.path.isdir(best):
@@ -188,6 +193,7 @@ def train_demo_reranker(
         trainable_layers=trainable_layers, head_pooling=head_pooling, teacher=teacher,
         distill_weight=distill_weight, teacher_bm25=teacher_bm25, residual=residual, first_stage=first_stage,
         passage_window=passage_window, passage_stride=passage_stride, max_windows=max_windows,
+        window_choice=window_choice,
     )
     result = train_reranker(cfg)
     if result.best_dir is None:

@@ -45,10 +45,12 @@ def test_first_setup_names_each_step_and_the_no_op_is_quiet(tmp_path):
     expected = ["setup: creating .venv (Python 3.99 (stand-in))"]
     if not cuda:
         expected.append("setup: installing torch CPU build (no CUDA on this machine; a few minutes the first time)")
-    expected += ["setup: installing twotower (editable) + test extras (with pymilvus and milvus-lite for the Milvus backend)", "setup: done: .venv is ready"]
+    expected += ["setup: installing twotower (editable) + test extras (with pymilvus and milvus-lite for the Milvus backend)",
+                 "setup: compiling the installed Python files (all cores)", "setup: done: .venv is ready"]
     assert lines == expected
     calls = (repo / ".venv" / "calls.log").read_text().splitlines()
-    assert calls[-1] == "-m pip install -q -e .[test]" and len(calls) == len(expected) - 2
+    assert calls[-2:] == ["-m pip install -q --no-compile -e .[test]", "-m compileall -q -j 0 .venv/lib"]
+    assert len(calls) == len(expected) - 2
 
     again = subprocess.run(["bash", "scripts/setup.sh"], cwd=repo, env=env, capture_output=True, text=True)
     assert (again.returncode, again.stdout, again.stderr) == (0, "", "")

@@ -308,3 +308,29 @@ def test_keep_scores_only_the_windows_bm25_ranks_best_for_the_query(saved, tmp_p
     ce.save_pretrained(path)
     assert json.load(open(os.path.join(path, "config.json")))["rerank_windows"] == {"window": 4, "stride": 3, "keep": 2}
     assert CrossEncoder.from_pretrained(path, device="cpu", bf16=False).windows == RerankWindows(4, 3, 2)
+
+
+def test_best_windows_by_bm25_takes_bm25s_first_window_without_a_forward_pass(saved, monkeypatch):
+    """by="bm25": each document's window that BM25 (over its windows) ranks best for the query, the model unused;
+    a document of one window is itself."""
+    from twotower.indexing.bm25 import BM25
+    from twotower.retrieval.cross_encoder import RerankWindows
+
+    _, out = saved
+    ce = _windowed(out)
+    ce.windows = RerankWindows(4, 3, keep=2)
+    windows = [f"{TITLE} {w}" for w in WINDOWS]
+    bm25 = BM25()
+    bm25.add(["0", "1", "2", "3"], windows)
+    queries = ["heart risk dose", "mouse virus", "trial"]
+    expected = [windows[int(np.argmax(bm25.score(q, ["0", "1", "2", "3"])))] for q in queries]
+    assert expected == [windows[2], windows[1], windows[3]]  # the test's queries pick different windows
+
+    def no_forward(*a, **k):
+        raise AssertionError("by='bm25' ran the model")
+
+    monkeypatch.setattr(CrossEncoder, "_score", no_forward)
+    pairs = [(q, (TITLE, TEXT)) for q in queries] + [("virus", ("heart", "mouse virus"))]
+    assert ce.best_windows(pairs, by="bm25") == expected + ["heart mouse virus"]
+    with pytest.raises(ValueError, match="by='max'"):
+        ce.best_windows(pairs, by="max")

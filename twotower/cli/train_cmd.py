@@ -233,6 +233,10 @@ def _window_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-windows", type=int, default=3, metavar="N",
                    help="with --passage-window: score at most N windows of a document per query, those BM25 "
                         "ranks best among its windows (0: every window)")
+    p.add_argument("--window-choice", choices=("model", "bm25"), default="model",
+                   help="with --passage-window: the window of a training document each step trains on: the one "
+                        "the model scores best (default; scores the kept windows first) or the one BM25 ranks "
+                        "best for the query (no extra forward pass, ~40%% less time a step)")
 
 
 def _check_out(path: str) -> None:
@@ -325,6 +329,9 @@ def _windows(args) -> tuple[int | None, int | None, int | None]:
         raise ValueError(f"--max-windows {args.max_windows}: give 0 (every window) or more")
     if stride is not None and window is None:
         raise ValueError("--passage-stride sets the step between windows: add --passage-window N")
+    if args.window_choice != "model" and window is None:
+        raise ValueError(f"--window-choice {args.window_choice} picks a window of each document: add "
+                         "--passage-window N")
     if window is not None and window < 1:
         raise ValueError(f"--passage-window {window}: give a positive number of tokens")
     if stride is not None and not 1 <= stride <= window:
@@ -342,7 +349,8 @@ def run_reranker(args) -> int:
         dev_rerank_k=args.dev_rerank_k, collapse_std=args.collapse_std, head_pooling=args.head_pooling,
         trainable_layers=args.trainable_layers, teacher=_teacher(args.teacher, args), distill_weight=args.distill_weight,
         teacher_bm25=_teacher_bm25(args), residual=_residual(args), passage_window=_windows(args)[0],
-        passage_stride=_windows(args)[1], max_windows=_windows(args)[2], **_settings(args, default_ranks=(1, 100)),
+        passage_stride=_windows(args)[1], max_windows=_windows(args)[2], window_choice=args.window_choice,
+        **_settings(args, default_ranks=(1, 100)),
     )
     reranker_directory("--model", args.model)
     res = train_reranker(cfg)
@@ -433,7 +441,7 @@ def run_demo(args) -> int:
                             ("passage_window", _windows(args)[0]), ("passage_stride", _windows(args)[1]))
           if v is not None}
     if args.passage_window is not None:
-        kw["max_windows"] = _windows(args)[2]  # None: every window
+        kw.update(max_windows=_windows(args)[2], window_choice=args.window_choice)  # max_windows None: every window
     if args.teacher is not None or args.mine != "bm25" or args.first_stage != "bm25":
         kw.update(distill_weight=args.distill_weight, mine=args.mine,
                   first_stage=None if args.first_stage == "bm25" else args.first_stage)

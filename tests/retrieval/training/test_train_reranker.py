@@ -295,6 +295,7 @@ def test_cli_head_pooling_mean_reaches_the_checkpoint(tmp_path, capsys):
     (["--passage-window", "0"], "--passage-window 0: give a positive number"),
     (["--passage-window", "4", "--passage-stride", "5"], "--passage-stride 5: give 1 to --passage-window"),
     (["--passage-window", "46"], "--passage-window"),  # no room beside the query in --max-length 48
+    (["--window-choice", "bm25"], "--window-choice bm25 picks a window of each document: add --passage-window"),
 ])
 def test_cli_window_flags_are_checked(tmp_path, capsys, flags, message):
     from twotower.cli import main
@@ -512,8 +513,9 @@ def test_windowed_training_trains_on_each_documents_best_window(tmp_path, monkey
     picked, trained = [], []
     best_windows, encode_pairs = CrossEncoder.best_windows, CrossEncoder.encode_pairs
 
-    def spy_best(self, pairs, batch_size=32):
-        out = best_windows(self, pairs, batch_size)
+    def spy_best(self, pairs, batch_size=32, by="model"):
+        assert by == "model"  # the default
+        out = best_windows(self, pairs, batch_size, by)
         picked.append((list(pairs), out))
         return out
 
@@ -540,3 +542,51 @@ def test_windowed_training_trains_on_each_documents_best_window(tmp_path, monkey
     assert CrossEncoder.from_pretrained(res.best_dir, bf16=False).windows.window == 4
     with pytest.raises(ValueError, match="passage_window"):
         _cfg(tmp_path, pairs=data, passage_stride=3)
+
+
+def test_window_choice_bm25_trains_on_bm25s_best_window_of_each_document(tmp_path, monkeypatch):
+    """window_choice="bm25": a step trains on each document's window BM25 ranks best for its query, and scores
+    no windows with the model first (the only forwards are the training steps' and dev's)."""
+    from twotower.indexing.bm25 import BM25
+    from twotower.retrieval.cross_encoder import CrossEncoder
+
+    data = _titled_beir(tmp_path)
+    events, picks = [], []
+    encode_pairs, score, best_windows = CrossEncoder.encode_pairs, CrossEncoder._score, CrossEncoder.best_windows
+
+    def spy_best(self, pairs, batch_size=32, by="model"):
+        out = best_windows(self, pairs, batch_size, by)
+        events.append("pick")
+        picks.append((by, out, [self.document_windows([doc])[0] for _, doc in pairs], [q for q, _ in pairs]))
+        return out
+
+    def spy_score(self, pairs, batch_size, progress):
+        events.append("score")
+        return score(self, pairs, batch_size, progress)
+
+    def spy_encode(self, queries, texts):
+        if self.training:
+            events.append("train")
+        return encode_pairs(self, queries, texts)
+
+    monkeypatch.setattr(CrossEncoder, "best_windows", spy_best)
+    monkeypatch.setattr(CrossEncoder, "_score", spy_score)
+    monkeypatch.setattr(CrossEncoder, "encode_pairs", spy_encode)
+    train_reranker(_cfg(tmp_path, pairs=data, passage_window=4, passage_stride=3, max_steps=2, eval_every=2,
+                        window_choice="bm25"))
+    assert events.count("pick") == 2 and "pick score" not in " ".join(events)  # each pick goes straight to training
+    assert [e for e in events if e != "score"] == ["pick", "train"] * 2
+    long_docs = 0
+    for by, out, windows_of, queries in picks:
+        assert by == "bm25"
+        for query, windows, text in zip(queries, windows_of, out):
+            ids = [str(i) for i in range(len(windows))]
+            bm25 = BM25()
+            bm25.add(ids, windows)
+            assert text == windows[int(np.argsort(-bm25.score(query, ids), kind="stable")[0])]
+            long_docs += len(windows) > 1
+    assert long_docs > 0, "test needs documents longer than a window"
+    with pytest.raises(ValueError, match="window_choice"):
+        _cfg(tmp_path, pairs=data, window_choice="bm25")  # no windows to choose from
+    with pytest.raises(ValueError, match="window_choice='best'"):
+        _cfg(tmp_path, pairs=data, passage_window=4, window_choice="best")
