@@ -358,8 +358,8 @@ class CrossEncoder(nn.Module):
         windows back-propagates through the window a document is scored by (the gradient of a max is its
         argmax's), so a training step first scores every window without gradients, then trains on the
         winners (`twotower.retrieval.training.train_reranker`).
-        by="bm25": the window BM25 (over that document's windows) ranks best for the query, the first of
-        those `pair_windows` keeps; no forward pass. Why: scoring the windows is ~40 % of a training step
+        by="bm25": the window BM25 (over that document's windows) ranks first for the query, which is always
+        among those `pair_windows` keeps; no forward pass. Why: scoring the windows is ~40 % of a training step
         on a CPU, and on SciFact dev the cheaper choice trained as well (docs/results.md).
         """
         if by not in WINDOW_CHOICES:
