@@ -140,7 +140,7 @@ class RerankerTrainConfig(TrainSettings):
         model scores best, after scoring the kept windows without gradients) or "bm25" (the one BM25 over the
         document's windows ranks best for the query; no extra forward pass). Why "bm25": scoring the windows
         is ~40 % of a step on a CPU, and on SciFact dev the demo recipe trained as well with it (dev 0.794
-        interpolated against 0.792, docs/results.md) in 5 min 15 s instead of 7 min 24 s.
+        interpolated against 0.792, docs/results.md) in 5 min 15 s instead of 7 min 24 s (fp32, CPU-A).
     collapse_std: stop when the standard deviation of dev scores, or of the training logits over the last
         collapse_window steps, falls below this (`CollapseGuard`).
     """
