@@ -8,8 +8,8 @@ reranker's ranking with the two lists the hybrid already fuses needs no weight:
     rrf3(d) = 1 / (60 + rank_dense(d)) + 1 / (60 + rank_bm25(d)) + w / (60 + rank_rerank(d))
 
 (the first two terms are the hybrid's own score; w = 1 is plain RRF of three lists).  For each reranker
-this script searches the claims in `--index` (dense top 100, BM25 top 100, their RRF as the pipeline
-fuses them), scores the hybrid's top `--rerank-k` with the reranker, and scores nDCG@10 per claim for the
+this script searches the claims in `--index` as `--hybrid` does (the RRF of the dense and BM25 top 100s),
+scores the hybrid's top `--rerank-k` with the reranker, and scores nDCG@10 per claim for the
 z-interpolation at every weight of the trainers' grid and for rrf3 at each w of `--rrf-weights`.
 
 * ``--split dev``: the run's dev claims (its dev seed; ``default`` is seed 0), split into seen / unseen
@@ -32,46 +32,32 @@ import os
 import sys
 
 import numpy as np
-from alpha_rules import choose
+from alpha_rules import judge as judge_rules
 from scifact_train_common import DEFAULT_DATA, load_splits, write_run
 
-RRF_K = 60
+from twotower.retrieval.fusion import RRF_K
 
 
-def rrf3(first: dict[str, float], dense_rank: dict[str, int], bm25_rank: dict[str, int], rerank: dict[str, float],
-         w: float) -> dict[str, float]:
-    """One claim's reranked candidates rescored: their hybrid RRF score plus w / (60 + rank by the reranker)."""
+def rrf3(first: dict[str, float], rerank: dict[str, float], w: float) -> dict[str, float]:
+    """One claim's reranked candidates rescored: their hybrid RRF score plus w / (60 + rank by the reranker).
+
+    `first` is the pipeline's hybrid score, which is already 1/(60 + dense rank) + 1/(60 + BM25 rank)
+    (`twotower.retrieval.fusion.reciprocal_rank_fusion`), so only the reranker's term is added here.
+    Reranker ties are ordered by the hybrid score.
+    """
     order = sorted(rerank, key=lambda d: (-rerank[d], -first[d], d))
-    out = {}
-    for r, d in enumerate(order, start=1):
-        base = (1.0 / (RRF_K + dense_rank[d]) if d in dense_rank else 0.0) + \
-               (1.0 / (RRF_K + bm25_rank[d]) if d in bm25_rank else 0.0)
-        out[d] = base + w / (RRF_K + r)
-    return out
+    return {d: first[d] + w / (RRF_K + r) for r, d in enumerate(order, start=1)}
 
 
-def first_stages(index: str, queries: dict[str, str], qids: list[str], bf16):
-    """(dense ranks, BM25 ranks, hybrid {doc: RRF score} top 100, {doc: (title, text)}) per claim."""
+def first_stage(index: str, queries: dict[str, str], qids: list[str], bf16):
+    """({doc: hybrid RRF score} of the top 100, {doc: (title, text)}) per claim, as `--hybrid` searches."""
     from twotower.retrieval import SearchPipeline
 
     with SearchPipeline.load(index, bf16=bf16, use_default_reranker=False) as pipe:
-        texts = [queries[q] for q in qids]
-        dense = pipe.search(texts, k=100, recall_k=100, rerank=False, fetch_documents=False)
-        hybrid = pipe.search(texts, k=100, recall_k=100, hybrid=True, rerank=False)
-        lexical = pipe.store.search_bm25(texts, 100)
-    from twotower.indexing.search_result import MISSING_ID
-
-    d_rank = {q: {h.id: h.rank for h in row} for q, row in zip(qids, dense)}
-    b_rank = {q: {d: r for r, d in enumerate([d for d in lexical.ids[i] if d != MISSING_ID], start=1)}
-              for i, q in enumerate(qids)}
+        hybrid = pipe.search([queries[q] for q in qids], k=100, recall_k=100, hybrid=True, rerank=False)
     h_score = {q: {h.id: h.score for h in row} for q, row in zip(qids, hybrid)}
     docs = {h.id: (h.title or "", h.text) for row in hybrid for h in row}
-    for q in qids:  # the pipeline's hybrid score is RRF of exactly these two lists
-        for d, s in list(h_score[q].items())[:20]:
-            want = (1 / (RRF_K + d_rank[q][d]) if d in d_rank[q] else 0) + (1 / (RRF_K + b_rank[q][d]) if d in b_rank[q] else 0)
-            if abs(want - s) > 1e-9:
-                raise AssertionError(f"claim {q}, {d}: hybrid score {s} is not RRF of the two lists ({want})")
-    return d_rank, b_rank, h_score, docs
+    return h_score, docs
 
 
 def score(reranker: str, index: str, data: str, split: str, rerank_k: int, grid: list[float],
@@ -91,7 +77,7 @@ def score(reranker: str, index: str, data: str, split: str, rerank_k: int, grid:
     queries, qrels = (dev_q, dev_qrels) if split == "dev" else (test_q, test_qrels)
     cited = {d for rel in train_qrels.values() for d, g in rel.items() if g > 0}
     qids = sorted(queries)
-    d_rank, b_rank, h_score, docs = first_stages(index, queries, qids, bf16)
+    h_score, docs = first_stage(index, queries, qids, bf16)
     heads = {q: dict(list(h_score[q].items())[:rerank_k]) for q in qids}
     pairs = [(q, d) for q in qids for d in heads[q]]
     ce = load(reranker, 192, bf16)
@@ -113,7 +99,7 @@ def score(reranker: str, index: str, data: str, split: str, rerank_k: int, grid:
     for a in grid:
         systems[f"z@{a}"] = full(interpolate_run(rr, heads, a))
     for w in rrf_weights:
-        systems[f"rrf3@{w}"] = full({q: rrf3(heads[q], d_rank[q], b_rank[q], rr[q], w) for q in qids})
+        systems[f"rrf3@{w}"] = full({q: rrf3(heads[q], rr[q], w) for q in qids})
     out = {"seed": seed, "claims": qids,
            "seen": [any(d in cited for d, g in qrels[q].items() if g > 0) for q in qids], "per_claim": {}}
     for name, run in systems.items():
@@ -125,34 +111,24 @@ def score(reranker: str, index: str, data: str, split: str, rerank_k: int, grid:
 
 
 def judge(scored: dict, grid: list[float], rrf_weights: list[float], halves: int) -> dict:
-    """Gains over the hybrid: z-interpolation with argmax weight, rrf3 at each fixed w, and rrf3 with argmax w."""
+    """Gains over the hybrid: the z-score weight argmax picks (judged by `alpha_rules.judge`), and rrf3 at each
+    fixed w, scored on the same unseen claims and the same random halves (a fixed w has nothing to choose)."""
     per = {k: np.array(v) for k, v in scored["per_claim"].items()}
     seen = np.array(scored["seen"])
     base = per["hybrid"]
-    z = np.stack([per[f"z@{a}"] for a in grid], axis=1)  # (claims, weights)
-    r = np.stack([per[f"rrf3@{w}"] for w in rrf_weights], axis=1)
-    rng = np.random.default_rng(scored["seed"])
-    perms = [rng.permutation(len(base)) for _ in range(halves)]
-
-    def chosen(curves: np.ndarray, values: list[float]) -> dict:
-        pick_seen = choose(curves[seen], values, "argmax")
-        gains = []
-        for p in perms:
-            a, b = p[: len(p) // 2], p[len(p) // 2:]
-            i = choose(curves[a], values, "argmax")
-            gains.append(curves[b, i].mean() - base[b].mean())
-        return {"all_dev": round(float(curves[:, choose(curves, values, 'argmax')].mean()), 4),
-                "weight": values[choose(curves, values, "argmax")],
-                "unseen_gain": round(float(curves[~seen, pick_seen].mean() - base[~seen].mean()), 4),
-                "half_gain": round(float(np.mean(gains)), 4)}
-
-    out = {"hybrid": round(float(base.mean()), 4), "z_argmax": chosen(z, grid), "rrf3_argmax": chosen(r, rrf_weights)}
-    for j, w in enumerate(rrf_weights):
-        col = r[:, j]
+    z = np.stack([per[f"z@{a}"] for a in grid], axis=1)  # (claims, weights); the column at 0.0 is the hybrid
+    chosen = judge_rules(z, seen, grid, halves, scored["seed"])["argmax"]
+    out = {"hybrid": round(float(base.mean()), 4),
+           "z_argmax": {"all_dev": round(float(z[:, grid.index(chosen["weight_all_dev"])].mean()), 4),
+                        "weight": chosen["weight_all_dev"], "unseen_gain": chosen["unseen_gain"],
+                        "half_gain": chosen["half_gain"]}}
+    rng = np.random.default_rng(scored["seed"])  # the halves `alpha_rules.judge` draws for argmax
+    scored_halves = [p[len(p) // 2:] for p in (rng.permutation(len(base)) for _ in range(halves))]
+    for w in rrf_weights:
+        col = per[f"rrf3@{w}"]
         out[f"rrf3@{w}"] = {"all_dev": round(float(col.mean()), 4),
                             "unseen_gain": round(float(col[~seen].mean() - base[~seen].mean()), 4),
-                            "half_gain": round(float(np.mean([col[p[len(p) // 2:]].mean() - base[p[len(p) // 2:]].mean()
-                                                              for p in perms])), 4)}
+                            "half_gain": round(float(np.mean([col[b].mean() - base[b].mean() for b in scored_halves])), 4)}
     return out
 
 
