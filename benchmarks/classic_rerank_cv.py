@@ -23,11 +23,15 @@ into ``--folds`` folds.  One invocation runs one held-out fold:
 ``summarize`` averages the fold files into a markdown table (``--out/table.md``), naming the
 folds that ran.  ``claims`` writes a BEIR split as the ``--claims`` JSONL of ``twotower train
 demo-reranker`` (for the cross-collection check: a reranker trained on SciFact train).
+``title-pairs`` writes self-supervised title -> text pairs of a collection's own corpus (no query or
+qrels read; `titled_view` says how a document without a title gets one), to continue a reranker on
+the collection with no labels (`twotower train reranker --pairs`).
 
     .venv/bin/python benchmarks/classic_rerank_cv.py --collection medline --fold 0 --out runs/classic-rerank-cv
     .venv/bin/python benchmarks/classic_rerank_cv.py summarize --out runs/classic-rerank-cv
     .venv/bin/python benchmarks/classic_rerank_cv.py claims --beir ../shared/data/beir-scifact --split train \\
         --out runs/scifact-train-claims.jsonl
+    .venv/bin/python benchmarks/classic_rerank_cv.py title-pairs --collection medline --out runs/adapt/medline
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ import json
 import math
 import os
 import random
+import re
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -92,6 +97,40 @@ def content_corpus(root: str, work: str) -> tuple[str, dict]:
     if not os.path.isfile(copy):
         write_beir_corpus(kept.values(), copy)
     return copy, kept
+
+
+def titled_view(doc_id: str, title: str, text: str) -> dict | None:
+    """The document as {_id, title, text} with a title that is not a copy of its text's start; None if no text.
+
+    Title -> text pairs only teach relevance if the query is not the text's first words: Cranfield's
+    texts begin with their own title (that copy is cut off), Medline's have no title field but open
+    with the title as a first sentence, sometimes after a number (that sentence becomes the title).
+    A title of fewer than 3 words is dropped: the document then makes no pair.
+    """
+    title, text = title.strip(), re.sub(r"^\d+\s+", "", text.strip())
+    if not title:
+        m = re.match(r"(.+?\S)\s*\.\s+(.*)", text, re.S)
+        if m:
+            title, text = m.group(1), m.group(2)
+    elif text.lower().startswith(title.lower()):
+        text = text[len(title):].lstrip(" .")
+    if not text:
+        return None
+    return {"_id": doc_id, "title": title if len(title.split()) >= 3 else "", "text": text}
+
+
+def write_title_pairs(docs: Mapping, work: str, titles: int, seed: int) -> tuple[str, int]:
+    """Write `titled_view` of `docs` and its title -> text pairs (`title_abstract_pairs`) under `work`."""
+    from twotower.retrieval.training.demo_reranker import title_abstract_pairs
+
+    os.makedirs(work, exist_ok=True)
+    corpus, pairs = os.path.join(work, "corpus.titled.jsonl"), os.path.join(work, "pairs.jsonl")
+    with open(corpus, "w", encoding="utf-8") as f:
+        for i, d in docs.items():
+            view = titled_view(i, d.title, d.text)
+            if view is not None:
+                f.write(json.dumps(view, ensure_ascii=False) + "\n")
+    return pairs, title_abstract_pairs(corpus, pairs, queries=titles, seed=seed)
 
 
 def first_stage_runs(name: str, docs: dict, queries: Mapping[str, str], cache: str, index_dir: str,
@@ -277,10 +316,12 @@ def summarize(out: str) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("mode", nargs="?", choices=("fold", "summarize", "claims"), default="fold",
+    ap.add_argument("mode", nargs="?", choices=("fold", "summarize", "claims", "title-pairs"), default="fold",
                     help="fold: run one held-out fold; summarize: the table of the fold files under --out; "
                          "claims: write --beir's --split qrels as {query_id, query, pos_ids} JSONL to --out "
-                         "(the --claims of `twotower train demo-reranker`)")
+                         "(the --claims of `twotower train demo-reranker`); title-pairs: write --collection's own "
+                         "title -> text pairs to --out/pairs.jsonl (no labels read)")
+    ap.add_argument("--titles", type=int, default=600, help="title-pairs mode: documents whose titles become queries")
     ap.add_argument("--beir", help="claims mode: a BEIR directory")
     ap.add_argument("--split", default="train", help="claims mode: the qrels split")
     ap.add_argument("--data", default=os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data"))
@@ -321,6 +362,15 @@ def main() -> None:
         qids = judged_queries(ds.qrels)
         write_claims(args.out, qids, ds.queries, ds.qrels)
         print(f"{args.out}: {len(qids)} queries with a relevant document ({args.beir}, split {args.split})")
+        return
+    if args.mode == "title-pairs":
+        from twotower.eval.io.beir import read_beir_corpus
+
+        if not args.collection:
+            ap.error("title-pairs mode needs --collection")
+        docs = read_beir_corpus(os.path.join(args.data, COLLECTIONS[args.collection], "corpus.jsonl"))
+        path, n = write_title_pairs(docs, args.out, args.titles, args.seed)
+        print(f"{path}: {n} title -> text pairs from {args.collection}")
         return
     if args.mode == "summarize":
         table = summarize(args.out)

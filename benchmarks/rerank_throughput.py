@@ -9,6 +9,13 @@ abstracts of the bundled 2,000-document sample (the lengths a reranker meets), t
 where the CPU has native bf16, in bf16 (ours: the bf16 inference copy; sentence-transformers: the
 model loaded in bf16).  The scores of the two are compared too (they must agree).
 
+Each row also gives the achieved GFLOP/s and the square-matmul peak of its precision, measured in
+the same run: FLOPs counted from each pair's real token count (our tokenizer call), all layers at
+every token for sentence-transformers, the last layer at [CLS] alone for ours (its K and V still at
+every token).  "2x needs" is the rate ours would have to reach to score pairs twice as fast as
+sentence-transformers: above the matmul peak, the 2x cannot come from faster kernels, only from
+doing less work.
+
     .venv/bin/python benchmarks/rerank_throughput.py --pairs 1024 --out runs/rerank_throughput.json
 """
 
@@ -39,6 +46,22 @@ def make_pairs(n: int) -> list[tuple[str, str]]:
         claims = [json.loads(line)["query"] for line in f]
     texts = [(d.get("title", "") + ". " + d["text"]).strip(". ") for d in docs]
     return [(claims[i % len(claims)], texts[(7 * i) % len(texts)]) for i in range(n)]
+
+
+def pair_flops(bert, lengths: np.ndarray, cls_only_last: bool) -> float:
+    """Forward FLOPs of scoring pairs of these token counts (the encoder's `flops_per_token`; head left out).
+
+    With `cls_only_last` the last layer keeps K and V at every token and does its Q and output
+    projections, FFN and attention at [CLS] only: the other t - 1 tokens' share of those is taken off.
+    """
+    c = bert.config
+    H, I = c.hidden_size, c.intermediate_size
+    total = 0.0
+    for t in lengths.astype(np.float64):
+        total += t * bert.flops_per_token(t)
+        if cls_only_last:
+            total -= 2.0 * (t - 1) * (2 * H * H + 2 * H * I + 2 * t * H)  # Q, O, FFN, QK^T and AV
+    return total
 
 
 def timed(fn, repeats: int) -> tuple[float, np.ndarray]:
@@ -78,10 +101,16 @@ def main() -> None:
         fresh.classifier.weight.normal_(0.0, 1.0 / fresh.config.hidden_size ** 0.5 * 4)
     fresh.save_pretrained(ce_dir)
     pairs = make_pairs(args.pairs)
+    from embed_speed import matmul_peak
+
+    lengths = fresh.encode_pairs([q for q, _ in pairs], [d for _, d in pairs]).attention_mask.sum(dim=1).numpy()
+    flops = {"ours": pair_flops(fresh.bert, lengths, cls_only_last=True),
+             "sentence-transformers": pair_flops(fresh.bert, lengths, cls_only_last=False)}
     results = {"cpu": cpu_description(), "torch": torch.__version__,
                "sentence_transformers": sentence_transformers.__version__, "threads": args.threads,
                "pairs": len(pairs), "layers": args.layers, "max_length": args.max_length,
-               "batch_size": args.batch_size, "rows": []}
+               "batch_size": args.batch_size, "mean_tokens": float(lengths.mean()),
+               "gflop_per_pair": {k: v / len(pairs) / 1e9 for k, v in flops.items()}, "rows": []}
     precisions = ["fp32"] + (["bf16"] if cpu_bf16_supported() else [])
     for precision in precisions:
         bf16 = precision == "bf16"
@@ -101,19 +130,26 @@ def main() -> None:
             for name, fn in runners.items():
                 s, scores[name] = timed(fn, 1)
                 seconds[name].append(s)
+        peak = matmul_peak(torch.bfloat16 if bf16 else torch.float32)
         diff = float(np.abs(scores["ours"] - scores["sentence-transformers"]).max())
         for name in runners:
             med = statistics.median(seconds[name])
             row = {"precision": precision, "library": name, "seconds": round(med, 3),
                    "pairs_per_s": round(len(pairs) / med, 1), "all_seconds": [round(x, 3) for x in seconds[name]],
+                   "gflop_s": round(flops[name] / med / 1e9, 1), "matmul_peak_gflop_s": round(peak / 1e9, 1),
                    "max_abs_score_diff_vs_other": diff}
             results["rows"].append(row)
             print(json.dumps(row), flush=True)
-    print("| precision | ours pairs/s | sentence-transformers pairs/s | ratio | max |score diff| |")
-    print("|---|---|---|---|---|")
+    print(f"{lengths.mean():.0f} tokens a pair on average; GFLOP a pair: ours {flops['ours'] / len(pairs) / 1e9:.2f}, "
+          f"sentence-transformers {flops['sentence-transformers'] / len(pairs) / 1e9:.2f}")
+    print("| precision | ours pairs/s | sentence-transformers pairs/s | ratio | ours GFLOP/s | theirs GFLOP/s "
+          "| 2x needs GFLOP/s | matmul peak | max |score diff| |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for precision in precisions:
         o, t = [r for r in results["rows"] if r["precision"] == precision]
+        needed = 2 * t["pairs_per_s"] * flops["ours"] / len(pairs) / 1e9
         print(f"| {precision} | {o['pairs_per_s']} | {t['pairs_per_s']} | {o['pairs_per_s'] / t['pairs_per_s']:.2f}x "
+              f"| {o['gflop_s']:.0f} | {t['gflop_s']:.0f} | {needed:.0f} | {o['matmul_peak_gflop_s']:.0f} "
               f"| {o['max_abs_score_diff_vs_other']:.2g} |")
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:

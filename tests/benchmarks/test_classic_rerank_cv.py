@@ -1,4 +1,4 @@
-"""Cross-validation folds of the classic-collection reranker benchmark: disjoint, covering, fixed by the seed."""
+"""The classic-collection reranker benchmark: CV folds (disjoint, covering, fixed by the seed) and title pairs."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
 
-from classic_rerank_cv import assign_folds, judged_queries, merge_reranked  # noqa: E402
+from classic_rerank_cv import assign_folds, judged_queries, merge_reranked, titled_view  # noqa: E402
 
 IDS = [str(i) for i in range(1, 31)]  # Medline's 30 judged queries
 
@@ -62,3 +62,28 @@ def test_weight_zero_reproduces_the_first_stage_order_ties_included():
     mixed = interpolate(np.array([9.0, -1.0, 3.0, 0.5]), np.array([first[d] for d in top]), 0.0)
     merged = merge_reranked(first, dict(zip(top, mixed.tolist())))
     assert rank_documents(merged) == rank_documents(first) == ["d2", "d1", "d3", "d10", "d4", "d5"]
+
+
+def test_titled_view_cuts_a_text_that_repeats_its_title():
+    # Cranfield: the text opens with the title and a " ." before the abstract.
+    view = titled_view("1", "experimental investigation of a wing .",
+                       "experimental investigation of a wing . an experimental study of a wing was made")
+    assert view == {"_id": "1", "title": "experimental investigation of a wing .",
+                    "text": "an experimental study of a wing was made"}
+
+
+def test_titled_view_takes_the_first_sentence_as_the_missing_title():
+    # Medline: no title field; the title is the first sentence, sometimes after a number.
+    view = titled_view("7", "", "surfactant in fetal lamb tracheal fluid . lambs delivered by cesarean section")
+    assert view == {"_id": "7", "title": "surfactant in fetal lamb tracheal fluid",
+                    "text": "lambs delivered by cesarean section"}
+    view = titled_view("8", "", "28029 enzymic synthesis of steroid sulfates. ii. presence of kinase")
+    assert view["title"] == "enzymic synthesis of steroid sulfates"
+
+
+def test_titled_view_keeps_a_distinct_title_and_drops_short_or_empty_ones():
+    view = titled_view("3", "Dewey Decimal Classification editions", "The present study is a history.")
+    assert view == {"_id": "3", "title": "Dewey Decimal Classification editions", "text": "The present study is a history."}
+    assert titled_view("4", "", "one sentence only")["title"] == ""  # no sentence break: no title, no pair
+    assert titled_view("5", "Two words", "a text")["title"] == ""
+    assert titled_view("6", "", "") is None
