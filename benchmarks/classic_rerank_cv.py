@@ -104,7 +104,8 @@ def titled_view(doc_id: str, title: str, text: str) -> dict | None:
 
     Title -> text pairs only teach relevance if the query is not the text's first words: Cranfield's
     texts begin with their own title (that copy is cut off), Medline's have no title field but open
-    with the title as a first sentence, sometimes after a number (that sentence becomes the title).
+    with the title, sometimes after a number: the text up to its first full stop becomes the title
+    (where a title has no stop after it, that takes in the abstract's first sentence too).
     A title of fewer than 3 words is dropped: the document then makes no pair.
     """
     title, text = title.strip(), re.sub(r"^\d+\s+", "", text.strip())
@@ -119,9 +120,12 @@ def titled_view(doc_id: str, title: str, text: str) -> dict | None:
     return {"_id": doc_id, "title": title if len(title.split()) >= 3 else "", "text": text}
 
 
-def write_title_pairs(docs: Mapping, work: str, titles: int, seed: int) -> tuple[str, int]:
-    """Write `titled_view` of `docs` and its title -> text pairs (`title_abstract_pairs`) under `work`."""
-    from twotower.retrieval.training.demo_reranker import title_abstract_pairs
+def write_title_pairs(docs: Mapping, work: str, titles: int | None, seed: int) -> tuple[str, int]:
+    """Write `titled_view` of `docs` and its title -> text pairs (`title_abstract_pairs`) under `work`.
+
+    titles: documents whose titles become queries (None: the demo recipe's `TITLES`).
+    """
+    from twotower.retrieval.training.demo_reranker import TITLES, title_abstract_pairs
 
     os.makedirs(work, exist_ok=True)
     corpus, pairs = os.path.join(work, "corpus.titled.jsonl"), os.path.join(work, "pairs.jsonl")
@@ -130,7 +134,7 @@ def write_title_pairs(docs: Mapping, work: str, titles: int, seed: int) -> tuple
             view = titled_view(i, d.title, d.text)
             if view is not None:
                 f.write(json.dumps(view, ensure_ascii=False) + "\n")
-    return pairs, title_abstract_pairs(corpus, pairs, queries=titles, seed=seed)
+    return pairs, title_abstract_pairs(corpus, pairs, queries=TITLES if titles is None else titles, seed=seed)
 
 
 def first_stage_runs(name: str, docs: dict, queries: Mapping[str, str], cache: str, index_dir: str,
@@ -321,7 +325,8 @@ def main() -> None:
                          "claims: write --beir's --split qrels as {query_id, query, pos_ids} JSONL to --out "
                          "(the --claims of `twotower train demo-reranker`); title-pairs: write --collection's own "
                          "title -> text pairs to --out/pairs.jsonl (no labels read)")
-    ap.add_argument("--titles", type=int, default=600, help="title-pairs mode: documents whose titles become queries")
+    ap.add_argument("--titles", type=int, default=None,
+                    help="title-pairs mode: documents whose titles become queries (default: the demo recipe's 600)")
     ap.add_argument("--beir", help="claims mode: a BEIR directory")
     ap.add_argument("--split", default="train", help="claims mode: the qrels split")
     ap.add_argument("--data", default=os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data"))
