@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import importlib.resources
 import json
+import logging
 import math
 import os
 import random
@@ -45,12 +46,18 @@ DATA = str(importlib.resources.files("twotower.retrieval").joinpath("data"))  # 
 BUNDLED_CORPUS = os.path.join(DATA, "scifact-sample.jsonl.gz")
 BUNDLED_CLAIMS = os.path.join(DATA, "scifact-train-claims.jsonl.gz")
 MARKER = "demo_reranker.json"
+logger = logging.getLogger(__name__)
 TITLES = 600  # title/text pairs made when there are no claims (runs made before `titles` keep their cache key)
 
 
 def title_abstract_pairs(corpus_path: str, out_path: str, negatives: int = 12, queries: int = TITLES,
                          seed: int = 0) -> int:
-    """Write {query: title, pos: [abstract], neg: [BM25 ranks 2-30 abstracts]} JSONL; returns lines written."""
+    """Write {query: title, pos: [abstract], neg: [BM25 ranks 2-30 abstracts]} JSONL; returns lines written.
+
+    A title for which BM25 finds no other document (a title of numbers or of words no text uses)
+    gives no pair: the count is logged as a warning, and a corpus where every title does so is
+    refused, naming the file, rather than training on nothing.
+    """
     from twotower.retrieval.corpus import iter_documents
     from twotower.retrieval.training.mining import bm25_retriever
 
@@ -61,16 +68,21 @@ def title_abstract_pairs(corpus_path: str, out_path: str, negatives: int = 12, q
     rng = random.Random(seed)
     chosen = rng.sample(docs, min(queries, len(docs)))
     hits = bm25_retriever(abstracts)([d["title"] for d in chosen], 30)
-    n = 0
+    rows = []
+    for d, ranked in zip(chosen, hits):
+        neg = [abstracts[i] for i, _ in ranked[1:] if i != d["id"]][:negatives]
+        if neg:
+            rows.append({"query_id": f"title:{d['id']}", "query": d["title"], "pos": [d["text"]], "neg": neg})
+    if not rows:
+        raise ValueError(f"{corpus_path}: none of {len(chosen)} titles matches another document by BM25, so no "
+                         "title/text pair has a negative; titles must share words with the texts")
+    if len(rows) < len(chosen):
+        logger.warning("%s: %d of %d titles gave no title/text pair (BM25 found no other document for them); "
+                       "kept the other %d", corpus_path, len(chosen) - len(rows), len(chosen), len(rows))
     with atomic_path(out_path) as tmp, open(tmp, "w", encoding="utf-8") as f:
-        for d, ranked in zip(chosen, hits):
-            neg = [abstracts[i] for i, _ in ranked[1:] if i != d["id"]][:negatives]
-            if not neg:
-                continue
-            f.write(json.dumps({"query_id": f"title:{d['id']}", "query": d["title"], "pos": [d["text"]],
-                                "neg": neg}, ensure_ascii=False) + "\n")
-            n += 1
-    return n
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    return len(rows)
 
 
 def truncated_encoder(model_dir: str, layers: int, out_dir: str) -> str:

@@ -184,6 +184,29 @@ def _titled_corpus(tmp_path, n=60):
     return str(path)
 
 
+def test_title_pairs_count_and_report_titles_bm25_cannot_match(tmp_path, caplog):
+    """A title of numbers matches no text: it gives no pair, the skip is counted in a warning, and a corpus
+    where no title matches is refused naming the file."""
+    from twotower.retrieval.training.demo_reranker import title_abstract_pairs
+
+    docs = [json.loads(x) for x in open(_titled_corpus(tmp_path))]
+    for d in docs[:10]:
+        d["title"] = f"{1000 + int(d['_id'][1:])}"
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    with caplog.at_level("WARNING", logger="twotower.retrieval.training.demo_reranker"):
+        n = title_abstract_pairs(str(mixed), str(tmp_path / "pairs.jsonl"), queries=len(docs))
+    assert n == 50 and len(open(tmp_path / "pairs.jsonl").readlines()) == 50
+    assert f"{mixed}: 10 of 60 titles gave no title/text pair" in caplog.text
+    for d in docs:
+        d["title"] = f"{1000 + int(d['_id'][1:])}"
+    numbers = tmp_path / "numbers.jsonl"
+    numbers.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    with pytest.raises(ValueError, match=f"{numbers}: none of 60 titles matches another document"):
+        title_abstract_pairs(str(numbers), str(tmp_path / "none.jsonl"), queries=len(docs))
+    assert not os.path.exists(tmp_path / "none.jsonl")  # nothing written
+
+
 def test_demo_reranker_trains_once_then_is_cached(tmp_path, monkeypatch):
     from twotower.retrieval.training import demo_reranker
 
