@@ -54,9 +54,9 @@ def title_abstract_pairs(corpus_path: str, out_path: str, negatives: int = 12, q
                          seed: int = 0) -> int:
     """Write {query: title, pos: [abstract], neg: [BM25 ranks 2-30 abstracts]} JSONL; returns lines written.
 
-    A title for which BM25 finds no other document (a title of numbers or of words no text uses)
-    gives no pair: the count is logged as a warning, and a corpus where every title does so is
-    refused, naming the file, rather than training on nothing.
+    A title with no negative among BM25's ranks 2-30 (a title of numbers or of words no other text
+    uses) gives no pair: the count is logged as a warning, and a corpus where every title does so
+    is refused, naming the file, rather than training on nothing.
     """
     from twotower.retrieval.corpus import iter_documents
     from twotower.retrieval.training.mining import bm25_retriever
@@ -74,10 +74,10 @@ def title_abstract_pairs(corpus_path: str, out_path: str, negatives: int = 12, q
         if neg:
             rows.append({"query_id": f"title:{d['id']}", "query": d["title"], "pos": [d["text"]], "neg": neg})
     if not rows:
-        raise ValueError(f"{corpus_path}: none of {len(chosen)} titles matches another document by BM25, so no "
-                         "title/text pair has a negative; titles must share words with the texts")
+        raise ValueError(f"{corpus_path}: none of {len(chosen)} titles has a negative among BM25's ranks 2-30, "
+                         "so no title/text pair can be made; titles must share words with other documents' texts")
     if len(rows) < len(chosen):
-        logger.warning("%s: %d of %d titles gave no title/text pair (BM25 found no other document for them); "
+        logger.warning("%s: %d of %d titles gave no title/text pair (no negative among BM25's ranks 2-30); "
                        "kept the other %d", corpus_path, len(chosen) - len(rows), len(chosen), len(rows))
     with atomic_path(out_path) as tmp, open(tmp, "w", encoding="utf-8") as f:
         for row in rows:

@@ -202,7 +202,7 @@ def test_title_pairs_count_and_report_titles_bm25_cannot_match(tmp_path, caplog)
         d["title"] = f"{1000 + int(d['_id'][1:])}"
     numbers = tmp_path / "numbers.jsonl"
     numbers.write_text("".join(json.dumps(d) + "\n" for d in docs))
-    with pytest.raises(ValueError, match=f"{numbers}: none of 60 titles matches another document"):
+    with pytest.raises(ValueError, match=f"{numbers}: none of 60 titles has a negative among BM25's ranks 2-30"):
         title_abstract_pairs(str(numbers), str(tmp_path / "none.jsonl"), queries=len(docs))
     assert not os.path.exists(tmp_path / "none.jsonl")  # nothing written
 
