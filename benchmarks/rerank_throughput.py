@@ -16,6 +16,10 @@ every token).  "2x needs" is the rate ours would have to reach to score pairs tw
 sentence-transformers: above the matmul peak, the 2x cannot come from faster kernels, only from
 doing less work.
 
+With ``--int8`` our fp32 model is also timed with its linear layers quantised dynamically to int8
+(`torch.ao.quantization.quantize_dynamic`; the fused Q/K/V and the head stay fp32), and its scores
+are compared with fp32's: the cheapest way to do less work a pair without retraining.
+
     .venv/bin/python benchmarks/rerank_throughput.py --pairs 1024 --out runs/rerank_throughput.json
 """
 
@@ -64,6 +68,36 @@ def pair_flops(bert, lengths: np.ndarray, cls_only_last: bool) -> float:
     return total
 
 
+def int8_row(ce_dir: str, pairs: list[tuple[str, str]], batch_size: int, repeats: int) -> dict:
+    """Our fp32 reranker against a copy with dynamic int8 linear layers: pairs/s of both, and how far scores move."""
+    import warnings
+
+    from twotower.retrieval.cross_encoder import CrossEncoder
+
+    fp32 = CrossEncoder.from_pretrained(ce_dir, device="cpu", bf16=False)
+    q = CrossEncoder.from_pretrained(ce_dir, device="cpu", bf16=False)
+    keep = ("query", "key", "value", "classifier")  # Q/K/V are read as one fused weight; the head stays fp32
+    linears = {n for n, m in q.model.named_modules() if isinstance(m, torch.nn.Linear) and n.rsplit(".", 1)[-1] not in keep}
+    with warnings.catch_warnings():  # torch.ao's eager quantisation warns that it moves to torchao
+        warnings.simplefilter("ignore")
+        q.model = torch.ao.quantization.quantize_dynamic(q.model, linears, dtype=torch.qint8)
+    runners = {"fp32": lambda: fp32.predict(pairs, batch_size=batch_size),
+               "int8": lambda: q.predict(pairs, batch_size=batch_size)}
+    for fn in runners.values():
+        fn()
+    seconds, scores = {name: [] for name in runners}, {}
+    for _ in range(repeats):
+        for name, fn in runners.items():
+            s, scores[name] = timed(fn, 1)
+            seconds[name].append(s)
+    ranks = [np.argsort(np.argsort(scores[name])) for name in runners]
+    return {"precision": "int8 (dynamic)", "library": "ours",
+            "pairs_per_s": round(len(pairs) / statistics.median(seconds["int8"]), 1),
+            "fp32_pairs_per_s": round(len(pairs) / statistics.median(seconds["fp32"]), 1),
+            "max_abs_score_diff_vs_fp32": float(np.abs(scores["int8"] - scores["fp32"]).max()),
+            "spearman_vs_fp32": round(float(np.corrcoef(*ranks)[0, 1]), 4)}
+
+
 def timed(fn, repeats: int) -> tuple[float, np.ndarray]:
     times, out = [], None
     for _ in range(repeats):
@@ -81,6 +115,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--int8", action="store_true", help="also time ours with dynamic int8 linear layers")
     ap.add_argument("--work", default="runs/rerank_throughput")
     ap.add_argument("--out", default=None, help="JSON results file")
     args = ap.parse_args()
@@ -140,6 +175,9 @@ def main() -> None:
                    "max_abs_score_diff_vs_other": diff}
             results["rows"].append(row)
             print(json.dumps(row), flush=True)
+    if args.int8:
+        results["int8"] = int8_row(ce_dir, pairs, args.batch_size, args.repeats)
+        print(json.dumps(results["int8"]), flush=True)
     print(f"{lengths.mean():.0f} tokens a pair on average; GFLOP a pair: ours {flops['ours'] / len(pairs) / 1e9:.2f}, "
           f"sentence-transformers {flops['sentence-transformers'] / len(pairs) / 1e9:.2f}")
     print("| precision | ours pairs/s | sentence-transformers pairs/s | ratio | ours GFLOP/s | theirs GFLOP/s "
