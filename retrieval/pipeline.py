@@ -75,16 +75,11 @@ from twotower.retrieval.passages import (
     truncation_warning,
 )
 from twotower.retrieval.reader import AnswerResult, label_hits, read_answers
-from twotower.retrieval.rerank import rerank_scores
+from twotower.retrieval.rerank import DEFAULT_RERANK_K, rerank_scores
 
 logger = logging.getLogger(__name__)
 
 FUSIONS = ("rrf", "minmax", "zscore")
-# First-stage candidates the cross-encoder scores when `search` is not given rerank_k. Measured on SciFact
-# (docs/results.md, "How deep to rerank"): nDCG@10 at 20 is within noise of 10, 50 and 100, at a fifth of
-# the cost of 100 (0.4 s vs 2.2 s a query in fp32 on 2 cores), and 20 is the depth training chooses the
-# interpolation weight at (``dev_rerank_k`` in the demo and the documented recipes).
-DEFAULT_RERANK_K = 20
 
 
 def _load_encoder(model: DualEncoder | str | os.PathLike | None, bf16: bool | str, device: str) -> DualEncoder:

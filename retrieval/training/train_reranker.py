@@ -45,6 +45,7 @@ from twotower.retrieval.cross_encoder import (
 )
 from twotower.retrieval.export import write_training_args
 from twotower.retrieval.interpolation import ALPHA_FILE, write_alpha
+from twotower.retrieval.rerank import DEFAULT_RERANK_K
 from twotower.retrieval.training.alpha import choose_alpha
 from twotower.retrieval.training.loop import Schedule, StopTraining, TrainingLoop, TrainSettings, start_run
 from twotower.retrieval.training.losses import listwise_ce, listwise_kl, pointwise_bce
@@ -97,7 +98,8 @@ class RerankerTrainConfig(TrainSettings):
     head_lr_scale: learning-rate multiplier for the fresh head (pooler + classifier). A new head on an
         encoder whose [CLS] barely varies starts with near-constant scores; at the encoder's learning rate
         it takes hundreds of steps to move, which a CPU budget cannot spare.
-    dev_rerank_k: first-stage depth reranked at dev evaluation (100 as at test time; lower is cheaper).
+    dev_rerank_k: first-stage depth reranked at dev evaluation, where the interpolation weight is chosen;
+        the default is search's default rerank_k, so the weight is chosen at the depth it will be used at.
     eval_at_start: evaluate the untrained model too (a fresh head ranks at random: skip it to save time).
     trainable_layers: train only the top N encoder layers and the head; the embeddings and the layers
         below stay as loaded (None: train everything). Why: a step then back-propagates through N
@@ -158,7 +160,7 @@ class RerankerTrainConfig(TrainSettings):
     lr: float = 3e-5
     head_pooling: str = "cls"
     head_lr_scale: float = 20.0
-    dev_rerank_k: int = 100
+    dev_rerank_k: int = DEFAULT_RERANK_K
     eval_batch_size: int = 32
     eval_at_start: bool = True
     trainable_layers: int | None = None

@@ -99,7 +99,7 @@ def test_only_the_first_stage_top_rerank_k_are_scored_and_the_rest_follow(index,
 
 
 def test_default_rerank_k_caps_at_recall_k(index):
-    from twotower.retrieval.pipeline import DEFAULT_RERANK_K
+    from twotower.retrieval.rerank import DEFAULT_RERANK_K
 
     stub = RecordingReranker(interpolation=1.0)
     with _open(index, stub) as pipe:

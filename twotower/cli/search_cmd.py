@@ -137,7 +137,8 @@ def run_search(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
     from twotower.indexing.filters import FilterError
-    from twotower.retrieval.pipeline import DEFAULT_RERANK_K, SearchPipeline
+    from twotower.retrieval.pipeline import SearchPipeline
+    from twotower.retrieval.rerank import DEFAULT_RERANK_K
 
     pipe = SearchPipeline.load(args.index, args.model, reranker=args.reranker, use_default_reranker=not args.no_rerank,
                                fallback_reranker="default" if args.rerank else None)  # --rerank: the index's, else ours

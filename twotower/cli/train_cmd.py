@@ -134,7 +134,9 @@ def register(subparsers) -> None:
     p.add_argument("--group-size", type=int, default=8, help="listwise: 1 positive + N-1 negatives")
     p.add_argument("--batch-size", type=int, default=4, help="groups (listwise) or pairs (pointwise) per step")
     p.add_argument("--max-length", type=int, default=256)
-    p.add_argument("--dev-rerank-k", type=int, default=100)
+    p.add_argument("--dev-rerank-k", type=int, default=None,
+                   help="first-stage depth each dev evaluation reranks, where the interpolation weight is chosen "
+                        "(default 20: search's --rerank-k default)")
     p.add_argument("--collapse-std", type=float, default=1e-3)
     p.add_argument("--head-pooling", choices=["cls", "mean"], default="cls",
                    help="what a fresh relevance head reads: the [CLS] pooler (loads in transformers and "
@@ -341,12 +343,17 @@ def _windows(args) -> tuple[int | None, int | None, int | None]:
 
 def run_reranker(args) -> int:
     _check_out(args.out)
+    from twotower.retrieval.rerank import DEFAULT_RERANK_K
     from twotower.retrieval.training.train_reranker import RerankerTrainConfig, train_reranker
+
+    if args.dev_rerank_k is not None and args.dev_rerank_k < 1:
+        raise ValueError(f"--dev-rerank-k {args.dev_rerank_k}: give a positive number of first-stage candidates")
 
     cfg = RerankerTrainConfig(
         model=args.model, pairs=args.pairs, first_stage=args.first_stage, loss=args.loss,
         group_size=args.group_size, batch_size=args.batch_size, max_length=args.max_length, lr=args.lr or 3e-5,
-        dev_rerank_k=args.dev_rerank_k, collapse_std=args.collapse_std, head_pooling=args.head_pooling,
+        dev_rerank_k=DEFAULT_RERANK_K if args.dev_rerank_k is None else args.dev_rerank_k,
+        collapse_std=args.collapse_std, head_pooling=args.head_pooling,
         trainable_layers=args.trainable_layers, teacher=_teacher(args.teacher, args), distill_weight=args.distill_weight,
         teacher_bm25=_teacher_bm25(args), residual=_residual(args), passage_window=_windows(args)[0],
         passage_stride=_windows(args)[1], max_windows=_windows(args)[2], window_choice=args.window_choice,

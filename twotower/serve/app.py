@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from twotower import __version__
 from twotower.indexing.filters import FilterError, parse_filter
 from twotower.retrieval.hit import Hit
-from twotower.retrieval.pipeline import DEFAULT_RERANK_K
+from twotower.retrieval.rerank import DEFAULT_RERANK_K
 from twotower.serve.auth import Access
 from twotower.serve.batcher import ModelOwner, SearchParams
 from twotower.serve.errors import ApiError, install_handlers

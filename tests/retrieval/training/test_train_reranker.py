@@ -319,8 +319,9 @@ def test_cli_head_pooling_mean_reaches_the_checkpoint(tmp_path, capsys):
     (["--passage-window", "4", "--passage-stride", "5"], "--passage-stride 5: give 1 to --passage-window"),
     (["--passage-window", "46"], "--passage-window"),  # no room beside the query in --max-length 48
     (["--window-choice", "bm25"], "--window-choice bm25 picks a window of each document: add --passage-window"),
+    (["--dev-rerank-k", "0"], "--dev-rerank-k 0: give a positive number"),
 ])
-def test_cli_window_flags_are_checked(tmp_path, capsys, flags, message):
+def test_cli_window_and_dev_flags_are_checked(tmp_path, capsys, flags, message):
     from twotower.cli import main
 
     rc = main(["train", "reranker", "--model", tiny_model_dir(0.2), "--pairs", tiny_beir_dir(), "--out",
@@ -613,3 +614,25 @@ def test_window_choice_bm25_trains_on_bm25s_best_window_of_each_document(tmp_pat
         _cfg(tmp_path, pairs=data, window_choice="bm25")  # no windows to choose from
     with pytest.raises(ValueError, match="window_choice='best'"):
         _cfg(tmp_path, pairs=data, passage_window=4, window_choice="best")
+
+
+def test_dev_depth_defaults_to_the_search_depth(tmp_path, capsys, monkeypatch):
+    """The interpolation weight is chosen at the dev depth and used at search's rerank_k: by default they agree,
+    from Python and from `twotower train reranker` without --dev-rerank-k (which once chose it at 100)."""
+    from twotower.cli import main
+    from twotower.retrieval.rerank import DEFAULT_RERANK_K
+    from twotower.retrieval.training import train_reranker as module
+
+    assert RerankerTrainConfig(model="m", pairs="p", out="o").dev_rerank_k == DEFAULT_RERANK_K
+    seen = []
+
+    def capture(cfg):
+        seen.append(cfg.dev_rerank_k)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(module, "train_reranker", capture)
+    for extra in ([], ["--dev-rerank-k", "7"]):
+        with pytest.raises(SystemExit):
+            main(["train", "reranker", "--model", tiny_model_dir(0.2), "--pairs", tiny_beir_dir(), "--out",
+                  str(tmp_path / f"rr{len(extra)}"), "--no-progress", *extra])
+    assert seen == [DEFAULT_RERANK_K, 7]
