@@ -381,6 +381,46 @@ def test_relative_links_resolve() -> None:
     assert not broken, broken
 
 
+def heading_anchors(page: Path) -> set[str]:
+    """The #fragments GitHub gives a page's headings: lower case, punctuation dropped, spaces to hyphens,
+    a repeated heading suffixed -1, -2 ... (headings inside code fences do not count)."""
+    anchors: set[str] = set()
+    fenced = False
+    for line in page.read_text(encoding="utf-8").splitlines():
+        if re.match(r"^\s*```", line):
+            fenced = not fenced
+        heading = None if fenced else re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if heading:
+            slug = re.sub(r"[^\w\- ]", "", heading.group(1).lower()).replace(" ", "-")
+            anchor, n = slug, 0
+            while anchor in anchors:
+                n += 1
+                anchor = f"{slug}-{n}"
+            anchors.add(anchor)
+    return anchors
+
+
+def test_heading_anchors_follow_github() -> None:
+    page = ROOT / "docs" / "results.md"
+    anchors = heading_anchors(page)
+    assert "training-on-bm25s-window" in anchors  # "### Training on BM25's window": the apostrophe goes
+    assert "the-classic-collections-a-scifact-reranker-elsewhere-and-cross-validation-by-query" in anchors
+
+
+def test_link_fragments_name_a_heading() -> None:
+    """A link to page#section breaks silently when the heading is renamed; this names the link."""
+    broken = []
+    for page in [*PAGES, ROOT / "CHANGELOG.md"]:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text(encoding="utf-8")):
+            path, _, fragment = target.partition("#")
+            if re.match(r"^[a-z]+:", target) or not fragment:
+                continue
+            linked = (page.parent / path).resolve() if path else page
+            if linked.suffix == ".md" and linked.exists() and fragment not in heading_anchors(linked):
+                broken.append(f"{page.relative_to(ROOT)} -> {target}")
+    assert not broken, broken
+
+
 def _cli_tree() -> list[str]:
     """'search', 'index build', 'train dual' ...: every command and action the parser offers."""
     import argparse
