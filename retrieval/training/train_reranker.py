@@ -181,6 +181,9 @@ class RerankerTrainConfig(TrainSettings):
             raise ValueError(f"loss={self.loss!r}; choose one of {LOSSES}")
         if self.head_pooling not in ("cls", "mean"):
             raise ValueError(f"head_pooling={self.head_pooling!r}; choose 'cls' or 'mean'")
+        if self.dev_rerank_k < 1:
+            raise ValueError(f"dev_rerank_k={self.dev_rerank_k}: give a positive number of first-stage candidates "
+                             "(--dev-rerank-k)")
         if self.loss == "listwise" and self.group_size < 2:
             raise ValueError("listwise groups need at least one negative: group_size >= 2")
         if self.teacher is None and (self.mine == "dense" or self.first_stage == "dense"):

@@ -624,6 +624,8 @@ def test_dev_depth_defaults_to_the_search_depth(tmp_path, capsys, monkeypatch):
     from twotower.retrieval.training import train_reranker as module
 
     assert RerankerTrainConfig(model="m", pairs="p", out="o").dev_rerank_k == DEFAULT_RERANK_K
+    with pytest.raises(ValueError, match="dev_rerank_k=0: give a positive number"):
+        RerankerTrainConfig(model="m", pairs="p", out="o", dev_rerank_k=0)
     seen = []
 
     def capture(cfg):
