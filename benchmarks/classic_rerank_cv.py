@@ -125,15 +125,13 @@ def write_title_pairs(docs: Mapping, work: str, titles: int | None, seed: int) -
 
     titles: documents whose titles become queries (None: the demo recipe's `TITLES`).
     """
+    from twotower.common.atomic import atomic_write_text
     from twotower.retrieval.training.demo_reranker import TITLES, title_abstract_pairs
 
     os.makedirs(work, exist_ok=True)
     corpus, pairs = os.path.join(work, "corpus.titled.jsonl"), os.path.join(work, "pairs.jsonl")
-    with open(corpus, "w", encoding="utf-8") as f:
-        for i, d in docs.items():
-            view = titled_view(i, d.title, d.text)
-            if view is not None:
-                f.write(json.dumps(view, ensure_ascii=False) + "\n")
+    views = (titled_view(i, d.title, d.text) for i, d in docs.items())
+    atomic_write_text(corpus, "".join(json.dumps(v, ensure_ascii=False) + "\n" for v in views if v is not None))
     return pairs, title_abstract_pairs(corpus, pairs, queries=TITLES if titles is None else titles, seed=seed)
 
 
@@ -387,8 +385,14 @@ def main() -> None:
         return
     if not args.collection:
         ap.error("--collection is required for a fold run")
-    if args.start not in ("base", "default") and not os.path.isfile(os.path.join(args.start, "config.json")):
-        ap.error(f"--start {args.start}: not base, default or a reranker directory (no config.json there)")
+    if args.start != "base":
+        from twotower.cli import CLIError
+        from twotower.cli.checks import reranker_directory
+
+        try:
+            reranker_directory("--start", args.start)
+        except CLIError as exc:
+            ap.error(str(exc))
     report = run_fold(args)
     print(json.dumps({k: report[k] for k in ("collection", "fold", "first_stage", "interpolation_alpha", "ndcg@10",
                                              "seconds")}, indent=1))

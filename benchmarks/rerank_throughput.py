@@ -83,13 +83,7 @@ def int8_row(ce_dir: str, pairs: list[tuple[str, str]], batch_size: int, repeats
         q.model = torch.ao.quantization.quantize_dynamic(q.model, linears, dtype=torch.qint8)
     runners = {"fp32": lambda: fp32.predict(pairs, batch_size=batch_size),
                "int8": lambda: q.predict(pairs, batch_size=batch_size)}
-    for fn in runners.values():
-        fn()
-    seconds, scores = {name: [] for name in runners}, {}
-    for _ in range(repeats):
-        for name, fn in runners.items():
-            s, scores[name] = timed(fn, 1)
-            seconds[name].append(s)
+    seconds, scores = alternate(runners, repeats)
     ranks = [np.argsort(np.argsort(scores[name])) for name in runners]
     return {"precision": "int8 (dynamic)", "library": "ours",
             "pairs_per_s": round(len(pairs) / statistics.median(seconds["int8"]), 1),
@@ -105,6 +99,20 @@ def timed(fn, repeats: int) -> tuple[float, np.ndarray]:
         out = fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times), np.asarray(out, dtype=np.float32)
+
+
+def alternate(runners: dict, repeats: int) -> tuple[dict[str, list[float]], dict[str, np.ndarray]]:
+    """Each runner's seconds over `repeats` passes and its last scores; one warm-up call each first (first-call
+    allocations, the bf16 copy, oneDNN's kernel choice), then the runners alternate, so a noisy neighbour
+    hits them alike."""
+    for fn in runners.values():
+        fn()
+    seconds, scores = {name: [] for name in runners}, {}
+    for _ in range(repeats):
+        for name, fn in runners.items():
+            s, scores[name] = timed(fn, 1)
+            seconds[name].append(s)
+    return seconds, scores
 
 
 def main() -> None:
@@ -157,14 +165,7 @@ def main() -> None:
             "sentence-transformers": lambda theirs=theirs: theirs.predict(pairs, batch_size=args.batch_size,
                                                                           show_progress_bar=False),
         }
-        for fn in runners.values():  # warm-up: first-call allocations, the bf16 copy, oneDNN kernel choice
-            fn()
-        seconds = {name: [] for name in runners}
-        scores = {}
-        for _ in range(args.repeats):  # alternate, so a noisy neighbour hits both alike
-            for name, fn in runners.items():
-                s, scores[name] = timed(fn, 1)
-                seconds[name].append(s)
+        seconds, scores = alternate(runners, args.repeats)
         peak = matmul_peak(torch.bfloat16 if bf16 else torch.float32)
         diff = float(np.abs(scores["ours"] - scores["sentence-transformers"]).max())
         for name in runners:
@@ -178,14 +179,15 @@ def main() -> None:
     if args.int8:
         results["int8"] = int8_row(ce_dir, pairs, args.batch_size, args.repeats)
         print(json.dumps(results["int8"]), flush=True)
-    print(f"{lengths.mean():.0f} tokens a pair on average; GFLOP a pair: ours {flops['ours'] / len(pairs) / 1e9:.2f}, "
-          f"sentence-transformers {flops['sentence-transformers'] / len(pairs) / 1e9:.2f}")
+    per_pair = results["gflop_per_pair"]
+    print(f"{lengths.mean():.0f} tokens a pair on average; GFLOP a pair: ours {per_pair['ours']:.2f}, "
+          f"sentence-transformers {per_pair['sentence-transformers']:.2f}")
     print("| precision | ours pairs/s | sentence-transformers pairs/s | ratio | ours GFLOP/s | theirs GFLOP/s "
           "| 2x needs GFLOP/s | matmul peak | max |score diff| |")
     print("|---|---|---|---|---|---|---|---|---|")
     for precision in precisions:
         o, t = [r for r in results["rows"] if r["precision"] == precision]
-        needed = 2 * t["pairs_per_s"] * flops["ours"] / len(pairs) / 1e9
+        needed = 2 * t["pairs_per_s"] * per_pair["ours"]
         print(f"| {precision} | {o['pairs_per_s']} | {t['pairs_per_s']} | {o['pairs_per_s'] / t['pairs_per_s']:.2f}x "
               f"| {o['gflop_s']:.0f} | {t['gflop_s']:.0f} | {needed:.0f} | {o['matmul_peak_gflop_s']:.0f} "
               f"| {o['max_abs_score_diff_vs_other']:.2g} |")

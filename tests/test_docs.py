@@ -381,6 +381,7 @@ def test_relative_links_resolve() -> None:
     assert not broken, broken
 
 
+@cache
 def heading_anchors(page: Path) -> set[str]:
     """The #fragments GitHub gives a page's headings: lower case, punctuation dropped, spaces to hyphens,
     a repeated heading suffixed -1, -2 ... (headings inside code fences do not count)."""

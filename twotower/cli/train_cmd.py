@@ -346,9 +346,6 @@ def run_reranker(args) -> int:
     from twotower.retrieval.rerank import DEFAULT_RERANK_K
     from twotower.retrieval.training.train_reranker import RerankerTrainConfig, train_reranker
 
-    if args.dev_rerank_k is not None and args.dev_rerank_k < 1:
-        raise ValueError(f"--dev-rerank-k {args.dev_rerank_k}: give a positive number of first-stage candidates")
-
     cfg = RerankerTrainConfig(
         model=args.model, pairs=args.pairs, first_stage=args.first_stage, loss=args.loss,
         group_size=args.group_size, batch_size=args.batch_size, max_length=args.max_length, lr=args.lr or 3e-5,

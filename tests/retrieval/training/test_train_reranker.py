@@ -319,7 +319,7 @@ def test_cli_head_pooling_mean_reaches_the_checkpoint(tmp_path, capsys):
     (["--passage-window", "4", "--passage-stride", "5"], "--passage-stride 5: give 1 to --passage-window"),
     (["--passage-window", "46"], "--passage-window"),  # no room beside the query in --max-length 48
     (["--window-choice", "bm25"], "--window-choice bm25 picks a window of each document: add --passage-window"),
-    (["--dev-rerank-k", "0"], "--dev-rerank-k 0: give a positive number"),
+    (["--dev-rerank-k", "0"], "dev_rerank_k=0: give a positive number of first-stage candidates (--dev-rerank-k)"),
 ])
 def test_cli_window_and_dev_flags_are_checked(tmp_path, capsys, flags, message):
     from twotower.cli import main
