@@ -385,14 +385,8 @@ def main() -> None:
         return
     if not args.collection:
         ap.error("--collection is required for a fold run")
-    if args.start != "base":
-        from twotower.cli import CLIError
-        from twotower.cli.checks import reranker_directory
-
-        try:
-            reranker_directory("--start", args.start)
-        except CLIError as exc:
-            ap.error(str(exc))
+    if args.start not in ("base", "default") and not os.path.isfile(os.path.join(args.start, "config.json")):
+        ap.error(f"--start {args.start}: not base, default or a reranker directory (no config.json there)")
     report = run_fold(args)
     print(json.dumps({k: report[k] for k in ("collection", "fold", "first_stage", "interpolation_alpha", "ndcg@10",
                                              "seconds")}, indent=1))
