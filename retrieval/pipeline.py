@@ -629,6 +629,20 @@ class SearchPipeline:
             raise ValueError(f"rerank_alpha must be in [0, 1], got {alpha}")
         return alpha
 
+    def rerank_alpha_chosen_over(self, hybrid: bool = False) -> str | None:
+        """The first stage over whose dev ranking the stored weight a search uses was chosen: "hybrid" or
+        "dense" when the reranker stored one for this search's first stage, else the one(s) it stored
+        (e.g. "bm25": `twotower train reranker` without a teacher), else None (not recorded).
+
+        Why: a weight suits the first stage it was chosen over; a caller can tell its user when a search
+        applies one chosen over another (`twotower search` does).
+        """
+        table = getattr(self.reranker, "interpolation_by_first_stage", None) or {}
+        want = "hybrid" if hybrid else "dense"
+        if want in table:
+            return want
+        return "/".join(sorted(table)) or None
+
     def _documents(self, candidates: list[list[Candidate]], rows: bool = False) -> dict[str, Document | None]:
         """The documents of all queries' candidates, each read once (`rows`: their best passages' rows)."""
         if rows:

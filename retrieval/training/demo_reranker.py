@@ -165,6 +165,10 @@ def train_demo_reranker(
                 "layers": layers, "trainable_layers": trainable_layers, "head_pooling": head_pooling,
                 "group_size": group_size, "batch_size": batch_size, "max_length": max_length,
                 "lr": lr, "seed": seed, "evals": evals}
+    if first_stage is None and teacher is not None:
+        first_stage = "dense"  # as RerankerTrainConfig resolves it, so that the cache key says what dev reranked
+    if first_stage == "bm25" and teacher is None:
+        first_stage = None  # the default without a teacher: older caches keep their key
     if teacher is not None or mine != "bm25" or first_stage is not None:  # older caches keep their key
         settings.update(teacher=os.path.abspath(teacher) if teacher else None, distill_weight=distill_weight,
                         mine=mine, first_stage=first_stage)

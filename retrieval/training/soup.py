@@ -29,7 +29,7 @@ import torch
 
 from twotower.encoder.training.run_log import RunLog
 from twotower.retrieval.export import TRAINING_ARGS, write_model_dir, write_training_args
-from twotower.retrieval.interpolation import ALPHA_FILE
+from twotower.retrieval.interpolation import ALPHA_FILE, read_first_stage_alphas
 
 WEIGHTS = "model.safetensors"
 # Settings the runs must share: they make the dev split the soup is scored on, the start, and how documents
@@ -203,11 +203,10 @@ def soup_rerankers(runs: Sequence[str], out: str, progress: bool = True) -> Soup
         alone = dev_metrics(reranked, qrels)["ndcg@10"]
         alpha, curve = choose_alpha(reranked, first, qrels)
         write_dev_alpha(tmp, cfg, alpha, curve, len(dev))
-        by_first = {}
         if dense is not None:  # the hybrid's weight too, as the trainer stores it
-            hybrid = hybrid_alpha(cfg, tmp, device, dev, corpus, dense, TrainingRun(tmp, enabled=False),
-                                  known=reranked, docs=docs)
-            by_first = {"dense": alpha, "hybrid": hybrid}
+            hybrid_alpha(cfg, tmp, device, dev, corpus, dense, TrainingRun(tmp, enabled=False), known=reranked,
+                         docs=docs)
+        by_first = read_first_stage_alphas(tmp)  # as stored: {"bm25": ..}, or {"dense": .., "hybrid": ..}
         ingredients = [_ingredient(c, a) for c, a in zip(checkpoints, args)]
         write_training_args(tmp, {**args[0], "out": out, "soup_of": [i["checkpoint"] for i in ingredients],
                                   "ingredients": ingredients, "step": None, "dev_ndcg@10": alone})

@@ -86,8 +86,11 @@ class RerankerTrainConfig(TrainSettings):
     out: the run directory (`twotower.retrieval.training.training_run`).
     mine: without `negatives`, "bm25" (or "dense": the teacher's ranking) mines ranks `mine_ranks` for the
         listwise groups (None: no mining).
-    first_stage: TREC run covering the dev queries (their top-k is reranked at evaluation);
-        None = BM25 over the corpus; "dense" = the teacher's ranking.
+    first_stage: what dev reranks, where the checkpoint and the interpolation weight are chosen: "bm25" (BM25
+        over the corpus), "dense" (the teacher's ranking) or a TREC run covering the dev queries. None (the
+        default): "dense" when there is a teacher, else "bm25". Why the teacher's ranking by default: the
+        weight is applied over the first stage `twotower search` reranks, which is dense; a teacher that is
+        the user's index ranks dev exactly as their searches will.
     loss: "listwise" (group_size = 1 positive + group_size-1 negatives) or "pointwise" (BCE on pairs).
     batch_size: groups per step (listwise) or pairs per step (pointwise).
     head_pooling: what a fresh relevance head reads: "cls" (the [CLS] pooler, the layout transformers and
@@ -186,6 +189,11 @@ class RerankerTrainConfig(TrainSettings):
                              "(--dev-rerank-k)")
         if self.loss == "listwise" and self.group_size < 2:
             raise ValueError("listwise groups need at least one negative: group_size >= 2")
+        if self.first_stage is None:
+            self.first_stage = "dense" if self.teacher else "bm25"
+        if self.first_stage not in ("bm25", "dense") and not os.path.isfile(self.first_stage):
+            raise ValueError(f"first_stage={self.first_stage!r}: no such file; give a TREC run of the dev queries, "
+                             "'bm25' or 'dense' (the teacher's ranking) (--first-stage)")
         if self.teacher is None and (self.mine == "dense" or self.first_stage == "dense"):
             raise ValueError("mine='dense' and first_stage='dense' rank with the teacher: give teacher (--teacher DIR)")
         if self.distill_weight < 0:
@@ -277,12 +285,12 @@ def _looks_like_pairs(path: str) -> bool:
 
 def first_stage_run(cfg: RerankerTrainConfig, dev: Sequence[TrainExample], corpus: dict[str, str],
                     k: int, dense: DenseRetriever | None = None) -> dict[str, dict[str, float]]:
-    """The dev queries' first-stage candidates: from `cfg.first_stage` (TREC run), the teacher's ranking
-    (``first_stage="dense"``, `dense`) or BM25."""
+    """The dev queries' first-stage candidates: BM25's, the teacher's ranking (``first_stage="dense"``, `dense`)
+    or a TREC run's (`cfg.first_stage` a path)."""
     if cfg.first_stage == "dense":
         hits = dense([e.query for e in dev], k)
         return {e.query_id: dict(h) for e, h in zip(dev, hits)}
-    if cfg.first_stage:
+    if cfg.first_stage != "bm25":
         from twotower.eval.io.trec import read_trec_run
 
         run = read_trec_run(cfg.first_stage)
@@ -332,10 +340,15 @@ def reranker_documents(cfg: RerankerTrainConfig, corpus: dict[str, str],
 def write_dev_alpha(directory: str, cfg: RerankerTrainConfig, alpha: float, curve: Mapping[float, float],
                     dev_queries: int) -> None:
     """Store the rerank/first-stage mix that was best on dev for the checkpoint in `directory`, with its curve
-    (`twotower.retrieval.interpolation`)."""
-    write_alpha(directory, alpha,
+    (`twotower.retrieval.interpolation`).
+
+    The weight is also filed under its first stage ("bm25" or "dense"; a TREC run's kind is unknown), so that a
+    search over another first stage can tell it was not chosen there (`SearchPipeline.rerank_alpha_chosen_over`).
+    """
+    named = cfg.first_stage if cfg.first_stage in ("bm25", "dense") else None
+    write_alpha(directory, alpha, {named: alpha} if named else None,
                 chosen_on=f"dev nDCG@10 of the first stage's top-{cfg.dev_rerank_k} ({dev_queries} "
-                          f"queries, first stage {cfg.first_stage or 'bm25'})",
+                          f"queries, first stage {cfg.first_stage})",
                 **{"dev_ndcg@10_by_alpha": {str(a): v for a, v in curve.items()}})
 
 
@@ -566,7 +579,7 @@ def train_reranker(cfg: RerankerTrainConfig) -> RerankerTrainResult:
     first = first_stage_run(cfg, dev, corpus, cfg.dev_rerank_k, dense=teacher.dense if teacher else None)
     dev_queries, dev_qrels = queries_of(dev), qrels_of(dev)
     first_score = dev_metrics(first, dev_qrels)["ndcg@10"]
-    run.log("first_stage", source=cfg.first_stage or "bm25", dev_ndcg10=first_score)
+    run.log("first_stage", source=cfg.first_stage, dev_ndcg10=first_score)
 
     opt = make_head_optimizer(model, cfg.lr, cfg.weight_decay, cfg.head_lr_scale)
     params = [p for p in model.parameters() if p.requires_grad]

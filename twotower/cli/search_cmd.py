@@ -77,6 +77,17 @@ def read_queries(path: str) -> list[tuple[str, str]]:
     return list(queries.items())
 
 
+def _note_weight_origin(pipe, hybrid: bool) -> None:
+    """Tell the user (stderr) when the reranker's stored weight was chosen over another first stage than this
+    search's: e.g. a reranker trained without --teacher chose it over BM25, and this search ranks with dense."""
+    want = "hybrid" if hybrid else "dense"
+    chosen = pipe.rerank_alpha_chosen_over(hybrid)
+    if chosen is not None and chosen != want:
+        print(f"note: the reranker's weight {pipe.rerank_alpha(None, hybrid=hybrid):g} was chosen over {chosen}'s "
+              f"ranking of its dev queries, and this search's first stage is {want}; --rerank-alpha overrides it, "
+              "and `twotower train reranker --teacher INDEX` chooses it over your index's ranking", file=sys.stderr)
+
+
 def _table(query: str, hits: list, reranked: bool, width: int = 100) -> str:
     """One query's hits as labeled columns: final score, and when reranked the first stage's rank and
     score next to the cross-encoder's raw score (``-`` below the reranked depth)."""
@@ -150,6 +161,8 @@ def run_search(args: argparse.Namespace) -> int:
         reranked = pipe.reranker is not None and not args.no_rerank
         skipped = reranked and pipe.rerank_alpha(args.rerank_alpha, hybrid=args.hybrid) == 0.0  # the pipeline skips the cross-encoder
         reranked = reranked and not skipped
+        if pipe.reranker is not None and not args.no_rerank and args.rerank_alpha is None:
+            _note_weight_origin(pipe, args.hybrid)
         recall = min(args.recall_k, len(pipe))  # the first stage cannot return more than the index holds
         results = []
         show = not args.no_progress and len(items) > QUERY_BATCH

@@ -128,8 +128,10 @@ def register(subparsers) -> None:
                         "continue the reranker twotower ships on your labels")
     p.add_argument("--pairs", required=True, metavar="FILE(.tsv|.jsonl)|BEIR_DIR")
     _common(p, mine=("bm25", "dense", "none"))
-    p.add_argument("--first-stage", default=None, metavar="RUN|dense",
-                   help="TREC run of the dev queries, or 'dense' (the --teacher's ranking; default BM25)")
+    p.add_argument("--first-stage", default=None, metavar="bm25|dense|RUN",
+                   help="what dev reranks, where the checkpoint and the interpolation weight search applies are "
+                        "chosen: BM25's ranking, the --teacher's (the default with --teacher: search reranks a "
+                        "dense index's), or a TREC run of the dev queries (default: dense with --teacher, else bm25)")
     p.add_argument("--loss", choices=["listwise", "pointwise"], default="listwise")
     p.add_argument("--group-size", type=int, default=8, help="listwise: 1 positive + N-1 negatives")
     p.add_argument("--batch-size", type=int, default=4, help="groups (listwise) or pairs (pointwise) per step")
@@ -207,8 +209,9 @@ def register(subparsers) -> None:
     p.add_argument("--residual", action="store_true", help=RESIDUAL_HELP)
     p.add_argument("--mine", choices=["bm25", "dense"], default="bm25",
                    help="labeled claims: mine negatives with BM25 or the --teacher's ranking")
-    p.add_argument("--first-stage", choices=["bm25", "dense"], default="bm25",
-                   help="what dev reranks to choose the checkpoint and weight: BM25's or the --teacher's top 20")
+    p.add_argument("--first-stage", choices=["bm25", "dense"], default=None,
+                   help="what dev reranks to choose the checkpoint and weight: BM25's or the --teacher's top 20 "
+                        "(default: dense with --teacher, else bm25)")
     p.add_argument("--dev-by", choices=["query", "document"], default="query",
                    help="carve dev by claim, or by document: no dev claim's evidence is a training claim's")
     _window_flags(p)
@@ -446,9 +449,8 @@ def run_demo(args) -> int:
           if v is not None}
     if args.passage_window is not None:
         kw.update(max_windows=_windows(args)[2], window_choice=args.window_choice)  # max_windows None: every window
-    if args.teacher is not None or args.mine != "bm25" or args.first_stage != "bm25":
-        kw.update(distill_weight=args.distill_weight, mine=args.mine,
-                  first_stage=None if args.first_stage == "bm25" else args.first_stage)
+    if args.teacher is not None or args.mine != "bm25" or args.first_stage is not None:
+        kw.update(distill_weight=args.distill_weight, mine=args.mine, first_stage=args.first_stage)
     claims = None if args.claims.lower() == "none" else args.claims
     path = train_demo_reranker(args.out, model=args.model, corpus=args.corpus, claims=claims, seed=args.seed,
                                progress=not args.no_progress, **kw)

@@ -38,6 +38,10 @@ def test_listwise_training_writes_the_run(tmp_path):
     for name in ("best/config.json", "best/training_args.json", "dev_ndcg.png", "summary.json", "negatives.jsonl"):
         assert os.path.exists(os.path.join(out, name)), name
     assert res.stopped_by == "steps" and 0 <= res.first_stage_score <= 1
+    # the weight is filed under the first stage it was chosen over (BM25 without a teacher)
+    from twotower.retrieval.interpolation import read_alpha, read_first_stage_alphas
+
+    assert read_first_stage_alphas(res.best_dir) == {"bm25": read_alpha(res.best_dir)}
     # The best checkpoint is a reranker directory: training continues from it with its head.
     again = load_reranker(_cfg(tmp_path, model=res.best_dir), device="cpu")
     assert again.classifier.weight.abs().sum() > 0
@@ -240,6 +244,21 @@ def test_demo_reranker_titles_sets_how_many_title_pairs_and_is_part_of_the_cache
     assert settings["dev_seed"] == 1 and json.load(open(os.path.join(out, "best", "training_args.json")))["dev_seed"] == 1
 
 
+def test_demo_reranker_with_a_teacher_chooses_on_its_ranking_and_keys_the_cache_by_it(tmp_path):
+    """With a teacher and no first stage, dev reranks the teacher's ranking, and the cache key says so: an
+    explicit BM25 first stage is another run, trained again, not a cached one chosen over something else."""
+    from twotower.retrieval.training import demo_reranker
+
+    corpus = _titled_corpus(tmp_path)
+    out = str(tmp_path / "demo")
+    kw = dict(model=tiny_model_dir(0.2), corpus=corpus, claims=None, titles=20, steps=1, layers=1, progress=False,
+              teacher=tiny_model_dir(), distill_weight=0.0)
+    for first_stage, want in ((None, "dense"), ("bm25", "bm25"), ("dense", "dense")):
+        demo_reranker.train_demo_reranker(out, first_stage=first_stage, **kw)
+        assert json.load(open(os.path.join(out, demo_reranker.MARKER)))["settings"]["first_stage"] == want
+        assert [r["source"] for r in _log(out) if r["event"] == "first_stage"][-1] == want
+
+
 def test_demo_reranker_trains_on_labeled_claims(tmp_path):
     """With a claims file the demo reranker learns from (claim, evidence id) pairs, negatives mined by BM25."""
     import gzip
@@ -358,6 +377,18 @@ def test_dense_mining_and_first_stage_need_a_teacher(tmp_path):
         _cfg(tmp_path, first_stage="dense")
 
 
+def test_dev_first_stage_defaults_to_the_teachers_ranking(tmp_path):
+    """Without --first-stage, dev reranks the teacher's ranking when there is a teacher (what searches over a
+    dense index rerank), else BM25's; an explicit choice stands; a run file that is not there is refused first."""
+    assert _cfg(tmp_path).first_stage == "bm25"
+    teacher = tiny_model_dir()
+    assert _cfg(tmp_path, teacher=teacher).first_stage == "dense"
+    assert _cfg(tmp_path, teacher=teacher, first_stage="bm25").first_stage == "bm25"
+    missing = str(tmp_path / "dev.trec")
+    with pytest.raises(ValueError, match=r"first_stage='.*dev.trec': no such file; .*\(--first-stage\)"):
+        _cfg(tmp_path, first_stage=missing)
+
+
 def test_teacher_logits_are_scaled_inner_products(tmp_path):
     from twotower.retrieval.dual_encoder import DualEncoder
     from twotower.retrieval.training.train_reranker import Teacher
@@ -443,8 +474,8 @@ def test_distillation_run_mines_densely_and_ends_nearer_the_teacher(tmp_path):
     kls = {}
     for weight in (0.0, 100.0):  # 100: the labels hardly count
         cfg = _cfg(tmp_path, out=str(tmp_path / f"w{weight}"), pairs=beir, dev_size=2, batch_size=6, max_steps=60,
-                   eval_every=60, eval_at_start=False, teacher=teacher_dir, mine="dense", first_stage="dense",
-                   distill_weight=weight)
+                   eval_every=60, eval_at_start=False, teacher=teacher_dir, mine="dense",
+                   distill_weight=weight)  # no first_stage: the teacher's ranking by default
         res = train_reranker(cfg)
         log = _log(cfg.out)
         assert [r["retriever"] for r in log if r["event"] == "mining"] == ["dense"]
