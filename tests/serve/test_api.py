@@ -137,6 +137,7 @@ def test_health_and_stats(index_template):
             assert s["model"]["fingerprint"] == ref.encoder.fingerprint() == s["index"]["encoder_fingerprint"]
             assert s["index"]["encoder_fingerprint"] == manifest_fp
         assert s["index"]["type"] == "Flat" and s["index"]["bm25"] is True
+        assert s["reranker"] == {"loaded": False, "source": None, "weights": {}}
         route = s["requests"]["routes"]["GET /search"]
         assert route["count"] == 4 and route["statuses"] == {"2xx": 3, "4xx": 1}
         assert 0 < route["p50_ms"] <= route["p95_ms"] <= route["p99_ms"] <= route["max_ms"] * 1.01
@@ -168,8 +169,11 @@ def test_a_reranker_with_weight_zero_is_skipped_and_not_reported_as_reranking(in
                                                                                tmp_path):
     zero = str(tmp_path / "ce-alpha0")
     shutil.copytree(reranker_dir, zero)
-    write_alpha(zero, 0.0)
+    write_alpha(zero, 0.0, {"bm25": 0.0})
     with client(index_template, reranker=zero) as c, _reference(index_template) as ref:
+        # /stats names the weight each first stage's searches apply and where it was chosen
+        assert stats(c)["reranker"]["weights"] == {"dense": {"alpha": 0.0, "chosen_over": "bm25"},
+                                                   "hybrid": {"alpha": 0.0, "chosen_over": "bm25"}}
         body = c.get("/search", params={"q": QUERIES[0], "k": 5, "recall_k": 20}).json()
         assert body["reranked"] is False  # the final ranking is the first stage's: no cross-encoder was run
         assert all(h["rerank_score"] is None for h in body["hits"])

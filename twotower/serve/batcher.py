@@ -147,6 +147,7 @@ class ModelOwner:
         self.encoder_describe: dict[str, Any] = {}  # DualEncoder.describe(), for writers' encoder check
         self.encoder_source: str | None = None
         self.reranker_loaded = False
+        self.rerank_weights: dict[str, dict[str, Any]] = {}  # {"dense"|"hybrid": {"alpha", "chosen_over"}}
         self.has_bm25 = False
         self._cond = threading.Condition()
         self._searches: deque[_SearchJob] = deque()
@@ -226,6 +227,10 @@ class ModelOwner:
             self.encoder_source = getattr(enc, "source", None)
             self.encoder = enc  # writers read its tokenizer (passages); its forwards stay in this thread
             self.reranker_loaded = self._pipe.reranker is not None
+            if self.reranker_loaded:  # the stored weight each first stage's searches apply, and where it was chosen
+                self.rerank_weights = {name: {"alpha": self._pipe.rerank_alpha(None, hybrid=hybrid),
+                                              "chosen_over": self._pipe.rerank_alpha_chosen_over(hybrid)}
+                                       for name, hybrid in (("dense", False), ("hybrid", True))}
             self.has_bm25 = self._pipe.store.manifest.bm25 is not None
             self._set_view()
             self.state = "ready"
