@@ -167,7 +167,7 @@ def soup_rerankers(runs: Sequence[str], out: str, progress: bool = True) -> Soup
         reranker_documents,
         write_dev_alpha,
     )
-    from twotower.retrieval.training.training_data import qrels_of, queries_of, split_dev
+    from twotower.retrieval.training.training_data import carve_dev, qrels_of, queries_of
     from twotower.retrieval.training.training_run import TrainingRun
 
     checkpoints = [checkpoint_of(r) for r in runs]
@@ -192,7 +192,7 @@ def soup_rerankers(runs: Sequence[str], out: str, progress: bool = True) -> Soup
         device = torch.device(cfg.device) if cfg.device else default_device()
         model = CrossEncoder.from_pretrained(tmp, device=device, max_length=cfg.max_length, bf16=cfg.bf16)
         data, _ = load_reranker_data(cfg)
-        _, dev = split_dev(data.examples, cfg.dev_fraction, cfg.dev_split_seed, cfg.dev_size, by=cfg.dev_by)
+        _, dev = carve_dev(data, cfg)
         corpus = data.corpus
         dense = Teacher(cfg, corpus, device).dense if cfg.first_stage == "dense" else None
         first = first_stage_run(cfg, dev, corpus, cfg.dev_rerank_k, dense=dense)

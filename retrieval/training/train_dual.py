@@ -49,10 +49,10 @@ from twotower.retrieval.training.negatives import add_mined_negatives, mine_nega
 from twotower.retrieval.training.training_data import (
     TrainExample,
     TrainingSet,
+    carve_dev,
     qrels_of,
     queries_of,
     read_training,
-    split_dev,
 )
 
 logger = logging.getLogger(__name__)
@@ -318,7 +318,7 @@ def train_dual(cfg: DualTrainConfig) -> DualTrainResult:
 
     dual = load_towers(cfg, device)  # first: a bad model directory fails before any data work
     data = load_training_data(cfg)
-    train, dev = split_dev(data.examples, cfg.dev_fraction, cfg.dev_split_seed, cfg.dev_size, by=cfg.dev_by)
+    train, dev = carve_dev(data, cfg)
     if cfg.mine and not cfg.freeze_documents:  # with a frozen corpus every document is a negative already
         train = mine_negatives(train, data.corpus, run, method=cfg.mine, ranks=cfg.mine_ranks,
                                num_negatives=max(cfg.hard_negatives * 4, 8), seed=cfg.seed, progress=cfg.progress)

@@ -56,13 +56,13 @@ from twotower.retrieval.training.training_data import (
     PairSet,
     TrainExample,
     TrainingSet,
+    carve_dev,
     pairs_from_training,
     qrels_of,
     queries_of,
     read_labeled_pairs,
     read_titles,
     read_training,
-    split_dev,
     titled_documents,
     training_from_pairs,
 )
@@ -554,7 +554,7 @@ def train_reranker(cfg: RerankerTrainConfig) -> RerankerTrainResult:
                                                     or default_stride(cfg.passage_window), cfg.max_windows),
                                       model.max_length)
     data, labeled = load_reranker_data(cfg)
-    train, dev = split_dev(data.examples, cfg.dev_fraction, cfg.dev_split_seed, cfg.dev_size, by=cfg.dev_by)
+    train, dev = carve_dev(data, cfg)
     corpus = data.corpus
     docs = reranker_documents(cfg, corpus, model)
     teacher = Teacher(cfg, corpus, device) if cfg.teacher else None

@@ -98,6 +98,8 @@ class PairSet:
     skipped: Skipped
     source: str
     max_label: float = 1.0
+    # query id -> "file:line" of its first pair, so that a skip names a line, not a generated id
+    where: dict[str, str] = field(default_factory=dict)
 
 
 def text_id(text: str) -> str:
@@ -334,6 +336,7 @@ def read_labeled_pairs(path: str, max_label: float | None = None) -> PairSet:
     corpus: dict[str, str] = {}
     skipped = Skipped()
     seen: dict[tuple[str, str], tuple[float, str]] = {}
+    first: dict[str, str] = {}
     pairs = []
     for query, qid, passage, did, label, where in rows:
         if not query.strip() or not passage.strip():
@@ -352,10 +355,11 @@ def read_labeled_pairs(path: str, max_label: float | None = None) -> PairSet:
             skipped.add("duplicate pairs", where)
             continue
         seen[key] = (label, where)
+        first.setdefault(qid, where)
         pairs.append(LabeledPair(qid, query, did, label))
     if not pairs:
         raise ValueError(f"{path}: no usable pair ({skipped.summary()})")
-    return PairSet(pairs, corpus, skipped, path, max_label=float(scale))
+    return PairSet(pairs, corpus, skipped, path, max_label=float(scale), where=first)
 
 
 def pairs_from_training(data: TrainingSet) -> PairSet:
@@ -377,7 +381,7 @@ def training_from_pairs(data: PairSet) -> TrainingSet:
     examples = []
     for qid, g in groups.items():
         if not g["pos"]:
-            skipped.add("queries with no positive", qid)
+            skipped.add("queries with no positive", data.where.get(qid, qid))
             continue
         pos = tuple(d for _, d in sorted(g["pos"], key=lambda x: -x[0]))
         examples.append(TrainExample(qid, g["query"], pos, tuple(d for _, d in g["neg"])))
@@ -388,6 +392,18 @@ def training_from_pairs(data: PairSet) -> TrainingSet:
 
 # ---- dev split ---------------------------------------------------------------------------------------
 DEV_SPLITS = ("query", "document")
+
+
+def carve_dev(data: TrainingSet, settings) -> tuple[list[TrainExample], list[TrainExample]]:
+    """`split_dev` of a training set with a run's settings (``dev_fraction``, ``dev_split_seed``, ``dev_size``,
+    ``dev_by``). A set it cannot split is refused naming its file and what was skipped from it: "2 queries"
+    is a puzzle when the file held ten and eight had no positive."""
+    try:
+        return split_dev(data.examples, settings.dev_fraction, settings.dev_split_seed, settings.dev_size,
+                         by=settings.dev_by)
+    except ValueError as exc:
+        skipped = f" (skipped: {data.skipped.summary()})" if data.skipped else ""
+        raise ValueError(f"{data.source}: {exc}{skipped}") from None
 
 
 def split_dev(

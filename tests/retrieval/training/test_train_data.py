@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 
 import pytest
 
@@ -90,11 +91,13 @@ def test_labeled_pairs_tsv_graded(tmp_path):
     path = _write(tmp_path / "p.tsv", [
         "query\tpassage\tlabel\n", "tea\tTea is a drink\t2\n", "tea\tCars\t0\n", "tea\tGreen tea\t1\n",
         "tea\tCars\t0\n",  # duplicate, same label
+        "cars\tCars\t0\n",  # a query with no positive: skipped, named by its first line
     ])
     data = read_labeled_pairs(path)
-    assert [p.label for p in data.pairs] == [2, 0, 1] and data.max_label == 2
+    assert [p.label for p in data.pairs] == [2, 0, 1, 0] and data.max_label == 2
     assert data.skipped.as_dict() == {"duplicate pairs": 1}
     grouped = training_from_pairs(data)
+    assert grouped.skipped.where["queries with no positive"] == [f"{path}:6"]
     ex = grouped.examples[0]
     assert [grouped.corpus[d] for d in ex.positives] == ["Tea is a drink", "Green tea"]  # best grade first
     assert [grouped.corpus[d] for d in ex.negatives] == ["Cars"]
@@ -111,6 +114,20 @@ def test_labeled_pairs_tsv_graded(tmp_path):
 def test_labeled_pairs_errors(tmp_path, rows, message):
     with pytest.raises(ValueError, match=message):
         read_labeled_pairs(_write(tmp_path / "x.tsv", rows))
+
+
+def test_a_set_too_small_for_dev_is_refused_naming_its_file_and_skips(tmp_path):
+    """Two queries in the file, one without a positive: the split's error says where and why only one is left."""
+    from types import SimpleNamespace
+
+    from twotower.retrieval.training.training_data import carve_dev
+
+    path = _write(tmp_path / "p.tsv", ["tea\tTea is a drink\t1\n", "cars\tCars\t0\n"])
+    data = training_from_pairs(read_labeled_pairs(path))
+    settings = SimpleNamespace(dev_fraction=0.1, dev_split_seed=0, dev_size=None, dev_by="query")
+    with pytest.raises(ValueError, match=re.escape(f"{path}: need at least 2 distinct queries to carve a dev split, "
+                                                   f"got 1 (skipped: 1 queries with no positive (e.g. {path}:2))")):
+        carve_dev(data, settings)
 
 
 def test_labeled_pairs_jsonl_and_max_label(tmp_path):
