@@ -171,8 +171,14 @@ class _FakePipeline:
         cls.instance = cls(reranker)
         return cls.instance
 
-    def search(self, queries, k=10, recall_k=100, rerank=True, hybrid=False, *, fetch_documents=True,
-               progress=False):
+    def rerank_alpha(self, override=None, hybrid=False):
+        return 1.0 if override is None else override
+
+    def rerank_alpha_chosen_over(self, hybrid=False):
+        return None
+
+    def search(self, queries, k=10, recall_k=100, rerank=True, hybrid=False, *, rerank_k=None, rerank_alpha=None,
+               fetch_documents=True, progress=False):
         self.calls.append(("search", len(queries), k, recall_k, rerank, hybrid, fetch_documents))
         out = []
         for q in queries:

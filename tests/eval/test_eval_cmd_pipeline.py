@@ -68,3 +68,38 @@ def test_index_mode_with_the_real_pipeline(tmp_path, capsys):
     report = json.loads((tmp_path / "rep" / "metrics.json").read_text())
     assert set(report["significance"]) == {"hybrid", "hybrid+rerank"}
     assert (tmp_path / "rep" / "recall_at_k.png").stat().st_size > 0
+    # a reranker without a stored weight: pure reranking of the top 20, recorded with the report
+    assert {k: report["settings"][k] for k in ("rerank_k", "rerank_alpha", "rerank_alpha_chosen_over")} == {
+        "rerank_k": 20, "rerank_alpha": 1.0, "rerank_alpha_chosen_over": None}
+
+    # --rerank-k / --rerank-alpha reach the reranked system: weight 0 over the top 5 is the hybrid's ranking;
+    # a weight chosen over BM25 (a reranker trained without --teacher) is applied and named on stderr
+    from twotower.retrieval.interpolation import write_alpha
+
+    write_alpha(str(tmp_path / "ce"), 0.3, {"bm25": 0.3})
+    base = argv[: argv.index("--out")] + ["--out", str(tmp_path / "rep2"), "--no-progress", "--json"]
+    assert main([*base, "--rerank-k", "5", "--rerank-alpha", "0"]) == 0
+    out = capsys.readouterr()
+    assert "chosen over" not in out.err
+    runs = {name: read_trec_run(tmp_path / "rep2" / "runs" / f"{name}.trec") for name in ("hybrid", "hybrid+rerank")}
+    assert all(list(runs["hybrid+rerank"][q]) == list(runs["hybrid"][q]) for q in queries)
+    settings = json.loads((tmp_path / "rep2" / "metrics.json").read_text())["settings"]
+    assert (settings["rerank_k"], settings["rerank_alpha"], settings["rerank_alpha_chosen_over"]) == (5, 0.0,
+                                                                                                      "--rerank-alpha")
+    assert main(base) == 0
+    assert "weight 0.3 was chosen over bm25's ranking" in capsys.readouterr().err
+    settings = json.loads((tmp_path / "rep2" / "metrics.json").read_text())["settings"]
+    assert (settings["rerank_alpha"], settings["rerank_alpha_chosen_over"]) == (0.3, "bm25")
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--rerank-k", "5"], "--rerank-k sets how the reranked system reranks: add --reranker DIR"),
+    (["--rerank-alpha", "0.5"], "--rerank-alpha sets how the reranked system reranks: add --reranker DIR"),
+    (["--reranker", "default", "--rerank-k", "500"], "--rerank-k (500) must be between 1 and --recall-k (100)"),
+    (["--reranker", "default", "--rerank-alpha", "1.5"], "--rerank-alpha must be between 0 and 1, got 1.5"),
+])
+def test_rerank_flags_are_checked_before_anything_loads(tmp_path, capsys, flags, message):
+    argv = ["eval", "--index", str(tmp_path / "no-index"), "--dataset", str(tmp_path / "no-beir"), "--out",
+            str(tmp_path / "rep"), *flags]
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from twotower.cli import CLIError
 from twotower.cli.checks import require_bm25, reranker_directory
+from twotower.cli.rerank_weight import print_weight_origin
 
 DEFAULT_METRICS = "ndcg@10,mrr@10,recall@100,map"
 REPORT_METRICS = (
@@ -53,6 +54,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     searched.add_argument("--reranker", help='cross-encoder directory, or "default" (the reranker twotower ships): '
                                              'adds a reranked system')
     searched.add_argument("--hybrid", action="store_true", help="add a hybrid (dense + BM25) system")
+    searched.add_argument("--rerank-k", type=int, default=None, metavar="N",
+                          help="with --reranker: candidates the cross-encoder scores (default 20, as search)")
+    searched.add_argument("--rerank-alpha", type=float, default=None, metavar="A",
+                          help="with --reranker: final = A * z(rerank) + (1 - A) * z(first stage); default: the "
+                               "weight stored with the reranker for this first stage")
     searched.add_argument("-k", "--k", type=int, default=100, help="documents kept per query (default 100)")
     searched.add_argument(
         "--recall-k", type=int, default=None, help="first-stage depth (default: max(k, 100))"
@@ -137,6 +143,13 @@ def _search_and_report(args: argparse.Namespace) -> int:
     recall_k = args.recall_k if args.recall_k is not None else max(args.k, 100)
     if recall_k < args.k:
         raise CLIError(f"--recall-k ({recall_k}) must be at least -k ({args.k})")
+    if (args.rerank_k is not None or args.rerank_alpha is not None) and not args.reranker:
+        flag = "--rerank-k" if args.rerank_k is not None else "--rerank-alpha"
+        raise CLIError(f"{flag} sets how the reranked system reranks: add --reranker DIR (or --reranker default)")
+    if args.rerank_k is not None and not 1 <= args.rerank_k <= recall_k:
+        raise CLIError(f"--rerank-k ({args.rerank_k}) must be between 1 and --recall-k ({recall_k})")
+    if args.rerank_alpha is not None and not 0.0 <= args.rerank_alpha <= 1.0:  # NaN fails too
+        raise CLIError(f"--rerank-alpha must be between 0 and 1, got {args.rerank_alpha}")
     specs = parse_metrics(args.metrics or ",".join(report_metrics))
     dataset = load_beir(args.dataset, args.split, corpus=False)
     queries = dataset.split_queries()
@@ -147,6 +160,7 @@ def _search_and_report(args: argparse.Namespace) -> int:
     if args.hybrid:
         require_bm25(args.index)
     from twotower.retrieval.pipeline import SearchPipeline
+    from twotower.retrieval.rerank import DEFAULT_RERANK_K
 
     # rerank only when asked: a cross-encoder pass is slow, so the index's default reranker is not loaded
     pipeline = SearchPipeline.load(args.index, reranker=args.reranker, use_default_reranker=False)
@@ -158,6 +172,14 @@ def _search_and_report(args: argparse.Namespace) -> int:
 
     qids, texts = list(queries), list(queries.values())
     runs: dict[str, dict[str, dict[str, float]]] = {}
+    weight: dict = {}
+    if args.reranker:  # the weight the reranked system applies, and the first stage it was chosen over
+        weight = {"rerank_k": args.rerank_k or min(DEFAULT_RERANK_K, recall_k),
+                  "rerank_alpha": pipeline.rerank_alpha(args.rerank_alpha, hybrid=args.hybrid),
+                  "rerank_alpha_chosen_over": "--rerank-alpha" if args.rerank_alpha is not None
+                  else pipeline.rerank_alpha_chosen_over(args.hybrid)}
+        if args.rerank_alpha is None:
+            print_weight_origin(pipeline, args.hybrid)
     with pipeline:
         for name, rerank, hybrid in systems:
             run: dict[str, dict[str, float]] = {}
@@ -167,6 +189,8 @@ def _search_and_report(args: argparse.Namespace) -> int:
             ):
                 batch = texts[start : start + args.batch_size]
                 results = pipeline.search(batch, k=args.k, recall_k=recall_k, rerank=rerank, hybrid=hybrid,
+                                          rerank_k=args.rerank_k if rerank else None,
+                                          rerank_alpha=args.rerank_alpha if rerank else None,
                                           fetch_documents=False, progress=False)
                 for qid, hits in zip(qids[start : start + args.batch_size], results):
                     # trec_eval re-sorts by score (ties by id): the run keeps scores, not ranks
@@ -188,6 +212,7 @@ def _search_and_report(args: argparse.Namespace) -> int:
             "reranker": args.reranker or "none",
             "k": args.k,
             "recall_k": recall_k,
+            **weight,
         },
     )
     if args.json:

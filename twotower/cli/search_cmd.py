@@ -17,6 +17,7 @@ import textwrap
 
 from twotower.cli import CLIError
 from twotower.cli.checks import error_prefix, filter_option, require_bm25, reranker_directory
+from twotower.cli.rerank_weight import print_weight_origin
 
 QUERY_BATCH = 256
 
@@ -75,17 +76,6 @@ def read_queries(path: str) -> list[tuple[str, str]]:
     if not queries:
         raise DataError(path, None, "no queries")
     return list(queries.items())
-
-
-def _note_weight_origin(pipe, hybrid: bool) -> None:
-    """Tell the user (stderr) when the reranker's stored weight was chosen over another first stage than this
-    search's: e.g. a reranker trained without --teacher chose it over BM25, and this search ranks with dense."""
-    want = "hybrid" if hybrid else "dense"
-    chosen = pipe.rerank_alpha_chosen_over(hybrid)
-    if chosen is not None and chosen != want:
-        print(f"note: the reranker's weight {pipe.rerank_alpha(None, hybrid=hybrid):g} was chosen over {chosen}'s "
-              f"ranking of its dev queries, and this search's first stage is {want}; --rerank-alpha overrides it, "
-              "and `twotower train reranker --teacher INDEX` chooses it over your index's ranking", file=sys.stderr)
 
 
 def _table(query: str, hits: list, reranked: bool, width: int = 100) -> str:
@@ -162,7 +152,7 @@ def run_search(args: argparse.Namespace) -> int:
         skipped = reranked and pipe.rerank_alpha(args.rerank_alpha, hybrid=args.hybrid) == 0.0  # the pipeline skips the cross-encoder
         reranked = reranked and not skipped
         if pipe.reranker is not None and not args.no_rerank and args.rerank_alpha is None:
-            _note_weight_origin(pipe, args.hybrid)
+            print_weight_origin(pipe, args.hybrid)
         recall = min(args.recall_k, len(pipe))  # the first stage cannot return more than the index holds
         results = []
         show = not args.no_progress and len(items) > QUERY_BATCH
