@@ -198,7 +198,7 @@ def test_search_says_when_the_weight_was_chosen_over_another_first_stage(built, 
     write_alpha(str(tmp_path / "ce"), 0.4, {"bm25": 0.4})
     rc, out, err = run_cli(capsys, *base)
     assert rc == 0 and len(json.loads(out)[0]["hits"]) == 3
-    assert "weight 0.4 was chosen over bm25's ranking of its dev queries, and this search's first stage is dense" in err
+    assert "weight 0.4 was chosen over BM25's ranking of its dev queries, and this search's first stage is dense" in err
     assert "--teacher INDEX" in err
     rc, out, err = run_cli(capsys, *base, "--rerank-alpha", "0.4")
     assert rc == 0 and "chosen over" not in err

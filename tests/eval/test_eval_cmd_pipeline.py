@@ -87,7 +87,7 @@ def test_index_mode_with_the_real_pipeline(tmp_path, capsys):
     assert (settings["rerank_k"], settings["rerank_alpha"], settings["rerank_alpha_chosen_over"]) == (5, 0.0,
                                                                                                       "--rerank-alpha")
     assert main(base) == 0
-    assert "weight 0.3 was chosen over bm25's ranking" in capsys.readouterr().err
+    assert "weight 0.3 was chosen over BM25's ranking" in capsys.readouterr().err
     settings = json.loads((tmp_path / "rep2" / "metrics.json").read_text())["settings"]
     assert (settings["rerank_alpha"], settings["rerank_alpha_chosen_over"]) == (0.3, "bm25")
 

@@ -16,7 +16,8 @@ def weight_origin_note(pipe, hybrid: bool) -> str | None:
     chosen = pipe.rerank_alpha_chosen_over(hybrid)
     if chosen is None or chosen == want:
         return None
-    return (f"note: the reranker's weight {pipe.rerank_alpha(None, hybrid=hybrid):g} was chosen over {chosen}'s "
+    shown = "/".join("BM25" if name == "bm25" else name for name in chosen.split("/"))
+    return (f"note: the reranker's weight {pipe.rerank_alpha(None, hybrid=hybrid):g} was chosen over {shown}'s "
             f"ranking of its dev queries, and this search's first stage is {want}; --rerank-alpha overrides it, "
             "and `twotower train reranker --teacher INDEX` chooses it over your index's ranking")
 
