@@ -362,8 +362,8 @@ def run_reranker(args) -> int:
     reranker_directory("--model", args.model)
     res = train_reranker(cfg)
     print(json.dumps({"best": res.best_dir, "best_step": res.best_step, "best_dev_ndcg@10": round(res.best_score, 4),
-                      "first_stage_dev_ndcg@10": round(res.first_stage_score, 4), "steps": res.steps,
-                      "stopped_by": res.stopped_by, "skipped": res.skipped}))
+                      "first_stage": cfg.first_stage, "first_stage_dev_ndcg@10": round(res.first_stage_score, 4),
+                      "steps": res.steps, "stopped_by": res.stopped_by, "skipped": res.skipped}))
     return 0 if not res.stopped_by.startswith("collapse") else 1
 
 

@@ -327,7 +327,7 @@ def test_cli_head_pooling_mean_reaches_the_checkpoint(tmp_path, capsys):
                "--group-size", "4", "--max-length", "48", "--lr", "2e-3", "--max-steps", "2", "--eval-every", "2",
                "--dev-fraction", "0.25", "--dev-rerank-k", "10", "--no-bf16", "--no-progress", "--head-pooling", "mean"])
     res = json.loads(capsys.readouterr().out)
-    assert rc == 0 and res["steps"] == 2
+    assert rc == 0 and res["steps"] == 2 and res["first_stage"] == "bm25"  # no --teacher: dev reranked BM25's
     assert json.load(open(os.path.join(res["best"], "config.json")))["classifier_pooling"] == "mean"
 
 
