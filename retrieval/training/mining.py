@@ -34,7 +34,7 @@ import numpy as np
 from twotower.common.atomic import atomic_path, atomic_write_text
 from twotower.common.errors import DataError
 from twotower.eval.io.lines import json_lines
-from twotower.retrieval.training.training_data import TrainExample
+from twotower.retrieval.training.training_data import TrainExample, text_id
 
 logger = logging.getLogger(__name__)
 
@@ -289,6 +289,10 @@ class DenseRetriever:
                                  "(give the dual encoder's directory instead)")
             ids = list(corpus)
             for doc_id, doc in zip(ids, pipe.store.get(ids)):
+                if doc is None and doc_id == text_id(corpus[doc_id]):  # labeled pairs given as text: no real id
+                    raise ValueError(f"--teacher {directory}: the training documents are given as text, without "
+                                     "the ids of the index's corpus, so the index cannot lend their vectors; give "
+                                     "the dual encoder's directory (or --teacher embedded) instead")
                 if doc is None:
                     raise ValueError(f"--teacher {directory}: document {doc_id!r} of the training corpus is not in "
                                      "the index; index it, or give the dual encoder's directory instead")

@@ -458,6 +458,11 @@ def test_teacher_from_an_index_uses_its_vectors_and_names_what_does_not_match(tm
         Teacher(_cfg(tmp_path, teacher=index), {**corpus, "d": "zeta"}, device="cpu")
     with pytest.raises(ValueError, match="document 'b' differs from the index's copy"):
         Teacher(_cfg(tmp_path, teacher=index), {**corpus, "b": "delta epsilon zeta"}, device="cpu")
+    from twotower.retrieval.training.training_data import text_id  # labeled pairs given as text get such ids
+
+    with pytest.raises(ValueError, match=r"--teacher .*index: the training documents are given as text, without "
+                                         r"the ids of the index's corpus.*give the dual encoder's directory"):
+        Teacher(_cfg(tmp_path, teacher=index), {text_id("zeta eta"): "zeta eta"}, device="cpu")
 
 
 def test_distillation_run_mines_densely_and_ends_nearer_the_teacher(tmp_path):
