@@ -66,16 +66,40 @@ def mine_negatives(train: Sequence[TrainExample], corpus: Mapping[str, str], run
     return merge_negatives(train, {m.query_id: m.negatives for m in mined})
 
 
+def check_negatives_fit(train: Sequence[TrainExample], corpus_size: int, k: int, flag: str, value: int) -> None:
+    """Refuse, naming the flag, a number of negatives per query that the corpus cannot supply.
+
+    Why: a query short of hard negatives is topped up with random corpus documents that are not its
+    positives; a corpus with fewer than k such documents can never fill the group, and the run would
+    spin for ever instead of training. Checked once before training, so the error comes first.
+    """
+    if k <= 0 or not train:
+        return
+    worst = max(train, key=lambda e: len(set(e.positives)))
+    positives = len(set(worst.positives))
+    if corpus_size - positives < k:
+        raise ValueError(f"{flag} {value}: each query needs {k} negatives besides its positives, but the corpus has "
+                         f"{corpus_size} documents and the query {worst.query[:80]!r} has {positives} positive(s); lower "
+                         f"{flag} or train on a larger corpus")
+
+
 def sample_negatives(example: TrainExample, k: int, corpus_ids: Sequence[str],
                      rng: random.Random) -> tuple[list[str], int]:
     """k negative ids for `example` and how many of them are random fill-ins.
 
     k of its hard negatives drawn without replacement; with fewer than k, all of them and then random
     corpus documents that are neither a positive nor already chosen.  The draws come from `rng` in a
-    fixed order, so a seeded run gets the same negatives every time.
+    fixed order, so a seeded run gets the same negatives every time. A corpus that cannot fill k is refused
+    (`check_negatives_fit` says so in flag terms before training), never sampled for ever.
     """
     pool = list(example.negatives)
     chosen = rng.sample(pool, k) if len(pool) >= k else pool[:]
+    excluded = set(example.positives) | set(chosen)
+    if len(corpus_ids) - len(excluded) < k - len(chosen):  # maybe too few to draw from: count them (rare)
+        free = sum(1 for d in set(corpus_ids) if d not in excluded)
+        if free < k - len(chosen):
+            raise ValueError(f"query {example.query[:80]!r}: {k} negatives are needed but the corpus has only "
+                             f"{free + len(chosen)} documents that are not its positives")
     filled = 0
     while len(chosen) < k:
         d = corpus_ids[rng.randrange(len(corpus_ids))]

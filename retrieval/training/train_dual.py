@@ -45,7 +45,12 @@ from twotower.retrieval.training.loop import Schedule, TrainingLoop, TrainSettin
 from twotower.retrieval.training.losses.gather import gather_with_grad, rank, world_size
 from twotower.retrieval.training.losses.gradcache import cached_step
 from twotower.retrieval.training.losses.infonce import Temperature, info_nce
-from twotower.retrieval.training.negatives import add_mined_negatives, mine_negatives, sample_negatives
+from twotower.retrieval.training.negatives import (
+    add_mined_negatives,
+    check_negatives_fit,
+    mine_negatives,
+    sample_negatives,
+)
 from twotower.retrieval.training.training_data import (
     TrainExample,
     TrainingSet,
@@ -324,6 +329,8 @@ def train_dual(cfg: DualTrainConfig) -> DualTrainResult:
                                num_negatives=max(cfg.hard_negatives * 4, 8), seed=cfg.seed, progress=cfg.progress)
     if data.skipped:
         logger.warning("training data: skipped %s", data.skipped.summary())
+    if not cfg.freeze_documents:  # a frozen corpus scores every document; no negatives are drawn
+        check_negatives_fit(train, len(data.corpus), cfg.hard_negatives, "--hard-negatives", cfg.hard_negatives)
     run.log("data", source=data.source, train_queries=len(train), dev_queries=len(dev),
             corpus=len(data.corpus), skipped=data.skipped.as_dict(), skipped_where=data.skipped.where)
     from twotower.retrieval.training.dev_eval import dev_pool

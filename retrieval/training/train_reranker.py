@@ -50,7 +50,12 @@ from twotower.retrieval.training.alpha import choose_alpha
 from twotower.retrieval.training.loop import Schedule, StopTraining, TrainingLoop, TrainSettings, start_run
 from twotower.retrieval.training.losses import listwise_ce, listwise_kl, pointwise_bce
 from twotower.retrieval.training.mining import DenseRetriever
-from twotower.retrieval.training.negatives import add_mined_negatives, mine_negatives, sample_negatives
+from twotower.retrieval.training.negatives import (
+    add_mined_negatives,
+    check_negatives_fit,
+    mine_negatives,
+    sample_negatives,
+)
 from twotower.retrieval.training.training_data import (
     LabeledPair,
     PairSet,
@@ -566,6 +571,8 @@ def train_reranker(cfg: RerankerTrainConfig) -> RerankerTrainResult:
                                progress=cfg.progress, dense=teacher.dense if teacher else None)
     if data.skipped:
         logger.warning("training data: skipped %s", data.skipped.summary())
+    if cfg.loss == "listwise":
+        check_negatives_fit(train, len(corpus), cfg.group_size - 1, "--group-size", cfg.group_size)
     dev_ids = {e.query_id for e in dev}
     if labeled is not None and cfg.loss == "pointwise":
         train_pairs = [p for p in labeled.pairs if p.query_id not in dev_ids]

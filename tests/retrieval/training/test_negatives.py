@@ -7,7 +7,12 @@ import random
 import pytest
 
 from twotower.retrieval.training.mining import MinedQuery, write_mined
-from twotower.retrieval.training.negatives import add_mined_negatives, mine_negatives, sample_negatives
+from twotower.retrieval.training.negatives import (
+    add_mined_negatives,
+    check_negatives_fit,
+    mine_negatives,
+    sample_negatives,
+)
 from twotower.retrieval.training.training_data import Skipped, TrainExample
 from twotower.retrieval.training.training_run import TrainingRun
 
@@ -27,6 +32,43 @@ def test_short_of_hard_negatives_tops_up_with_distinct_non_positives():
         chosen, filled = sample_negatives(ex, 4, corpus, random.Random(seed))
         assert chosen[0] == "n1" and filled == 3
         assert sorted(chosen[1:]) == ["r1", "r2", "r3"]  # the only documents that are neither positive nor chosen
+
+
+def test_a_corpus_too_small_for_the_group_is_refused_not_sampled_for_ever():
+    """Two documents besides the positive cannot give three negatives: an error, where the loop used to spin."""
+    import signal
+
+    def hung(*_):
+        raise AssertionError("sample_negatives did not return")
+
+    ex = TrainExample("q", "what is tea", ("p",), ())
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(10)
+    try:
+        with pytest.raises(ValueError, match="query 'what is tea': 3 negatives are needed but the corpus has only 2"):
+            sample_negatives(ex, 3, ["p", "a", "b"], random.Random(0))
+        assert sorted(sample_negatives(ex, 2, ["p", "a", "b"], random.Random(0))[0]) == ["a", "b"]  # exactly enough
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    with pytest.raises(ValueError, match=r"--group-size 4: each query needs 3 negatives besides its positives, but "
+                                         r"the corpus has 3 documents and the query 'what is tea' has 1 positive"):
+        check_negatives_fit([ex], 3, 3, "--group-size", 4)
+    check_negatives_fit([ex], 4, 3, "--group-size", 4)  # enough: no error
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["reranker", "--group-size", "100"], "--group-size 100: each query needs 99 negatives"),
+    (["dual", "--hard-negatives", "100"], "--hard-negatives 100: each query needs 100 negatives"),
+])
+def test_cli_refuses_groups_the_corpus_cannot_fill(tmp_path, capsys, argv, message):
+    from tests.retrieval.training_fixtures import tiny_beir_dir, tiny_model_dir
+    from twotower.cli import main
+
+    data = "--pairs" if argv[0] == "reranker" else "--data"
+    rc = main(["train", argv[0], "--model", tiny_model_dir(), data, tiny_beir_dir(), "--out", str(tmp_path / "o"),
+               "--max-steps", "1", "--no-progress", *argv[1:]])
+    assert rc == 2 and message in capsys.readouterr().err
 
 
 def _mined(query_id: str, negatives: list[str]) -> MinedQuery:
