@@ -101,6 +101,10 @@ def test_add_delete_roundtrip(built, tmp_path, capsys):
         (["index", "build", "--corpus", "{root}/corpus.jsonl", "--out", "{idx}", "--model", "{model}"],
          "already exists"),
         (["index", "delete", "--index", "{idx}"], "give document ids"),
+        (["search", "--index", "{idx}", "--reranker", "{model}", "tea"],
+         "not a reranker: its config.json names BertModel, an encoder without a relevance head"),
+        (["index", "build", "--corpus", "{root}/corpus.jsonl", "--out", "{root}/y", "--reranker", "{model}"],
+         "not a reranker"),
     ],
 )
 def test_bad_input_exits_2_with_a_message(built, capsys, argv, message):

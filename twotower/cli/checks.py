@@ -24,16 +24,42 @@ def model_directory(flag: str, path: str) -> str:
     return path
 
 
-def reranker_directory(flag: str, value: str) -> str:
+def architectures(path: str) -> list[str]:
+    """The ``architectures`` a model directory's config.json names ([] when it names none or cannot be read)."""
+    import json
+
+    try:
+        with open(os.path.join(path, MODEL_CONFIG), encoding="utf-8") as f:
+            names = json.load(f).get("architectures") or []
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [str(n) for n in names] if isinstance(names, list) else []
+
+
+def is_reranker(path: str) -> bool:
+    """Whether a model directory's config names a sequence-classification head (a cross-encoder)."""
+    return any(n.endswith("ForSequenceClassification") for n in architectures(path))
+
+
+def reranker_directory(flag: str, value: str, head: bool = True) -> str:
     """``value`` if it is "default" (the shipped reranker) or a model directory, else a CLIError naming ``flag``.
 
+    head: the directory must be a reranker (a relevance head), not a plain or dual encoder; checked from
+    its config.json's ``architectures`` when it names any. Why: searching with an encoder as ``--reranker``
+    failed deep in loading, in the Python API's words. ``train reranker --model`` takes either (head=False).
     The name wins over a directory called ``default`` in the working directory; the user is told so, and
     how to name the directory instead (``./default``), rather than left to wonder which one ranked.
     """
     from twotower.retrieval.default_reranker import NAME as SHIPPED
 
     if value != SHIPPED:
-        return model_directory(flag, value)
+        model_directory(flag, value)
+        names = architectures(value)
+        if head and names and not is_reranker(value):
+            raise CLIError(f"{flag} {value}: not a reranker: its {MODEL_CONFIG} names {names[0]}, an encoder without "
+                           f"a relevance head; give a directory made by `twotower train reranker`, or {flag} "
+                           f"{SHIPPED} for the one twotower ships")
+        return value
     if os.path.isdir(value):
         print(f"note: {flag} {SHIPPED} is the reranker twotower ships, not the directory {SHIPPED}/ here; "
               f"give {flag} ./{SHIPPED} for that one", file=sys.stderr)

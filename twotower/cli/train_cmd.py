@@ -19,7 +19,7 @@ import json
 import os
 import re
 
-from twotower.cli.checks import reranker_directory
+from twotower.cli.checks import is_reranker, reranker_directory
 from twotower.retrieval.training.demo_reranker import TITLES as DEMO_TITLES  # stdlib only: cheap at start-up
 
 TEACHER_HELP = ("dual encoder whose scores the reranker also learns (listwise distillation); an index built from "
@@ -296,6 +296,9 @@ def _teacher(flag: str | None, args) -> str | None:
 
     if flag not in (None, "embedded") and not os.path.isdir(flag):
         raise ValueError(f"--teacher {flag}: not a directory (give a dual-encoder directory or 'embedded')")
+    if flag not in (None, "embedded") and is_reranker(flag):
+        raise ValueError(f"--teacher {flag}: a reranker (cross-encoder) directory; the teacher is a dual encoder: "
+                         "give its directory, an index built from the training corpus, or 'embedded'")
     return teacher_dir(flag)
 
 
@@ -359,7 +362,7 @@ def run_reranker(args) -> int:
         passage_stride=_windows(args)[1], max_windows=_windows(args)[2], window_choice=args.window_choice,
         **_settings(args, default_ranks=(1, 100)),
     )
-    reranker_directory("--model", args.model)
+    reranker_directory("--model", args.model, head=False)  # an encoder gets a fresh head
     res = train_reranker(cfg)
     print(json.dumps({"best": res.best_dir, "best_step": res.best_step, "best_dev_ndcg@10": round(res.best_score, 4),
                       "first_stage": cfg.first_stage, "first_stage_dev_ndcg@10": round(res.first_stage_score, 4),

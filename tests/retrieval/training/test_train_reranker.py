@@ -369,6 +369,24 @@ def test_training_continues_the_shipped_reranker(tmp_path, capsys):
     assert rc == 2 and "--model" in capsys.readouterr().err
 
 
+def test_cli_refuses_a_reranker_as_teacher_and_takes_an_encoder_as_model(tmp_path, capsys):
+    """--teacher is a dual encoder: a cross-encoder directory is refused by name, before any work (it used to
+    be read as a dual encoder, its head dropped, and rank at random); --model may be either."""
+    from twotower.cli import main
+    from twotower.retrieval.cross_encoder import CrossEncoder
+
+    ce = str(tmp_path / "ce")
+    CrossEncoder.from_encoder(tiny_model_dir(), bf16=False, device="cpu").save_pretrained(ce)
+    for sub in ("reranker", "demo-reranker"):
+        data = ["--pairs", tiny_beir_dir(), "--model", tiny_model_dir()] if sub == "reranker" else []
+        rc = main(["train", sub, *data, "--teacher", ce, "--out", str(tmp_path / sub)])
+        assert rc == 2 and f"--teacher {ce}: a reranker (cross-encoder) directory" in capsys.readouterr().err
+    rc = main(["train", "reranker", "--model", tiny_model_dir(0.2), "--pairs", tiny_beir_dir(), "--out",
+               str(tmp_path / "o"), "--group-size", "4", "--max-length", "48", "--max-steps", "1", "--eval-every", "1",
+               "--dev-fraction", "0.25", "--dev-rerank-k", "10", "--no-bf16", "--no-progress"])
+    assert rc == 0
+
+
 def test_dense_mining_and_first_stage_need_a_teacher(tmp_path):
     with pytest.raises(ValueError, match="rank with the teacher: give teacher"):
         _cfg(tmp_path, mine="dense")
