@@ -75,7 +75,7 @@ from twotower.retrieval.passages import (
     truncation_warning,
 )
 from twotower.retrieval.reader import AnswerResult, label_hits, read_answers
-from twotower.retrieval.rerank import DEFAULT_RERANK_K, rerank_scores
+from twotower.retrieval.rerank import DEFAULT_RERANK_K, rerank_depth, rerank_scores  # noqa: F401 (re-exported)
 
 logger = logging.getLogger(__name__)
 
@@ -476,7 +476,7 @@ class SearchPipeline:
             if rerank and self.reranker is not None:
                 alpha = self.rerank_alpha(rerank_alpha, hybrid=hybrid)
                 if alpha > 0.0:  # alpha 0 keeps the first-stage ranking: scoring pairs would change nothing
-                    depth = min(DEFAULT_RERANK_K, recall_k) if rerank_k is None else rerank_k
+                    depth = rerank_depth(rerank_k, recall_k)
                     candidates, cross_scores, final_scores = self._rerank(queries, candidates, k, batch_size,
                                                                            progress, alpha, depth)
             hits = self._hits(candidates, k, cross_scores, fetch_documents, final_scores)

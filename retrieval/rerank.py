@@ -27,6 +27,12 @@ if TYPE_CHECKING:
 DEFAULT_RERANK_K = 20
 
 
+def rerank_depth(rerank_k: int | None, recall_k: int) -> int:
+    """How many of the first stage's top candidates the cross-encoder scores: `rerank_k`, else
+    min(DEFAULT_RERANK_K, recall_k). One rule for the pipeline and the commands that report the depth."""
+    return min(DEFAULT_RERANK_K, recall_k) if rerank_k is None else rerank_k
+
+
 def rerank_scores(
     reranker: Any, queries: Sequence[str], texts: Sequence[Sequence[PairDocument]], batch_size: int = 32,
     progress: bool = False,

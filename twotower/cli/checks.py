@@ -36,9 +36,10 @@ def architectures(path: str) -> list[str]:
     return [str(n) for n in names] if isinstance(names, list) else []
 
 
-def is_reranker(path: str) -> bool:
-    """Whether a model directory's config names a sequence-classification head (a cross-encoder)."""
-    return any(n.endswith("ForSequenceClassification") for n in architectures(path))
+def is_reranker(path: str, names: list[str] | None = None) -> bool:
+    """Whether a model directory's config names a sequence-classification head (a cross-encoder).
+    names: its `architectures`, when already read."""
+    return any(n.endswith("ForSequenceClassification") for n in (architectures(path) if names is None else names))
 
 
 def reranker_directory(flag: str, value: str, head: bool = True) -> str:
@@ -55,7 +56,7 @@ def reranker_directory(flag: str, value: str, head: bool = True) -> str:
     if value != SHIPPED:
         model_directory(flag, value)
         names = architectures(value)
-        if head and names and not is_reranker(value):
+        if head and names and not is_reranker(value, names):
             raise CLIError(f"{flag} {value}: not a reranker: its {MODEL_CONFIG} names {names[0]}, an encoder without "
                            f"a relevance head; give a directory made by `twotower train reranker`, or {flag} "
                            f"{SHIPPED} for the one twotower ships")

@@ -160,7 +160,7 @@ def _search_and_report(args: argparse.Namespace) -> int:
     if args.hybrid:
         require_bm25(args.index)
     from twotower.retrieval.pipeline import SearchPipeline
-    from twotower.retrieval.rerank import DEFAULT_RERANK_K
+    from twotower.retrieval.rerank import rerank_depth
 
     # rerank only when asked: a cross-encoder pass is slow, so the index's default reranker is not loaded
     pipeline = SearchPipeline.load(args.index, reranker=args.reranker, use_default_reranker=False)
@@ -174,7 +174,7 @@ def _search_and_report(args: argparse.Namespace) -> int:
     runs: dict[str, dict[str, dict[str, float]]] = {}
     weight: dict = {}
     if args.reranker:  # the weight the reranked system applies, and the first stage it was chosen over
-        weight = {"rerank_k": args.rerank_k or min(DEFAULT_RERANK_K, recall_k),
+        weight = {"rerank_k": rerank_depth(args.rerank_k, recall_k),
                   "rerank_alpha": pipeline.rerank_alpha(args.rerank_alpha, hybrid=args.hybrid),
                   "rerank_alpha_chosen_over": "--rerank-alpha" if args.rerank_alpha is not None
                   else pipeline.rerank_alpha_chosen_over(args.hybrid)}

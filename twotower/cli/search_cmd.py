@@ -139,7 +139,7 @@ def run_search(args: argparse.Namespace) -> int:
 
     from twotower.indexing.filters import FilterError
     from twotower.retrieval.pipeline import SearchPipeline
-    from twotower.retrieval.rerank import DEFAULT_RERANK_K
+    from twotower.retrieval.rerank import rerank_depth
 
     pipe = SearchPipeline.load(args.index, args.model, reranker=args.reranker, use_default_reranker=not args.no_rerank,
                                fallback_reranker="default" if args.rerank else None)  # --rerank: the index's, else ours
@@ -182,7 +182,7 @@ def run_search(args: argparse.Namespace) -> int:
         note = ("recall only: the reranker's interpolation weight is 0 (it did not beat the first stage on dev), "
                 "so it was not run; --rerank-alpha overrides")
     elif reranked:
-        depth = min(args.rerank_k or DEFAULT_RERANK_K, recall)
+        depth = min(rerank_depth(args.rerank_k, args.recall_k), recall)
         note = f"top {depth} reranked by the cross-encoder"
     else:
         note = "recall only (no reranker)"
