@@ -236,7 +236,8 @@ def run_variant(variant: str, args) -> dict:
         "mean_logit_std_per_25_steps": [round(sum(e["logit_std"] for e in steps[i:i + w]) / len(steps[i:i + w]), 4)
                                         for i in range(0, len(steps), w)],
         "dev": [{"step": e["step"], "ndcg@10": round(e["ndcg@10"], 4), "alpha": e["interpolation_alpha"],
-                 "interpolated": round(e["interpolated_ndcg10"], 4), "score_std": round(e["score_std"], 4)}
+                 "interpolated": round(e["interpolated_ndcg10"], 4),
+                 "score_std": None if e["score_std"] is None else round(e["score_std"], 4)}
                 for e in evals],
         "ln_group": math.log(4), "cpu": cpu_description(), "torch": torch.__version__, "threads": args.threads,
         "lr": args.lr,

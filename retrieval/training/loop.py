@@ -122,10 +122,40 @@ class TrainSettings:
     device: str | None = None
     dry_run: bool = False
 
+    def __post_init__(self) -> None:
+        """Refuse settings that would train something other than what was asked, naming the field and its flag.
+
+        Why here: zero fell through to a default (``max_steps=0`` and ``eval_every=0`` meant an epoch), a
+        negative length trained one step, and ``max_grad_norm=0`` zeroed every update, all without a word.
+        """
+        check_setting(math.isfinite(self.epochs) and self.epochs > 0, "epochs", self.epochs, "--epochs",
+                      "give a number of epochs > 0")
+        for name, flag in (("max_steps", "--max-steps"), ("dev_size", "--dev-size"), ("eval_every", "--eval-every")):
+            value = getattr(self, name)
+            check_setting(value is None or value >= 1, name, value, flag, "give 1 or more")
+        check_setting(self.time_budget is None or self.time_budget > 0, "time_budget", self.time_budget,
+                      "--time-budget", "give a duration > 0")
+        check_setting(self.eval_interval_s is None or self.eval_interval_s >= 0, "eval_interval_s",
+                      self.eval_interval_s, "--eval-interval", "give a duration >= 0 (0: off)")
+        check_setting(0 <= self.warmup < 1, "warmup", self.warmup, "--warmup", "give a fraction of the run in [0, 1)")
+        check_setting(math.isfinite(self.weight_decay) and self.weight_decay >= 0, "weight_decay", self.weight_decay,
+                      "--weight-decay", "give 0 or more")
+        check_setting(math.isfinite(self.max_grad_norm) and self.max_grad_norm > 0, "max_grad_norm",
+                      self.max_grad_norm, "--max-grad-norm", "give a norm > 0 (0 would zero every update)")
+        check_setting(0 < self.dev_fraction < 1, "dev_fraction", self.dev_fraction, "--dev-fraction",
+                      "give a fraction in (0, 1)")
+
     @property
     def dev_split_seed(self) -> int:
         """The seed `split_dev` carves dev with: `dev_seed`, else `seed`."""
         return self.seed if self.dev_seed is None else self.dev_seed
+
+
+def check_setting(ok: bool, name: str, value: object, flag: str | None, want: str) -> None:
+    """A trainer setting's check: ``name=value: want (flag)``, so the Python field and the CLI flag are both
+    named (flag None: a setting the command line does not expose)."""
+    if not ok:
+        raise ValueError(f"{name}={value!r}: {want}" + (f" ({flag})" if flag else ""))
 
 
 def start_run(cfg: TrainSettings, out: str, enabled: bool = True,

@@ -78,6 +78,8 @@ def independent_crops(
     """Contriever pairs: (span, another independent span) of each document, `pairs_per_document` times."""
     if not 0 < min_ratio <= max_ratio <= 1:
         raise ValueError(f"need 0 < min_ratio <= max_ratio <= 1, got {min_ratio}, {max_ratio}")
+    if pairs_per_document < 1:
+        raise ValueError(f"pairs_per_document must be >= 1, got {pairs_per_document}")
     rng = random.Random(seed)
     pairs = _Pairs()
     for doc_id, text in documents.items():

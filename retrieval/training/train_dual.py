@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import os
 import random
 from collections.abc import Sequence
@@ -41,7 +42,7 @@ from twotower.common.device import autocast
 from twotower.encoder.training.optim import make_optimizer
 from twotower.retrieval.export import write_training_args
 from twotower.retrieval.training.batch_sampler import Item, UniquePositiveBatches
-from twotower.retrieval.training.loop import Schedule, TrainingLoop, TrainSettings, start_run
+from twotower.retrieval.training.loop import Schedule, TrainingLoop, TrainSettings, check_setting, start_run
 from twotower.retrieval.training.losses.gather import gather_with_grad, rank, world_size
 from twotower.retrieval.training.losses.gradcache import cached_step
 from twotower.retrieval.training.losses.infonce import Temperature, info_nce
@@ -55,6 +56,7 @@ from twotower.retrieval.training.training_data import (
     TrainExample,
     TrainingSet,
     carve_dev,
+    check_batch_fits,
     qrels_of,
     queries_of,
     read_training,
@@ -115,6 +117,21 @@ class DualTrainConfig(TrainSettings):
     lr: float = 2e-5
     dev_pool: int | None = None
     eval_batch_size: int = 64
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_setting(math.isfinite(self.lr) and self.lr > 0, "lr", self.lr, "--lr", "give a learning rate > 0")
+        check_setting(0 < self.temperature <= 1, "temperature", self.temperature, "--temperature",
+                      "give a temperature in (0, 1]")
+        check_setting(self.hard_negatives >= 0, "hard_negatives", self.hard_negatives, "--hard-negatives",
+                      "give 0 or more")
+        for name, flag in (("batch_size", "--batch-size"), ("eval_batch_size", None),
+                           ("chunk_size", "--grad-cache-chunk"), ("query_max_length", "--query-max-length"),
+                           ("doc_max_length", "--doc-max-length"), ("train_doc_max_length", "--train-doc-max-length"),
+                           ("dev_pool", "--dev-pool")):
+            value = getattr(self, name)
+            low = 0 if name == "dev_pool" else 1
+            check_setting(value is None or value >= low, name, value, flag, f"give {low} or more")
 
 
 @dataclass
@@ -324,6 +341,8 @@ def train_dual(cfg: DualTrainConfig) -> DualTrainResult:
     dual = load_towers(cfg, device)  # first: a bad model directory fails before any data work
     data = load_training_data(cfg)
     train, dev = carve_dev(data, cfg)
+    check_batch_fits(data.source, sum(len(e.positives) for e in train), cfg.batch_size, "(query, positive) pairs",
+                     ranks=R)
     if cfg.mine and not cfg.freeze_documents:  # with a frozen corpus every document is a negative already
         train = mine_negatives(train, data.corpus, run, method=cfg.mine, ranks=cfg.mine_ranks,
                                num_negatives=max(cfg.hard_negatives * 4, 8), seed=cfg.seed, progress=cfg.progress)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import random
 from collections import deque
@@ -36,6 +37,7 @@ import torch
 
 from twotower.common.device import autocast
 from twotower.encoder.training.optim import param_groups
+from twotower.eval.io.lines import json_lines
 from twotower.retrieval.cross_encoder import (
     WINDOW_CHOICES,
     CrossEncoder,
@@ -47,7 +49,14 @@ from twotower.retrieval.export import write_training_args
 from twotower.retrieval.interpolation import ALPHA_FILE, write_alpha
 from twotower.retrieval.rerank import DEFAULT_RERANK_K
 from twotower.retrieval.training.alpha import choose_alpha
-from twotower.retrieval.training.loop import Schedule, StopTraining, TrainingLoop, TrainSettings, start_run
+from twotower.retrieval.training.loop import (
+    Schedule,
+    StopTraining,
+    TrainingLoop,
+    TrainSettings,
+    check_setting,
+    start_run,
+)
 from twotower.retrieval.training.losses import listwise_ce, listwise_kl, pointwise_bce
 from twotower.retrieval.training.mining import DenseRetriever
 from twotower.retrieval.training.negatives import (
@@ -62,6 +71,7 @@ from twotower.retrieval.training.training_data import (
     TrainExample,
     TrainingSet,
     carve_dev,
+    check_batch_fits,
     pairs_from_training,
     qrels_of,
     queries_of,
@@ -185,6 +195,13 @@ class RerankerTrainConfig(TrainSettings):
     collapse_window: int = 20
 
     def __post_init__(self) -> None:
+        super().__post_init__()
+        check_setting(math.isfinite(self.lr) and self.lr > 0, "lr", self.lr, "--lr", "give a learning rate > 0")
+        for name, flag in (("batch_size", "--batch-size"), ("eval_batch_size", None),
+                           ("collapse_window", None)):
+            check_setting(getattr(self, name) >= 1, name, getattr(self, name), flag, "give 1 or more")
+        check_setting(self.collapse_std >= 0, "collapse_std", self.collapse_std, "--collapse-std",
+                      "give 0 (off) or more")
         if self.loss not in LOSSES:
             raise ValueError(f"loss={self.loss!r}; choose one of {LOSSES}")
         if self.head_pooling not in ("cls", "mean"):
@@ -193,7 +210,8 @@ class RerankerTrainConfig(TrainSettings):
             raise ValueError(f"dev_rerank_k={self.dev_rerank_k}: give a positive number of first-stage candidates "
                              "(--dev-rerank-k)")
         if self.loss == "listwise" and self.group_size < 2:
-            raise ValueError("listwise groups need at least one negative: group_size >= 2")
+            raise ValueError(f"group_size={self.group_size}: listwise groups need a positive and at least one "
+                             "negative: give 2 or more (--group-size)")
         if self.first_stage is None:
             self.first_stage = "dense" if self.teacher else "bm25"
         if self.first_stage not in ("bm25", "dense") and not os.path.isfile(self.first_stage):
@@ -202,9 +220,9 @@ class RerankerTrainConfig(TrainSettings):
         if self.teacher is None and (self.mine == "dense" or self.first_stage == "dense"):
             raise ValueError("mine='dense' and first_stage='dense' rank with the teacher: give teacher (--teacher DIR)")
         if self.distill_weight < 0:
-            raise ValueError(f"distill_weight={self.distill_weight}; give 0 or more")
+            raise ValueError(f"distill_weight={self.distill_weight}; give 0 or more (--distill-weight)")
         if self.teacher_bm25 < 0:
-            raise ValueError(f"teacher_bm25={self.teacher_bm25}; give 0 or more")
+            raise ValueError(f"teacher_bm25={self.teacher_bm25}; give 0 or more (--teacher-bm25)")
         if self.teacher_bm25 > 0 and self.teacher is None:
             raise ValueError("teacher_bm25 adds BM25 to the dense teacher's scores: give teacher (--teacher DIR)")
         if self.residual and (self.teacher is None or self.loss != "listwise"):
@@ -217,7 +235,8 @@ class RerankerTrainConfig(TrainSettings):
         if self.window_choice != "model" and self.passage_window is None:
             raise ValueError("window_choice picks a window of each document: give passage_window (--passage-window N)")
         if self.trainable_layers is not None and self.trainable_layers < 0:
-            raise ValueError(f"trainable_layers={self.trainable_layers}; give 0 or more (None: all)")
+            raise ValueError(f"trainable_layers={self.trainable_layers}; give 0 or more (None: all) "
+                             "(--trainable-layers)")
 
 
 @dataclass
@@ -242,7 +261,7 @@ class ScoreCollapse(StopTraining):
 class CollapseGuard:
     """The collapse guard of the module docstring, as a `TrainingLoop` guard: it reads the step and eval records.
 
-    Dev scores (``score_std`` of an eval after step 0) or the training logits of the last `window` steps
+    Dev scores (``score_std`` of an eval after step 0, None when dev scored fewer than two pairs) or the training logits of the last `window` steps
     (``logit_std``) spread less than `min_std`: raise `ScoreCollapse`.
     """
 
@@ -253,7 +272,7 @@ class CollapseGuard:
     def __call__(self, record: dict) -> None:
         step = record["step"]
         if record["event"] == "eval":
-            if step > 0 and record["score_std"] < self.min_std:
+            if step > 0 and record["score_std"] is not None and record["score_std"] < self.min_std:
                 raise ScoreCollapse(f"dev scores collapsed to a constant at step {step} (std {record['score_std']:.2e} "
                                     f"< {self.min_std:g}); lower the learning rate or check the labels")
             return
@@ -276,15 +295,10 @@ def load_reranker_data(cfg: RerankerTrainConfig) -> tuple[TrainingSet, PairSet |
 
 
 def _looks_like_pairs(path: str) -> bool:
-
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError:
-                    return False  # let the reader report the line
-                return isinstance(obj, dict) and "label" in obj
+    """Whether a JSONL file holds labeled pairs (its first object has a "label"), read as every reader reads
+    lines: a byte-order mark is dropped and a bad byte or bad JSON is an error naming its line."""
+    for _, obj in json_lines(path):
+        return "label" in obj
     return False
 
 
@@ -414,7 +428,7 @@ def freeze_below_top(model: CrossEncoder, trainable: int) -> None:
     """Freeze the embeddings and every encoder layer below the top `trainable` (the head stays trainable)."""
     layers = model.bert.encoder.layer
     if trainable > len(layers):
-        raise ValueError(f"trainable_layers={trainable}, but the model has {len(layers)} layers")
+        raise ValueError(f"trainable_layers={trainable}, but the model has {len(layers)} layers (--trainable-layers)")
     frozen = [model.bert.embeddings, *layers[: len(layers) - trainable]]
     for module in frozen:
         for p in module.parameters():
@@ -560,6 +574,8 @@ def train_reranker(cfg: RerankerTrainConfig) -> RerankerTrainResult:
                                       model.max_length)
     data, labeled = load_reranker_data(cfg)
     train, dev = carve_dev(data, cfg)
+    if cfg.loss == "listwise":  # one group per (query, positive): known before any mining or teacher work
+        check_batch_fits(data.source, sum(len(e.positives) for e in train), cfg.batch_size, "(query, positive) pairs")
     corpus = data.corpus
     docs = reranker_documents(cfg, corpus, model)
     teacher = Teacher(cfg, corpus, device) if cfg.teacher else None
@@ -598,8 +614,7 @@ def train_reranker(cfg: RerankerTrainConfig) -> RerankerTrainResult:
             if teacher.bm25 is not None:
                 run.log("teacher_bm25", weight=cfg.teacher_bm25, bm25_scale=teacher.bm25_scale)
     else:
-        if len(train_pairs) < cfg.batch_size:
-            raise ValueError(f"{len(train_pairs)} training pairs cannot fill a batch of {cfg.batch_size}")
+        check_batch_fits(data.source, len(train_pairs), cfg.batch_size, "labeled pairs")
         per_epoch = max(1, len(train_pairs) // cfg.batch_size)
         batches = pointwise_batches(train_pairs, cfg.batch_size, rng)
     filled_total = 0
@@ -647,7 +662,9 @@ def train_reranker(cfg: RerankerTrainConfig) -> RerankerTrainResult:
         metrics = dev_metrics(reranked, dev_qrels)
         alpha, curve = choose_alpha(reranked, first, dev_qrels)
         last_alpha.update(alpha=alpha, curve=curve, run=reranked)
-        return {"score_std": float(np.std(scores)) if len(scores) else 0.0, "rerank_k": cfg.dev_rerank_k,
+        # one score has no spread to lose: None, which the guard passes over (a dev query whose first stage
+        # found a single candidate used to read as a collapse at step 1)
+        return {"score_std": float(np.std(scores)) if len(scores) > 1 else None, "rerank_k": cfg.dev_rerank_k,
                 **metrics, "interpolation_alpha": alpha, "interpolated_ndcg10": curve[alpha]}
 
     def save(directory: str, step: int, score: float) -> None:

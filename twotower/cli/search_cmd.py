@@ -16,7 +16,7 @@ import sys
 import textwrap
 
 from twotower.cli import CLIError
-from twotower.cli.checks import error_prefix, filter_option, require_bm25, reranker_directory
+from twotower.cli.checks import error_prefix, filter_option, model_directory, require_bm25, reranker_directory
 from twotower.cli.rerank_weight import print_weight_origin
 
 QUERY_BATCH = 256
@@ -131,6 +131,8 @@ def run_search(args: argparse.Namespace) -> int:
             raise CLIError(f"{args.queries_file}: query {qid} is empty" if args.queries_file else f"query {qid} is empty")
     if not os.path.isdir(args.index):
         raise FileNotFoundError(f"index directory not found: {args.index}")
+    if args.model:
+        model_directory("--model", args.model, dual=True)
     if args.reranker:
         reranker_directory("--reranker", args.reranker)
     if args.hybrid:

@@ -75,7 +75,7 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.reranker:
         reranker_directory("--reranker", args.reranker)
     if args.model:
-        model_directory("--model", args.model)
+        model_directory("--model", args.model, dual=True)
     try:
         import uvicorn
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from twotower.cli.help_format import DefaultsHelpFormatter
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("tokenizer", help="train a WordPiece tokenizer", description=__doc__.splitlines()[0])
@@ -16,7 +18,7 @@ def register(subparsers) -> None:
     t = actions.add_parser("train", help="learn a WordPiece vocabulary",
                            description="Learn a WordPiece vocabulary; writes tokenizer.json, vocab.txt, "
                                        "tokenizer_config.json and special_tokens_map.json to --out.",
-                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                           formatter_class=DefaultsHelpFormatter)
     t.add_argument("--input", nargs="+", required=True, metavar="FILE",
                    help=".txt / .txt.gz (one text a line) or .jsonl(.gz) with a 'text' field")
     t.add_argument("--vocab-size", type=int, required=True, metavar="N")

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 
-from twotower.cli.checks import is_reranker, reranker_directory
+from twotower.cli.checks import is_reranker, model_directory, reranker_directory
+from twotower.cli.help_format import DefaultsHelpFormatter
 from twotower.retrieval.training.demo_reranker import TITLES as DEMO_TITLES  # stdlib only: cheap at start-up
 
 TEACHER_HELP = ("dual encoder whose scores the reranker also learns (listwise distillation); an index built from "
@@ -53,15 +55,21 @@ def parse_duration(flag: str, text: str | None) -> float | None:
         raise ValueError(f"{flag} {text!r}: expected a duration like 45m, 2h, 1h30m, 90s or a number of seconds") from None
 
 
-def parse_ranks(text: str) -> tuple[int, int]:
+def parse_ranks(flag: str, text: str) -> tuple[int, int]:
+    """A 1-based inclusive rank window "START-END", refused in the flag's words before any data is read."""
     m = re.fullmatch(r"\s*(\d+)\s*-\s*(\d+)\s*", text)
     if not m:
-        raise ValueError(f"--ranks {text!r}: expected START-END, e.g. 10-100")
-    return int(m.group(1)), int(m.group(2))
+        raise ValueError(f"{flag} {text!r}: expected START-END, e.g. 10-100")
+    start, end = int(m.group(1)), int(m.group(2))
+    if not 1 <= start <= end:
+        raise ValueError(f"{flag} {text}: ranks count from 1 and START must not exceed END, e.g. 10-100")
+    return start, end
 
 
 def _common(p: argparse.ArgumentParser, mine: tuple[str, ...] = ("bm25", "none")) -> None:
     p.add_argument("--out", required=True, metavar="DIR", help="run directory (best checkpoint in DIR/best)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the run --out already holds (without it, such an --out is refused)")
     p.add_argument("--split", default="train", help="qrels split of a BEIR directory to train on")
     p.add_argument("--corpus", default=None, metavar="FILE", help="corpus.jsonl resolving document ids in JSONL data")
     p.add_argument("--negatives", default=None, metavar="FILE", help="mined negatives JSONL (twotower train mine)")
@@ -99,7 +107,7 @@ def register(subparsers) -> None:
     train.set_defaults(func=lambda args: (train.print_help(), 2)[1])
 
     p = sub.add_parser("dual", help="contrastive dual-encoder training (InfoNCE)",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=DefaultsHelpFormatter)
     p.add_argument("--model", required=True, metavar="DIR", help="starting HF BERT / sentence-transformers dir")
     p.add_argument("--data", required=True, metavar="BEIR_DIR|FILE.jsonl")
     _common(p)
@@ -122,7 +130,7 @@ def register(subparsers) -> None:
     p.set_defaults(func=run_dual)
 
     p = sub.add_parser("reranker", help="cross-encoder reranker training (listwise or pointwise)",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=DefaultsHelpFormatter)
     p.add_argument("--model", required=True, metavar="DIR|default",
                    help="encoder checkpoint (a fresh head), reranker directory (continued), or 'default': "
                         "continue the reranker twotower ships on your labels")
@@ -156,7 +164,7 @@ def register(subparsers) -> None:
     p.set_defaults(func=run_reranker)
 
     p = sub.add_parser("mine", help="mine hard negatives from BM25 or a dense model into JSONL",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=DefaultsHelpFormatter)
     p.add_argument("--data", required=True, metavar="BEIR_DIR|FILE.jsonl")
     p.add_argument("--out", required=True, metavar="FILE.jsonl")
     p.add_argument("--split", default="train")
@@ -173,7 +181,7 @@ def register(subparsers) -> None:
     p.set_defaults(func=run_mine)
 
     p = sub.add_parser("pairs", help="self-supervised pairs from a corpus (cropping / inverse cloze)",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=DefaultsHelpFormatter)
     p.add_argument("--corpus", required=True, metavar="FILE", help="corpus.jsonl")
     p.add_argument("--method", choices=["crop", "ict"], default="crop")
     p.add_argument("--out", required=True, metavar="FILE.jsonl")
@@ -182,7 +190,7 @@ def register(subparsers) -> None:
     p.set_defaults(func=run_pairs)
 
     p = sub.add_parser("demo-reranker", help="train the small reranker the README demo uses (minutes on a CPU)",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=DefaultsHelpFormatter)
     p.add_argument("--out", required=True, metavar="DIR")
     p.add_argument("--model", default=None, metavar="DIR", help="default: all-MiniLM-L6-v2")
     p.add_argument("--corpus", default=None, metavar="FILE", help="default: the bundled SciFact sample")
@@ -221,7 +229,7 @@ def register(subparsers) -> None:
     p.set_defaults(func=run_demo)
 
     p = sub.add_parser("soup", help="average rerankers trained with different seeds into one, scored on their dev",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=DefaultsHelpFormatter)
     p.add_argument("runs", nargs="+", metavar="RUN",
                    help="--out directories of reranker runs (or their best/ checkpoints) with the same data, "
                         "start and --dev-seed")
@@ -249,12 +257,23 @@ def _check_out(path: str) -> None:
         raise ValueError(f"--out {path} is a file; give a directory")
 
 
+def _check_run_out(args) -> None:
+    """A training --out that holds an earlier run's checkpoint is refused unless --overwrite: the new run's first
+    evaluation would replace the earlier best/ checkpoint, which a mistyped --out (or a Ctrl-C a minute
+    later) then loses for good."""
+    _check_out(args.out)
+    # only a checkpoint is worth keeping: a run that stopped on bad input before one leaves just its log
+    if os.path.isdir(os.path.join(args.out, "best")) and not args.overwrite:
+        raise ValueError(f"--out {args.out} already holds a trained checkpoint ({os.path.join(args.out, 'best')}); "
+                         "pass --overwrite to replace it, or give another --out")
+
+
 def _settings(args, default_ranks: tuple[int, int]) -> dict:
     """The `TrainSettings` (and mining) fields of the flags `_common` adds, as config keywords."""
     return dict(
         out=args.out, split=args.split, corpus=args.corpus, negatives=args.negatives,
         mine=None if (args.negatives or args.mine == "none") else args.mine,
-        mine_ranks=parse_ranks(args.mine_ranks) if args.mine_ranks else default_ranks,
+        mine_ranks=parse_ranks("--mine-ranks", args.mine_ranks) if args.mine_ranks else default_ranks,
         epochs=args.epochs, max_steps=args.max_steps, time_budget=parse_duration("--time-budget", args.time_budget),
         warmup=args.warmup, weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm,
         bf16=False if args.no_bf16 else "auto", seed=args.seed, dev_fraction=args.dev_fraction,
@@ -265,7 +284,7 @@ def _settings(args, default_ranks: tuple[int, int]) -> dict:
 
 
 def run_dual(args) -> int:
-    _check_out(args.out)
+    _check_run_out(args)
     from twotower.common.distributed import cleanup, init_distributed
     from twotower.retrieval.training.train_dual import DualTrainConfig, train_dual
 
@@ -276,9 +295,11 @@ def run_dual(args) -> int:
         query_max_length=args.query_max_length, doc_max_length=args.doc_max_length,
         train_doc_max_length=args.train_doc_max_length, batch_size=args.batch_size,
         hard_negatives=args.hard_negatives, chunk_size=args.grad_cache_chunk, temperature=args.temperature,
-        learn_temperature=args.learn_temperature, symmetric=args.symmetric, lr=args.lr or 2e-5,
+        learn_temperature=args.learn_temperature, symmetric=args.symmetric,
+        lr=2e-5 if args.lr is None else args.lr,  # --lr 0 is refused, not replaced by the default
         dev_pool=args.dev_pool, **_settings(args, default_ranks=(10, 100)),
     )
+    model_directory("--model", args.model, dual=True)  # after the flags: their errors come first, as for reranker
     res = train_dual(cfg)
     cleanup(info)  # success path only: a barrier after one rank failed would just hang
     print(json.dumps({"best": res.best_dir, "best_step": res.best_step, "best_dev_ndcg@10": round(res.best_score, 4),
@@ -296,6 +317,8 @@ def _teacher(flag: str | None, args) -> str | None:
 
     if flag not in (None, "embedded") and not os.path.isdir(flag):
         raise ValueError(f"--teacher {flag}: not a directory (give a dual-encoder directory or 'embedded')")
+    if flag not in (None, "embedded") and not os.path.isfile(os.path.join(flag, "manifest.json")):  # not an index
+        model_directory("--teacher", flag, dual=True)
     if flag not in (None, "embedded") and is_reranker(flag):
         raise ValueError(f"--teacher {flag}: a reranker (cross-encoder) directory; the teacher is a dual encoder: "
                          "give its directory, an index built from the training corpus, or 'embedded'")
@@ -348,13 +371,14 @@ def _windows(args) -> tuple[int | None, int | None, int | None]:
 
 
 def run_reranker(args) -> int:
-    _check_out(args.out)
+    _check_run_out(args)
     from twotower.retrieval.rerank import DEFAULT_RERANK_K
     from twotower.retrieval.training.train_reranker import RerankerTrainConfig, train_reranker
 
     cfg = RerankerTrainConfig(
         model=args.model, pairs=args.pairs, first_stage=args.first_stage, loss=args.loss,
-        group_size=args.group_size, batch_size=args.batch_size, max_length=args.max_length, lr=args.lr or 3e-5,
+        group_size=args.group_size, batch_size=args.batch_size, max_length=args.max_length,
+        lr=3e-5 if args.lr is None else args.lr,
         dev_rerank_k=DEFAULT_RERANK_K if args.dev_rerank_k is None else args.dev_rerank_k,
         collapse_std=args.collapse_std, head_pooling=args.head_pooling,
         trainable_layers=args.trainable_layers, teacher=_teacher(args.teacher, args), distill_weight=args.distill_weight,
@@ -382,7 +406,14 @@ def run_mine(args) -> int:
     )
     from twotower.retrieval.training.training_data import read_training
 
-    start, end = parse_ranks(args.ranks)
+    start, end = parse_ranks("--ranks", args.ranks)
+    for flag, value in (("--num-negatives", args.num_negatives), ("--random", args.random)):
+        if value < 0:
+            raise ValueError(f"{flag} must be >= 0, got {value}")
+    if args.max_ratio is not None and not 0 < args.max_ratio < math.inf:
+        raise ValueError(f"--max-ratio must be a number > 0, got {args.max_ratio:g}")
+    if args.margin is not None and not math.isfinite(args.margin):
+        raise ValueError(f"--margin must be a number, got {args.margin:g}")
     cfg = MiningConfig(rank_start=start, rank_end=end, num_negatives=args.num_negatives, margin=args.margin,
                        max_ratio=args.max_ratio, num_random=args.random, seed=args.seed)
     data = read_training(args.data, split=args.split, corpus_path=args.corpus)
@@ -413,6 +444,10 @@ def run_pairs(args) -> int:
     )
     from twotower.retrieval.training.training_data import read_corpus
 
+    if args.pairs_per_document < 1:
+        raise ValueError(f"--pairs-per-document must be >= 1, got {args.pairs_per_document}")
+    if args.method == "ict" and args.pairs_per_document != 1:
+        raise ValueError("--pairs-per-document applies to --method crop; ict makes one pair per document")
     corpus = read_corpus(args.corpus)
     if args.method == "crop":
         data = independent_crops(corpus, pairs_per_document=args.pairs_per_document, seed=args.seed)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -304,6 +305,22 @@ def test_cli_embed_default_model_and_bf16_close(minilm_reference, tmp_path):
 
 
 # ---- CLI input handling --------------------------------------------------------------------------------
+def test_cli_embed_text_lines_are_the_rows_wc_counts(tmp_path):
+    """One vector per line as `wc -l` counts lines: a form feed inside a line used to split it in two (str.splitlines)
+    and shift every later row; a byte-order mark is not embedded; a bad byte is an error naming its line, where it
+    was silently replaced."""
+    from twotower.cli.embed_cmd import read_texts
+    from twotower.common.errors import DataError
+
+    path = tmp_path / "in.txt"
+    path.write_bytes("\ufefffirst\nsecond\x0cpage two\n\nlast\u2028".encode("utf-8"))
+    assert read_texts(str(path)) == ["first", "second\x0cpage two", "", "last\u2028"]
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"ok\ncaf\xe9\n")
+    with pytest.raises(DataError, match=re.escape(f"{bad}:2: not valid UTF-8")):
+        read_texts(str(bad))
+
+
 def test_cli_embed_jsonl_and_bad_input(tiny_model_dir, tmp_path, capsys):
     good = tmp_path / "c.jsonl"
     good.write_text(json.dumps({"_id": "1", "title": "Tea", "text": "is cold"}) + "\n\n"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -241,3 +242,38 @@ def test_under_torchrun_the_ranks_agree_on_the_clock_and_on_a_guards_stop(tmp_pa
     assert n0["steps"] == n1["steps"] == 3
     assert n1["error"].startswith("training loss became nan at step 3")
     assert n0["error"].startswith("training loss became non-finite on another rank at step 3")
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("max_steps", 0, "max_steps=0: give 1 or more (--max-steps)"),  # 0 fell through to an epoch
+    ("eval_every", 0, "eval_every=0: give 1 or more (--eval-every)"),  # the same
+    ("epochs", -1.0, "epochs=-1.0: give a number of epochs > 0 (--epochs)"),  # trained one step
+    ("epochs", float("nan"), "epochs=nan"),
+    ("warmup", 1.5, "warmup=1.5: give a fraction of the run in [0, 1) (--warmup)"),
+    ("max_grad_norm", 0.0, "max_grad_norm=0.0: give a norm > 0"),  # zeroed every update
+    ("weight_decay", -0.1, "weight_decay=-0.1: give 0 or more (--weight-decay)"),
+    ("dev_fraction", 0.0, "dev_fraction=0.0: give a fraction in (0, 1) (--dev-fraction)"),
+    ("time_budget", 0.0, "time_budget=0.0: give a duration > 0 (--time-budget)"),
+    ("lr", 0.0, "lr=0.0: give a learning rate > 0 (--lr)"),
+    ("batch_size", 0, "batch_size=0: give 1 or more (--batch-size)"),  # a ZeroDivisionError in the reranker
+])
+@pytest.mark.parametrize("trainer", ["reranker", "dual"])
+def test_settings_that_would_train_something_else_are_refused_naming_the_flag(trainer, field, value, message):
+    from twotower.retrieval.training.train_dual import DualTrainConfig
+    from twotower.retrieval.training.train_reranker import RerankerTrainConfig
+
+    make = (lambda **kw: RerankerTrainConfig(model="m", pairs="p", out="o", **kw)) if trainer == "reranker" \
+        else (lambda **kw: DualTrainConfig(model="m", data="d", out="o", **kw))
+    make()  # the defaults pass
+    with pytest.raises(ValueError, match=re.escape(message)):
+        make(**{field: value})
+
+
+def test_cli_lr_zero_is_refused_not_replaced_by_the_default(tmp_path, capsys):
+    from tests.retrieval.training_fixtures import tiny_beir_dir, tiny_model_dir
+    from twotower.cli import main
+
+    for command, data in (("reranker", "--pairs"), ("dual", "--data")):
+        rc = main(["train", command, "--model", tiny_model_dir(), data, tiny_beir_dir(), "--out",
+                   str(tmp_path / command), "--lr", "0", "--no-progress"])
+        assert rc == 2 and "lr=0.0: give a learning rate > 0 (--lr)" in capsys.readouterr().err

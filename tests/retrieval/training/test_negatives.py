@@ -59,7 +59,7 @@ def test_a_corpus_too_small_for_the_group_is_refused_not_sampled_for_ever():
 
 @pytest.mark.parametrize("argv, message", [
     (["reranker", "--group-size", "100"], "--group-size 100: each query needs 99 negatives"),
-    (["dual", "--hard-negatives", "100"], "--hard-negatives 100: each query needs 100 negatives"),
+    (["dual", "--hard-negatives", "100", "--batch-size", "8"], "--hard-negatives 100: each query needs 100 negatives"),
 ])
 def test_cli_refuses_groups_the_corpus_cannot_fill(tmp_path, capsys, argv, message):
     from tests.retrieval.training_fixtures import tiny_beir_dir, tiny_model_dir

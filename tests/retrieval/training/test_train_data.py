@@ -116,6 +116,66 @@ def test_labeled_pairs_errors(tmp_path, rows, message):
         read_labeled_pairs(_write(tmp_path / "x.tsv", rows))
 
 
+def test_labeled_pairs_tsv_is_read_as_every_text_file_is(tmp_path):
+    """A spreadsheet's byte-order mark is not part of the first query (which used to split it from its own
+    later lines and lose its positive); a bad byte names its line; a document-sized field is read whole."""
+    rows = ["tea\tTea is a drink\t1\n", "tea\tCars\t0\n", "cars\tCars go fast\t1\n"]
+    bom = tmp_path / "bom.tsv"
+    bom.write_bytes(b"\xef\xbb\xbf" + "".join(rows).encode("utf-8"))
+    grouped = training_from_pairs(read_labeled_pairs(str(bom)))
+    assert [e.query for e in grouped.examples] == ["tea", "cars"] and not grouped.skipped
+    assert [grouped.corpus[d] for d in grouped.examples[0].negatives] == ["Cars"]
+
+    latin1 = tmp_path / "latin1.tsv"
+    latin1.write_bytes("tea\tTea\t1\ncafe\tCaf\u00e9\t1\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=re.escape(f"{latin1}:2: not valid UTF-8")):
+        read_labeled_pairs(str(latin1))
+
+    long_doc = "word " * 40_000  # 200,000 characters: over csv's 131,072-character field limit
+    path = _write(tmp_path / "long.tsv", [f"tea\t{long_doc}\t1\n"])
+    assert read_labeled_pairs(path).corpus == {text_id(long_doc): long_doc}
+
+
+def test_a_batch_larger_than_the_training_split_is_refused_naming_the_flag():
+    from twotower.retrieval.training.training_data import check_batch_fits
+
+    check_batch_fits("p.tsv", 4, 4, "labeled pairs")  # exactly one batch: fine
+    with pytest.raises(ValueError, match=re.escape("--batch-size 8: the training split of p.tsv has 4 labeled pairs, "
+                                                   "fewer than one batch needs; lower --batch-size (at most 4)")):
+        check_batch_fits("p.tsv", 4, 8, "labeled pairs")
+    with pytest.raises(ValueError, match=re.escape("--batch-size 4 on each of 2 ranks: the training split of d has 6 "
+                                                   "(query, positive) pairs, fewer than one batch needs; lower "
+                                                   "--batch-size (at most 3)")):
+        check_batch_fits("d", 6, 4, "(query, positive) pairs", ranks=2)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["reranker", "--batch-size", "16"], "--batch-size 16: the training split of"),  # listwise: its batch stream used to wait for ever
+    (["reranker", "--loss", "pointwise", "--batch-size", "64"], "--batch-size 64: the training split of"),
+    (["dual"], "--batch-size 32: the training split of"),
+])
+def test_cli_refuses_a_batch_the_training_split_cannot_fill(tmp_path, capsys, argv, message):
+    import signal
+
+    from tests.retrieval.training_fixtures import tiny_beir_dir, tiny_model_dir
+    from twotower.cli import main
+
+    def hung(*_):
+        raise AssertionError("training did not return")
+
+    data = "--pairs" if argv[0] == "reranker" else "--data"
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(60)
+    try:
+        rc = main(["train", argv[0], "--model", tiny_model_dir(), data, tiny_beir_dir(n_queries=10), "--out",
+                   str(tmp_path / "o"), "--max-steps", "1", "--no-progress", "--group-size" if argv[0] == "reranker"
+                   else "--hard-negatives", "2", *argv[1:]])
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert rc == 2 and message in capsys.readouterr().err
+
+
 def test_a_set_too_small_for_dev_is_refused_naming_its_file_and_skips(tmp_path):
     """Two queries in the file, one without a positive: the split's error says where and why only one is left."""
     from types import SimpleNamespace

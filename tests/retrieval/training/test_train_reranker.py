@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 
 import numpy as np
 import pytest
@@ -83,6 +84,7 @@ def test_collapse_guard_stops_and_reports(tmp_path):
 def test_collapse_guard_reads_eval_and_step_records():
     guard = CollapseGuard(min_std=0.1, window=3)
     guard({"event": "eval", "step": 0, "score_std": 0.0})  # the untrained model may score everything alike
+    guard({"event": "eval", "step": 2, "score_std": None})  # dev scored one pair: no spread to lose, no collapse
     with pytest.raises(ScoreCollapse, match="dev scores collapsed to a constant at step 4"):
         guard({"event": "eval", "step": 4, "score_std": 0.05})
     for step, spread in enumerate([0.05, 0.2, 0.05, 0.05], 1):  # the window holds one spread above 0.1
@@ -317,6 +319,49 @@ def test_cli_reranker_and_pairs(tmp_path, capsys):
     assert rc == 0 and json.loads(capsys.readouterr().out)["queries"] == 24
     rc = main(["train", "mine", "--data", tiny_beir_dir(), "--out", str(tmp_path / "n.jsonl"), "--ranks", "10"])
     assert rc == 2 and "START-END" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["mine", "--ranks", "0-5"], "--ranks 0-5: ranks count from 1 and START must not exceed END"),
+    (["mine", "--ranks", "9-3"], "--ranks 9-3: ranks count from 1"),
+    (["mine", "--num-negatives", "-1"], "--num-negatives must be >= 0, got -1"),
+    (["mine", "--random", "-2"], "--random must be >= 0, got -2"),
+    (["mine", "--max-ratio", "0"], "--max-ratio must be a number > 0, got 0"),
+    (["mine", "--margin", "nan"], "--margin must be a number, got nan"),
+    (["reranker", "--mine-ranks", "x"], "--mine-ranks 'x': expected START-END"),  # it said --ranks
+    (["reranker", "--mine-ranks", "0-9"], "--mine-ranks 0-9: ranks count from 1"),
+    (["dual", "--mine-ranks", "5-1"], "--mine-ranks 5-1: ranks count from 1"),
+])
+def test_cli_mining_flags_are_refused_in_their_own_words(tmp_path, capsys, argv, message):
+    """Each bad mining flag is named as typed, before any data or model loads (the config's field names were
+    shown: 'rank window 0-5', 'num_negatives and num_random', 'max_ratio')."""
+    from twotower.cli import main
+
+    data = {"mine": [], "reranker": ["--model", str(tmp_path / "none"), "--pairs"],
+            "dual": ["--model", str(tmp_path / "none"), "--data"]}[argv[0]]
+    args = (["train", "mine", "--data", str(tmp_path / "missing"), "--out", str(tmp_path / "n.jsonl")]
+            if argv[0] == "mine" else ["train", argv[0], *data, str(tmp_path / "missing"), "--out", str(tmp_path / "o")])
+    rc = main([*args, *argv[1:]])
+    assert rc == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["reranker", "dual"])
+def test_cli_an_out_holding_a_run_is_refused_unless_overwrite(tmp_path, capsys, command):
+    """A second run into the same --out used to replace its best/ at the first evaluation."""
+    from twotower.cli import main
+
+    out = tmp_path / "o"
+    args = ["train", command, "--model", tiny_model_dir(0.2), "--pairs" if command == "reranker" else "--data",
+            tiny_beir_dir(), "--out", str(out), "--dry-run", "--no-progress", "--batch-size", "4", "--no-bf16",
+            *(["--group-size", "4", "--max-length", "48", "--dev-rerank-k", "10"] if command == "reranker" else [])]
+    assert main(args) == 0
+    capsys.readouterr()
+    best = {f: (out / "best" / f).read_bytes() for f in os.listdir(out / "best") if (out / "best" / f).is_file()}
+    assert main([*args, "--seed", "7"]) == 2
+    assert f"--out {out} already holds a trained checkpoint ({out / 'best'}); pass --overwrite" in \
+        capsys.readouterr().err
+    assert {f: (out / "best" / f).read_bytes() for f in best} == best  # untouched
+    assert main([*args, "--seed", "7", "--overwrite"]) == 0
 
 
 def test_cli_head_pooling_mean_reaches_the_checkpoint(tmp_path, capsys):
@@ -691,3 +736,21 @@ def test_dev_depth_defaults_to_the_search_depth(tmp_path, capsys, monkeypatch):
             main(["train", "reranker", "--model", tiny_model_dir(0.2), "--pairs", tiny_beir_dir(), "--out",
                   str(tmp_path / f"rr{len(extra)}"), "--no-progress", *extra])
     assert seen == [DEFAULT_RERANK_K, 7]
+
+
+def test_labeled_pairs_jsonl_with_a_byte_order_mark_is_read_as_pairs(tmp_path):
+    """A BOM before the first object hid its "label" from the sniffing, so the file was read as
+    {query, pos, neg} lines and refused as having no positives."""
+    from twotower.retrieval.training.train_reranker import load_reranker_data
+
+    rows = [{"query": "tea", "passage": "Tea is a drink", "label": 1}, {"query": "tea", "passage": "Cars", "label": 0},
+            {"query": "cars", "passage": "Cars go fast", "label": 1}]
+    path = tmp_path / "p.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps(r) + "\n" for r in rows).encode("utf-8"))
+    data, labeled = load_reranker_data(_cfg(tmp_path, pairs=str(path)))
+    assert labeled is not None and [p.label for p in labeled.pairs] == [1, 0, 1]
+    assert [e.query for e in data.examples] == ["tea", "cars"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b'{"query": "caf\xe9", "passage": "x", "label": 1}\n')
+    with pytest.raises(ValueError, match=re.escape(f"{bad}:1: not valid UTF-8")):
+        load_reranker_data(_cfg(tmp_path, pairs=str(bad)))

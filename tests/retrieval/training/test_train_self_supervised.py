@@ -58,3 +58,20 @@ def test_pairs_file_feeds_the_training_reader(tmp_path):
     read = read_jsonl_training(path)
     assert [e.query for e in read.examples] == [e.query for e in data.examples]
     assert [read.corpus[e.positives[0]] for e in read.examples] == [data.corpus[e.positives[0]] for e in data.examples]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--pairs-per-document", "0"], "--pairs-per-document must be >= 1, got 0"),  # was "no document is long enough ()"
+    (["--pairs-per-document", "-2"], "--pairs-per-document must be >= 1, got -2"),
+    (["--method", "ict", "--pairs-per-document", "3"], "--pairs-per-document applies to --method crop"),  # was ignored
+])
+def test_cli_pairs_flags_are_refused_in_their_own_words(tmp_path, capsys, argv, message):
+    import json
+
+    from twotower.cli import main
+
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text(json.dumps({"_id": "a", "text": " ".join(f"w{i}." for i in range(40))}) + "\n")
+    assert main(["train", "pairs", "--corpus", str(corpus), "--out", str(tmp_path / "p.jsonl"), *argv]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "p.jsonl").exists()
