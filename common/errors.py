@@ -34,3 +34,18 @@ class DataError(ValueError):
         self.message = message
         where = self.path if line is None else f"{self.path}:{line}"
         super().__init__(f"{where}: {message}")
+
+
+def check_setting(ok: bool, name: str, value: object, flag: str | None, want: str) -> None:
+    """A config setting's check, failing as ``name=value: want (flag)``: the Python field for API users and
+    the command-line flag for everyone else (flag None: a setting the command line does not expose).
+
+    Example:
+        >>> check_setting(3 >= 1, "epochs", 3, "--epochs", "give 1 or more")
+        >>> check_setting(0 >= 1, "epochs", 0, "--epochs", "give 1 or more")
+        Traceback (most recent call last):
+        ...
+        ValueError: epochs=0: give 1 or more (--epochs)
+    """
+    if not ok:
+        raise ValueError(f"{name}={value!r}: {want}" + (f" ({flag})" if flag else ""))

@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 
 from twotower.common.atomic import atomic_write_text
 from twotower.common.device import autocast, default_device, resolve_bf16
+from twotower.common.errors import check_setting
 from twotower.common.malloc import retain_freed_memory_for
 from twotower.encoder.finetuning.qa_decode import choose_null_threshold
 from twotower.encoder.finetuning.task_examples import build_label_map
@@ -72,6 +73,25 @@ class FinetuneConfig:
     device: str | None = None
     eval_batch_size: int = 128
     progress: bool = True
+
+    def __post_init__(self) -> None:
+        """Refuse settings that crash late or train something else, naming the field and the flag
+        (``epochs=0`` stopped in a StopIteration, ``batch_size=0`` divided by zero, ``max_train_examples=0``
+        meant no cap)."""
+        for name, flag in (("epochs", "--epochs"), ("batch_size", "--batch-size"), ("eval_batch_size", None),
+                           ("evals_per_epoch", "--evals-per-epoch"), ("doc_stride", "--doc-stride"),
+                           ("max_query_length", "--max-query-length"), ("max_answer_length", "--max-answer-length")):
+            check_setting(getattr(self, name) >= 1, name, getattr(self, name), flag, "give 1 or more")
+        for name, flag in (("max_steps", "--max-steps"), ("max_train_examples", "--max-train")):
+            value = getattr(self, name)
+            check_setting(value is None or value >= 1, name, value, flag, "give 1 or more")
+        check_setting(self.lr is None or (math.isfinite(self.lr) and self.lr >= 0), "lr", self.lr, "--lr",
+                      "give a learning rate >= 0")
+        check_setting(0 <= self.warmup < 1, "warmup", self.warmup, "--warmup", "give a fraction of the run in [0, 1)")
+        check_setting(math.isfinite(self.weight_decay) and self.weight_decay >= 0, "weight_decay", self.weight_decay,
+                      "--weight-decay", "give 0 or more")
+        check_setting(math.isfinite(self.grad_clip) and self.grad_clip > 0, "grad_clip", self.grad_clip, None,
+                      "give a norm > 0")
 
     @property
     def learning_rate(self) -> float:

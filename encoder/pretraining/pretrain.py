@@ -26,6 +26,7 @@ import torch
 
 from twotower.common.device import autocast, default_device, resolve_bf16
 from twotower.common.distributed import DistInfo, all_reduce_sum, barrier, cleanup, init_distributed
+from twotower.common.errors import check_setting
 from twotower.common.malloc import retain_freed_memory_for
 from twotower.encoder.core.checkpoint import (
     CONFIG_NAME,
@@ -103,6 +104,26 @@ class PretrainArgs:
     progress: bool = True
     cache_dir: str | None = None
     dump_replicas: str | None = None  # test hook: every rank writes its final parameters here
+
+    def __post_init__(self) -> None:
+        """Refuse settings that crash mid-run or train something else, naming the field and the flag
+        (``log_every=0`` divided by zero at the first step; ``lr=0`` trained nothing; a zero interval meant
+        "never" or "every step" depending on the field)."""
+        check_setting(math.isfinite(self.lr) and self.lr >= 0, "lr", self.lr, "--lr", "give a learning rate >= 0")
+        check_setting(0 <= self.warmup < 1, "warmup", self.warmup, "--warmup", "give a fraction of the run in [0, 1)")
+        check_setting(math.isfinite(self.weight_decay) and self.weight_decay >= 0, "weight_decay", self.weight_decay,
+                      "--weight-decay", "give 0 or more")
+        check_setting(math.isfinite(self.clip) and self.clip > 0, "clip", self.clip, "--clip",
+                      "give a gradient norm > 0 (0 would zero every update)")
+        check_setting(self.ckpt_every_minutes > 0, "ckpt_every_minutes", self.ckpt_every_minutes,
+                      "--ckpt-every-minutes", "give minutes > 0")
+        for name, flag in (("log_every", "--log-every"), ("valid_rows", "--valid-rows")):
+            check_setting(getattr(self, name) >= 1, name, getattr(self, name), flag, "give 1 or more")
+        check_setting(self.evals >= 0, "evals", self.evals, "--evals", "give 0 (only at the end) or more")
+        for name, flag in (("eval_every_steps", "--eval-every-steps"), ("ckpt_every_steps", "--ckpt-every-steps"),
+                           ("max_steps", "--max-steps")):
+            value = getattr(self, name)
+            check_setting(value is None or value >= 1, name, value, flag, "give 1 or more")
 
 
 # ---- setup -----------------------------------------------------------------------------------------------

@@ -41,6 +41,7 @@ import os
 import random
 
 from twotower.common.atomic import atomic_path, atomic_write_text
+from twotower.common.errors import check_setting
 
 DATA = str(importlib.resources.files("twotower.retrieval").joinpath("data"))  # the package data of twotower.retrieval
 BUNDLED_CORPUS = os.path.join(DATA, "scifact-sample.jsonl.gz")
@@ -154,7 +155,10 @@ def train_demo_reranker(
     from twotower.retrieval.training.train_reranker import RerankerTrainConfig, teacher_dir, train_reranker
 
     if evals < 1:
-        raise ValueError(f"evals={evals}: need at least one dev evaluation to choose a checkpoint")
+        raise ValueError(f"evals={evals}: need at least one dev evaluation to choose a checkpoint (--evals)")
+    # before any work, in this command's own words (the config below would name train reranker's --max-steps)
+    check_setting(steps >= 1, "steps", steps, "--steps", "give 1 or more")
+    check_setting(layers is None or layers >= 1, "layers", layers, "--layers", "give 1 or more (None: all)")
     model = model or default_model_dir()
     teacher = teacher_dir(teacher)
     corpus = corpus or BUNDLED_CORPUS

@@ -44,6 +44,7 @@ import torch
 
 from twotower.common.device import default_device, resolve_bf16
 from twotower.common.distributed import DistInfo, all_reduce_sum
+from twotower.common.errors import check_setting
 from twotower.common.malloc import retain_freed_memory_for
 from twotower.encoder.training.optim import lr_factor, set_lr
 from twotower.retrieval.training.losses.gather import rank, world_size
@@ -149,13 +150,6 @@ class TrainSettings:
     def dev_split_seed(self) -> int:
         """The seed `split_dev` carves dev with: `dev_seed`, else `seed`."""
         return self.seed if self.dev_seed is None else self.dev_seed
-
-
-def check_setting(ok: bool, name: str, value: object, flag: str | None, want: str) -> None:
-    """A trainer setting's check: ``name=value: want (flag)``, so the Python field and the CLI flag are both
-    named (flag None: a setting the command line does not expose)."""
-    if not ok:
-        raise ValueError(f"{name}={value!r}: {want}" + (f" ({flag})" if flag else ""))
 
 
 def start_run(cfg: TrainSettings, out: str, enabled: bool = True,

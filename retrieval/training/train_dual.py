@@ -39,10 +39,11 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from twotower.common.device import autocast
+from twotower.common.errors import check_setting
 from twotower.encoder.training.optim import make_optimizer
 from twotower.retrieval.export import write_training_args
 from twotower.retrieval.training.batch_sampler import Item, UniquePositiveBatches
-from twotower.retrieval.training.loop import Schedule, TrainingLoop, TrainSettings, check_setting, start_run
+from twotower.retrieval.training.loop import Schedule, TrainingLoop, TrainSettings, start_run
 from twotower.retrieval.training.losses.gather import gather_with_grad, rank, world_size
 from twotower.retrieval.training.losses.gradcache import cached_step
 from twotower.retrieval.training.losses.infonce import Temperature, info_nce
@@ -120,7 +121,7 @@ class DualTrainConfig(TrainSettings):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_setting(math.isfinite(self.lr) and self.lr > 0, "lr", self.lr, "--lr", "give a learning rate > 0")
+        check_setting(math.isfinite(self.lr) and self.lr >= 0, "lr", self.lr, "--lr", "give a learning rate >= 0")
         check_setting(0 < self.temperature <= 1, "temperature", self.temperature, "--temperature",
                       "give a temperature in (0, 1]")
         check_setting(self.hard_negatives >= 0, "hard_negatives", self.hard_negatives, "--hard-negatives",

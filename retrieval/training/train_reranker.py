@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from twotower.common.device import autocast
+from twotower.common.errors import check_setting
 from twotower.encoder.training.optim import param_groups
 from twotower.eval.io.lines import json_lines
 from twotower.retrieval.cross_encoder import (
@@ -54,7 +55,6 @@ from twotower.retrieval.training.loop import (
     StopTraining,
     TrainingLoop,
     TrainSettings,
-    check_setting,
     start_run,
 )
 from twotower.retrieval.training.losses import listwise_ce, listwise_kl, pointwise_bce
@@ -196,7 +196,7 @@ class RerankerTrainConfig(TrainSettings):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_setting(math.isfinite(self.lr) and self.lr > 0, "lr", self.lr, "--lr", "give a learning rate > 0")
+        check_setting(math.isfinite(self.lr) and self.lr >= 0, "lr", self.lr, "--lr", "give a learning rate >= 0")
         for name, flag in (("batch_size", "--batch-size"), ("eval_batch_size", None),
                            ("collapse_window", None)):
             check_setting(getattr(self, name) >= 1, name, getattr(self, name), flag, "give 1 or more")

@@ -150,3 +150,14 @@ def test_titles_without_claims_none_names_the_flags(tmp_path, capsys):
                          "--titles", "0")
     assert rc == 2 and "--titles 0: give 1 or more" in err
     assert not (tmp_path / "rr").exists()
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--steps", "0"], "steps=0: give 1 or more (--steps)"),  # was named as train reranker's --max-steps
+    (["--layers", "0"], "layers=0: give 1 or more (None: all) (--layers)"),
+    (["--evals", "0"], "need at least one dev evaluation to choose a checkpoint (--evals)"),
+])
+def test_demo_reranker_flags_are_named_as_typed(tmp_path, capsys, flags, message):
+    rc, _, err = run_cli(capsys, "train", "demo-reranker", "--out", str(tmp_path / "rr"), *flags)
+    assert rc == 2 and message in err
+    assert not (tmp_path / "rr").exists()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -180,3 +181,19 @@ def test_mean_pooled_head_trains_full_and_frozen(tiny_dir, tmp_path, freeze):
     tm = TaskModel.from_pretrained(out)
     assert tm.model.pooling == "mean" and tm.model.bert.pooler is None
     assert np.mean([p.label == ex.label for p, ex in zip(tm.predict(DEV), DEV)]) == max(accs)
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("epochs", 0, "epochs=0: give 1 or more (--epochs)"),  # a StopIteration traceback
+    ("batch_size", 0, "batch_size=0: give 1 or more (--batch-size)"),  # a ZeroDivisionError
+    ("max_train_examples", 0, "max_train_examples=0: give 1 or more (--max-train)"),  # meant no cap
+    ("max_steps", 0, "max_steps=0: give 1 or more (--max-steps)"),
+    ("evals_per_epoch", 0, "evals_per_epoch=0: give 1 or more (--evals-per-epoch)"),
+    ("lr", -1.0, "lr=-1.0: give a learning rate >= 0 (--lr)"),
+    ("warmup", 1.0, "warmup=1.0: give a fraction of the run in [0, 1) (--warmup)"),
+    ("weight_decay", float("nan"), "weight_decay=nan: give 0 or more (--weight-decay)"),
+])
+def test_settings_that_crash_late_or_train_something_else_are_refused(field, value, message):
+    FinetuneConfig()  # the defaults pass
+    with pytest.raises(ValueError, match=re.escape(message)):
+        FinetuneConfig(**{field: value})
