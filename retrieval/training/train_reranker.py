@@ -50,13 +50,7 @@ from twotower.retrieval.export import write_training_args
 from twotower.retrieval.interpolation import ALPHA_FILE, write_alpha
 from twotower.retrieval.rerank import DEFAULT_RERANK_K
 from twotower.retrieval.training.alpha import choose_alpha
-from twotower.retrieval.training.loop import (
-    Schedule,
-    StopTraining,
-    TrainingLoop,
-    TrainSettings,
-    start_run,
-)
+from twotower.retrieval.training.loop import Schedule, StopTraining, TrainingLoop, TrainSettings, start_run
 from twotower.retrieval.training.losses import listwise_ce, listwise_kl, pointwise_bce
 from twotower.retrieval.training.mining import DenseRetriever
 from twotower.retrieval.training.negatives import (
@@ -261,8 +255,8 @@ class ScoreCollapse(StopTraining):
 class CollapseGuard:
     """The collapse guard of the module docstring, as a `TrainingLoop` guard: it reads the step and eval records.
 
-    Dev scores (``score_std`` of an eval after step 0, None when dev scored fewer than two pairs) or the training logits of the last `window` steps
-    (``logit_std``) spread less than `min_std`: raise `ScoreCollapse`.
+    Dev scores (``score_std`` of an eval after step 0; None when dev scored fewer than two pairs) or the
+    training logits of the last `window` steps (``logit_std``) spread less than `min_std`: raise `ScoreCollapse`.
     """
 
     def __init__(self, min_std: float, window: int) -> None:

@@ -52,6 +52,9 @@ def test_finetune_and_predict_classify(tiny_dir, tmp_path, capsys):
     assert main(["predict", "classify", "--model", out, "--input", txt, "--no-progress"]) == 0
     captured = capsys.readouterr()
     assert len(captured.out.splitlines()) == 2 and captured.err == ""
+    for flags in (["--batch-size", "0"], ["--threads", "0"]):  # range() arg 3 must not be zero; ignored
+        assert main(["predict", "classify", "--model", out, "--input", txt, *flags]) == 2
+        assert f"{flags[0]} must be >= 1, got 0" in capsys.readouterr().err
 
 
 def test_finetune_tag_and_qa(tiny_dir, tmp_path, capsys):

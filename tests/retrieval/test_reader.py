@@ -173,6 +173,9 @@ def test_answer_cli_end_to_end(reader, tiny_dir, index_dir, tmp_path, capsys):
     reader.info.null_threshold = None
     assert main(["answer", "--index", str(index_dir), "--reader", str(tmp_path / "clf"), "who"]) == 2
     assert "needs a QA model" in capsys.readouterr().err
+    assert main(["answer", "--index", str(index_dir), "--reader", str(tmp_path / "reader"), "-k", "5",
+                 "--recall-k", "2", "who"]) == 2
+    assert "--recall-k (2) must be at least -k (5)" in capsys.readouterr().err
 
 
 def test_answer_reads_only_documents_the_filter_allows(reader, tmp_path, capsys):

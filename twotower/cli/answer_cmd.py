@@ -42,6 +42,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_answer(args: argparse.Namespace) -> int:
     if args.passages < 1 or args.answers < 1:
         raise CLIError("--passages and --answers must be >= 1")
+    if args.recall_k < args.passages:  # as search and eval say it, before the models load
+        raise CLIError(f"--recall-k ({args.recall_k}) must be at least -k ({args.passages})")
     if args.retrieval_weight < 0:
         raise CLIError("--retrieval-weight must be >= 0")
     if any(not q.strip() for q in args.questions):

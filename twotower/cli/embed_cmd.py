@@ -93,6 +93,23 @@ def run(args: argparse.Namespace) -> int:
     out_dir = os.path.dirname(os.path.abspath(args.out))
     if not os.path.isdir(out_dir):
         raise FileNotFoundError(f"output directory not found: {out_dir}")
+    if args.model:
+        from twotower.cli.checks import MODEL_CONFIG, model_directory
+
+        model_directory("--model", args.model, dual=True)
+        if not os.path.isfile(os.path.join(args.model, MODEL_CONFIG)):  # separate towers: which one is the user's
+            import json
+
+            from twotower.retrieval.dual_encoder import DUAL_CONFIG_NAME
+
+            try:
+                with open(os.path.join(args.model, DUAL_CONFIG_NAME), encoding="utf-8") as f:
+                    names = json.load(f)
+                towers = [os.path.join(args.model, str(names[k])) for k in ("query", "document")]
+            except (OSError, ValueError, KeyError, TypeError):
+                towers = ["its query tower", "its document tower"]
+            raise CLIError(f"--model {args.model}: a dual encoder with separate query and document towers; embed "
+                           f"with one of them: {towers[0]} or {towers[1]}")
     texts = read_texts(args.input)
     model_dir = args.model or default_model_path()
 

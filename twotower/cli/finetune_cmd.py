@@ -153,6 +153,8 @@ def _has_gold(task: str, examples: list) -> bool:
 def run_predict(args: argparse.Namespace) -> int:
     from twotower.cli import CLIError
 
+    if args.batch_size < 1:
+        raise CLIError(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.threads is not None and args.threads < 1:
         raise CLIError(f"--threads must be >= 1, got {args.threads}")
     if args.threads:

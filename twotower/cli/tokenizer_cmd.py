@@ -47,6 +47,8 @@ def train(args: argparse.Namespace) -> int:
         raise CLIError(f"--vocab-size must exceed the {len(SPECIAL_TOKENS)} special tokens, got {args.vocab_size}")
     if args.min_frequency < 1:
         raise CLIError(f"--min-frequency must be >= 1, got {args.min_frequency}")
+    if args.limit_alphabet is not None and args.limit_alphabet < 1:  # 0 read as "saw no text"; < 0 overflowed
+        raise CLIError(f"--limit-alphabet must be >= 1, got {args.limit_alphabet}")
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise CLIError(f"--out {args.out} exists and is not a directory")
 

@@ -296,7 +296,7 @@ def run_dual(args) -> int:
         train_doc_max_length=args.train_doc_max_length, batch_size=args.batch_size,
         hard_negatives=args.hard_negatives, chunk_size=args.grad_cache_chunk, temperature=args.temperature,
         learn_temperature=args.learn_temperature, symmetric=args.symmetric,
-        lr=2e-5 if args.lr is None else args.lr,  # --lr 0 is refused, not replaced by the default
+        lr=2e-5 if args.lr is None else args.lr,  # --lr 0 is kept, not replaced by the default
         dev_pool=args.dev_pool, **_settings(args, default_ranks=(10, 100)),
     )
     model_directory("--model", args.model, dual=True)  # after the flags: their errors come first, as for reranker

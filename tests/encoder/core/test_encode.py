@@ -305,6 +305,28 @@ def test_cli_embed_default_model_and_bf16_close(minilm_reference, tmp_path):
 
 
 # ---- CLI input handling --------------------------------------------------------------------------------
+def test_cli_embed_names_the_towers_of_a_separate_dual_encoder(tiny_model_dir, tmp_path, capsys):
+    """A `train dual --separate-towers` directory has no config.json of its own: embed says which towers
+    there are (it said "config file not found"), and a training run's directory names its best/."""
+    import copy
+
+    from twotower.retrieval.dual_encoder import DualEncoder
+
+    shared = DualEncoder.from_pretrained(tiny_model_dir, bf16=False)
+    DualEncoder(shared.query_tower, copy.deepcopy(shared.query_tower)).save_pretrained(str(tmp_path / "dual"))
+    inp = tmp_path / "in.txt"
+    inp.write_text("tea\n", encoding="utf-8")
+    args = ["embed", "--input", str(inp), "--out", str(tmp_path / "v.npy"), "--no-progress", "--model"]
+    assert main([*args, str(tmp_path / "dual")]) == 2
+    assert (f"a dual encoder with separate query and document towers; embed with one of them: "
+            f"{tmp_path / 'dual' / 'query'} or {tmp_path / 'dual' / 'document'}") in capsys.readouterr().err
+    assert main([*args, str(tmp_path / "dual" / "document")]) == 0
+    (tmp_path / "run").mkdir()
+    (tmp_path / "dual").rename(tmp_path / "run" / "best")
+    assert main([*args, str(tmp_path / "run")]) == 2
+    assert f"its best checkpoint is {tmp_path / 'run' / 'best'}" in capsys.readouterr().err
+
+
 def test_cli_embed_text_lines_are_the_rows_wc_counts(tmp_path):
     """One vector per line as `wc -l` counts lines: a form feed inside a line used to split it in two (str.splitlines)
     and shift every later row; a byte-order mark is not embedded; a bad byte is an error naming its line, where it

@@ -181,3 +181,9 @@ def test_cli_tokenizer_bad_input(tmp_path, capsys):
     assert "no text" in capsys.readouterr().err
     assert main(["tokenizer", "train", "--input", str(empty), "--vocab-size", "3", "--out", str(tmp_path)]) == 2
     assert "--vocab-size" in capsys.readouterr().err
+    text = tmp_path / "t.txt"
+    text.write_text("tea and cake\n", encoding="utf-8")
+    for value in ("0", "-3"):  # 0 was reported as "saw no text (empty corpus?)", -3 as an OverflowError
+        assert main(["tokenizer", "train", "--input", str(text), "--vocab-size", "60", "--out", str(tmp_path / "t"),
+                     "--limit-alphabet", value]) == 2
+        assert f"--limit-alphabet must be >= 1, got {value}" in capsys.readouterr().err
