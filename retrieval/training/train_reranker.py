@@ -69,6 +69,7 @@ from twotower.retrieval.training.training_data import (
     pairs_from_training,
     qrels_of,
     queries_of,
+    query_key,
     read_labeled_pairs,
     read_titles,
     read_training,
@@ -309,11 +310,14 @@ def first_stage_run(cfg: RerankerTrainConfig, dev: Sequence[TrainExample], corpu
         run = read_trec_run(cfg.first_stage)
         missing = [e.query_id for e in dev if e.query_id not in run]
         if missing:
-            raise ValueError(f"{cfg.first_stage}: {len(missing)} dev queries have no first-stage results, "
-                             f"e.g. {missing[:3]}")
+            made = [q for q in missing if q == query_key(next(e.query for e in dev if e.query_id == q))]
+            hint = ("; those ids were made from the query texts, as the training data names no query ids: a run "
+                    "cannot name them, so give JSONL with \"query_id\" or --first-stage bm25 / dense") if made else ""
+            raise ValueError(f"--first-stage {cfg.first_stage}: {len(missing)} dev queries have no first-stage "
+                             f"results, e.g. {missing[:3]}{hint}")
         unknown = {d for e in dev for d in run[e.query_id] if d not in corpus}
         if unknown:
-            raise ValueError(f"{cfg.first_stage}: {len(unknown)} documents are not in the corpus, "
+            raise ValueError(f"--first-stage {cfg.first_stage}: {len(unknown)} documents are not in the corpus, "
                              f"e.g. {sorted(unknown)[:3]}")
         return {e.query_id: dict(run[e.query_id]) for e in dev}
     from twotower.retrieval.training.mining import bm25_retriever

@@ -13,8 +13,11 @@ from twotower.cli.serve_cmd import _is_loopback
     (["--index", "{empty}"], "not an index directory (no manifest.json)"),
     (["--index", "{index}", "--port", "0"], "--port 0: must be between 1 and 65535"),
     (["--index", "{index}", "--threads", "0"], "--threads must be positive"),
-    (["--index", "{index}", "--batch-wait-ms", "-1"], "--batch-wait-ms must not be negative"),
-    (["--index", "{index}", "--max-body-mb", "0"], "--max-body-mb must be positive"),
+    (["--index", "{index}", "--batch-wait-ms", "-1"], "--batch-wait-ms must be a number >= 0, got -1"),
+    (["--index", "{index}", "--batch-wait-ms", "nan"], "--batch-wait-ms must be a number >= 0, got nan"),
+    (["--index", "{index}", "--max-body-mb", "0"], "--max-body-mb must be a number > 0, got 0"),
+    (["--index", "{index}", "--max-body-mb", "nan"], "--max-body-mb must be a number > 0, got nan"),
+    (["--index", "{index}", "--max-body-mb", "inf"], "--max-body-mb must be a number > 0, got inf"),  # OverflowError
     (["--index", "{index}", "--reranker", "{empty}"], "--reranker {empty}: not a model directory"),
     (["--index", "{index}", "--reranker", "{empty}", "--no-reranker"], "not both"),
     (["--index", "{index}", "--token-file", "{missing}"], "--token-file: {missing} not found"),

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import logging
+import math
 import os
 import sys
 
@@ -61,10 +62,10 @@ def run_serve(args: argparse.Namespace) -> int:
         raise CLIError("--threads must be positive")
     if args.max_batch < 1:
         raise CLIError("--max-batch must be positive")
-    if args.batch_wait_ms < 0:
-        raise CLIError("--batch-wait-ms must not be negative")
-    if args.max_body_mb <= 0:
-        raise CLIError("--max-body-mb must be positive")
+    if not 0 <= args.batch_wait_ms < math.inf:  # written so that NaN fails too (every comparison with it is False)
+        raise CLIError(f"--batch-wait-ms must be a number >= 0, got {args.batch_wait_ms:g}")
+    if not 0 < args.max_body_mb < math.inf:
+        raise CLIError(f"--max-body-mb must be a number > 0, got {args.max_body_mb:g}")
     if args.reranker and args.no_reranker:
         raise CLIError("give --reranker DIR or --no-reranker, not both")
     if not os.path.isdir(args.index):

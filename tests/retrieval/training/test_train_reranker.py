@@ -131,8 +131,16 @@ def test_dev_seed_carves_dev_apart_from_the_training_seed(tmp_path, monkeypatch,
 def test_first_stage_run_must_cover_the_dev_queries(tmp_path):
     run = tmp_path / "first.trec"
     run.write_text("q0 Q0 d1 1 3.0 x\n")
-    with pytest.raises(ValueError, match="first.trec: .* dev queries have no first-stage results"):
+    with pytest.raises(ValueError, match="--first-stage .*first.trec: .* dev queries have no first-stage results"):
         train_reranker(_cfg(tmp_path, first_stage=str(run), max_steps=1))
+    # labeled pairs name no query ids: the ids in the error were made here, which the message says
+    rows = [f"query {i}\tdocument {i} about tea\t1\n" for i in range(12)]
+    pairs = tmp_path / "p.tsv"
+    pairs.write_text("".join(rows), encoding="utf-8")
+    with pytest.raises(ValueError, match="those ids were made from the query texts, as the training data names no "
+                                         "query ids"):
+        train_reranker(_cfg(tmp_path, pairs=str(pairs), first_stage=str(run), max_steps=1, group_size=2,
+                            batch_size=2, mine=None))
 
 
 def test_mean_pooled_head_trains_and_is_kept(tmp_path):
