@@ -90,8 +90,8 @@ class FinetuneConfig:
         check_setting(0 <= self.warmup < 1, "warmup", self.warmup, "--warmup", "give a fraction of the run in [0, 1)")
         check_setting(math.isfinite(self.weight_decay) and self.weight_decay >= 0, "weight_decay", self.weight_decay,
                       "--weight-decay", "give 0 or more")
-        check_setting(math.isfinite(self.grad_clip) and self.grad_clip > 0, "grad_clip", self.grad_clip, None,
-                      "give a norm > 0")
+        check_setting(math.isfinite(self.grad_clip) and self.grad_clip >= 0, "grad_clip", self.grad_clip, None,
+                      "give a norm >= 0 (0: off)")
 
     @property
     def learning_rate(self) -> float:

@@ -107,16 +107,16 @@ class PretrainArgs:
 
     def __post_init__(self) -> None:
         """Refuse settings that crash mid-run or train something else, naming the field and the flag
-        (``log_every=0`` divided by zero at the first step; ``lr=0`` trained nothing; a zero interval meant
-        "never" or "every step" depending on the field)."""
+        (``log_every=0`` divided by zero at the first step; a zero interval meant "never" or "every step"
+        depending on the field; a negative rate failed in torch's words)."""
         check_setting(math.isfinite(self.lr) and self.lr >= 0, "lr", self.lr, "--lr", "give a learning rate >= 0")
         check_setting(0 <= self.warmup < 1, "warmup", self.warmup, "--warmup", "give a fraction of the run in [0, 1)")
         check_setting(math.isfinite(self.weight_decay) and self.weight_decay >= 0, "weight_decay", self.weight_decay,
                       "--weight-decay", "give 0 or more")
-        check_setting(math.isfinite(self.clip) and self.clip > 0, "clip", self.clip, "--clip",
-                      "give a gradient norm > 0 (0 would zero every update)")
-        check_setting(self.ckpt_every_minutes > 0, "ckpt_every_minutes", self.ckpt_every_minutes,
-                      "--ckpt-every-minutes", "give minutes > 0")
+        check_setting(math.isfinite(self.clip) and self.clip >= 0, "clip", self.clip, "--clip",
+                      "give a gradient norm >= 0 (0: off)")
+        check_setting(self.ckpt_every_minutes >= 0, "ckpt_every_minutes", self.ckpt_every_minutes,
+                      "--ckpt-every-minutes", "give minutes >= 0 (0: every step)")
         for name, flag in (("log_every", "--log-every"), ("valid_rows", "--valid-rows")):
             check_setting(getattr(self, name) >= 1, name, getattr(self, name), flag, "give 1 or more")
         check_setting(self.evals >= 0, "evals", self.evals, "--evals", "give 0 (only at the end) or more")

@@ -141,8 +141,8 @@ class TrainSettings:
         check_setting(0 <= self.warmup < 1, "warmup", self.warmup, "--warmup", "give a fraction of the run in [0, 1)")
         check_setting(math.isfinite(self.weight_decay) and self.weight_decay >= 0, "weight_decay", self.weight_decay,
                       "--weight-decay", "give 0 or more")
-        check_setting(math.isfinite(self.max_grad_norm) and self.max_grad_norm > 0, "max_grad_norm",
-                      self.max_grad_norm, "--max-grad-norm", "give a norm > 0 (0 would zero every update)")
+        check_setting(self.max_grad_norm > 0, "max_grad_norm", self.max_grad_norm, "--max-grad-norm",  # NaN fails
+                      "give a norm > 0 (0 would zero every update; inf: no clipping)")
         check_setting(0 < self.dev_fraction < 1, "dev_fraction", self.dev_fraction, "--dev-fraction",
                       "give a fraction in (0, 1)")
 

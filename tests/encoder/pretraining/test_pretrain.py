@@ -252,7 +252,7 @@ def test_init_from_a_bare_encoder_starts_a_fresh_head(setup, tiny_tokenizer_dir)
     ("log_every", 0, "log_every=0: give 1 or more (--log-every)"),  # a ZeroDivisionError at the first step
     ("lr", -1.0, "lr=-1.0: give a learning rate >= 0 (--lr)"),  # torch's "Invalid learning rate"
     ("warmup", 2.0, "warmup=2.0: give a fraction of the run in [0, 1) (--warmup)"),
-    ("clip", 0.0, "clip=0.0: give a gradient norm > 0"),
+    ("clip", -1.0, "clip=-1.0: give a gradient norm >= 0 (0: off) (--clip)"),
     ("eval_every_steps", 0, "eval_every_steps=0: give 1 or more (--eval-every-steps)"),
     ("ckpt_every_steps", 0, "ckpt_every_steps=0: give 1 or more (--ckpt-every-steps)"),
     ("evals", -1, "evals=-1: give 0 (only at the end) or more (--evals)"),
@@ -262,6 +262,6 @@ def test_pretrain_settings_that_crash_or_make_no_sense_are_refused(field, value,
 
     from twotower.encoder.pretraining.pretrain import PretrainArgs
 
-    PretrainArgs(corpus=["c.txt"], tokenizer="t", out="o", evals=0)  # the defaults pass; 0 evals is allowed
+    PretrainArgs(corpus=["c.txt"], tokenizer="t", out="o", evals=0, clip=0.0)  # the defaults pass; 0 is "off" there
     with pytest.raises(ValueError, match=re.escape(message)):
         PretrainArgs(corpus=["c.txt"], tokenizer="t", out="o", **{field: value})
