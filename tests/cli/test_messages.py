@@ -161,3 +161,24 @@ def test_demo_reranker_flags_are_named_as_typed(tmp_path, capsys, flags, message
     rc, _, err = run_cli(capsys, "train", "demo-reranker", "--out", str(tmp_path / "rr"), *flags)
     assert rc == 2 and message in err
     assert not (tmp_path / "rr").exists()
+
+
+@pytest.mark.parametrize("argv", [
+    ["embed", "--input", "{text}", "--out", "{out}"],
+    ["train", "reranker", "--model", "{model}", "--pairs", "{missing}", "--out", "{out}"],
+    ["finetune", "classify", "--model", "{model}", "--train", "{missing}", "--dev-fraction", "0.1", "--out", "{out}"],
+])
+def test_a_device_this_machine_lacks_is_refused_by_flag(tmp_path, capsys, argv):
+    """--device gpu was a torch RuntimeError listing 25 device types, and --device cuda on a CPU build an
+    AssertionError from deep in torch; both now name the flag before anything loads."""
+    import torch
+
+    (tmp_path / "t.txt").write_text("tea\n", encoding="utf-8")
+    fill = {"text": str(tmp_path / "t.txt"), "out": str(tmp_path / "o"), "model": str(tmp_path),
+            "missing": str(tmp_path / "missing")}
+    args = [a.format(**fill) for a in argv]
+    rc, _, err = run_cli(capsys, *args, "--device", "gpu")
+    assert rc == 2 and "--device gpu: not a device torch knows; give cpu, cuda or cuda:N" in err
+    if not torch.cuda.is_available():
+        rc, _, err = run_cli(capsys, *args, "--device", "cuda")
+        assert rc == 2 and "--device cuda: this machine's torch" in err and "sees no CUDA GPU" in err

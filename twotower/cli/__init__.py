@@ -56,6 +56,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        if getattr(args, "device", None) is not None:  # every command's --device, one check
+            from twotower.cli.checks import device_option
+
+            device_option(args.device)
         rc = args.func(args)
     except (CLIError, FileNotFoundError, ValueError) as exc:
         print(f"twotower {args.command}: error: {exc}", file=sys.stderr)

@@ -36,6 +36,32 @@ def model_directory(flag: str, path: str, dual: bool = False) -> str:
     return path
 
 
+def device_option(value: str | None) -> str | None:
+    """``--device`` checked before any model loads: a device torch names and this machine has.
+
+    Why: ``--device cuda`` on a CPU build of torch failed at the first tensor moved, as torch's
+    ``AssertionError: Torch not compiled with CUDA enabled``, and ``--device gpu`` as a list of 25 device
+    types; a user needs to hear which flag is wrong and what to give.
+    """
+    if value is None:
+        return None
+    import torch
+
+    try:
+        device = torch.device(value)
+    except (RuntimeError, ValueError):
+        raise CLIError(f"--device {value}: not a device torch knows; give cpu, cuda or cuda:N") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise CLIError(f"--device {value}: this machine's torch ({torch.__version__}) sees no CUDA GPU; give "
+                           "--device cpu, or leave --device out")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise CLIError(f"--device {value}: there are {torch.cuda.device_count()} CUDA device(s), numbered from 0")
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise CLIError(f"--device {value}: MPS is not available here; give --device cpu")
+    return value
+
+
 def architectures(path: str) -> list[str]:
     """The ``architectures`` a model directory's config.json names ([] when it names none or cannot be read)."""
     import json
