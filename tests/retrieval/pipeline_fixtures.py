@@ -83,3 +83,19 @@ def spread_reranker_dir(directory: str, seed: int = 3) -> str:
         ce.classifier.weight.normal_(0, 1.0)
     ce.save_pretrained(directory)
     return directory
+
+
+def assert_ranked_by_scores(hits, ids, scores, tol: float = 1e-4) -> None:
+    """`hits` carry the score `scores` gives their document (`ids[i]` scored `scores[i]`) and come in that
+    score's order, best first, as far as `tol` tells scores apart.
+
+    Why not the exact order of an argsort: the pipeline batches candidates otherwise than a direct
+    ``predict``, their scores differ by ~1e-7, and a tiny test model scores many documents alike (gaps of
+    1e-5, exact ties), so two such documents can swap (a CI run met d4 and d14 swapped, once in 21 runs).
+    """
+    import pytest
+
+    by_id = {d: float(s) for d, s in zip(ids, scores)}
+    got = [h.rerank_score for h in hits]
+    assert got == pytest.approx([by_id[h.id] for h in hits], abs=tol)
+    assert got == pytest.approx(sorted(by_id.values(), reverse=True)[:len(hits)], abs=tol)

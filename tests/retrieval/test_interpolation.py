@@ -86,7 +86,7 @@ def test_pipeline_applies_the_stored_alpha(tmp_path):
     from twotower.retrieval import SearchPipeline
     from twotower.retrieval.cross_encoder import CrossEncoder
 
-    from .pipeline_fixtures import sentences, tiny_model_dir, write_corpus
+    from .pipeline_fixtures import assert_ranked_by_scores, sentences, tiny_model_dir, write_corpus
 
     docs = [{"_id": f"d{i}", "title": "", "text": t} for i, t in enumerate(sentences(30, seed=5))]
     ce = CrossEncoder.from_encoder(tiny_model_dir(), bf16=False, device="cpu")
@@ -116,7 +116,7 @@ def test_pipeline_applies_the_stored_alpha(tmp_path):
         assert all(h.rerank_score is None for h in kept)
         scores = ce.predict([(query, document_text({"title": h.title, "text": h.text})) for h in recall])
         pure = pipe.search(query, k=10, recall_k=10, rerank_alpha=1.0)  # an explicit override wins
-        assert [h.id for h in pure] == [recall[i].id for i in np.argsort(-scores, kind="stable")]
+        assert_ranked_by_scores(pure, [h.id for h in recall], scores)
         assert all(h.score == h.rerank_score for h in pure)
         half = pipe.search(query, k=10, recall_k=10, rerank_alpha=0.5)
         raw = {h.id: h.rerank_score for h in pure}  # the pipeline's own cross-encoder scores

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.retrieval.pipeline_fixtures import tiny_model_dir, toy_docs, write_corpus
+from tests.retrieval.pipeline_fixtures import assert_ranked_by_scores, tiny_model_dir, toy_docs, write_corpus
 from twotower.indexing import document_text
 from twotower.retrieval import DualEncoder, Hit, SearchPipeline, reciprocal_rank_fusion, score_fusion
 
@@ -133,12 +133,11 @@ def test_rerank_orders_candidates_by_cross_encoder(built, reranker_dir, encoder)
         hits = pipe.search(query, k=5, recall_k=20)
         ce = CrossEncoder.from_pretrained(reranker_dir, bf16=False, device="cpu")
         scores = ce.predict([(query, document_text({"title": h.title, "text": h.text})) for h in recall])
-        order = np.argsort(-scores, kind="stable")[:5]
-        assert [h.id for h in hits] == [recall[i].id for i in order]
-        for h, i in zip(hits, order):
-            assert h.rerank_score == pytest.approx(float(scores[i]), abs=1e-4)
+        assert_ranked_by_scores(hits, [h.id for h in recall], scores)
+        first = {h.id: h for h in recall}
+        for h in hits:
             assert h.score == h.rerank_score
-            assert (h.first_stage_rank, h.first_stage_score) == (recall[i].rank, pytest.approx(recall[i].score))
+            assert (h.first_stage_rank, h.first_stage_score) == (first[h.id].rank, pytest.approx(first[h.id].score))
         # rerank=False gives the recall order back
         assert [h.id for h in pipe.search(query, k=5, recall_k=20, rerank=False)] == [h.id for h in recall[:5]]
     finally:
@@ -159,9 +158,8 @@ def test_windowed_reranker_reads_whole_documents_with_their_titles(built, rerank
         hits = pipe.search(query, k=20, recall_k=20, rerank_alpha=1.0)
     scores = ce.predict([(query, (h.title or "", h.text)) for h in recall])
     assert any(len(ce.document_windows([(h.title or "", h.text)])[0]) > 1 for h in recall), "needs long documents"
-    order = np.argsort(-scores, kind="stable")
-    assert [h.id for h in hits] == [recall[i].id for i in order]
-    assert [h.rerank_score for h in hits] == pytest.approx([float(scores[i]) for i in order], abs=1e-4)
+    assert sorted(h.id for h in hits) == sorted(h.id for h in recall)
+    assert_ranked_by_scores(hits, [h.id for h in recall], scores)
 
 
 def test_fallback_reranker_only_when_neither_the_caller_nor_the_index_names_one(built, reranker_dir, tmp_path, docs,
