@@ -182,3 +182,18 @@ def test_a_device_this_machine_lacks_is_refused_by_flag(tmp_path, capsys, argv):
     if not torch.cuda.is_available():
         rc, _, err = run_cli(capsys, *args, "--device", "cuda")
         assert rc == 2 and "--device cuda: this machine's torch" in err and "sees no CUDA GPU" in err
+
+
+@pytest.mark.parametrize("command", ["reranker", "demo-reranker"])
+@pytest.mark.parametrize("flags, message", [
+    (["--max-windows", "5"], "--max-windows sets how many windows of a document are scored: add --passage-window N"),
+    (["--distill-weight", "2"], "--distill-weight weighs the distillation from the teacher: add --teacher DIR"),
+])
+def test_a_flag_that_would_be_ignored_is_refused(tmp_path, capsys, command, flags, message):
+    """Without --passage-window or --teacher these flags did nothing, silently."""
+    args = ["train", command, "--out", str(tmp_path / "rr"), *flags]
+    if command == "reranker":
+        args += ["--model", str(tmp_path), "--pairs", str(tmp_path / "missing.tsv")]
+    rc, _, err = run_cli(capsys, *args)
+    assert rc == 2 and message in err
+    assert not (tmp_path / "rr").exists()

@@ -157,7 +157,8 @@ def register(subparsers) -> None:
                         "the result differs from its base in N layers only")
     p.add_argument("--teacher", default=None, metavar="DIR|INDEX|embedded",
                    help=TEACHER_HELP.format(corpus="the --pairs corpus"))
-    p.add_argument("--distill-weight", type=float, default=1.0, help="weight of the distillation term")
+    p.add_argument("--distill-weight", type=float, default=None,
+                   help="with --teacher: weight of the distillation term (default 1)")
     p.add_argument("--teacher-bm25", type=float, default=0.0, metavar="W", help=TEACHER_BM25_HELP)
     p.add_argument("--residual", action="store_true", help=RESIDUAL_HELP)
     _window_flags(p)
@@ -212,7 +213,8 @@ def register(subparsers) -> None:
     p.add_argument("--lr", type=float, default=None, help="learning rate (default 1e-4)")
     p.add_argument("--teacher", default=None, metavar="DIR|INDEX|embedded",
                    help=TEACHER_HELP.format(corpus="--corpus"))
-    p.add_argument("--distill-weight", type=float, default=1.0, help="weight of the distillation term")
+    p.add_argument("--distill-weight", type=float, default=None,
+                   help="with --teacher: weight of the distillation term (default 1)")
     p.add_argument("--teacher-bm25", type=float, default=0.0, metavar="W", help=TEACHER_BM25_HELP)
     p.add_argument("--residual", action="store_true", help=RESIDUAL_HELP)
     p.add_argument("--mine", choices=["bm25", "dense"], default="bm25",
@@ -243,9 +245,9 @@ def _window_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--passage-window", type=int, default=None, metavar="N", help=WINDOW_HELP)
     p.add_argument("--passage-stride", type=int, default=None, metavar="N",
                    help="tokens between window starts (default: two thirds of --passage-window)")
-    p.add_argument("--max-windows", type=int, default=3, metavar="N",
+    p.add_argument("--max-windows", type=int, default=None, metavar="N",
                    help="with --passage-window: score at most N windows of a document per query, those BM25 "
-                        "ranks best among its windows (0: every window)")
+                        "ranks best among its windows (0: every window; default 3)")
     p.add_argument("--window-choice", choices=("model", "bm25"), default="model",
                    help="with --passage-window: the window of a training document each step trains on: the one "
                         "the model scores best (default; scores the kept windows first) or the one BM25 ranks "
@@ -356,8 +358,11 @@ def _windows(args) -> tuple[int | None, int | None, int | None]:
     """--passage-window / --passage-stride / --max-windows (0: None, every window), checked before any data is
     read."""
     window, stride = args.passage_window, args.passage_stride
-    if args.max_windows < 0:
-        raise ValueError(f"--max-windows {args.max_windows}: give 0 (every window) or more")
+    if args.max_windows is not None and window is None:  # it was ignored
+        raise ValueError("--max-windows sets how many windows of a document are scored: add --passage-window N")
+    max_windows = 3 if args.max_windows is None else args.max_windows
+    if max_windows < 0:
+        raise ValueError(f"--max-windows {max_windows}: give 0 (every window) or more")
     if stride is not None and window is None:
         raise ValueError("--passage-stride sets the step between windows: add --passage-window N")
     if args.window_choice != "model" and window is None:
@@ -367,7 +372,17 @@ def _windows(args) -> tuple[int | None, int | None, int | None]:
         raise ValueError(f"--passage-window {window}: give a positive number of tokens")
     if stride is not None and not 1 <= stride <= window:
         raise ValueError(f"--passage-stride {stride}: give 1 to --passage-window ({window})")
-    return window, stride, args.max_windows or None
+    return window, stride, max_windows or None
+
+
+def _distill_weight(args) -> float:
+    """--distill-weight, which only a run with a teacher uses (default 1)."""
+    if args.distill_weight is None:
+        return 1.0
+    if args.teacher is None:  # it was ignored
+        raise ValueError("--distill-weight weighs the distillation from the teacher: add --teacher DIR (or --teacher "
+                         "embedded)")
+    return args.distill_weight
 
 
 def run_reranker(args) -> int:
@@ -381,7 +396,8 @@ def run_reranker(args) -> int:
         lr=3e-5 if args.lr is None else args.lr,
         dev_rerank_k=DEFAULT_RERANK_K if args.dev_rerank_k is None else args.dev_rerank_k,
         collapse_std=args.collapse_std, head_pooling=args.head_pooling,
-        trainable_layers=args.trainable_layers, teacher=_teacher(args.teacher, args), distill_weight=args.distill_weight,
+        trainable_layers=args.trainable_layers, teacher=_teacher(args.teacher, args),
+        distill_weight=_distill_weight(args),
         teacher_bm25=_teacher_bm25(args), residual=_residual(args), passage_window=_windows(args)[0],
         passage_stride=_windows(args)[1], max_windows=_windows(args)[2], window_choice=args.window_choice,
         **_settings(args, default_ranks=(1, 100)),
@@ -488,7 +504,9 @@ def run_demo(args) -> int:
     if args.passage_window is not None:
         kw.update(max_windows=_windows(args)[2], window_choice=args.window_choice)  # max_windows None: every window
     if args.teacher is not None or args.mine != "bm25" or args.first_stage is not None:
-        kw.update(distill_weight=args.distill_weight, mine=args.mine, first_stage=args.first_stage)
+        kw.update(distill_weight=_distill_weight(args), mine=args.mine, first_stage=args.first_stage)
+    elif args.distill_weight is not None:
+        _distill_weight(args)  # refused without a teacher
     claims = None if args.claims.lower() == "none" else args.claims
     path = train_demo_reranker(args.out, model=args.model, corpus=args.corpus, claims=claims, seed=args.seed,
                                progress=not args.no_progress, **kw)
