@@ -272,6 +272,13 @@ def _check_run_out(args) -> None:
 
 def _settings(args, default_ranks: tuple[int, int]) -> dict:
     """The `TrainSettings` (and mining) fields of the flags `_common` adds, as config keywords."""
+    if args.mine_ranks and (args.negatives or args.mine == "none"):  # nothing is mined: it would be ignored
+        raise ValueError("--mine-ranks sets the ranks --mine draws negatives from, but "
+                         + ("--negatives FILE gives them" if args.negatives else "--mine none mines nothing")
+                         + ": drop --mine-ranks")
+    if args.mine_ranks and getattr(args, "loss", "listwise") == "pointwise":
+        raise ValueError("--mine-ranks sets the ranks negatives are mined from, but --loss pointwise trains on the "
+                         "labeled pairs alone: drop --mine-ranks")
     return dict(
         out=args.out, split=args.split, corpus=args.corpus, negatives=args.negatives,
         mine=None if (args.negatives or args.mine == "none") else args.mine,

@@ -339,6 +339,10 @@ def test_cli_reranker_and_pairs(tmp_path, capsys):
     (["reranker", "--mine-ranks", "x"], "--mine-ranks 'x': expected START-END"),  # it said --ranks
     (["reranker", "--mine-ranks", "0-9"], "--mine-ranks 0-9: ranks count from 1"),
     (["dual", "--mine-ranks", "5-1"], "--mine-ranks 5-1: ranks count from 1"),
+    # flags that nothing would read were ignored silently
+    (["reranker", "--mine", "none", "--mine-ranks", "2-20"], "but --mine none mines nothing: drop --mine-ranks"),
+    (["dual", "--negatives", "n.jsonl", "--mine-ranks", "2-20"], "but --negatives FILE gives them: drop --mine-ranks"),
+    (["reranker", "--loss", "pointwise", "--mine-ranks", "2-20"], "--loss pointwise trains on the labeled pairs alone"),
 ])
 def test_cli_mining_flags_are_refused_in_their_own_words(tmp_path, capsys, argv, message):
     """Each bad mining flag is named as typed, before any data or model loads (the config's field names were
