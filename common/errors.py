@@ -49,3 +49,11 @@ def check_setting(ok: bool, name: str, value: object, flag: str | None, want: st
     """
     if not ok:
         raise ValueError(f"{name}={value!r}: {want}" + (f" ({flag})" if flag else ""))
+
+
+def check_at_least(config: object, low: int, flags: dict[str, str | None]) -> None:
+    """`check_setting` for counts: each named field of `config` is None (not set) or at least `low`.
+    flags: field name -> its command-line flag (None: not exposed)."""
+    for name, flag in flags.items():
+        value = getattr(config, name)
+        check_setting(value is None or value >= low, name, value, flag, f"give {low} or more")

@@ -33,13 +33,13 @@ from tqdm.auto import tqdm
 
 from twotower.common.atomic import atomic_write_text
 from twotower.common.device import autocast, default_device, resolve_bf16
-from twotower.common.errors import check_setting
+from twotower.common.errors import check_at_least, check_setting
 from twotower.common.malloc import retain_freed_memory_for
 from twotower.encoder.finetuning.qa_decode import choose_null_threshold
 from twotower.encoder.finetuning.task_examples import build_label_map
 from twotower.encoder.finetuning.task_model import TaskModel, batch_order, model_inputs, run_rows
 from twotower.encoder.finetuning.tasks import Featurized, TaskInfo, get_task
-from twotower.encoder.training.optim import lr_factor, make_optimizer, set_lr
+from twotower.encoder.training.optim import check_optimizer_settings, lr_factor, make_optimizer, set_lr
 
 logger = logging.getLogger(__name__)
 
@@ -78,18 +78,11 @@ class FinetuneConfig:
         """Refuse settings that crash late or train something else, naming the field and the flag
         (``epochs=0`` stopped in a StopIteration, ``batch_size=0`` divided by zero, ``max_train_examples=0``
         meant no cap)."""
-        for name, flag in (("epochs", "--epochs"), ("batch_size", "--batch-size"), ("eval_batch_size", None),
-                           ("evals_per_epoch", "--evals-per-epoch"), ("doc_stride", "--doc-stride"),
-                           ("max_query_length", "--max-query-length"), ("max_answer_length", "--max-answer-length")):
-            check_setting(getattr(self, name) >= 1, name, getattr(self, name), flag, "give 1 or more")
-        for name, flag in (("max_steps", "--max-steps"), ("max_train_examples", "--max-train")):
-            value = getattr(self, name)
-            check_setting(value is None or value >= 1, name, value, flag, "give 1 or more")
-        check_setting(self.lr is None or (math.isfinite(self.lr) and self.lr >= 0), "lr", self.lr, "--lr",
-                      "give a learning rate >= 0")
-        check_setting(0 <= self.warmup < 1, "warmup", self.warmup, "--warmup", "give a fraction of the run in [0, 1)")
-        check_setting(math.isfinite(self.weight_decay) and self.weight_decay >= 0, "weight_decay", self.weight_decay,
-                      "--weight-decay", "give 0 or more")
+        check_at_least(self, 1, {"epochs": "--epochs", "batch_size": "--batch-size", "eval_batch_size": None,
+                                 "evals_per_epoch": "--evals-per-epoch", "doc_stride": "--doc-stride",
+                                 "max_query_length": "--max-query-length", "max_answer_length": "--max-answer-length",
+                                 "max_steps": "--max-steps", "max_train_examples": "--max-train"})
+        check_optimizer_settings(self.lr, self.warmup, self.weight_decay)
         check_setting(math.isfinite(self.grad_clip) and self.grad_clip >= 0, "grad_clip", self.grad_clip, None,
                       "give a norm >= 0 (0: off)")
 

@@ -26,7 +26,7 @@ import torch
 
 from twotower.common.device import autocast, default_device, resolve_bf16
 from twotower.common.distributed import DistInfo, all_reduce_sum, barrier, cleanup, init_distributed
-from twotower.common.errors import check_setting
+from twotower.common.errors import check_at_least, check_setting
 from twotower.common.malloc import retain_freed_memory_for
 from twotower.encoder.core.checkpoint import (
     CONFIG_NAME,
@@ -50,7 +50,7 @@ from twotower.encoder.pretraining.pretrain_data import (
     validation_batches,
 )
 from twotower.encoder.training.budget import Budget, Clock
-from twotower.encoder.training.optim import lr_factor, make_optimizer, set_lr
+from twotower.encoder.training.optim import check_optimizer_settings, lr_factor, make_optimizer, set_lr
 from twotower.encoder.training.run_log import RunLog, plot_curves
 from twotower.encoder.training.train_state import load_train_state, restore_rng, save_train_state
 
@@ -109,21 +109,15 @@ class PretrainArgs:
         """Refuse settings that crash mid-run or train something else, naming the field and the flag
         (``log_every=0`` divided by zero at the first step; a zero interval meant "never" or "every step"
         depending on the field; a negative rate failed in torch's words)."""
-        check_setting(math.isfinite(self.lr) and self.lr >= 0, "lr", self.lr, "--lr", "give a learning rate >= 0")
-        check_setting(0 <= self.warmup < 1, "warmup", self.warmup, "--warmup", "give a fraction of the run in [0, 1)")
-        check_setting(math.isfinite(self.weight_decay) and self.weight_decay >= 0, "weight_decay", self.weight_decay,
-                      "--weight-decay", "give 0 or more")
+        check_optimizer_settings(self.lr, self.warmup, self.weight_decay)
         check_setting(math.isfinite(self.clip) and self.clip >= 0, "clip", self.clip, "--clip",
                       "give a gradient norm >= 0 (0: off)")
         check_setting(self.ckpt_every_minutes >= 0, "ckpt_every_minutes", self.ckpt_every_minutes,
                       "--ckpt-every-minutes", "give minutes >= 0 (0: every step)")
-        for name, flag in (("log_every", "--log-every"), ("valid_rows", "--valid-rows")):
-            check_setting(getattr(self, name) >= 1, name, getattr(self, name), flag, "give 1 or more")
+        check_at_least(self, 1, {"log_every": "--log-every", "valid_rows": "--valid-rows",
+                                 "eval_every_steps": "--eval-every-steps", "ckpt_every_steps": "--ckpt-every-steps",
+                                 "max_steps": "--max-steps"})
         check_setting(self.evals >= 0, "evals", self.evals, "--evals", "give 0 (only at the end) or more")
-        for name, flag in (("eval_every_steps", "--eval-every-steps"), ("ckpt_every_steps", "--ckpt-every-steps"),
-                           ("max_steps", "--max-steps")):
-            value = getattr(self, name)
-            check_setting(value is None or value >= 1, name, value, flag, "give 1 or more")
 
 
 # ---- setup -----------------------------------------------------------------------------------------------

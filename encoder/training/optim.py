@@ -13,6 +13,19 @@ import math
 import torch
 from torch import nn
 
+from twotower.common.errors import check_setting
+
+
+def check_optimizer_settings(lr: float | None, warmup: float, weight_decay: float) -> None:
+    """The settings every trainer's schedule and AdamW share, refused in the field's and the flag's words
+    (`twotower.common.errors.check_setting`): a negative or NaN rate (torch said "Invalid learning rate"; 0 is
+    kept: a run that only evaluates its start), a warmup outside [0, 1) of the run, a negative decay.
+    lr None: a default the trainer picks later."""
+    check_setting(lr is None or (math.isfinite(lr) and lr >= 0), "lr", lr, "--lr", "give a learning rate >= 0")
+    check_setting(0 <= warmup < 1, "warmup", warmup, "--warmup", "give a fraction of the run in [0, 1)")
+    check_setting(math.isfinite(weight_decay) and weight_decay >= 0, "weight_decay", weight_decay, "--weight-decay",
+                  "give 0 or more")
+
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """Two AdamW groups: decayed matrices, undecayed biases / norms / 1-d parameters."""

@@ -44,9 +44,9 @@ import torch
 
 from twotower.common.device import default_device, resolve_bf16
 from twotower.common.distributed import DistInfo, all_reduce_sum
-from twotower.common.errors import check_setting
+from twotower.common.errors import check_at_least, check_setting
 from twotower.common.malloc import retain_freed_memory_for
-from twotower.encoder.training.optim import lr_factor, set_lr
+from twotower.encoder.training.optim import check_optimizer_settings, lr_factor, set_lr
 from twotower.retrieval.training.losses.gather import rank, world_size
 from twotower.retrieval.training.training_run import TrainingRun
 
@@ -131,16 +131,12 @@ class TrainSettings:
         """
         check_setting(math.isfinite(self.epochs) and self.epochs > 0, "epochs", self.epochs, "--epochs",
                       "give a number of epochs > 0")
-        for name, flag in (("max_steps", "--max-steps"), ("dev_size", "--dev-size"), ("eval_every", "--eval-every")):
-            value = getattr(self, name)
-            check_setting(value is None or value >= 1, name, value, flag, "give 1 or more")
+        check_at_least(self, 1, {"max_steps": "--max-steps", "dev_size": "--dev-size", "eval_every": "--eval-every"})
         check_setting(self.time_budget is None or self.time_budget > 0, "time_budget", self.time_budget,
                       "--time-budget", "give a duration > 0")
         check_setting(self.eval_interval_s is None or self.eval_interval_s >= 0, "eval_interval_s",
                       self.eval_interval_s, "--eval-interval", "give a duration >= 0 (0: off)")
-        check_setting(0 <= self.warmup < 1, "warmup", self.warmup, "--warmup", "give a fraction of the run in [0, 1)")
-        check_setting(math.isfinite(self.weight_decay) and self.weight_decay >= 0, "weight_decay", self.weight_decay,
-                      "--weight-decay", "give 0 or more")
+        check_optimizer_settings(getattr(self, "lr", None), self.warmup, self.weight_decay)  # lr: each trainer's
         check_setting(self.max_grad_norm > 0, "max_grad_norm", self.max_grad_norm, "--max-grad-norm",  # NaN fails
                       "give a norm > 0 (0 would zero every update; inf: no clipping)")
         check_setting(0 < self.dev_fraction < 1, "dev_fraction", self.dev_fraction, "--dev-fraction",

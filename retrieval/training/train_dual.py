@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import math
 import os
 import random
 from collections.abc import Sequence
@@ -39,7 +38,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from twotower.common.device import autocast
-from twotower.common.errors import check_setting
+from twotower.common.errors import check_at_least, check_setting
 from twotower.encoder.training.optim import make_optimizer
 from twotower.retrieval.export import write_training_args
 from twotower.retrieval.training.batch_sampler import Item, UniquePositiveBatches
@@ -121,18 +120,12 @@ class DualTrainConfig(TrainSettings):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_setting(math.isfinite(self.lr) and self.lr >= 0, "lr", self.lr, "--lr", "give a learning rate >= 0")
         check_setting(0 < self.temperature <= 1, "temperature", self.temperature, "--temperature",
                       "give a temperature in (0, 1]")
-        check_setting(self.hard_negatives >= 0, "hard_negatives", self.hard_negatives, "--hard-negatives",
-                      "give 0 or more")
-        for name, flag in (("batch_size", "--batch-size"), ("eval_batch_size", None),
-                           ("chunk_size", "--grad-cache-chunk"), ("query_max_length", "--query-max-length"),
-                           ("doc_max_length", "--doc-max-length"), ("train_doc_max_length", "--train-doc-max-length"),
-                           ("dev_pool", "--dev-pool")):
-            value = getattr(self, name)
-            low = 0 if name == "dev_pool" else 1
-            check_setting(value is None or value >= low, name, value, flag, f"give {low} or more")
+        check_at_least(self, 0, {"hard_negatives": "--hard-negatives", "dev_pool": "--dev-pool"})
+        check_at_least(self, 1, {"batch_size": "--batch-size", "eval_batch_size": None, "chunk_size": "--grad-cache-chunk",
+                                 "query_max_length": "--query-max-length", "doc_max_length": "--doc-max-length",
+                                 "train_doc_max_length": "--train-doc-max-length"})
 
 
 @dataclass

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import random
 from collections import deque
@@ -36,7 +35,7 @@ import numpy as np
 import torch
 
 from twotower.common.device import autocast
-from twotower.common.errors import check_setting
+from twotower.common.errors import check_at_least, check_setting
 from twotower.encoder.training.optim import param_groups
 from twotower.eval.io.lines import json_lines
 from twotower.retrieval.cross_encoder import (
@@ -191,10 +190,7 @@ class RerankerTrainConfig(TrainSettings):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_setting(math.isfinite(self.lr) and self.lr >= 0, "lr", self.lr, "--lr", "give a learning rate >= 0")
-        for name, flag in (("batch_size", "--batch-size"), ("eval_batch_size", None),
-                           ("collapse_window", None)):
-            check_setting(getattr(self, name) >= 1, name, getattr(self, name), flag, "give 1 or more")
+        check_at_least(self, 1, {"batch_size": "--batch-size", "eval_batch_size": None, "collapse_window": None})
         check_setting(self.collapse_std >= 0, "collapse_std", self.collapse_std, "--collapse-std",
                       "give 0 (off) or more")
         if self.loss not in LOSSES:

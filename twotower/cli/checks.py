@@ -43,8 +43,8 @@ def device_option(value: str | None) -> str | None:
     ``AssertionError: Torch not compiled with CUDA enabled``, and ``--device gpu`` as a list of 25 device
     types; a user needs to hear which flag is wrong and what to give.
     """
-    if value is None:
-        return None
+    if value is None or value == "cpu":  # always there; embed and answer default to it, and need no torch import
+        return value                      # before their own cheap checks
     import torch
 
     try:
