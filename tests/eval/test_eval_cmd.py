@@ -130,6 +130,13 @@ def test_out_writes_a_report(files, capsys):
         (["eval", "--index", "IDX"], "--index needs --dataset and --out"),
         (["eval", "--run", "RUN", "--qrels", "QRELS", "--metrics", "ndcg@10,bleu"], "unknown metric 'bleu'"),
         (["eval", "--run", "missing.trec", "--qrels", "QRELS"], "missing.trec"),
+        # the --index mode's flags with --run were ignored: the numbers looked like a reranked/hybrid run's
+        (["eval", "--run", "RUN", "--qrels", "QRELS", "--hybrid"], "--hybrid sets how --index searches"),
+        (["eval", "--run", "RUN", "--qrels", "QRELS", "--reranker", "default", "-k", "5", "--split", "test"],
+         "--split, --reranker, -k set how --index searches; --run scores a run that is already made"),
+        (["eval", "--run", "RUN", "--qrels", "QRELS", "--dataset", "D", "--batch-size", "8"],
+         "--dataset, --batch-size set"),
+        (["eval", "--index", "IDX", "--dataset", "D", "--out", "O", "--qrels", "QRELS"], "--qrels goes with --run"),
     ],
 )
 def test_bad_input_exits_2_with_a_message(files, capsys, argv, message):

@@ -50,7 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     searched = p.add_argument_group("search a BEIR split with an index and report")
     searched.add_argument("--index", help="index directory built by `twotower index build`")
     searched.add_argument("--dataset", help="BEIR directory (corpus.jsonl, queries.jsonl, qrels/)")
-    searched.add_argument("--split", default="test", help="qrels split to evaluate (default: test)")
+    searched.add_argument("--split", help="qrels split to evaluate (default: test)")
     searched.add_argument("--reranker", help='cross-encoder directory, or "default" (the reranker twotower ships): '
                                              'adds a reranked system')
     searched.add_argument("--hybrid", action="store_true", help="add a hybrid (dense + BM25) system")
@@ -59,11 +59,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     searched.add_argument("--rerank-alpha", type=float, default=None, metavar="A",
                           help="with --reranker: final = A * z(rerank) + (1 - A) * z(first stage); default: the "
                                "weight stored with the reranker for this first stage")
-    searched.add_argument("-k", "--k", type=int, default=100, help="documents kept per query (default 100)")
+    searched.add_argument("-k", "--k", type=int, help="documents kept per query (default 100)")
     searched.add_argument(
         "--recall-k", type=int, default=None, help="first-stage depth (default: max(k, 100))"
     )
-    searched.add_argument("--batch-size", type=int, default=64, help="queries per search call (default 64)")
+    searched.add_argument("--batch-size", type=int, help="queries per search call (default 64)")
     p.add_argument(
         "--metrics",
         default=None,
@@ -80,6 +80,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_eval)
 
 
+# The flags of the --index mode (dest, flag): a scored run was made elsewhere, so with --run they
+# would be ignored; they default to None so that "given" can be told from "left at its default".
+_SEARCH_FLAGS = (("dataset", "--dataset"), ("split", "--split"), ("reranker", "--reranker"),
+                 ("hybrid", "--hybrid"), ("rerank_k", "--rerank-k"), ("rerank_alpha", "--rerank-alpha"),
+                 ("k", "-k"), ("recall_k", "--recall-k"), ("batch_size", "--batch-size"))
+
+
 def run_eval(args: argparse.Namespace) -> int:
     """Dispatch on the mode; bad combinations of flags are CLIErrors (exit 2)."""
     if args.run and args.index:
@@ -87,11 +94,22 @@ def run_eval(args: argparse.Namespace) -> int:
     if args.run:
         if not args.qrels:
             raise CLIError("--run needs --qrels")
+        given = [flag for dest, flag in _SEARCH_FLAGS if getattr(args, dest) not in (None, False)]
+        if given:
+            raise CLIError(f"{', '.join(given)} {'sets' if len(given) == 1 else 'set'} how --index searches; "
+                           "--run scores a run that is already made: leave "
+                           f"{'it' if len(given) == 1 else 'them'} out, or search with --index IDX --dataset DIR")
         return _score_run(args)
     if args.index:
+        if args.qrels:
+            raise CLIError("--qrels goes with --run; with --index the judgments are --dataset's "
+                           "qrels/<--split>.tsv")
         missing = [flag for flag, value in (("--dataset", args.dataset), ("--out", args.out)) if not value]
         if missing:
             raise CLIError(f"--index needs {' and '.join(missing)}")
+        args.split = "test" if args.split is None else args.split
+        args.k = 100 if args.k is None else args.k
+        args.batch_size = 64 if args.batch_size is None else args.batch_size
         return _search_and_report(args)
     raise CLIError("nothing to do: give --run RUN --qrels QRELS, or --index IDX --dataset DIR --out DIR")
 
