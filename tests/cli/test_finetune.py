@@ -117,6 +117,18 @@ def test_bad_input_names_file_and_line(tiny_dir, tmp_path, capsys):
     assert bad in err and "data[0].paragraphs[0].qas[0].answers[0]" in err and "not at offset 3" in err
     assert "no such file" in _error(capsys, [*base, "--dev", str(tmp_path / "missing.tsv")])
     assert "--seeds" in _error(capsys, [*base, "--dev", train, "--seeds", "a,b"])
+    assert "--seeds 0,1,0: each seed at most once" in _error(capsys, [*base, "--dev", train, "--seeds", "0,1,0"])
+    # another task's flags were read by nobody: refused before any file is read
+    tag = ["finetune", "tag", "--model", tiny_dir, "--train", conll, "--dev", conll, "--out", out]
+    assert "--text-column applies to classify only, not tag" in _error(capsys, [*tag, "--text-column", "words"])
+    assert "--pooling applies to classify only" in _error(capsys, [*tag, "--pooling", "mean"])
+    err = _error(capsys, [*base, "--dev", train, "--doc-stride", "64", "--max-answer-length", "5"])
+    assert "--doc-stride, --max-answer-length apply to qa only, not classify: leave them out" in err
+    err = _error(capsys, ["finetune", "qa", "--model", tiny_dir, "--train", bad, "--dev", bad, "--out", out,
+                          "--label-column", "y", "--max-query-length", "16"])
+    assert "--label-column applies to classify only, not qa" in err
+    assert "--pair-column applies to classify only, not tag" in _error(
+        capsys, ["predict", "tag", "--model", tiny_dir, "--input", conll, "--pair-column", "b"])
     assert not os.path.exists(out)
     # predict with a model of another head
     clf = str(tmp_path / "clf")

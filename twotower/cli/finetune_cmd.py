@@ -40,9 +40,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--evals-per-epoch", type=int, default=1)
     p.add_argument("--max-train", type=int, help="subsample the training set to this many examples")
     p.add_argument("--max-steps", type=int, help="stop each seed after this many steps (dry run)")
-    p.add_argument("--doc-stride", type=int, default=128, help="QA: token overlap between windows")
-    p.add_argument("--max-query-length", type=int, default=64)
-    p.add_argument("--max-answer-length", type=int, default=30)
+    p.add_argument("--doc-stride", type=int, help="QA: token overlap between windows (default 128)")
+    p.add_argument("--max-query-length", type=int, help="QA: question tokens kept (default 64)")
+    p.add_argument("--max-answer-length", type=int, help="QA: longest answer span in tokens (default 30)")
     _common(p)
     p.set_defaults(func=run_finetune)
 
@@ -68,6 +68,27 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true")
 
 
+# Flags that only one task reads (dest, flag, task): given for another task they were ignored.
+_TASK_FLAGS = (("pooling", "--pooling", "classify"), ("text_column", "--text-column", "classify"),
+               ("label_column", "--label-column", "classify"), ("pair_column", "--pair-column", "classify"),
+               ("doc_stride", "--doc-stride", "qa"), ("max_query_length", "--max-query-length", "qa"),
+               ("max_answer_length", "--max-answer-length", "qa"))
+
+
+def _refuse_other_tasks_flags(args: argparse.Namespace) -> None:
+    """A flag of another task is an error: `finetune tag --text-column words` read the CoNLL file
+    as usual and said nothing (tagging and QA files have fixed layouts)."""
+    from twotower.cli import CLIError
+
+    given = [(flag, task) for dest, flag, task in _TASK_FLAGS
+             if task != args.task and getattr(args, dest, None) is not None]
+    if given:
+        flags = ", ".join(flag for flag, _ in given)
+        tasks = sorted({task for _, task in given})
+        raise CLIError(f"{flags} {'applies' if len(given) == 1 else 'apply'} to {' and '.join(tasks)} only, "
+                       f"not {args.task}: leave {'it' if len(given) == 1 else 'them'} out")
+
+
 def _read(task: str, path: str, args: argparse.Namespace, need_labels: bool) -> list:
     from twotower.eval.tasks import read_qa_examples, read_tag_examples, read_text_examples
 
@@ -87,6 +108,7 @@ def run_finetune(args: argparse.Namespace) -> int:
 
     if args.threads is not None and args.threads < 1:
         raise CLIError(f"--threads must be >= 1, got {args.threads}")
+    _refuse_other_tasks_flags(args)
     if args.threads:
         import torch
 
@@ -100,6 +122,8 @@ def run_finetune(args: argparse.Namespace) -> int:
         raise CLIError(f"--seeds must be comma-separated integers, got {args.seeds!r}") from None
     if not seeds:
         raise CLIError("--seeds is empty")
+    if len(set(seeds)) < len(seeds):  # a repeated seed trains the same run again and counts it twice in the mean
+        raise CLIError(f"--seeds {args.seeds}: each seed at most once")
     train = _read(args.task, args.train, args, True)
     if args.dev:
         dev = _read(args.task, args.dev, args, True)
@@ -112,10 +136,11 @@ def run_finetune(args: argparse.Namespace) -> int:
             raise CLIError(f"--dev-fraction {args.dev_fraction}: {exc}") from None
     test = _read(args.task, args.test, args, True) if args.test else None
     metric_fn, metric = METRICS[args.task]
+    qa = {name: getattr(args, name) for name in ("doc_stride", "max_query_length", "max_answer_length")
+          if getattr(args, name) is not None}  # the config's defaults otherwise
     cfg = FinetuneConfig(
         epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, weight_decay=args.weight_decay,
-        warmup=args.warmup, freeze_encoder=args.freeze_encoder, max_length=args.max_length,
-        doc_stride=args.doc_stride, max_query_length=args.max_query_length, max_answer_length=args.max_answer_length,
+        warmup=args.warmup, freeze_encoder=args.freeze_encoder, max_length=args.max_length, **qa,
         seeds=seeds, evals_per_epoch=args.evals_per_epoch, max_train_examples=args.max_train,
         max_steps=args.max_steps, metric=metric, bf16=_bf16(args.bf16), device=args.device,
         progress=not args.no_progress, pooling=args.pooling,
@@ -157,6 +182,7 @@ def run_predict(args: argparse.Namespace) -> int:
         raise CLIError(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.threads is not None and args.threads < 1:
         raise CLIError(f"--threads must be >= 1, got {args.threads}")
+    _refuse_other_tasks_flags(args)
     if args.threads:
         import torch
 
