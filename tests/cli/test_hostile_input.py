@@ -243,9 +243,16 @@ def test_bad_reranker_entry_in_the_manifest_is_a_clear_error(reranked, tmp_path,
     (["--rerank-alpha", "-0.1"], "--rerank-alpha must be between 0 and 1, got -0.1"),
     (["--rerank-alpha", "nan"], "--rerank-alpha must be between 0 and 1, got nan"),
     (["--rerank-alpha", "0.5", "--no-rerank"], "--no-rerank turns reranking off"),
+    # flags of a mode that is off were ignored without a word
+    (["--rerank-k", "5"], "--rerank-k: the index"),
+    (["--rerank-k", "5", "--no-rerank"], "--rerank-k sets how the reranker reranks, but --no-rerank"),
+    (["--fusion", "minmax"], "--fusion sets how --hybrid fuses"),
+    (["--tag", "mine"], "--tag names the run that --run writes"),
+    (["--aggregate", "sum"], "--aggregate: the index"),
 ])
 def test_rerank_alpha_without_a_reranker_or_out_of_range(reranked, tmp_path, capsys, flags, message):
-    """The index of `reranked` before its manifest names a reranker: `--rerank-alpha` has nothing to weigh."""
+    """The index of `reranked` before its manifest names a reranker: `--rerank-alpha` has nothing to weigh,
+    and the flags of modes that are off (`--fusion` without `--hybrid`, ...) are refused too."""
     import shutil
 
     idx = tmp_path / "idx"

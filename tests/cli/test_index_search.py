@@ -70,6 +70,10 @@ def test_batch_run_in_trec_format(built, tmp_path, capsys):
     tsv.write_text("a\ttea\nb\tgene\n")
     rc, out, _ = run_cli(capsys, "search", "--index", str(built / "idx"), "--queries", str(tsv), "--json", "-k", "2")
     assert [r["qid"] for r in json.loads(out)] == ["a", "b"]
+    # --json with --run printed nothing (the run is written instead): refused
+    rc, _, err = run_cli(capsys, "search", "--index", str(built / "idx"), "--queries", str(tsv), "--json",
+                         "--run", str(tmp_path / "r.trec"))
+    assert rc == 2 and "give --json or --run, not both" in err and not (tmp_path / "r.trec").exists()
 
 
 def test_add_delete_roundtrip(built, tmp_path, capsys):

@@ -64,6 +64,8 @@ def test_hybrid_and_rerank_match_the_pipeline(index_template, reranker_dir):
         batch = c.post("/search", json={"queries": QUERIES, "k": 8, "recall_k": 20, "rerank_k": 4}).json()
         for res, w in zip(batch["results"], ref.search(QUERIES, k=8, recall_k=20, rerank_k=4)):
             _same(res["hits"], w)
+        off = c.get("/search", params={"q": QUERIES[2], "rerank": "false", "rerank_k": 4})  # was ignored
+        assert off.status_code == 400 and "rerank=false turns reranking off" in off.json()["message"]
         default = c.get("/search", params={"q": QUERIES[1], "k": 3, "recall_k": 10}).json()
         assert default["reranked"] is True  # a loaded reranker is used unless rerank=false
         assert all(h["rerank_score"] is not None for h in default["hits"])

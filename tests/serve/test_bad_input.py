@@ -30,6 +30,8 @@ SEARCH_CASES = [
     ("GET", "/search", {"q": "tea", "colour": "red"}, None, 400, "colour", "unknown parameter"),
     ("GET", "/search", {"q": "tea", "hybrid": "maybe"}, None, 400, "hybrid", "boolean"),
     ("GET", "/search", {"q": "tea", "rerank": "true"}, None, 400, "rerank", "no reranker"),
+    ("GET", "/search", {"q": "tea", "rerank_k": 5}, None, 400, "rerank_k", "but no reranker is loaded"),
+    ("POST", "/search", {}, {"queries": ["tea"], "rerank_k": 5}, 400, "rerank_k", "but no reranker is loaded"),
     ("GET", "/search", {"q": "t" * 201}, None, 413, "q", "limit is 200"),
     ("POST", "/search", {}, b'{"queries": ["tea"', 400, "body", "malformed JSON"),
     ("POST", "/search", {}, ["tea"], 400, "body", "object"),

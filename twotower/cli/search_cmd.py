@@ -36,14 +36,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="how many of the first stage's top candidates the cross-encoder scores; the rest follow "
                         "in first-stage order (default 20, at most --recall-k)")
     p.add_argument("--hybrid", action="store_true", help="fuse dense and BM25 recall (index built with --bm25)")
-    p.add_argument("--fusion", choices=["rrf", "minmax", "zscore"], default="rrf",
-                   help="hybrid fusion: reciprocal rank (default, k=60) or normalised score sum")
+    p.add_argument("--fusion", choices=["rrf", "minmax", "zscore"],
+                   help="with --hybrid: fusion: reciprocal rank (default, k=60) or normalised score sum")
     p.add_argument("--rerank", action="store_true",
                    help="rerank with the index's reranker, or with the reranker twotower ships (a delta over the "
                         "default all-MiniLM-L6-v2, trained on SciFact claims) when the index has none; same as "
                         "--reranker default then")
     p.add_argument("--no-rerank", action="store_true", help="first-stage results only")
-    p.add_argument("--aggregate", choices=["max", "sum", "first"], default="max",
+    p.add_argument("--aggregate", choices=["max", "sum", "first"],
                    help="index built with --passages: a document scores its best passage (max, default), the sum "
                         "of its passages' scores, or its first passage's")
     p.add_argument("--filter", metavar="EXPR",
@@ -56,7 +56,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--queries", dest="queries_file", metavar="FILE",
                    help="queries.jsonl ({_id, text}) or .tsv (qid<TAB>text)")
     p.add_argument("--run", help="write a TREC run file (qid Q0 docid rank score tag)")
-    p.add_argument("--tag", default="twotower", help="run tag for --run (default twotower)")
+    p.add_argument("--tag", help="run tag for --run (default twotower)")
     p.add_argument("--batch-size", type=int, default=64, help="texts per forward pass (default 64)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run_search)
@@ -107,12 +107,20 @@ def run_search(args: argparse.Namespace) -> int:
         raise CLIError(f"--recall-k ({args.recall_k}) must be at least -k ({args.k})")
     if args.rerank_k is not None and not 1 <= args.rerank_k <= args.recall_k:
         raise CLIError(f"--rerank-k ({args.rerank_k}) must be between 1 and --recall-k ({args.recall_k})")
-    if args.rerank_alpha is not None:
-        if not 0.0 <= args.rerank_alpha <= 1.0:  # NaN fails too
-            raise CLIError(f"--rerank-alpha must be between 0 and 1, got {args.rerank_alpha}")
-        if args.no_rerank:
-            raise CLIError("--rerank-alpha weighs the reranker's scores, but --no-rerank turns reranking off; "
-                           "give one of them")
+    if args.rerank_alpha is not None and not 0.0 <= args.rerank_alpha <= 1.0:  # NaN fails too
+        raise CLIError(f"--rerank-alpha must be between 0 and 1, got {args.rerank_alpha}")
+    # flags that shape reranking, the way --hybrid's fusion and --run's tag shape theirs: each needs its mode
+    rerank_flags = [flag for flag, value in (("--rerank-k", args.rerank_k), ("--rerank-alpha", args.rerank_alpha))
+                    if value is not None]
+    if rerank_flags and args.no_rerank:
+        raise CLIError(f"{' and '.join(rerank_flags)} {'set' if len(rerank_flags) > 1 else 'sets'} how the reranker "
+                       "reranks, but --no-rerank turns reranking off; give one of them")
+    if args.fusion is not None and not args.hybrid:
+        raise CLIError("--fusion sets how --hybrid fuses dense and BM25 recall: add --hybrid, or leave it out")
+    if args.tag is not None and not args.run:
+        raise CLIError("--tag names the run that --run writes: add --run FILE, or leave it out")
+    if args.json and args.run:
+        raise CLIError("--run writes the results to a file and prints no hits: give --json or --run, not both")
     if args.rerank and args.no_rerank:
         raise CLIError("give --rerank or --no-rerank, not both")
     if args.no_rerank and args.reranker:
@@ -146,10 +154,13 @@ def run_search(args: argparse.Namespace) -> int:
     pipe = SearchPipeline.load(args.index, args.model, reranker=args.reranker, use_default_reranker=not args.no_rerank,
                                fallback_reranker="default" if args.rerank else None)  # --rerank: the index's, else ours
     with pipe:
-        if args.rerank_alpha is not None and pipe.reranker is None:
-            raise CLIError(f"--rerank-alpha: the index {args.index} has no default reranker and no --reranker DIR "
-                           "was given, so there are no reranker scores to weigh; give --rerank, --reranker DIR or drop "
-                           "--rerank-alpha")
+        if rerank_flags and pipe.reranker is None:
+            raise CLIError(f"{' and '.join(rerank_flags)}: the index {args.index} has no default reranker and no "
+                           "--reranker DIR was given, so nothing reranks; give --rerank, --reranker DIR or drop "
+                           f"{' and '.join(rerank_flags)}")
+        if args.aggregate is not None and pipe.passages is None:
+            raise CLIError(f"--aggregate: the index {args.index} stores documents whole (built without --passages), "
+                           "so there are no passage scores to combine; leave it out")
         reranked = pipe.reranker is not None and not args.no_rerank
         skipped = reranked and pipe.rerank_alpha(args.rerank_alpha, hybrid=args.hybrid) == 0.0  # the pipeline skips the cross-encoder
         reranked = reranked and not skipped
@@ -162,16 +173,16 @@ def run_search(args: argparse.Namespace) -> int:
             batch = [text for _, text in items[s:s + QUERY_BATCH]]
             try:
                 results += pipe.search(batch, k=args.k, recall_k=args.recall_k, rerank=not args.no_rerank,
-                                       hybrid=args.hybrid, fusion=args.fusion, batch_size=args.batch_size,
+                                       hybrid=args.hybrid, fusion=args.fusion or "rrf", batch_size=args.batch_size,
                                        rerank_alpha=args.rerank_alpha, rerank_k=args.rerank_k, filter=flt,
-                                       aggregate=args.aggregate)
+                                       aggregate=args.aggregate or "max")
             except FilterError as e:  # a field no document of the index has
                 raise CLIError(str(e.renamed("--filter", indent=len(ERROR_PREFIX)))) from None
     if args.run:
         from twotower.eval.io import write_trec_run
 
         run = {qid: {h.id: h.score for h in hits} for (qid, _), hits in zip(items, results)}
-        write_trec_run(run, args.run, tag=args.tag)
+        write_trec_run(run, args.run, tag=args.tag or "twotower")
         lines = sum(len(scores) for scores in run.values())
         print(f"wrote {lines} lines for {len(items)} queries to {args.run}", file=sys.stderr)
         return 0
@@ -179,7 +190,7 @@ def run_search(args: argparse.Namespace) -> int:
         print(json.dumps([{"qid": qid, "query": text, "hits": [h.to_dict() for h in hits]}
                           for (qid, text), hits in zip(items, results)], ensure_ascii=False))
         return 0
-    mode = "hybrid (dense + BM25, " + args.fusion + ")" if args.hybrid else "dense"
+    mode = "hybrid (dense + BM25, " + (args.fusion or "rrf") + ")" if args.hybrid else "dense"
     if skipped:
         note = ("recall only: the reranker's interpolation weight is 0 (it did not beat the first stage on dev), "
                 "so it was not run; --rerank-alpha overrides")

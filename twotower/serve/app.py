@@ -173,6 +173,10 @@ class SearchService:
             rerank = owner.reranker_loaded
         elif rerank and not owner.reranker_loaded:
             raise ApiError(400, "rerank: no reranker is loaded (start the server with --reranker DIR)", "rerank")
+        if rerank_k is not None and not rerank:  # it was ignored: the answer looked reranked to the caller
+            why = ("rerank=false turns reranking off" if owner.reranker_loaded else
+                   "no reranker is loaded (start the server with --reranker DIR)")
+            raise ApiError(400, f"rerank_k sets how many candidates the reranker scores, but {why}", "rerank_k")
         return SearchParams(k=k, recall_k=recall_k, hybrid=hybrid, rerank=rerank, rerank_k=rerank_k, filter=flt)
 
     async def search(self, queries: list[str], params: SearchParams) -> tuple[list[list[dict]], int]:
