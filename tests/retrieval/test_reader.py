@@ -176,6 +176,11 @@ def test_answer_cli_end_to_end(reader, tiny_dir, index_dir, tmp_path, capsys):
     assert main(["answer", "--index", str(index_dir), "--reader", str(tmp_path / "reader"), "-k", "5",
                  "--recall-k", "2", "who"]) == 2
     assert "--recall-k (2) must be at least -k (5)" in capsys.readouterr().err
+    for flags, message in ((["--retrieval-weight", "nan"], "--retrieval-weight must be a number >= 0, got nan"),
+                           (["--retrieval-weight", "-1"], "got -1.0"),
+                           (["--no-rerank", "--reranker", "default"], "--no-rerank turns reranking off")):
+        assert main(["answer", "--index", str(index_dir), "--reader", str(tmp_path / "reader"), *flags, "who"]) == 2
+        assert message in capsys.readouterr().err
 
 
 def test_answer_reads_only_documents_the_filter_allows(reader, tmp_path, capsys):

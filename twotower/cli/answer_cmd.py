@@ -44,8 +44,10 @@ def run_answer(args: argparse.Namespace) -> int:
         raise CLIError("--passages and --answers must be >= 1")
     if args.recall_k < args.passages:  # as search and eval say it, before the models load
         raise CLIError(f"--recall-k ({args.recall_k}) must be at least -k ({args.passages})")
-    if args.retrieval_weight < 0:
-        raise CLIError("--retrieval-weight must be >= 0")
+    if not 0 <= args.retrieval_weight < float("inf"):  # NaN fails too: it ranked every answer by NaN
+        raise CLIError(f"--retrieval-weight must be a number >= 0, got {args.retrieval_weight}")
+    if args.no_rerank and args.reranker:  # as in search: the reranker was loaded and never run
+        raise CLIError("--reranker names a reranker, but --no-rerank turns reranking off; give one of them")
     if any(not q.strip() for q in args.questions):
         raise CLIError("a question is empty")
     for flag, path in (("--reader", args.reader), ("--classifier", args.classifier)):
