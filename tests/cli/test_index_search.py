@@ -86,6 +86,8 @@ def test_add_delete_roundtrip(built, tmp_path, capsys):
     assert rc == 2 and "more.jsonl:1: duplicate document id 'new'" in err
     rc, out, _ = run_cli(capsys, "index", "add", "--index", str(idx), "--corpus", more, "--on-duplicate", "skip")
     assert rc == 0 and "added 0 documents" in out
+    rc, out, _ = run_cli(capsys, "index", "add", "--index", str(idx), "--corpus", more, "--on-duplicate", "replace")
+    assert rc == 0 and "added 0 documents, replaced 1 to" in out and "(now 41)" in out  # was "added 1"
     rc, out, err = run_cli(capsys, "index", "delete", "--index", str(idx), "new", "d1", "ghost")
     assert rc == 1 and "deleted 2 documents" in out and "(now 39)" in out
     assert "1 id(s) not in the index: ghost" in err

@@ -146,9 +146,12 @@ def run_add(args: argparse.Namespace) -> int:
     except IndexLockedError as exc:
         raise CLIError(str(exc)) from None
     with pipe:
+        before = len(pipe)
         n = pipe.add(args.corpus, on_duplicate=args.on_duplicate, batch_size=args.batch_size,
                      progress=not args.no_progress)
-        print(f"added {n} documents to {args.index} (now {len(pipe)})")
+        new = len(pipe) - before  # `n` counts replaced documents too
+        replaced = f", replaced {n - new}" if n > new else ""
+        print(f"added {new} documents{replaced} to {args.index} (now {len(pipe)})")
     return 0
 
 
