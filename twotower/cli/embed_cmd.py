@@ -88,6 +88,9 @@ def run(args: argparse.Namespace) -> int:
         value = getattr(args, flag)
         if value is not None and value < 1:
             raise CLIError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
+    if args.batch_size is not None and args.batch_tokens is not None:  # --batch-tokens was ignored
+        raise CLIError("--batch-size fixes the texts per batch and --batch-tokens sizes batches by tokens: "
+                       "give one of them")
     if args.max_length is not None and args.max_length < 2:
         raise CLIError(f"--max-length must be >= 2, got {args.max_length}")
     out_dir = os.path.dirname(os.path.abspath(args.out))

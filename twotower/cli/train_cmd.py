@@ -70,7 +70,7 @@ def _common(p: argparse.ArgumentParser, mine: tuple[str, ...] = ("bm25", "none")
     p.add_argument("--out", required=True, metavar="DIR", help="run directory (best checkpoint in DIR/best)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the run --out already holds (without it, such an --out is refused)")
-    p.add_argument("--split", default="train", help="qrels split of a BEIR directory to train on")
+    p.add_argument("--split", help="qrels split of a BEIR directory to train on (default: train)")
     p.add_argument("--corpus", default=None, metavar="FILE", help="corpus.jsonl resolving document ids in JSONL data")
     p.add_argument("--negatives", default=None, metavar="FILE", help="mined negatives JSONL (twotower train mine)")
     p.add_argument("--mine", choices=list(mine), default="bm25",
@@ -168,7 +168,7 @@ def register(subparsers) -> None:
                        formatter_class=DefaultsHelpFormatter)
     p.add_argument("--data", required=True, metavar="BEIR_DIR|FILE.jsonl")
     p.add_argument("--out", required=True, metavar="FILE.jsonl")
-    p.add_argument("--split", default="train")
+    p.add_argument("--split", help="qrels split of a BEIR directory to mine for (default: train)")
     p.add_argument("--corpus", default=None, metavar="FILE")
     p.add_argument("--retriever", choices=["bm25", "dense"], default="bm25")
     p.add_argument("--model", default=None, metavar="DIR", help="dual encoder for --retriever dense")
@@ -270,6 +270,17 @@ def _check_run_out(args) -> None:
                          "pass --overwrite to replace it, or give another --out")
 
 
+def _split(split: str | None, flag: str, data: str) -> str:
+    """The qrels split to read: `--split` picks one of a BEIR directory's; a file of pairs has none, so there it
+    would be ignored."""
+    if split is None:
+        return "train"
+    if os.path.isfile(data):  # a missing path is reported by the reader, naming it
+        raise ValueError(f"--split {split} picks a qrels split of a BEIR directory, but {flag} {data} is a file "
+                         "(a file of pairs has no splits): drop --split")
+    return split
+
+
 def _settings(args, default_ranks: tuple[int, int]) -> dict:
     """The `TrainSettings` (and mining) fields of the flags `_common` adds, as config keywords."""
     if args.mine_ranks and (args.negatives or args.mine == "none"):  # nothing is mined: it would be ignored
@@ -280,7 +291,8 @@ def _settings(args, default_ranks: tuple[int, int]) -> dict:
         raise ValueError("--mine-ranks sets the ranks negatives are mined from, but --loss pointwise trains on the "
                          "labeled pairs alone: drop --mine-ranks")
     return dict(
-        out=args.out, split=args.split, corpus=args.corpus, negatives=args.negatives,
+        out=args.out, corpus=args.corpus, negatives=args.negatives,
+        split=_split(args.split, *(("--data", args.data) if hasattr(args, "data") else ("--pairs", args.pairs))),
         mine=None if (args.negatives or args.mine == "none") else args.mine,
         mine_ranks=parse_ranks("--mine-ranks", args.mine_ranks) if args.mine_ranks else default_ranks,
         epochs=args.epochs, max_steps=args.max_steps, time_budget=parse_duration("--time-budget", args.time_budget),
@@ -439,6 +451,7 @@ def run_mine(args) -> int:
         raise ValueError(f"--margin must be a number, got {args.margin:g}")
     cfg = MiningConfig(rank_start=start, rank_end=end, num_negatives=args.num_negatives, margin=args.margin,
                        max_ratio=args.max_ratio, num_random=args.random, seed=args.seed)
+    args.split = _split(args.split, "--data", args.data)
     data = read_training(args.data, split=args.split, corpus_path=args.corpus)
     score_docs = None
     if args.retriever == "dense":

@@ -368,6 +368,8 @@ def test_cli_embed_jsonl_and_bad_input(tiny_model_dir, tmp_path, capsys):
     assert "empty input" in capsys.readouterr().err
     assert main([*args, "--input", str(tmp_path / "missing.txt")]) == 2
     assert "missing.txt" in capsys.readouterr().err
+    assert main([*args, "--input", str(good), "--batch-size", "8", "--batch-tokens", "512"]) == 2  # one was ignored
+    assert "give one of them" in capsys.readouterr().err
     assert main(["embed", "--model", str(tmp_path / "no_model"), "--input", str(good), "--out", str(out)]) == 2
     assert "no_model" in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "never.npy")

@@ -343,6 +343,9 @@ def test_cli_reranker_and_pairs(tmp_path, capsys):
     (["reranker", "--mine", "none", "--mine-ranks", "2-20"], "but --mine none mines nothing: drop --mine-ranks"),
     (["dual", "--negatives", "n.jsonl", "--mine-ranks", "2-20"], "but --negatives FILE gives them: drop --mine-ranks"),
     (["reranker", "--loss", "pointwise", "--mine-ranks", "2-20"], "--loss pointwise trains on the labeled pairs alone"),
+    (["reranker", "--split", "dev"], "--split dev picks a qrels split of a BEIR directory, but --pairs"),
+    (["dual", "--split", "test"], "but --data"),
+    (["mine", "--split", "test"], "is a file (a file of pairs has no splits): drop --split"),
 ])
 def test_cli_mining_flags_are_refused_in_their_own_words(tmp_path, capsys, argv, message):
     """Each bad mining flag is named as typed, before any data or model loads (the config's field names were
@@ -351,8 +354,12 @@ def test_cli_mining_flags_are_refused_in_their_own_words(tmp_path, capsys, argv,
 
     data = {"mine": [], "reranker": ["--model", str(tmp_path / "none"), "--pairs"],
             "dual": ["--model", str(tmp_path / "none"), "--data"]}[argv[0]]
-    args = (["train", "mine", "--data", str(tmp_path / "missing"), "--out", str(tmp_path / "n.jsonl")]
-            if argv[0] == "mine" else ["train", argv[0], *data, str(tmp_path / "missing"), "--out", str(tmp_path / "o")])
+    source = str(tmp_path / "missing")
+    if "--split" in argv:  # --split needs an existing file to be refused for
+        source = str(tmp_path / "pairs.jsonl")
+        (tmp_path / "pairs.jsonl").write_text('{"query": "q", "pos": ["a"]}\n')
+    args = (["train", "mine", "--data", source, "--out", str(tmp_path / "n.jsonl")]
+            if argv[0] == "mine" else ["train", argv[0], *data, source, "--out", str(tmp_path / "o")])
     rc = main([*args, *argv[1:]])
     assert rc == 2 and message in capsys.readouterr().err
 
