@@ -27,7 +27,7 @@ def register(subparsers) -> None:
     budget.add_argument("--budget", metavar="TIME", help="wall-clock budget, e.g. 30m, 2h, 1h30m")
     budget.add_argument("--tokens", metavar="N", help="token budget, e.g. 20M")
     budget.add_argument("--steps", type=int, metavar="N", help="optimizer-step budget")
-    p.add_argument("--init-from", metavar="DIR",
+    size.add_argument("--init-from", metavar="DIR",
                    help="start from this checkpoint's weights and architecture (continued / domain-adaptive "
                         "pretraining on new text; pass its tokenizer too); optimizer and schedule start fresh")
     p.add_argument("--resume", action="store_true", help="continue the run in --out exactly")
@@ -45,14 +45,18 @@ def register(subparsers) -> None:
     p.add_argument("--dropout", type=float, default=None, help="override the config's dropout probabilities")
     p.add_argument("--wwm", action="store_true", help="whole-word masking")
     p.add_argument("--nsp", action="store_true", help="add next-sentence prediction (sentence-pair rows)")
-    p.add_argument("--mask-rate", type=float, default=0.15)
-    p.add_argument("--num-masks", type=int, default=None, help="exactly N targets per row (static shapes)")
+    # each pair below: the second replaced the first without a word, so they are exclusive
+    masks = p.add_mutually_exclusive_group()
+    masks.add_argument("--mask-rate", type=float, default=0.15)
+    masks.add_argument("--num-masks", type=int, default=None, help="exactly N targets per row (static shapes)")
     p.add_argument("--static-masks", type=int, default=0, metavar="COPIES",
                    help="static masking with COPIES fixed masks per row (default: dynamic)")
-    p.add_argument("--evals", type=int, default=10, help="validations spread over the budget")
-    p.add_argument("--eval-every-steps", type=int, default=None)
-    p.add_argument("--ckpt-every-minutes", type=float, default=10.0)
-    p.add_argument("--ckpt-every-steps", type=int, default=None)
+    evals = p.add_mutually_exclusive_group()
+    evals.add_argument("--evals", type=int, default=10, help="validations spread over the budget")
+    evals.add_argument("--eval-every-steps", type=int, default=None)
+    ckpts = p.add_mutually_exclusive_group()
+    ckpts.add_argument("--ckpt-every-minutes", type=float, default=10.0)
+    ckpts.add_argument("--ckpt-every-steps", type=int, default=None)
     p.add_argument("--log-every", type=int, default=10, help="steps between log lines")
     p.add_argument("--max-steps", type=int, default=None, help="stop after N steps (schedule unchanged)")
     p.add_argument("--seed", type=int, default=0)

@@ -223,8 +223,9 @@ def test_init_from_continues_from_a_checkpoints_weights(setup, tiny_tokenizer_di
     with open(os.path.join(second, "run.json"), encoding="utf-8") as f:
         assert json.load(f)["args"]["init_from"] == first
     # errors name the problem: --config together with --init-from, a directory without a checkpoint
-    assert main([*base, "--init-from", first, "--overwrite", "--config", setup["config"]]) == 2
-    assert "--init-from takes the architecture from the checkpoint" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # argparse: the two are exclusive, as --size and --config are
+        main([*base, "--init-from", first, "--overwrite", "--config", setup["config"]])
+    assert "argument --config: not allowed with argument --init-from" in capsys.readouterr().err
     assert main([*base, "--init-from", str(setup["tmp"]), "--overwrite"]) == 2
     assert "no config.json" in capsys.readouterr().err
 
@@ -265,3 +266,20 @@ def test_pretrain_settings_that_crash_or_make_no_sense_are_refused(field, value,
     PretrainArgs(corpus=["c.txt"], tokenizer="t", out="o", evals=0, clip=0.0)  # the defaults pass; 0 is "off" there
     with pytest.raises(ValueError, match=re.escape(message)):
         PretrainArgs(corpus=["c.txt"], tokenizer="t", out="o", **{field: value})
+
+
+@pytest.mark.parametrize("flags", [
+    ["--init-from", "DIR", "--size", "small"],  # the checkpoint's architecture won
+    ["--evals", "4", "--eval-every-steps", "2"],  # --eval-every-steps won
+    ["--ckpt-every-minutes", "1", "--ckpt-every-steps", "5"],  # --ckpt-every-steps won
+    ["--mask-rate", "0.3", "--num-masks", "4"],  # --num-masks won
+])
+def test_flags_that_replaced_another_without_a_word_are_exclusive(setup, tiny_tokenizer_dir, capsys, flags):
+    args = _args(setup, tiny_tokenizer_dir, str(setup["tmp"] / "x"), "--steps", "1")
+    i = args.index("--config")
+    del args[i:i + 2]
+    with pytest.raises(SystemExit) as exc:
+        main([*args, *flags])
+    assert exc.value.code == 2
+    assert f"argument {flags[2]}: not allowed with argument {flags[0]}" in capsys.readouterr().err
+    assert not os.path.exists(setup["tmp"] / "x")
