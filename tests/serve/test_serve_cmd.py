@@ -20,6 +20,7 @@ from twotower.cli.serve_cmd import _is_loopback
     (["--index", "{index}", "--max-body-mb", "inf"], "--max-body-mb must be a number > 0, got inf"),  # OverflowError
     (["--index", "{index}", "--reranker", "{empty}"], "--reranker {empty}: not a model directory"),
     (["--index", "{index}", "--reranker", "{empty}", "--no-reranker"], "not both"),
+    (["--index", "{index}", "--read-only", "--token-file", "{empty}"], "--read-only refuses them all"),
     (["--index", "{index}", "--token-file", "{missing}"], "--token-file: {missing} not found"),
 ])
 def test_bad_flags_are_refused_by_name(argv, words, tmp_path, index_template, capsys):

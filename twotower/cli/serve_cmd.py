@@ -68,6 +68,8 @@ def run_serve(args: argparse.Namespace) -> int:
         raise CLIError(f"--max-body-mb must be a number > 0, got {args.max_body_mb:g}")
     if args.reranker and args.no_reranker:
         raise CLIError("give --reranker DIR or --no-reranker, not both")
+    if args.read_only and args.token_file:  # the token would open no write: every write is refused
+        raise CLIError("--token-file lets writes in and --read-only refuses them all: give one of them")
     if not os.path.isdir(args.index):
         raise CLIError(f"--index {args.index}: no such directory")
     if not os.path.isfile(os.path.join(args.index, "manifest.json")):
