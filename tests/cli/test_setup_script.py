@@ -55,3 +55,39 @@ def test_first_setup_names_each_step_and_the_no_op_is_quiet(tmp_path):
     again = subprocess.run(["bash", "scripts/setup.sh"], cwd=repo, env=env, capture_output=True, text=True)
     assert (again.returncode, again.stdout, again.stderr) == (0, "", "")
     assert (repo / ".venv" / "calls.log").read_text().splitlines() == calls  # nothing was installed again
+
+
+def test_demo_setup_installs_what_the_demo_runs_and_test_completes_it(tmp_path):
+    """`make demo` installs no test extras (its results come sooner); a later `make test` adds them without
+    reinstalling torch, and after it neither set-up does anything."""
+    repo = tmp_path / "repo"
+    (repo / "scripts").mkdir(parents=True)
+    shutil.copy(os.path.join(REPO, "scripts", "setup.sh"), repo / "scripts" / "setup.sh")
+    shutil.copy(os.path.join(REPO, "pyproject.toml"), repo / "pyproject.toml")
+    env = {"PATH": "/usr/bin:/bin", "PYTHON": _executable(tmp_path / "python", FAKE_PYTHON), "HOME": str(tmp_path)}
+    cuda = shutil.which("nvidia-smi", path=env["PATH"]) is not None
+    log = repo / ".venv" / "calls.log"
+
+    def setup(*level: str) -> list[str]:
+        done = subprocess.run(["bash", "scripts/setup.sh", *level], cwd=repo, env=env, capture_output=True,
+                              text=True)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.splitlines()
+
+    lines = setup("demo")
+    assert "setup: installing twotower (editable) + the default model and the search service" in lines
+    calls = log.read_text().splitlines()
+    assert "-m pip install -q --no-compile -e .[model,serve]" in calls and not any("[test]" in c for c in calls)
+    assert any("torch==2.13.0" in c for c in calls) != cuda
+    assert setup("demo") == []  # nothing to do
+
+    lines = setup()  # the test set-up: the extras only
+    assert lines == ["setup: installing twotower (editable) + test extras (with pymilvus and milvus-lite for the "
+                     "Milvus backend)", "setup: compiling the installed Python files (all cores)",
+                     "setup: done: .venv is ready"]
+    after = log.read_text().splitlines()
+    assert after[len(calls):] == ["-m pip install -q --no-compile -e .[test]", "-m compileall -q -j 0 .venv/lib"]
+    assert setup("demo") == [] and setup("test") == [] and log.read_text().splitlines() == after
+
+    bad = subprocess.run(["bash", "scripts/setup.sh", "everything"], cwd=repo, env=env, capture_output=True, text=True)
+    assert bad.returncode == 2 and "unknown set-up 'everything': give demo or test" in bad.stderr
