@@ -19,13 +19,14 @@ from twotower.indexing.manifest import Manifest
 from twotower.indexing.search_result import MISSING_ID, SearchResult
 from twotower.indexing.segments import MergePolicy, Segments
 from twotower.indexing.store import IndexLockedError, IndexStore, Snapshot
-from twotower.indexing.vector_index import VectorIndex
+from twotower.indexing.vector_index import FactoryError, VectorIndex, check_factory
 
 __all__ = [
     "BM25",
     "CheckReport",
     "DocStore",
     "Document",
+    "FactoryError",
     "IndexDiskFullError",
     "IndexFormatError",
     "IndexLockedError",
@@ -39,6 +40,7 @@ __all__ = [
     "VectorIndex",
     "as_document",
     "auto_factory",
+    "check_factory",
     "check_index",
     "document_text",
     "index_kind",

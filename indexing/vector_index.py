@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import warnings
 import weakref
 from collections.abc import Collection, Iterable, Sequence
@@ -70,6 +71,25 @@ EXACT_SCAN_FRACTION = 0.02  # HNSW / IVF: of the live vectors
 FLAT_EXACT_FRACTION = 0.0  # Flat: the selector search is exact too, and reads the vectors in place (no copy)
 EXACT_SCAN_CHUNK = 32768  # vectors reconstructed and scored at a time (bounded memory)
 HNSW_FILTER_EF_MAX = 2048  # the widened efSearch of a filtered HNSW search stops here
+
+
+class FactoryError(ValueError):
+    """A FAISS factory string that FAISS cannot build, or whose training needs more vectors than there are."""
+
+
+def _too_few_to_train(factory: str, need: int, n: int) -> FactoryError:
+    return FactoryError(f"{factory!r} needs at least {need} training vectors, got {n}; "
+                        "IVF needs a vector a list and PQ 2^bits a codebook: use a smaller nlist or fewer PQ bits, "
+                        "or a Flat / HNSW index, for this many vectors")
+
+
+def check_factory(factory: str, dim: int, metric: Metric, num_vectors: int) -> None:
+    """Raise `FactoryError` if FAISS cannot build ``factory`` for ``dim``-dimensional vectors, or if
+    ``num_vectors`` cannot train it: an index build calls this before encoding, so that a typo or an IVF
+    too large for the corpus costs a second, not the encoding of the whole corpus."""
+    need = VectorIndex(dim, factory, metric).min_train_size
+    if num_vectors < need:
+        raise _too_few_to_train(factory, need, num_vectors)
 
 
 class VectorIndex:
@@ -182,7 +202,9 @@ class VectorIndex:
             index = faiss.index_factory(self.dim, self.factory, _FAISS_METRIC[self.metric])
         except RuntimeError as e:
             msg = str(e).strip().splitlines()[-1]
-            raise ValueError(f"invalid FAISS factory string {self.factory!r}: {msg}") from None
+            # FAISS prefixes "Error in <C++ signature> at <file>:<line>: " (and "Error: '<assertion>' failed: ")
+            msg = re.sub(r"^Error in .*? at \S+:\d+: (Error: '.*?' failed: )?", "", msg)
+            raise FactoryError(f"invalid FAISS factory string {self.factory!r}: {msg}") from None
         kind = index_kind(index)
         core = unwrap(index)
         if kind == "hnsw" and self.ef_construction is not None:
@@ -292,10 +314,7 @@ class VectorIndex:
         n = vectors.shape[0]
         need = self.min_train_size
         if n < need:
-            raise ValueError(
-                f"{self.factory!r} needs at least {need} training vectors, got {n}; "
-                "train on a larger sample first (or use a smaller nlist / Flat)"
-            )
+            raise _too_few_to_train(self.factory, need, n)
         if n < _POINTS_PER_CENTROID_MIN * need:
             warnings.warn(
                 f"training {self.factory!r} on {n} vectors (< {_POINTS_PER_CENTROID_MIN}×{need}): "

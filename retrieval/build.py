@@ -54,6 +54,7 @@ from twotower.indexing import IndexFormatError, IndexLockedError, IndexStore, do
 from twotower.indexing.integrity import file_sha256
 from twotower.indexing.milvus import MilvusSpec, check_target
 from twotower.indexing.store import is_disk_full
+from twotower.indexing.vector_index import check_factory
 from twotower.retrieval.corpus import CorpusPlan, iter_chunks, validate_corpus
 from twotower.retrieval.dual_encoder import DualEncoder
 from twotower.retrieval.passages import PassageSplitter, longer_than_model, truncation_warning
@@ -451,6 +452,7 @@ def build_index(
     Raises:
         BuildLockedError: another build into `out` is running.
         FileExistsError: `out` exists and is not an empty directory.
+        FactoryError: FAISS cannot build `factory`, or the corpus has too few vectors to train it (before encoding).
         DataError: a bad corpus line (file and line named), before anything is encoded.
         DiskFullError: the estimated size does not fit (before encoding), or the disk filled up.
         MilvusUnavailableError / ValueError: with `milvus`, the URI cannot be reached or the collection
@@ -489,6 +491,8 @@ def build_index(
             passage_stride=splitter.settings.stride if splitter is not None else None,
             rows=rows,
         )
+        if factory is not None and milvus is None:  # a typo or an IVF too large: now, not after the encoding
+            check_factory(factory, encoder.dim, metric or encoder.metric, plan.num_rows)
         if long_docs and splitter is None and info.is_main:
             logger.warning("%s", truncation_warning(long_docs, corpus.num_documents, encoder))
         _on_main(info, lambda: check_disk_space(out, work_dir, plan, corpus))

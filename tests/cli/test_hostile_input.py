@@ -124,6 +124,22 @@ def test_gzip_content_without_gz_name_gets_a_hint(tmp_path, capsys, no_encoding)
     assert rc == 2 and f"{corpus}:1: not valid UTF-8" in err and "looks gzip-compressed: name it *.gz" in err
 
 
+@pytest.mark.parametrize("factory, message", [
+    ("Bogus", "--factory: invalid FAISS factory string 'Bogus': could not parse index string Bogus"),
+    ("PQ7", "should be a multiple of the number of subquantizers"),  # without FAISS's C++ signature and file
+    ("IVF64,Flat", "--factory: 'IVF64,Flat' needs at least 64 training vectors, got 12"),
+    ("IVF2,PQ4", "needs at least 256 training vectors, got 12"),  # the PQ codebooks' 2^8
+])
+def test_a_factory_faiss_cannot_build_or_train_is_refused_before_encoding(tmp_path, capsys, no_encoding, factory,
+                                                                          message):
+    """A typo in --factory, or an IVF/PQ too large for the corpus, was found after the whole corpus was encoded."""
+    corpus = write_corpus(str(tmp_path / "c.jsonl"), toy_docs(12))
+    rc, err = _build(capsys, tmp_path, Path(corpus), "--factory", factory)
+    assert rc == 2 and message in err, err
+    assert "Error in " not in err and ".cpp" not in err
+    assert not [p for p in os.listdir(tmp_path) if p.startswith("idx")]  # no index, no work directory
+
+
 def test_bad_reranker_is_refused_before_encoding_and_no_index_names_it(tmp_path, capsys, no_encoding, monkeypatch):
     """A directory that has a config.json but is no cross-encoder: refused in seconds, no index left naming it."""
     corpus = write_corpus(str(tmp_path / "c.jsonl"), toy_docs(12))

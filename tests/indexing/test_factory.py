@@ -1,7 +1,8 @@
 import faiss
+import numpy as np
 import pytest
 
-from twotower.indexing import VectorIndex, auto_factory, index_kind
+from twotower.indexing import FactoryError, VectorIndex, auto_factory, check_factory, index_kind
 from twotower.indexing.factory import FLAT_MAX, HNSW_MAX, default_nprobe, ivf_nlist
 
 
@@ -54,8 +55,20 @@ def test_factory_strings_build_the_expected_kind(factory, kind):
 
 
 def test_invalid_factory_string_is_a_clear_error():
-    with pytest.raises(ValueError, match="invalid FAISS factory string 'NOPE12'"):
+    with pytest.raises(FactoryError, match="invalid FAISS factory string 'NOPE12': could not parse index string NOPE12$"):
         VectorIndex(8, "NOPE12")
+
+
+def test_check_factory_knows_what_training_needs_before_any_vector():
+    """nlist vectors for IVF, 2^bits for a PQ codebook; `train` refuses the same counts with the same words."""
+    check_factory("IVF16,Flat", 8, "l2", 16)
+    with pytest.raises(FactoryError, match="'IVF16,Flat' needs at least 16 training vectors, got 15"):
+        check_factory("IVF16,Flat", 8, "l2", 15)
+    with pytest.raises(FactoryError, match="needs at least 256 training vectors, got 100"):
+        check_factory("IVF4,PQ4", 8, "l2", 100)
+    check_factory("HNSW8", 8, "cosine", 1)
+    with pytest.raises(FactoryError, match="needs at least 16 training vectors, got 15"):
+        VectorIndex(8, "IVF16,Flat", "l2").train(np.zeros((15, 8), dtype="float32"))
 
 
 def test_factory_none_uses_auto_choice():

@@ -105,6 +105,7 @@ def run_build(args: argparse.Namespace) -> int:
     if args.reranker:
         reranker_directory("--reranker", args.reranker)
     from twotower.indexing import IndexLockedError
+    from twotower.indexing.vector_index import FactoryError
     from twotower.retrieval.build import DiskFullError
     from twotower.retrieval.pipeline import SearchPipeline
 
@@ -118,6 +119,8 @@ def run_build(args: argparse.Namespace) -> int:
         )
     except (FileExistsError, IndexLockedError, DiskFullError) as exc:  # another build, no room: one line, exit 2
         raise CLIError(str(exc)) from None
+    except FactoryError as exc:  # found before the encoding
+        raise CLIError(f"--factory: {exc}") from None
     except ValueError as exc:  # a --passage-window the model cannot read whole
         if "--passage-" in str(exc):
             raise CLIError(str(exc)) from None
