@@ -13,7 +13,14 @@ import json
 import sys
 
 from twotower.cli import CLIError
-from twotower.cli.checks import error_prefix, filter_option, model_directory, require_bm25, reranker_directory
+from twotower.cli.checks import (
+    error_prefix,
+    filter_option,
+    model_directory,
+    refuse_reranker_with_no_rerank,
+    require_bm25,
+    reranker_directory,
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -46,8 +53,7 @@ def run_answer(args: argparse.Namespace) -> int:
         raise CLIError(f"--recall-k ({args.recall_k}) must be at least -k ({args.passages})")
     if not 0 <= args.retrieval_weight < float("inf"):  # NaN fails too: it ranked every answer by NaN
         raise CLIError(f"--retrieval-weight must be a number >= 0, got {args.retrieval_weight}")
-    if args.no_rerank and args.reranker:  # as in search: the reranker was loaded and never run
-        raise CLIError("--reranker names a reranker, but --no-rerank turns reranking off; give one of them")
+    refuse_reranker_with_no_rerank(args.reranker, args.no_rerank)
     if any(not q.strip() for q in args.questions):
         raise CLIError("a question is empty")
     for flag, path in (("--reader", args.reader), ("--classifier", args.classifier)):

@@ -105,6 +105,12 @@ def reranker_directory(flag: str, value: str, head: bool = True) -> str:
     return value
 
 
+def refuse_reranker_with_no_rerank(reranker: str | None, no_rerank: bool) -> None:
+    """``--reranker DIR --no-rerank`` (search, answer): the reranker would load and never run."""
+    if reranker and no_rerank:
+        raise CLIError("--reranker names a reranker, but --no-rerank turns reranking off; give one of them")
+
+
 def require_bm25(index: str) -> None:
     """Refuse ``--hybrid`` on an index built without BM25, saying how to build one that has it."""
     from twotower.indexing import Manifest

@@ -16,7 +16,14 @@ import sys
 import textwrap
 
 from twotower.cli import CLIError
-from twotower.cli.checks import error_prefix, filter_option, model_directory, require_bm25, reranker_directory
+from twotower.cli.checks import (
+    error_prefix,
+    filter_option,
+    model_directory,
+    refuse_reranker_with_no_rerank,
+    require_bm25,
+    reranker_directory,
+)
 from twotower.cli.rerank_weight import print_weight_origin
 
 QUERY_BATCH = 256
@@ -123,8 +130,7 @@ def run_search(args: argparse.Namespace) -> int:
         raise CLIError("--run writes the results to a file and prints no hits: give --json or --run, not both")
     if args.rerank and args.no_rerank:
         raise CLIError("give --rerank or --no-rerank, not both")
-    if args.no_rerank and args.reranker:
-        raise CLIError("--reranker names a reranker, but --no-rerank turns reranking off; give one of them")
+    refuse_reranker_with_no_rerank(args.reranker, args.no_rerank)
     flt = filter_option(args.filter, "search")
     if args.queries_file and args.queries:
         raise CLIError("give queries as arguments or with --queries FILE, not both")
