@@ -188,6 +188,8 @@ def test_a_device_this_machine_lacks_is_refused_by_flag(tmp_path, capsys, argv):
 @pytest.mark.parametrize("flags, message", [
     (["--max-windows", "5"], "--max-windows sets how many windows of a document are scored: add --passage-window N"),
     (["--distill-weight", "2"], "--distill-weight weighs the distillation from the teacher: add --teacher DIR"),
+    (["--teacher", "embedded", "--residual", "--distill-weight", "2"],
+     "--distill-weight weighs the distillation term, which --residual training does not have"),
 ])
 def test_a_flag_that_would_be_ignored_is_refused(tmp_path, capsys, command, flags, message):
     """Without --passage-window or --teacher these flags did nothing, silently."""

@@ -401,6 +401,9 @@ def _distill_weight(args) -> float:
     if args.teacher is None:  # it was ignored
         raise ValueError("--distill-weight weighs the distillation from the teacher: add --teacher DIR (or --teacher "
                          "embedded)")
+    if getattr(args, "residual", False):  # so was this
+        raise ValueError("--distill-weight weighs the distillation term, which --residual training does not have "
+                         "(its label loss reads teacher + reranker): give one of them")
     return args.distill_weight
 
 
