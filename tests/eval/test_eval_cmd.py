@@ -137,6 +137,7 @@ def test_out_writes_a_report(files, capsys):
         (["eval", "--run", "RUN", "--qrels", "QRELS", "--dataset", "D", "--batch-size", "8"],
          "--dataset, --batch-size set"),
         (["eval", "--index", "IDX", "--dataset", "D", "--out", "O", "--qrels", "QRELS"], "--qrels goes with --run"),
+        (["eval", "--run", "RUN", "--qrels", "QRELS", "--rerank-alpha", "0"], "--rerank-alpha sets how --index"),
     ],
 )
 def test_bad_input_exits_2_with_a_message(files, capsys, argv, message):

@@ -94,7 +94,8 @@ def run_eval(args: argparse.Namespace) -> int:
     if args.run:
         if not args.qrels:
             raise CLIError("--run needs --qrels")
-        given = [flag for dest, flag in _SEARCH_FLAGS if getattr(args, dest) not in (None, False)]
+        given = [flag for dest, flag in _SEARCH_FLAGS  # `is`: -k 0 or --rerank-alpha 0 is given too (0 == False)
+                 if getattr(args, dest) is not None and getattr(args, dest) is not False]
         if given:
             raise CLIError(f"{', '.join(given)} {'sets' if len(given) == 1 else 'set'} how --index searches; "
                            "--run scores a run that is already made: leave "

@@ -44,7 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "in first-stage order (default 20, at most --recall-k)")
     p.add_argument("--hybrid", action="store_true", help="fuse dense and BM25 recall (index built with --bm25)")
     p.add_argument("--fusion", choices=["rrf", "minmax", "zscore"],
-                   help="with --hybrid: fusion: reciprocal rank (default, k=60) or normalised score sum")
+                   help="with --hybrid: reciprocal-rank fusion (default, k=60) or a normalised score sum")
     p.add_argument("--rerank", action="store_true",
                    help="rerank with the index's reranker, or with the reranker twotower ships (a delta over the "
                         "default all-MiniLM-L6-v2, trained on SciFact claims) when the index has none; same as "

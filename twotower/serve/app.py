@@ -173,7 +173,7 @@ class SearchService:
             rerank = owner.reranker_loaded
         elif rerank and not owner.reranker_loaded:
             raise ApiError(400, "rerank: no reranker is loaded (start the server with --reranker DIR)", "rerank")
-        if rerank_k is not None and not rerank:  # it was ignored: the answer looked reranked to the caller
+        if rerank_k is not None and not rerank:  # it was ignored without a word
             why = ("rerank=false turns reranking off" if owner.reranker_loaded else
                    "no reranker is loaded (start the server with --reranker DIR)")
             raise ApiError(400, f"rerank_k sets how many candidates the reranker scores, but {why}", "rerank_k")
