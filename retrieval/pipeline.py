@@ -111,8 +111,15 @@ def _load_reranker(reranker: Any, bf16: bool | str, device: str | None):
     return CrossEncoder.from_pretrained(os.fspath(reranker), device=device, bf16=bf16)
 
 
-def check_queries(queries: Sequence[str]) -> list[str]:
-    """Every query must be a non-blank string; errors name the query's position."""
+def check_queries(queries: str | Sequence[str]) -> tuple[list[str], bool]:
+    """(the queries as a list, whether one string was given). Every query must be a non-blank string;
+    errors name the query's position (``search(5)`` said "'int' object is not iterable", and
+    ``search(b"tea")`` "query 0 is int")."""
+    if isinstance(queries, str):
+        return check_queries([queries])[0], True
+    if isinstance(queries, (bytes, bytearray)) or not isinstance(queries, Iterable):
+        raise TypeError(f"queries must be a str or a list of str, got {type(queries).__name__}")
+    queries = list(queries)
     out = []
     for i, q in enumerate(queries):
         if not isinstance(q, str):
@@ -120,7 +127,7 @@ def check_queries(queries: Sequence[str]) -> list[str]:
         if not q.strip():
             raise ValueError(f"query {i} is empty" if len(queries) > 1 else "query is empty")
         out.append(q)
-    return out
+    return out, False
 
 
 class SearchPipeline:
@@ -440,8 +447,7 @@ class SearchPipeline:
                 metadata field no document has.
         Queries longer than the query encoder's maximum are truncated, with a warning.
         """
-        single = isinstance(query, str)
-        queries = check_queries([query] if single else list(query))
+        queries, single = check_queries(query)
         if not isinstance(k, int) or k < 1:
             raise ValueError(f"k must be a positive int, got {k!r}")
         if recall_k < k:
@@ -516,8 +522,7 @@ class SearchPipeline:
             One `AnswerResult` (question, answers with passage id and character offsets, hits),
             or a list of them for a list of questions.
         """
-        single = isinstance(question, str)
-        questions = check_queries([question] if single else list(question))
+        questions, single = check_queries(question)
         qa = self._task_model(reader, "qa", "reader")
         hits = self.search(questions, k=k, recall_k=max(recall_k, k), rerank=rerank, hybrid=hybrid,
                            classifier=classifier, filter=filter)

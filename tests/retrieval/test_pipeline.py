@@ -200,6 +200,11 @@ def test_bad_queries(built):
         built.search("   ")
     with pytest.raises(ValueError, match="query 1 is empty"):
         built.search(["tea", ""])
+    for bad, name in ((5, "int"), (b"tea", "bytes"), (None, "NoneType")):  # "'int' object is not iterable"
+        with pytest.raises(TypeError, match=f"queries must be a str or a list of str, got {name}$"):
+            built.search(bad)
+    with pytest.raises(TypeError, match="query 1 is int, not str"):
+        built.search(("tea", 7))
     with pytest.raises(ValueError, match="recall_k"):
         built.search("tea", k=10, recall_k=5)
     with pytest.raises(ValueError, match="k must be"):
