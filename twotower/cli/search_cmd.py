@@ -19,6 +19,7 @@ from twotower.cli import CLIError
 from twotower.cli.checks import (
     error_prefix,
     filter_option,
+    input_file,
     model_directory,
     refuse_reranker_with_no_rerank,
     require_bm25,
@@ -74,8 +75,7 @@ ERROR_PREFIX = error_prefix("search")  # how twotower.cli.main prints a CLIError
 
 def read_queries(path: str) -> list[tuple[str, str]]:
     """(qid, text) pairs from BEIR queries.jsonl or a qid<TAB>text file (eval's readers; errors name file and line)."""
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"queries file not found: {path}")
+    input_file("--queries", path, inside="queries.jsonl")
     from twotower.common.errors import DataError
     from twotower.eval.io import read_beir_queries, read_id_text_tsv
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from twotower.cli.checks import input_file
 from twotower.cli.help_format import DefaultsHelpFormatter
 
 
@@ -41,8 +42,7 @@ def train(args: argparse.Namespace) -> int:
     from twotower.encoder.core.tokenizer import SPECIAL_TOKENS, Tokenizer, iter_text_files
 
     for path in args.input:  # fail before training, not from inside the Rust trainer's iterator
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"input file not found: {path}")
+        input_file("--input", path)
     if args.vocab_size <= len(SPECIAL_TOKENS):
         raise CLIError(f"--vocab-size must exceed the {len(SPECIAL_TOKENS)} special tokens, got {args.vocab_size}")
     if args.min_frequency < 1:
