@@ -35,7 +35,7 @@ import numpy as np
 from twotower.indexing import MISSING_ID, Document, IndexStore, Snapshot, document_text
 from twotower.indexing.filters import Filter, as_filter
 from twotower.indexing.manifest import MANIFEST_NAME
-from twotower.indexing.milvus import milvus_spec
+from twotower.indexing.milvus import check_index_type, milvus_spec
 from twotower.retrieval.build import DEFAULT_SHARD_SIZE, build_index
 from twotower.retrieval.candidates import Candidate, dense_candidates, fused_candidates
 from twotower.retrieval.corpus import (
@@ -211,6 +211,8 @@ class SearchPipeline:
         if on_duplicate not in DUPLICATE_POLICIES:
             raise ValueError(f"on_duplicate={on_duplicate!r}; choose one of {DUPLICATE_POLICIES}")
         directory = os.fspath(directory)
+        if backend == "milvus" and factory is not None:  # a Milvus index type; HNSW32 was refused after encoding
+            check_index_type(factory)
         milvus = milvus_spec(backend, milvus_uri, collection, directory)  # an unreachable URI fails here, first
         encoder = _load_encoder(model, bf16, device)
         if milvus is not None:

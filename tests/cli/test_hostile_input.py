@@ -140,6 +140,15 @@ def test_a_factory_faiss_cannot_build_or_train_is_refused_before_encoding(tmp_pa
     assert not [p for p in os.listdir(tmp_path) if p.startswith("idx")]  # no index, no work directory
 
 
+def test_a_milvus_index_type_is_checked_before_connecting_or_encoding(tmp_path, capsys, no_encoding):
+    """--backend milvus takes a Milvus index type as --factory; a FAISS string was refused after the encoding."""
+    corpus = write_corpus(str(tmp_path / "c.jsonl"), toy_docs(12))
+    rc, err = _build(capsys, tmp_path, Path(corpus), "--backend", "milvus", "--milvus-uri", str(tmp_path / "v.db"),
+                     "--factory", "HNSW32")
+    assert rc == 2 and "--factory 'HNSW32': a Milvus index type is one of FLAT, IVF_FLAT, HNSW" in err, err
+    assert not (tmp_path / "v.db").exists() and not (tmp_path / "idx").exists()
+
+
 def test_bad_reranker_is_refused_before_encoding_and_no_index_names_it(tmp_path, capsys, no_encoding, monkeypatch):
     """A directory that has a config.json but is no cross-encoder: refused in seconds, no index left naming it."""
     corpus = write_corpus(str(tmp_path / "c.jsonl"), toy_docs(12))
