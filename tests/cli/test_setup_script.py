@@ -31,13 +31,18 @@ def _executable(path, text: str) -> str:
     return str(path)
 
 
-def test_first_setup_names_each_step_and_the_no_op_is_quiet(tmp_path):
+def _sandbox(tmp_path) -> tuple:
+    """(a copy of the set-up files, an environment whose Python is the stand-in, whether nvidia-smi is found)."""
     repo = tmp_path / "repo"
     (repo / "scripts").mkdir(parents=True)
     shutil.copy(os.path.join(REPO, "scripts", "setup.sh"), repo / "scripts" / "setup.sh")
     shutil.copy(os.path.join(REPO, "pyproject.toml"), repo / "pyproject.toml")
     env = {"PATH": "/usr/bin:/bin", "PYTHON": _executable(tmp_path / "python", FAKE_PYTHON), "HOME": str(tmp_path)}
-    cuda = shutil.which("nvidia-smi", path=env["PATH"]) is not None
+    return repo, env, shutil.which("nvidia-smi", path=env["PATH"]) is not None
+
+
+def test_first_setup_names_each_step_and_the_no_op_is_quiet(tmp_path):
+    repo, env, cuda = _sandbox(tmp_path)
 
     first = subprocess.run(["bash", "scripts/setup.sh"], cwd=repo, env=env, capture_output=True, text=True)
     assert first.returncode == 0, first.stderr
@@ -60,12 +65,7 @@ def test_first_setup_names_each_step_and_the_no_op_is_quiet(tmp_path):
 def test_demo_setup_installs_what_the_demo_runs_and_test_completes_it(tmp_path):
     """`make demo` installs no test extras (its results come sooner); a later `make test` adds them without
     reinstalling torch, and after it neither set-up does anything."""
-    repo = tmp_path / "repo"
-    (repo / "scripts").mkdir(parents=True)
-    shutil.copy(os.path.join(REPO, "scripts", "setup.sh"), repo / "scripts" / "setup.sh")
-    shutil.copy(os.path.join(REPO, "pyproject.toml"), repo / "pyproject.toml")
-    env = {"PATH": "/usr/bin:/bin", "PYTHON": _executable(tmp_path / "python", FAKE_PYTHON), "HOME": str(tmp_path)}
-    cuda = shutil.which("nvidia-smi", path=env["PATH"]) is not None
+    repo, env, cuda = _sandbox(tmp_path)
     log = repo / ".venv" / "calls.log"
 
     def setup(*level: str) -> list[str]:

@@ -290,9 +290,9 @@ def _settings(args, default_ranks: tuple[int, int]) -> dict:
     if args.mine_ranks and getattr(args, "loss", "listwise") == "pointwise":
         raise ValueError("--mine-ranks sets the ranks negatives are mined from, but --loss pointwise trains on the "
                          "labeled pairs alone: drop --mine-ranks")
+    data_flag, data = ("--data", args.data) if hasattr(args, "data") else ("--pairs", args.pairs)  # dual, reranker
     return dict(
-        out=args.out, corpus=args.corpus, negatives=args.negatives,
-        split=_split(args.split, *(("--data", args.data) if hasattr(args, "data") else ("--pairs", args.pairs))),
+        out=args.out, corpus=args.corpus, negatives=args.negatives, split=_split(args.split, data_flag, data),
         mine=None if (args.negatives or args.mine == "none") else args.mine,
         mine_ranks=parse_ranks("--mine-ranks", args.mine_ranks) if args.mine_ranks else default_ranks,
         epochs=args.epochs, max_steps=args.max_steps, time_budget=parse_duration("--time-budget", args.time_budget),
