@@ -61,8 +61,11 @@ def check_index(directory: str | os.PathLike) -> CheckReport:
 
     d = Path(directory)
     report = CheckReport(str(d))
-    if not d.is_dir():
+    if not d.exists():
         report.problem(d, "index directory not found")
+        return report
+    if not d.is_dir():
+        report.problem(d, "a file, not an index directory")
         return report
     try:
         manifest = Manifest.read(d / MANIFEST_NAME)

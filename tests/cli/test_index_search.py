@@ -101,8 +101,19 @@ def test_add_delete_roundtrip(built, tmp_path, capsys):
         (["search", "--index", "{idx}", "   "], "query q1 is empty"),
         (["search", "--index", "{idx}"], "give at least one QUERY"),
         (["search", "--index", "{idx}", "-k", "20", "--recall-k", "5", "tea"], "--recall-k (5) must be at least -k"),
-        (["search", "--index", "{root}/nope", "tea"], "index directory not found"),
-        (["search", "--index", "{root}", "tea"], "not a twotower index directory"),
+        (["search", "--index", "{root}/nope", "tea"], "--index {root}/nope: no such directory\n"),
+        (["search", "--index", "{root}", "tea"],
+         "--index {root}: not an index directory (no manifest.json); build one with `twotower index build --corpus "
+         "CORPUS --out DIR`"),
+        # every command that reads --index says it one way (four wordings before; a file read as "not found")
+        (["index", "add", "--index", "{root}/corpus.jsonl", "--corpus", "{root}/corpus.jsonl"],
+         "twotower index add: error: --index {root}/corpus.jsonl: a file, not an index directory; to index it: "
+         "`twotower index build --corpus {root}/corpus.jsonl --out DIR`"),
+        (["index", "delete", "--index", "{model}", "x"],
+         "twotower index delete: error: --index {model}: a model directory, not an index; build an index with it: "
+         "`twotower index build --model {model} --corpus CORPUS --out DIR`"),
+        (["index", "info", "--index", "{root}/nope"], "twotower index info: error: --index {root}/nope: no such directory"),
+        (["answer", "--index", "{root}/nope", "--reader", "{model}", "tea"], "--index {root}/nope: no such directory"),
         (["index", "build", "--corpus", "{root}/missing.jsonl", "--out", "{root}/x"],
          "--corpus {root}/missing.jsonl: file not found"),
         # a BEIR directory where its file is wanted: said "corpus file not found"; now names the file inside
@@ -113,7 +124,13 @@ def test_add_delete_roundtrip(built, tmp_path, capsys):
         (["index", "delete", "--index", "{idx}", "--ids-file", "{root}/none.txt"],
          "--ids-file {root}/none.txt: file not found"),
         (["index", "build", "--corpus", "{root}/corpus.jsonl", "--out", "{idx}", "--model", "{model}"],
-         "already exists"),
+         "--out {idx}: already an index; add the documents to it with `twotower index add --index {idx} --corpus "
+         "{root}/corpus.jsonl`, or remove it first"),
+        # said "already exists; add documents with `twotower index add`" for a file and a foreign directory too
+        (["index", "build", "--corpus", "{root}/corpus.jsonl", "--out", "{root}/corpus.jsonl"],
+         "--out {root}/corpus.jsonl: a file; give the name of a new directory for the index"),
+        (["index", "build", "--corpus", "{root}/corpus.jsonl", "--out", "{model}"],
+         "--out {model}: a directory that is not empty; give a new or empty directory for the index"),
         (["index", "delete", "--index", "{idx}"], "give document ids"),
         (["search", "--index", "{idx}", "--reranker", "{model}", "tea"],
          "not a reranker: its config.json names BertModel, an encoder without a relevance head"),

@@ -199,3 +199,18 @@ def test_a_flag_that_would_be_ignored_is_refused(tmp_path, capsys, command, flag
     rc, _, err = run_cli(capsys, *args)
     assert rc == 2 and message in err
     assert not (tmp_path / "rr").exists()
+
+
+def test_an_index_whose_build_was_interrupted_says_how_to_finish_it(tmp_path, capsys):
+    """A killed `index build --out idx` leaves idx.build/ (its shards) and no idx: searching idx says so."""
+    (tmp_path / "idx.build").mkdir()
+    rc, _, err = run_cli(capsys, "search", "--index", str(tmp_path / "idx"), "tea")
+    assert rc == 2
+    assert err == (f"twotower search: error: --index {tmp_path}/idx: no such directory; {tmp_path}/idx.build holds "
+                   "an unfinished build: rerun the same `twotower index build` to finish it\n")
+
+
+def test_index_check_of_a_file_says_it_is_a_file(tmp_path, capsys):
+    (tmp_path / "corpus.jsonl").write_text("{}\n")
+    rc, _, err = run_cli(capsys, "index", "check", str(tmp_path / "corpus.jsonl"))
+    assert rc == 2 and err == f"twotower index check: {tmp_path}/corpus.jsonl: a file, not an index directory\n"

@@ -271,6 +271,7 @@ def test_index_mode_without_reranker_does_not_load_the_default_one(tmp_path, bei
     monkeypatch.setitem(sys.modules, "twotower.retrieval.pipeline", module)
     _FakePipeline.calls = []
     (tmp_path / "idx").mkdir()
+    (tmp_path / "idx" / "manifest.json").write_text("{}")  # --index is checked to be an index; the fake loads it
     argv = [
         "eval",
         "--index",
@@ -297,7 +298,7 @@ def test_index_mode_checks_paths_first(tmp_path, beir_dir, capsys):
         str(tmp_path / "r"),
     ]
     assert main(argv) == 2
-    assert "no such index directory" in capsys.readouterr().err
+    assert f"--index {tmp_path / 'nope'}: no such directory\n" in capsys.readouterr().err
     argv = [
         "eval",
         "--index",

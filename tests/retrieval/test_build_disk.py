@@ -183,7 +183,7 @@ def test_cli_reports_a_full_disk_in_one_line(tmp_path, tiny_fs, capsys, monkeypa
             "--shard-size", "20", "--no-progress"]
     rc, _, err = run_cli(capsys, *argv)
     assert rc == 2, err
-    assert err.startswith(f"twotower index: error: no space left on device while writing embedding shards to "
+    assert err.startswith(f"twotower index build: error: no space left on device while writing embedding shards to "
                           f"{tiny_fs}/idx.build/shards; the 2 finished shards (6 KB) are kept") \
         and len(err.strip().splitlines()) == 1, err
     (tiny_fs / "filler").unlink()

@@ -45,6 +45,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _prog(args: argparse.Namespace) -> str:
+    """The command as typed, its action included (``twotower index add``), as argparse names it in usage errors."""
+    action = getattr(args, f"{args.command}_command", None)  # index_command, train_command, tokenizer_command
+    return " ".join(["twotower", args.command] + ([action] if action else []))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -62,13 +68,13 @@ def main(argv: list[str] | None = None) -> int:
             device_option(args.device)
         rc = args.func(args)
     except (CLIError, FileNotFoundError, ValueError) as exc:
-        print(f"twotower {args.command}: error: {exc}", file=sys.stderr)
+        print(f"{_prog(args)}: error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
         if exc.errno != errno.ENOSPC:
             raise
         # a full disk is the user's to fix, not a bug: the stores raise it with the directory named
-        print(f"twotower {args.command}: error: {exc}", file=sys.stderr)
+        print(f"{_prog(args)}: error: {exc}", file=sys.stderr)
         return 2
     return int(rc or 0)
 

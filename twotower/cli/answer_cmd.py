@@ -16,6 +16,7 @@ from twotower.cli import CLIError
 from twotower.cli.checks import (
     error_prefix,
     filter_option,
+    index_directory,
     model_directory,
     refuse_reranker_with_no_rerank,
     require_bm25,
@@ -62,6 +63,7 @@ def run_answer(args: argparse.Namespace) -> int:
     if args.reranker:
         reranker_directory("--reranker", args.reranker)
     flt = filter_option(args.filter, "answer")
+    index_directory("--index", args.index)
     if args.hybrid:
         require_bm25(args.index)
     from twotower.encoder.finetuning.task_model import TaskModel

@@ -33,6 +33,33 @@ def input_file(flag: str, path: str, inside: str | None = None) -> str:
     raise CLIError(f"{flag} {path}: a directory, not a file{hint}")
 
 
+def index_directory(flag: str, path: str) -> str:
+    """``path`` if it is an index directory (one holding ``manifest.json``), else a CLIError naming ``flag``.
+
+    Why one check: seven commands read ``--index`` and said it four ways ("index directory not found:
+    X", "X: no such index directory", "X/manifest.json: manifest not found"), and a file or a model
+    directory given as the index was reported as missing. Each case here says what the path is instead.
+    """
+    from twotower.indexing.manifest import MANIFEST_NAME
+
+    out = "DIR" if os.path.isdir(path) and os.listdir(path) else path  # build writes into an empty directory only
+    build = f"`twotower index build --corpus CORPUS --out {out}`"
+    if not os.path.exists(path):
+        unfinished = f"{path.rstrip(os.sep)}.build"  # where an interrupted `index build --out path` left its shards
+        hint = (f"; {unfinished} holds an unfinished build: rerun the same `twotower index build` to finish it"
+                if os.path.isdir(unfinished) else "")
+        raise CLIError(f"{flag} {path}: no such directory{hint}")
+    if not os.path.isdir(path):
+        hint = f"; to index it: `twotower index build --corpus {path} --out DIR`" if ".jsonl" in path else ""
+        raise CLIError(f"{flag} {path}: a file, not an index directory{hint}")
+    if os.path.isfile(os.path.join(path, MANIFEST_NAME)):
+        return path
+    if os.path.isfile(os.path.join(path, MODEL_CONFIG)):
+        raise CLIError(f"{flag} {path}: a model directory, not an index; build an index with it: "
+                       f"`twotower index build --model {path} --corpus CORPUS --out DIR`")
+    raise CLIError(f"{flag} {path}: not an index directory (no {MANIFEST_NAME}); build one with {build}")
+
+
 def model_directory(flag: str, path: str, dual: bool = False) -> str:
     """``path`` if it is a model directory (one holding ``config.json``), else a CLIError naming ``flag``.
 

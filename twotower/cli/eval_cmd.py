@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 from twotower.cli import CLIError
-from twotower.cli.checks import require_bm25, reranker_directory
+from twotower.cli.checks import index_directory, require_bm25, reranker_directory
 from twotower.cli.rerank_weight import print_weight_origin
 
 DEFAULT_METRICS = "ndcg@10,mrr@10,recall@100,map"
@@ -172,8 +172,7 @@ def _search_and_report(args: argparse.Namespace) -> int:
     specs = parse_metrics(args.metrics or ",".join(report_metrics))
     dataset = load_beir(args.dataset, args.split, corpus=False)
     queries = dataset.split_queries()
-    if not Path(args.index).exists():
-        raise FileNotFoundError(f"{args.index}: no such index directory")
+    index_directory("--index", args.index)
     if args.reranker:
         reranker_directory("--reranker", args.reranker)
     if args.hybrid:

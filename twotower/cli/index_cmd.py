@@ -16,7 +16,7 @@ import os
 import sys
 
 from twotower.cli import CLIError
-from twotower.cli.checks import input_file, model_directory, reranker_directory
+from twotower.cli.checks import index_directory, input_file, model_directory, reranker_directory
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -88,6 +88,24 @@ def _positive(name: str, value: int) -> None:
         raise CLIError(f"{name} must be a positive integer, got {value}")
 
 
+def _new_index_directory(out: str, corpus: str) -> None:
+    """``--out`` must be new or an empty directory; say which of the other cases it is, and what to do.
+
+    Why: the library's one message ("already exists; add documents with `twotower index add`") fit only
+    an existing index, and named no flag; for a file or someone else's directory it pointed the wrong way.
+    """
+    from twotower.indexing.manifest import MANIFEST_NAME
+
+    if not os.path.exists(out) or (os.path.isdir(out) and not os.listdir(out)):
+        return
+    if not os.path.isdir(out):
+        raise CLIError(f"--out {out}: a file; give the name of a new directory for the index")
+    if os.path.isfile(os.path.join(out, MANIFEST_NAME)):
+        raise CLIError(f"--out {out}: already an index; add the documents to it with `twotower index add --index "
+                       f"{out} --corpus {corpus}`, or remove it first")
+    raise CLIError(f"--out {out}: a directory that is not empty; give a new or empty directory for the index")
+
+
 def run_build(args: argparse.Namespace) -> int:
     _positive("--batch-size", args.batch_size)
     _positive("--shard-size", args.shard_size)
@@ -99,6 +117,7 @@ def run_build(args: argparse.Namespace) -> int:
     if not args.passages and (args.passage_window is not None or args.passage_stride is not None):
         raise CLIError("--passage-window and --passage-stride need --passages")
     input_file("--corpus", args.corpus, inside="corpus.jsonl")
+    _new_index_directory(args.out, args.corpus)
     if args.model:
         model_directory("--model", args.model, dual=True)
     if args.reranker:
@@ -136,6 +155,7 @@ def run_build(args: argparse.Namespace) -> int:
 
 def run_add(args: argparse.Namespace) -> int:
     _positive("--batch-size", args.batch_size)
+    index_directory("--index", args.index)
     input_file("--corpus", args.corpus, inside="corpus.jsonl")
     if args.model:
         model_directory("--model", args.model, dual=True)
@@ -157,6 +177,7 @@ def run_add(args: argparse.Namespace) -> int:
 
 
 def run_delete(args: argparse.Namespace) -> int:
+    index_directory("--index", args.index)
     ids = list(args.ids)
     if args.ids_file:
         input_file("--ids-file", args.ids_file)
@@ -206,6 +227,7 @@ def _honest_bm25(info: dict) -> dict:
 
 
 def run_info(args: argparse.Namespace) -> int:
+    index_directory("--index", args.index)
     from twotower.indexing import IndexStore
     from twotower.retrieval.manifest import pipeline_block
     from twotower.retrieval.passages import document_counts

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import textwrap
 
@@ -19,6 +18,7 @@ from twotower.cli import CLIError
 from twotower.cli.checks import (
     error_prefix,
     filter_option,
+    index_directory,
     input_file,
     model_directory,
     refuse_reranker_with_no_rerank,
@@ -143,8 +143,7 @@ def run_search(args: argparse.Namespace) -> int:
     for qid, text in items:
         if not text.strip():
             raise CLIError(f"{args.queries_file}: query {qid} is empty" if args.queries_file else f"query {qid} is empty")
-    if not os.path.isdir(args.index):
-        raise FileNotFoundError(f"index directory not found: {args.index}")
+    index_directory("--index", args.index)
     if args.model:
         model_directory("--model", args.model, dual=True)
     if args.reranker:

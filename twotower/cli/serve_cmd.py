@@ -16,11 +16,10 @@ import argparse
 import ipaddress
 import logging
 import math
-import os
 import sys
 
 from twotower.cli import CLIError
-from twotower.cli.checks import model_directory, reranker_directory
+from twotower.cli.checks import index_directory, model_directory, reranker_directory
 
 logger = logging.getLogger(__name__)
 
@@ -70,11 +69,7 @@ def run_serve(args: argparse.Namespace) -> int:
         raise CLIError("give --reranker DIR or --no-reranker, not both")
     if args.read_only and args.token_file:  # the token would open no write: every write is refused
         raise CLIError("--token-file lets writes in and --read-only refuses them all: give one of them")
-    if not os.path.isdir(args.index):
-        raise CLIError(f"--index {args.index}: no such directory")
-    if not os.path.isfile(os.path.join(args.index, "manifest.json")):
-        raise CLIError(f"--index {args.index}: not an index directory (no manifest.json); build one with "
-                       "`twotower index build`")
+    index_directory("--index", args.index)
     if args.reranker:
         reranker_directory("--reranker", args.reranker)
     if args.model:
