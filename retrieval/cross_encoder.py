@@ -82,6 +82,7 @@ ARCHITECTURE = "BertForSequenceClassification"
 ST_IDENTITY = "torch.nn.modules.linear.Identity"
 # What the relevance head reads: the [CLS] pooler (HF / sentence-transformers layout) or the token mean.
 POOLINGS = ("cls", "mean")
+MIN_PAIR_TOKENS = 8  # [CLS] q [SEP] d [SEP] and a few tokens of each: less reads nothing worth scoring
 # Pairs tokenized at once before being cut into length-sorted batches (bounds padding memory).
 _CHUNK = 2048
 # config.json key of the window setting ({"window": W, "stride": S}); absent = head truncation.
@@ -146,9 +147,12 @@ class CrossEncoder(nn.Module):
         # `interpolation` when a search names its first stage (`SearchPipeline.rerank_alpha`).
         self.interpolation_by_first_stage: dict[str, float] = {}
         cap = model.config.max_position_embeddings
-        self.max_length = min(int(max_length or tokenizer.model_max_length or cap), cap)
-        if self.max_length < 8:
-            raise ValueError(f"max_length={self.max_length} is too short for a query-document pair")
+        if max_length is None:
+            max_length = tokenizer.model_max_length or cap
+        self.max_length = min(int(max_length), cap)  # 0 was read as "not given"
+        if self.max_length < MIN_PAIR_TOKENS:
+            raise ValueError(f"max_length={self.max_length} is too short for a query-document pair: give "
+                             f"{MIN_PAIR_TOKENS} or more")
         self.windows = check_windows(windows, self.max_length)
         self.device = torch.device(device) if device is not None else default_device()
         self.bf16 = resolve_bf16(bf16, self.device)

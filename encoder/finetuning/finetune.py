@@ -37,7 +37,7 @@ from twotower.common.errors import check_at_least, check_setting
 from twotower.common.malloc import retain_freed_memory_for
 from twotower.encoder.finetuning.qa_decode import choose_null_threshold
 from twotower.encoder.finetuning.task_examples import build_label_map
-from twotower.encoder.finetuning.task_model import TaskModel, batch_order, model_inputs, run_rows
+from twotower.encoder.finetuning.task_model import TaskModel, batch_order, model_inputs, read_config, run_rows
 from twotower.encoder.finetuning.tasks import Featurized, TaskInfo, get_task
 from twotower.encoder.training.optim import check_optimizer_settings, lr_factor, make_optimizer, set_lr
 
@@ -46,6 +46,8 @@ logger = logging.getLogger(__name__)
 REPORT_NAME = "finetune_report.json"
 MetricFn = Callable[[Sequence[Any], Sequence[Any]], dict[str, float]]
 
+
+DEFAULT_MAX_LENGTH = 128  # tokens per input (QA: per window) unless --max-length says otherwise
 
 @dataclass
 class FinetuneConfig:
@@ -57,7 +59,7 @@ class FinetuneConfig:
     weight_decay: float = 0.01
     warmup: float = 0.1  # fraction of all steps
     freeze_encoder: bool = False
-    max_length: int = 128
+    max_length: int | None = None  # None: DEFAULT_MAX_LENGTH, or the model's positions if fewer; a given value must fit
     doc_stride: int = 128  # QA
     max_query_length: int = 64  # QA
     max_answer_length: int = 30  # QA
@@ -77,11 +79,13 @@ class FinetuneConfig:
     def __post_init__(self) -> None:
         """Refuse settings that crash late or train something else, naming the field and the flag
         (``epochs=0`` stopped in a StopIteration, ``batch_size=0`` divided by zero, ``max_train_examples=0``
-        meant no cap)."""
+        meant no cap, ``max_length=0`` trained on empty inputs)."""
         check_at_least(self, 1, {"epochs": "--epochs", "batch_size": "--batch-size", "eval_batch_size": None,
                                  "evals_per_epoch": "--evals-per-epoch", "doc_stride": "--doc-stride",
                                  "max_query_length": "--max-query-length", "max_answer_length": "--max-answer-length",
                                  "max_steps": "--max-steps", "max_train_examples": "--max-train"})
+        # [CLS], one token, [SEP]: below that every input was cut to nothing and the head learned chance
+        check_at_least(self, 3, {"max_length": "--max-length"})
         check_optimizer_settings(self.lr, self.warmup, self.weight_decay)
         check_setting(math.isfinite(self.grad_clip) and self.grad_clip >= 0, "grad_clip", self.grad_clip, None,
                       "give a norm >= 0 (0: off)")
@@ -153,6 +157,21 @@ class _Split:
         self.cache: list[torch.Tensor] | None = None
 
 
+def _max_length(given: int | None, model_dir: str) -> int:
+    """The tokens per input: `given`, or DEFAULT_MAX_LENGTH capped by the model's positions.
+
+    A given value above the positions is refused here, before featurizing; it failed at the first input longer
+    than the positions ("sequence length 704 exceeds max_position_embeddings=512"), naming no flag.
+    """
+    positions = read_config(model_dir)[0].max_position_embeddings
+    if given is None:
+        return min(DEFAULT_MAX_LENGTH, positions)
+    if given > positions:
+        raise ValueError(f"max_length={given}: the model in {model_dir} reads at most {positions} tokens "
+                         "(--max-length)")
+    return given
+
+
 def finetune(
     head: str,
     model_dir: str,
@@ -181,7 +200,7 @@ def finetune(
         keep = np.sort(np.random.default_rng(0).choice(len(train), cfg.max_train_examples, replace=False))
         train = [train[i] for i in keep]
     label_map = list(labels) if labels is not None else (build_label_map(task.labels_of(train)) if head != "qa" else [])
-    info = TaskInfo(head, label_map, cfg.max_length, cfg.doc_stride, cfg.max_query_length, cfg.max_answer_length)
+    info = TaskInfo(head, label_map, _max_length(cfg.max_length, model_dir), cfg.doc_stride, cfg.max_query_length, cfg.max_answer_length)
     device = torch.device(cfg.device) if cfg.device else default_device()
     bf16 = resolve_bf16(cfg.bf16, device)
     retain_freed_memory_for(device)  # reuse freed activation memory across steps (common/malloc.py)

@@ -39,6 +39,7 @@ from twotower.common.errors import check_at_least, check_setting
 from twotower.encoder.training.optim import param_groups
 from twotower.eval.io.lines import json_lines
 from twotower.retrieval.cross_encoder import (
+    MIN_PAIR_TOKENS,
     WINDOW_CHOICES,
     CrossEncoder,
     PairDocument,
@@ -191,6 +192,7 @@ class RerankerTrainConfig(TrainSettings):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_at_least(self, 1, {"batch_size": "--batch-size", "eval_batch_size": None, "collapse_window": None})
+        check_at_least(self, MIN_PAIR_TOKENS, {"max_length": "--max-length"})  # 0 read as "the model's maximum"
         check_setting(self.collapse_std >= 0, "collapse_std", self.collapse_std, "--collapse-std",
                       "give 0 (off) or more")
         if self.loss not in LOSSES:

@@ -100,6 +100,11 @@ def test_add_delete_roundtrip(built, tmp_path, capsys):
     [
         (["search", "--index", "{idx}", "   "], "query q1 is empty"),
         (["search", "--index", "{idx}"], "give at least one QUERY"),
+        # named both flags whichever was wrong ("-k and --batch-size must be positive")
+        (["search", "--index", "{idx}", "-k", "0", "tea"], "error: -k must be >= 1, got 0\n"),
+        (["search", "--index", "{idx}", "--batch-size", "-3", "tea"], "error: --batch-size must be >= 1, got -3\n"),
+        (["answer", "--index", "{idx}", "--reader", "{model}", "--answers", "0", "tea"],
+         "error: --answers must be >= 1, got 0\n"),
         (["search", "--index", "{idx}", "-k", "20", "--recall-k", "5", "tea"], "--recall-k (5) must be at least -k"),
         (["search", "--index", "{root}/nope", "tea"], "--index {root}/nope: no such directory\n"),
         (["search", "--index", "{root}", "tea"],

@@ -334,3 +334,11 @@ def test_best_windows_by_bm25_takes_bm25s_first_window_without_a_forward_pass(sa
     assert ce.best_windows(pairs, by="bm25") == expected + ["heart mouse virus"]
     with pytest.raises(ValueError, match="by='max'"):
         ce.best_windows(pairs, by="max")
+
+
+def test_max_length_zero_is_refused_not_read_as_the_default():
+    """`max_length or default` read 0 as "not given"; a given value below a pair's minimum is an error."""
+    CrossEncoder.from_encoder(tiny_model_dir(), device="cpu", bf16=False, max_length=8)
+    for value in (0, 7):
+        with pytest.raises(ValueError, match=f"max_length={value} is too short for a query-document pair: give 8"):
+            CrossEncoder.from_encoder(tiny_model_dir(), device="cpu", bf16=False, max_length=value)

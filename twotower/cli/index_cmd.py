@@ -16,7 +16,7 @@ import os
 import sys
 
 from twotower.cli import CLIError
-from twotower.cli.checks import index_directory, input_file, model_directory, reranker_directory
+from twotower.cli.checks import index_directory, input_file, model_directory, positive, reranker_directory
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -83,11 +83,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     c.set_defaults(func=run_check)
 
 
-def _positive(name: str, value: int) -> None:
-    if value < 1:
-        raise CLIError(f"{name} must be a positive integer, got {value}")
-
-
 def _new_index_directory(out: str, corpus: str) -> None:
     """``--out`` must be new or an empty directory; say which of the other cases it is, and what to do.
 
@@ -107,8 +102,8 @@ def _new_index_directory(out: str, corpus: str) -> None:
 
 
 def run_build(args: argparse.Namespace) -> int:
-    _positive("--batch-size", args.batch_size)
-    _positive("--shard-size", args.shard_size)
+    positive("--batch-size", args.batch_size)
+    positive("--shard-size", args.shard_size)
     if args.backend == "faiss" and (args.milvus_uri or args.collection):
         raise CLIError("--milvus-uri and --collection need --backend milvus")
     if args.backend == "milvus" and not args.milvus_uri:
@@ -154,7 +149,7 @@ def run_build(args: argparse.Namespace) -> int:
 
 
 def run_add(args: argparse.Namespace) -> int:
-    _positive("--batch-size", args.batch_size)
+    positive("--batch-size", args.batch_size)
     index_directory("--index", args.index)
     input_file("--corpus", args.corpus, inside="corpus.jsonl")
     if args.model:

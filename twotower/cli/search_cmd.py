@@ -21,6 +21,7 @@ from twotower.cli.checks import (
     index_directory,
     input_file,
     model_directory,
+    positive,
     refuse_reranker_with_no_rerank,
     require_bm25,
     reranker_directory,
@@ -108,8 +109,8 @@ def _table(query: str, hits: list, reranked: bool, width: int = 100) -> str:
 
 
 def run_search(args: argparse.Namespace) -> int:
-    if args.k < 1 or args.batch_size < 1:
-        raise CLIError("-k and --batch-size must be positive")
+    positive("-k", args.k)
+    positive("--batch-size", args.batch_size)
     if args.recall_k < args.k:
         raise CLIError(f"--recall-k ({args.recall_k}) must be at least -k ({args.k})")
     if args.rerank_k is not None and not 1 <= args.rerank_k <= args.recall_k:

@@ -19,7 +19,7 @@ import math
 import sys
 
 from twotower.cli import CLIError
-from twotower.cli.checks import index_directory, model_directory, reranker_directory
+from twotower.cli.checks import index_directory, model_directory, positive, reranker_directory
 
 logger = logging.getLogger(__name__)
 
@@ -57,10 +57,8 @@ def _is_loopback(host: str) -> bool:
 def run_serve(args: argparse.Namespace) -> int:
     if not 0 < args.port < 65536:
         raise CLIError(f"--port {args.port}: must be between 1 and 65535")
-    if args.threads is not None and args.threads < 1:
-        raise CLIError("--threads must be positive")
-    if args.max_batch < 1:
-        raise CLIError("--max-batch must be positive")
+    positive("--threads", args.threads)
+    positive("--max-batch", args.max_batch)
     if not 0 <= args.batch_wait_ms < math.inf:  # written so that NaN fails too (every comparison with it is False)
         raise CLIError(f"--batch-wait-ms must be a number >= 0, got {args.batch_wait_ms:g}")
     if not 0 < args.max_body_mb < math.inf:

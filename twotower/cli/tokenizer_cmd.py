@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from twotower.cli.checks import input_file
+from twotower.cli.checks import input_file, positive
 from twotower.cli.help_format import DefaultsHelpFormatter
 
 
@@ -45,10 +45,8 @@ def train(args: argparse.Namespace) -> int:
         input_file("--input", path)
     if args.vocab_size <= len(SPECIAL_TOKENS):
         raise CLIError(f"--vocab-size must exceed the {len(SPECIAL_TOKENS)} special tokens, got {args.vocab_size}")
-    if args.min_frequency < 1:
-        raise CLIError(f"--min-frequency must be >= 1, got {args.min_frequency}")
-    if args.limit_alphabet is not None and args.limit_alphabet < 1:  # 0 read as "saw no text"; < 0 overflowed
-        raise CLIError(f"--limit-alphabet must be >= 1, got {args.limit_alphabet}")
+    positive("--min-frequency", args.min_frequency)
+    positive("--limit-alphabet", args.limit_alphabet)  # 0 read as "saw no text"; < 0 overflowed
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise CLIError(f"--out {args.out} exists and is not a directory")
 

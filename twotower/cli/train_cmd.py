@@ -20,7 +20,7 @@ import math
 import os
 import re
 
-from twotower.cli.checks import is_reranker, model_directory, reranker_directory
+from twotower.cli.checks import is_reranker, model_directory, positive, reranker_directory
 from twotower.cli.help_format import DefaultsHelpFormatter
 from twotower.retrieval.training.demo_reranker import TITLES as DEMO_TITLES  # stdlib only: cheap at start-up
 
@@ -483,8 +483,7 @@ def run_pairs(args) -> int:
     )
     from twotower.retrieval.training.training_data import read_corpus
 
-    if args.pairs_per_document < 1:
-        raise ValueError(f"--pairs-per-document must be >= 1, got {args.pairs_per_document}")
+    positive("--pairs-per-document", args.pairs_per_document)
     if args.method == "ict" and args.pairs_per_document != 1:
         raise ValueError("--pairs-per-document applies to --method crop; ict makes one pair per document")
     corpus = read_corpus(args.corpus)

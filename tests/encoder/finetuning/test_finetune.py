@@ -47,7 +47,7 @@ def test_full_finetuning_learns_and_keeps_the_best_checkpoint(tiny_dir, tmp_path
     assert seed.history[-1]["train_loss"] < seed.history[0]["train_loss"]
     # the directory alone restores a model that predicts as well as the best epoch did
     tm = TaskModel.from_pretrained(out)
-    assert tm.info.labels == ["neg", "pos"] and tm.info.max_length == cfg.max_length
+    assert tm.info.labels == ["neg", "pos"] and tm.info.max_length == 96  # the default, 128, capped by the model
     preds = tm.predict(DEV)
     assert [p.label for p in preds] == [ex.label for ex in DEV]
     assert seed.test == {"accuracy": 1.0}
@@ -192,8 +192,32 @@ def test_mean_pooled_head_trains_full_and_frozen(tiny_dir, tmp_path, freeze):
     ("lr", -1.0, "lr=-1.0: give a learning rate >= 0 (--lr)"),
     ("warmup", 1.0, "warmup=1.0: give a fraction of the run in [0, 1) (--warmup)"),
     ("weight_decay", float("nan"), "weight_decay=nan: give 0 or more (--weight-decay)"),
+    ("max_length", 0, "max_length=0: give 3 or more (--max-length)"),  # trained on empty inputs, at chance
 ])
 def test_settings_that_crash_late_or_train_something_else_are_refused(field, value, message):
     FinetuneConfig()  # the defaults pass
     with pytest.raises(ValueError, match=re.escape(message)):
         FinetuneConfig(**{field: value})
+
+
+def test_a_max_length_beyond_the_models_positions_is_refused_before_training(tiny_dir, tmp_path):
+    """It failed at the first input longer than the model's positions, after the data was featurized."""
+    from twotower.encoder.finetuning.task_model import read_config
+
+    positions = read_config(tiny_dir)[0].max_position_embeddings
+    cfg = FinetuneConfig(epochs=1, batch_size=8, seeds=(0,), progress=False, max_length=positions + 1)
+    with pytest.raises(ValueError, match=re.escape(f"max_length={positions + 1}: the model in {tiny_dir} reads at "
+                                                   f"most {positions} tokens (--max-length)")):
+        finetune("classify", tiny_dir, TRAIN, DEV, str(tmp_path / "ft"), cfg)
+    assert not (tmp_path / "ft").exists()
+
+
+def test_the_default_max_length_fits_the_model(tiny_dir, tmp_path):
+    """Not given, max_length is 128 or the model's positions if fewer (the tiny encoder has fewer)."""
+    from twotower.encoder.finetuning.task_model import read_config
+
+    positions = read_config(tiny_dir)[0].max_position_embeddings
+    assert positions < 128
+    cfg = FinetuneConfig(epochs=1, batch_size=8, seeds=(0,), progress=False)
+    finetune("classify", tiny_dir, TRAIN, DEV, str(tmp_path / "ft"), cfg)
+    assert TaskModel.from_pretrained(str(tmp_path / "ft")).info.max_length == positions

@@ -184,6 +184,9 @@ def test_bad_config():
         RerankerTrainConfig(model="m", pairs="p", out="o", head_pooling="max")
     with pytest.raises(ValueError, match="group_size"):
         RerankerTrainConfig(model="m", pairs="p", out="o", group_size=1)
+    # 0 was read as "the model's maximum" by the cross-encoder
+    with pytest.raises(ValueError, match=re.escape("max_length=0: give 8 or more (--max-length)")):
+        RerankerTrainConfig(model="m", pairs="p", out="o", max_length=0)
 
 
 def _titled_corpus(tmp_path, n=60):
