@@ -128,7 +128,8 @@ def test_out_writes_a_report(files, capsys):
         (["eval", "--run", "RUN"], "--run needs --qrels"),
         (["eval", "--run", "RUN", "--index", "IDX"], "not both"),
         (["eval", "--index", "IDX"], "--index needs --dataset and --out"),
-        (["eval", "--run", "RUN", "--qrels", "QRELS", "--metrics", "ndcg@10,bleu"], "unknown metric 'bleu'"),
+        (["eval", "--run", "RUN", "--qrels", "QRELS", "--metrics", "ndcg@10,bleu"], "--metrics: unknown metric 'bleu'"),
+        (["eval", "--run", "RUN", "--qrels", "QRELS", "--metrics", ""], "--metrics: no metric given"),  # was the default
         (["eval", "--run", "missing.trec", "--qrels", "QRELS"], "missing.trec"),
         # the --index mode's flags with --run were ignored: the numbers looked like a reranked/hybrid run's
         (["eval", "--run", "RUN", "--qrels", "QRELS", "--hybrid"], "--hybrid sets how --index searches"),

@@ -115,12 +115,22 @@ def run_eval(args: argparse.Namespace) -> int:
     raise CLIError("nothing to do: give --run RUN --qrels QRELS, or --index IDX --dataset DIR --out DIR")
 
 
+def _metrics(text: str | None, default: str) -> list:
+    """``--metrics`` parsed, its errors naming the flag; an empty value is an error, not the default."""
+    from twotower.eval.metrics import parse_metrics
+
+    try:
+        return parse_metrics(default if text is None else text)
+    except ValueError as e:
+        raise CLIError(f"--metrics: {e}") from None
+
+
 def _score_run(args: argparse.Namespace) -> int:
     from twotower.eval.io import read_qrels, read_trec_run
-    from twotower.eval.metrics import evaluate, parse_metrics
+    from twotower.eval.metrics import evaluate
     from twotower.eval.report import format_metrics_table, write_report
 
-    specs = parse_metrics(args.metrics or DEFAULT_METRICS)
+    specs = _metrics(args.metrics, DEFAULT_METRICS)
     qrels = read_qrels(args.qrels)
     run = read_trec_run(args.run)
     result = evaluate(run, qrels, specs, drop_self_hits=args.drop_self_hits)
@@ -153,7 +163,6 @@ def _search_and_report(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from twotower.eval.io import load_beir
-    from twotower.eval.metrics import parse_metrics
     from twotower.eval.report import REPORT_METRICS as report_metrics
     from twotower.eval.report import format_metrics_table, write_report
 
@@ -169,7 +178,7 @@ def _search_and_report(args: argparse.Namespace) -> int:
         raise CLIError(f"--rerank-k ({args.rerank_k}) must be between 1 and --recall-k ({recall_k})")
     if args.rerank_alpha is not None and not 0.0 <= args.rerank_alpha <= 1.0:  # NaN fails too
         raise CLIError(f"--rerank-alpha must be between 0 and 1, got {args.rerank_alpha}")
-    specs = parse_metrics(args.metrics or ",".join(report_metrics))
+    specs = _metrics(args.metrics, ",".join(report_metrics))
     dataset = load_beir(args.dataset, args.split, corpus=False)
     queries = dataset.split_queries()
     index_directory("--index", args.index)

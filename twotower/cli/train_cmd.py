@@ -452,14 +452,20 @@ def run_mine(args) -> int:
         raise ValueError(f"--max-ratio must be a number > 0, got {args.max_ratio:g}")
     if args.margin is not None and not math.isfinite(args.margin):
         raise ValueError(f"--margin must be a number, got {args.margin:g}")
+    if args.num_negatives == 0 and args.random == 0:  # wrote every query with no negative at all
+        raise ValueError("--num-negatives 0 and --random 0 leave nothing to mine: give either 1 or more")
+    if args.retriever == "dense":
+        if not args.model:
+            raise ValueError("--retriever dense needs --model DIR (a dual encoder)")
+        model_directory("--model", args.model, dual=True)
+    elif args.model:  # BM25 mined, and the model was named in the output's settings as if it had
+        raise ValueError("--model is the dense retriever's: add --retriever dense, or leave --model out")
     cfg = MiningConfig(rank_start=start, rank_end=end, num_negatives=args.num_negatives, margin=args.margin,
                        max_ratio=args.max_ratio, num_random=args.random, seed=args.seed)
     args.split = _split(args.split, "--data", args.data)
     data = read_training(args.data, split=args.split, corpus_path=args.corpus)
     score_docs = None
     if args.retriever == "dense":
-        if not args.model:
-            raise ValueError("--retriever dense needs --model DIR (a dual encoder)")
         from twotower.retrieval.dual_encoder import DualEncoder
 
         dense = DenseRetriever(DualEncoder.from_pretrained(args.model), data.corpus, progress=not args.no_progress)

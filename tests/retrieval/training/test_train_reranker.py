@@ -349,6 +349,10 @@ def test_cli_reranker_and_pairs(tmp_path, capsys):
     (["reranker", "--split", "dev"], "--split dev picks a qrels split of a BEIR directory, but --pairs"),
     (["dual", "--split", "test"], "but --data"),
     (["mine", "--split", "test"], "is a file (a file of pairs has no splits): drop --split"),
+    # wrote a file of queries without negatives; named a model in its settings that BM25 never used
+    (["mine", "--num-negatives", "0"], "--num-negatives 0 and --random 0 leave nothing to mine"),
+    (["mine", "--model", "m"], "--model is the dense retriever's: add --retriever dense, or leave --model out"),
+    (["mine", "--retriever", "dense", "--model", "nowhere"], "--model nowhere: no such directory"),
 ])
 def test_cli_mining_flags_are_refused_in_their_own_words(tmp_path, capsys, argv, message):
     """Each bad mining flag is named as typed, before any data or model loads (the config's field names were
