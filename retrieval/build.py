@@ -241,7 +241,7 @@ def encode_shards(
     encoder: DualEncoder,
     work_dir: str,
     info: DistInfo,
-    batch_size: int = 64,
+    batch_size: int | None = None,
     progress: bool = True,
     splitter: PassageSplitter | None = None,
 ) -> int:
@@ -433,7 +433,7 @@ def build_index(
     metric: str | None = None,
     bm25: bool = False,
     on_duplicate: str = "error",
-    batch_size: int = 64,
+    batch_size: int | None = None,
     shard_size: int = DEFAULT_SHARD_SIZE,
     progress: bool = True,
     keep_shards: bool = False,

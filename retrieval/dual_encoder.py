@@ -256,11 +256,16 @@ class DualEncoder:
     def encode_documents(
         self,
         texts: Sequence[str],
-        batch_size: int = 64,
+        batch_size: int | None = None,
         progress: bool = False,
         out: np.ndarray | None = None,
     ) -> np.ndarray:
-        """(N,) document strings -> (N, H) float32 (into `out` when given); the document prefix is prepended."""
+        """(N,) document strings -> (N, H) float32 (into `out` when given); the document prefix is prepended.
+
+        batch_size: texts per forward pass; None (the default) fills batches by tokens, length-sorted
+        (`encode_texts`'s `batch_tokens`). Why not a fixed count: 64 documents of 256 tokens ran all-MiniLM-L6-v2
+        at 0.64x the speed of 4,096-token batches on an AVX2 CPU (fp32; docs/results.md).
+        """
         if isinstance(texts, str):
             raise TypeError("encode_documents takes a list of strings; wrap a single text in a list")
         texts = [self.document_prefix + t for t in texts]

@@ -167,7 +167,7 @@ class SearchPipeline:
         metric: str | None = None,
         bm25: bool = False,
         on_duplicate: str = "error",
-        batch_size: int = 64,
+        batch_size: int | None = None,
         shard_size: int = DEFAULT_SHARD_SIZE,
         progress: bool = True,
         keep_shards: bool = False,
@@ -312,7 +312,7 @@ class SearchPipeline:
         self,
         docs: str | os.PathLike | Iterable[Mapping[str, Any]],
         on_duplicate: str = "error",
-        batch_size: int = 64,
+        batch_size: int | None = None,
         progress: bool = False,
     ) -> int:
         """Encode and add documents (a corpus file or mappings with ``_id``/``text``), then commit.

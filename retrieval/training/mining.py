@@ -256,7 +256,7 @@ class DenseRetriever:
     `__call__` is a `Retrieve` (ties by doc id); `score_docs` a `ScoreDocs` (exact scores of named documents).
     """
 
-    def __init__(self, dual, corpus: Mapping[str, str], batch_size: int = 64, progress: bool = False) -> None:
+    def __init__(self, dual, corpus: Mapping[str, str], batch_size: int | None = None, progress: bool = False) -> None:
         vectors = dual.encode_documents(list(corpus.values()), batch_size=batch_size, progress=progress)  # (N, H)
         self._setup(dual, list(corpus), vectors)
 

@@ -179,6 +179,28 @@ def test_shard_size_does_not_change_the_index(tmp_path, encoder):
     np.testing.assert_allclose(vec_a, vec_b, atol=1e-5)
 
 
+def test_documents_are_batched_by_tokens_unless_a_batch_size_is_given(tmp_path, encoder, monkeypatch):
+    """Build and add leave batching to the encoder's token budget (length-sorted batches of ~4,096 tokens on a
+    CPU); they fixed 64 documents a batch, which built the demo index 12 % slower in fp32 (docs/results.md)."""
+    import twotower.encoder.core.encode as encode
+
+    seen = []
+    real = encode.encode_texts
+
+    def spy(*args, **kw):
+        seen.append((kw.get("batch_size"), kw.get("batch_tokens")))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(encode, "encode_texts", spy)
+    corpus = write_corpus(str(tmp_path / "c.jsonl"), toy_docs(12))
+    SearchPipeline.build(corpus, tmp_path / "idx", encoder, progress=False).close()
+    with SearchPipeline.load(tmp_path / "idx", encoder, readonly=False, use_default_reranker=False) as pipe:
+        pipe.add([{"_id": "new", "text": "green tea"}])
+    assert seen == [(None, None), (None, None)]
+    SearchPipeline.build(corpus, tmp_path / "idx8", encoder, progress=False, batch_size=8).close()
+    assert seen[-1] == (8, None)
+
+
 @pytest.mark.parametrize(
     "lines, message",
     [

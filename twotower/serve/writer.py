@@ -56,7 +56,7 @@ class OwnerEncoder:
             return getattr(self._owner.encoder, name)
         raise AttributeError(name)
 
-    def encode_documents(self, texts: Sequence[str], batch_size: int = 64, progress: bool = False,
+    def encode_documents(self, texts: Sequence[str], batch_size: int | None = None, progress: bool = False,
                          out: np.ndarray | None = None) -> np.ndarray:
         """(N,) texts -> (N, D) float32, encoded by the owner in chunks queued all at once (they keep their order)."""
         texts = list(texts)
