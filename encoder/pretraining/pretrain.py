@@ -42,6 +42,7 @@ from twotower.encoder.pretraining.corpus import check_corpus_files, tokenize_cor
 from twotower.encoder.pretraining.masking import MaskingSpec, TokenSpace
 from twotower.encoder.pretraining.mlm import BertForPreTraining
 from twotower.encoder.pretraining.pretrain_data import (
+    MIN_SAMPLE,
     BatchMaker,
     NSPRows,
     PackedRows,
@@ -108,7 +109,8 @@ class PretrainArgs:
     def __post_init__(self) -> None:
         """Refuse settings that crash mid-run or train something else, naming the field and the flag
         (``log_every=0`` divided by zero at the first step; a zero interval meant "never" or "every step"
-        depending on the field; a negative rate failed in torch's words)."""
+        depending on the field; a negative rate failed in torch's words; the batch, sequence and masking
+        settings were checked later, each in a library's words)."""
         check_optimizer_settings(self.lr, self.warmup, self.weight_decay)
         check_setting(math.isfinite(self.clip) and self.clip >= 0, "clip", self.clip, "--clip",
                       "give a gradient norm >= 0 (0: off)")
@@ -116,8 +118,15 @@ class PretrainArgs:
                       "--ckpt-every-minutes", "give minutes >= 0 (0: every step)")
         check_at_least(self, 1, {"log_every": "--log-every", "valid_rows": "--valid-rows",
                                  "eval_every_steps": "--eval-every-steps", "ckpt_every_steps": "--ckpt-every-steps",
-                                 "max_steps": "--max-steps"})
+                                 "max_steps": "--max-steps", "batch_size": "--batch-size", "grad_accum": "--grad-accum",
+                                 "num_masks": "--num-masks"})
+        check_at_least(self, MIN_SAMPLE + 1, {"seq_len": "--seq-len"})  # a row holds [CLS] a token [SEP] at least
         check_setting(self.evals >= 0, "evals", self.evals, "--evals", "give 0 (only at the end) or more")
+        check_setting(0 < self.mask_rate < 1, "mask_rate", self.mask_rate, "--mask-rate", "give a fraction in (0, 1)")
+        check_setting(self.dropout is None or 0 <= self.dropout < 1, "dropout", self.dropout, "--dropout",
+                      "give a probability in [0, 1)")  # -0.1 failed in torch's words, after the corpus was read
+        check_setting(self.static_masks >= 0, "static_masks", self.static_masks, "--static-masks",
+                      "give 0 (dynamic masking) or more")
 
 
 # ---- setup -----------------------------------------------------------------------------------------------
@@ -152,7 +161,8 @@ def resolve_config(args: PretrainArgs, tokenizer: Tokenizer) -> EncoderConfig:
     if args.dropout is not None:
         config.hidden_dropout_prob = config.attention_probs_dropout_prob = float(args.dropout)
     if args.seq_len > config.max_position_embeddings:
-        raise ValueError(f"seq_len {args.seq_len} exceeds max_position_embeddings={config.max_position_embeddings}")
+        raise ValueError(f"seq_len={args.seq_len}: the model reads at most {config.max_position_embeddings} positions "
+                         "(--seq-len)")
     return config
 
 
@@ -266,8 +276,6 @@ def pretrain(args: PretrainArgs) -> dict:
 
 
 def _pretrain(args: PretrainArgs, info: DistInfo) -> dict:
-    if args.batch_size < 1 or args.grad_accum < 1:
-        raise ValueError("--batch-size and --grad-accum must be >= 1")
     budget = Budget.parse(args.budget, args.tokens, args.steps)
     corpus_paths = check_corpus_files(args.corpus, "corpus")
     valid_paths = check_corpus_files(args.valid, "validation") if args.valid else []

@@ -64,11 +64,12 @@ class Budget:
         given = [x is not None for x in (budget, tokens, steps)]
         if sum(given) != 1:
             raise ValueError("give exactly one budget: --budget (wall clock, e.g. 30m) or --tokens (e.g. 20M)")
-        if budget is not None:
-            return cls("seconds", parse_duration(budget))
-        if tokens is not None:
-            return cls("tokens", parse_count(tokens))
-        return cls("steps", float(steps))
+        kind, total, flag, text = (("seconds", parse_duration(budget), "--budget", budget) if budget is not None else
+                                   ("tokens", parse_count(tokens), "--tokens", tokens) if tokens is not None else
+                                   ("steps", float(steps), "--steps", steps))
+        if not total > 0:  # NaN too; said "budget must be positive, got 0.0", naming no flag
+            raise ValueError(f"{flag} {text}: give a budget above 0")
+        return cls(kind, total)
 
     def progress(self, tokens: float = 0.0, steps: int = 0, seconds: float = 0.0) -> float:
         used = {"tokens": tokens, "steps": steps, "seconds": seconds}[self.kind]

@@ -124,6 +124,9 @@ def test_bad_inputs(setup, tiny_tokenizer_dir, capsys, tmp_path):
     assert "[MASK]" in capsys.readouterr().err
     assert main(_args(setup, tiny_tokenizer_dir, str(tmp_path / "z"), "--tokens", "lots")) == 2
     assert "cannot parse" in capsys.readouterr().err
+    # rows longer than the config's 64 positions: named by the flag ("seq_len 65 exceeds max_position_embeddings")
+    assert main(_args(setup, tiny_tokenizer_dir, str(tmp_path / "w"), "--steps", "2", "--seq-len", "65")) == 2
+    assert "seq_len=65: the model reads at most 64 positions (--seq-len)" in capsys.readouterr().err
 
 
 def _env() -> dict:
@@ -257,6 +260,15 @@ def test_init_from_a_bare_encoder_starts_a_fresh_head(setup, tiny_tokenizer_dir)
     ("eval_every_steps", 0, "eval_every_steps=0: give 1 or more (--eval-every-steps)"),
     ("ckpt_every_steps", 0, "ckpt_every_steps=0: give 1 or more (--ckpt-every-steps)"),
     ("evals", -1, "evals=-1: give 0 (only at the end) or more (--evals)"),
+    # checked later, each in a library's words ("--batch-size and --grad-accum must be >= 1" for either; torch's
+    # "dropout probability has to be between 0 and 1" after the corpus was read)
+    ("batch_size", 0, "batch_size=0: give 1 or more (--batch-size)"),
+    ("grad_accum", 0, "grad_accum=0: give 1 or more (--grad-accum)"),
+    ("seq_len", 3, "seq_len=3: give 4 or more (--seq-len)"),
+    ("mask_rate", float("nan"), "mask_rate=nan: give a fraction in (0, 1) (--mask-rate)"),
+    ("num_masks", 0, "num_masks=0: give 1 or more (--num-masks)"),
+    ("dropout", -0.1, "dropout=-0.1: give a probability in [0, 1) (--dropout)"),
+    ("static_masks", -1, "static_masks=-1: give 0 (dynamic masking) or more (--static-masks)"),
 ])
 def test_pretrain_settings_that_crash_or_make_no_sense_are_refused(field, value, message):
     import re

@@ -22,6 +22,9 @@ def test_budget_parsing_and_progress():
             parse_duration(bad)
     with pytest.raises(ValueError, match="exactly one budget"):
         Budget.parse(budget="30m", tokens="1M")
+    for kw, said in (({"tokens": "0"}, "--tokens 0"), ({"budget": "0s"}, "--budget 0s"), ({"steps": 0}, "--steps 0")):
+        with pytest.raises(ValueError, match=f"^{said}: give a budget above 0$"):  # "budget must be positive"
+            Budget.parse(**kw)
     b = Budget.parse(tokens="20M")
     assert b.progress(tokens=5e6) == 0.25 and b.progress(tokens=30e6) == 1.0
     t = Budget.parse(budget="10m")
