@@ -20,7 +20,14 @@ import math
 import os
 import re
 
-from twotower.cli.checks import is_reranker, max_length_fits, model_directory, positive, reranker_directory
+from twotower.cli.checks import (
+    input_file,
+    is_reranker,
+    max_length_fits,
+    model_directory,
+    positive,
+    reranker_directory,
+)
 from twotower.cli.help_format import DefaultsHelpFormatter
 from twotower.retrieval.training.demo_reranker import TITLES as DEMO_TITLES  # stdlib only: cheap at start-up
 
@@ -282,6 +289,21 @@ def _split(split: str | None, flag: str, data: str) -> str:
     return split
 
 
+def _inputs(args) -> None:
+    """The training inputs exist, each missing one named by its flag; the readers said "training data not
+    found: X" and "mined negatives file not found: X". Checked after the flags and the model, before any data
+    is read."""
+    flag, data = ("--data", args.data) if hasattr(args, "data") else ("--pairs", args.pairs)  # dual/mine, reranker
+    corpus, negatives = args.corpus, getattr(args, "negatives", None)
+    if not os.path.exists(data):
+        raise ValueError(f"{flag} {data}: not found; give a BEIR directory or a .jsonl(.gz) file of "
+                         "{query, pos, neg}")
+    if corpus:
+        input_file("--corpus", corpus, inside="corpus.jsonl")
+    if negatives:
+        input_file("--negatives", negatives)
+
+
 def _settings(args, default_ranks: tuple[int, int]) -> dict:
     """The `TrainSettings` (and mining) fields of the flags `_common` adds, as config keywords."""
     if args.mine_ranks and (args.negatives or args.mine == "none"):  # nothing is mined: it would be ignored
@@ -322,6 +344,7 @@ def run_dual(args) -> int:
         dev_pool=args.dev_pool, **_settings(args, default_ranks=(10, 100)),
     )
     model_directory("--model", args.model, dual=True)  # after the flags: their errors come first, as for reranker
+    _inputs(args)
     res = train_dual(cfg)
     cleanup(info)  # success path only: a barrier after one rank failed would just hang
     print(json.dumps({"best": res.best_dir, "best_step": res.best_step, "best_dev_ndcg@10": round(res.best_score, 4),
@@ -428,6 +451,7 @@ def run_reranker(args) -> int:
     )
     reranker_directory("--model", args.model, head=False)  # an encoder gets a fresh head
     max_length_fits("--max-length", args.max_length, _base_dir(args.model))
+    _inputs(args)
     res = train_reranker(cfg)
     print(json.dumps({"best": res.best_dir, "best_step": res.best_step, "best_dev_ndcg@10": round(res.best_score, 4),
                       "first_stage": cfg.first_stage, "first_stage_dev_ndcg@10": round(res.first_stage_score, 4),
@@ -465,6 +489,7 @@ def run_mine(args) -> int:
         raise ValueError("--model is the dense retriever's: add --retriever dense, or leave --model out")
     cfg = MiningConfig(rank_start=start, rank_end=end, num_negatives=args.num_negatives, margin=args.margin,
                        max_ratio=args.max_ratio, num_random=args.random, seed=args.seed)
+    _inputs(args)
     args.split = _split(args.split, "--data", args.data)
     data = read_training(args.data, split=args.split, corpus_path=args.corpus)
     score_docs = None

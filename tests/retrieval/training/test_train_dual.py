@@ -111,7 +111,8 @@ def test_cli_bad_input_exits_2(tmp_path, capsys):
 
     rc = main(["train", "dual", "--model", tiny_model_dir(), "--data", str(tmp_path / "missing.jsonl"),
                "--out", str(tmp_path / "o")])
-    assert rc == 2 and "training data not found" in capsys.readouterr().err
+    assert rc == 2 and (f"--data {tmp_path / 'missing.jsonl'}: not found; give a BEIR directory or a .jsonl(.gz) "
+                        "file of {query, pos, neg}") in capsys.readouterr().err  # was "training data not found"
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     rc = main(["train", "dual", "--model", tiny_model_dir(), "--data", str(empty), "--out", str(tmp_path / "o")])

@@ -353,6 +353,10 @@ def test_cli_reranker_and_pairs(tmp_path, capsys):
     (["mine", "--num-negatives", "0"], "--num-negatives 0 and --random 0 leave nothing to mine"),
     (["mine", "--model", "m"], "--model is the dense retriever's: add --retriever dense, or leave --model out"),
     (["mine", "--retriever", "dense", "--model", "nowhere"], "--model nowhere: no such directory"),
+    # named by the readers, without the flag ("training data not found", "mined negatives file not found")
+    (["mine"], "--data {missing}: not found; give a BEIR directory or a .jsonl(.gz) file"),
+    (["reranker", "--negatives", "{missing}.jsonl"], "--negatives {missing}.jsonl: file not found"),
+    (["dual", "--corpus", "{missing}.jsonl"], "--corpus {missing}.jsonl: file not found"),
 ])
 def test_cli_mining_flags_are_refused_in_their_own_words(tmp_path, capsys, argv, message):
     """Each bad mining flag is named as typed, before any data or model loads (the config's field names were
@@ -367,8 +371,14 @@ def test_cli_mining_flags_are_refused_in_their_own_words(tmp_path, capsys, argv,
         (tmp_path / "pairs.jsonl").write_text('{"query": "q", "pos": ["a"]}\n')
     args = (["train", "mine", "--data", source, "--out", str(tmp_path / "n.jsonl")]
             if argv[0] == "mine" else ["train", argv[0], *data, source, "--out", str(tmp_path / "o")])
-    rc = main([*args, *argv[1:]])
-    assert rc == 2 and message in capsys.readouterr().err
+    if "--negatives" in argv or "--corpus" in argv:  # the model and the data are there; the other input is not
+        source = str(tmp_path / "pairs.jsonl")
+        (tmp_path / "pairs.jsonl").write_text('{"query": "q", "pos": ["a"]}\n')
+        data = ["--model", tiny_model_dir(), "--pairs" if argv[0] == "reranker" else "--data"]
+        args = ["train", argv[0], *data, source, "--out", str(tmp_path / "o")]
+    missing = str(tmp_path / "missing")
+    rc = main([*args, *[a.format(missing=missing) for a in argv[1:]]])
+    assert rc == 2 and message.format(missing=missing) in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("command", ["reranker", "dual"])
