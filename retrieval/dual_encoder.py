@@ -263,8 +263,9 @@ class DualEncoder:
         """(N,) document strings -> (N, H) float32 (into `out` when given); the document prefix is prepended.
 
         batch_size: texts per forward pass; None (the default) fills batches by tokens, length-sorted
-        (`encode_texts`'s `batch_tokens`). Why not a fixed count: 64 documents of 256 tokens ran all-MiniLM-L6-v2
-        at 0.64x the speed of 4,096-token batches on an AVX2 CPU (fp32; docs/results.md).
+        (`encode_texts`'s `batch_tokens`). Why not a fixed count: with 64 documents a batch the demo's index
+        (2,000 abstracts, all-MiniLM-L6-v2, fp32) took 101-106 s to build on an AVX2 CPU, against 91 s
+        (docs/results.md, embedding throughput).
         """
         if isinstance(texts, str):
             raise TypeError("encode_documents takes a list of strings; wrap a single text in a list")
