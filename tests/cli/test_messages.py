@@ -216,16 +216,19 @@ def test_index_check_of_a_file_says_it_is_a_file(tmp_path, capsys):
     assert rc == 2 and err == f"twotower index check: {tmp_path}/corpus.jsonl: a file, not an index directory\n"
 
 
-@pytest.mark.parametrize("command", [["train", "reranker", "--pairs", "{tmp}/pairs.tsv"], ["train", "demo-reranker"],
-                                     ["embed", "--input", "{tmp}/texts.txt"]])
-def test_a_max_length_beyond_the_models_positions_is_refused(tmp_path, capsys, command):
+@pytest.mark.parametrize("command, flag", [
+    (["train", "reranker", "--pairs", "{tmp}/pairs.tsv"], "--max-length"), (["train", "demo-reranker"], "--max-length"),
+    (["embed", "--input", "{tmp}/texts.txt"], "--max-length"), (["train", "dual", "--data", "{tmp}/p"], "--doc-max-length"),
+    (["train", "dual", "--data", "{tmp}/p"], "--query-max-length"),
+])
+def test_a_max_length_beyond_the_models_positions_is_refused(tmp_path, capsys, command, flag):
     """It was capped at the model's positions without a word: `--max-length 1000` trained at 512."""
     from tests.retrieval.pipeline_fixtures import MAX_POSITIONS
 
     (tmp_path / "texts.txt").write_text("tea\n")
     model = tiny_model_dir()
     argv = [a.format(tmp=tmp_path) for a in command] + ["--model", model, "--out", str(tmp_path / "out")]
-    rc, _, err = run_cli(capsys, *argv, "--max-length", str(MAX_POSITIONS + 1))
+    rc, _, err = run_cli(capsys, *argv, flag, str(MAX_POSITIONS + 1))
     assert rc == 2
-    assert f"--max-length {MAX_POSITIONS + 1}: the model in {model} reads at most {MAX_POSITIONS} tokens" in err
+    assert f"{flag} {MAX_POSITIONS + 1}: the model in {model} reads at most {MAX_POSITIONS} tokens" in err
     assert not (tmp_path / "out").exists()

@@ -124,8 +124,8 @@ def register(subparsers) -> None:
     p.add_argument("--query-prefix", default=None, help="text put before every query (default: the model directory's)")
     p.add_argument("--document-prefix", "--doc-prefix", dest="document_prefix", default=None,
                    help="text put before every document (default: the model directory's)")
-    p.add_argument("--query-max-length", type=int, default=64)
-    p.add_argument("--doc-max-length", type=int, default=256)
+    p.add_argument("--query-max-length", type=int, help="query tokens (default 64, or the model's maximum if less)")
+    p.add_argument("--doc-max-length", type=int, help="document tokens (default 256, or the model's maximum if less)")
     p.add_argument("--train-doc-max-length", type=int, default=None)
     p.add_argument("--batch-size", type=int, default=32, help="queries per step (per rank under torchrun)")
     p.add_argument("--hard-negatives", type=int, default=1, help="hard negatives per query")
@@ -336,7 +336,8 @@ def run_dual(args) -> int:
     cfg = DualTrainConfig(
         model=args.model, data=args.data, shared=not args.separate_towers, pooling=args.pooling,
         normalize=args.normalize, query_prefix=args.query_prefix, document_prefix=args.document_prefix,
-        query_max_length=args.query_max_length, doc_max_length=args.doc_max_length,
+        query_max_length=DualTrainConfig.query_max_length if args.query_max_length is None else args.query_max_length,
+        doc_max_length=DualTrainConfig.doc_max_length if args.doc_max_length is None else args.doc_max_length,
         train_doc_max_length=args.train_doc_max_length, batch_size=args.batch_size,
         hard_negatives=args.hard_negatives, chunk_size=args.grad_cache_chunk, temperature=args.temperature,
         learn_temperature=args.learn_temperature, symmetric=args.symmetric,
@@ -344,6 +345,9 @@ def run_dual(args) -> int:
         dev_pool=args.dev_pool, **_settings(args, default_ranks=(10, 100)),
     )
     model_directory("--model", args.model, dual=True)  # after the flags: their errors come first, as for reranker
+    for flag, value in (("--query-max-length", args.query_max_length), ("--doc-max-length", args.doc_max_length),
+                        ("--train-doc-max-length", args.train_doc_max_length)):
+        max_length_fits(flag, value, args.model)
     _inputs(args)
     res = train_dual(cfg)
     cleanup(info)  # success path only: a barrier after one rank failed would just hang
