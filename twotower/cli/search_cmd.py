@@ -21,6 +21,7 @@ from twotower.cli.checks import (
     index_directory,
     input_file,
     model_directory,
+    output_file,
     positive,
     refuse_reranker_with_no_rerank,
     require_bm25,
@@ -129,6 +130,7 @@ def run_search(args: argparse.Namespace) -> int:
         raise CLIError("--tag names the run that --run writes: add --run FILE, or leave it out")
     if args.json and args.run:
         raise CLIError("--run writes the results to a file and prints no hits: give --json or --run, not both")
+    output_file("--run", args.run, "run.trec")
     if args.rerank and args.no_rerank:
         raise CLIError("give --rerank or --no-rerank, not both")
     refuse_reranker_with_no_rerank(args.reranker, args.no_rerank)

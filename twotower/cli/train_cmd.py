@@ -25,6 +25,7 @@ from twotower.cli.checks import (
     is_reranker,
     max_length_fits,
     model_directory,
+    output_file,
     positive,
     reranker_directory,
 )
@@ -483,6 +484,7 @@ def run_mine(args) -> int:
         raise ValueError(f"--max-ratio must be a number > 0, got {args.max_ratio:g}")
     if args.margin is not None and not math.isfinite(args.margin):
         raise ValueError(f"--margin must be a number, got {args.margin:g}")
+    output_file("--out", args.out, "negatives.jsonl")
     if args.num_negatives == 0 and args.random == 0:  # wrote every query with no negative at all
         raise ValueError("--num-negatives 0 and --random 0 leave nothing to mine: give either 1 or more")
     if args.retriever == "dense":
@@ -522,6 +524,7 @@ def run_pairs(args) -> int:
     from twotower.retrieval.training.training_data import read_corpus
 
     positive("--pairs-per-document", args.pairs_per_document)
+    output_file("--out", args.out, "pairs.jsonl")
     if args.method == "ict" and args.pairs_per_document != 1:
         raise ValueError("--pairs-per-document applies to --method crop; ict makes one pair per document")
     corpus = read_corpus(args.corpus)
