@@ -12,8 +12,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Python writes the bytecode of what each command imports, so every command after the first starts in
-# about 3 s instead of 5, even where the environment turns caching off (PYTHONDONTWRITEBYTECODE); the
-# demo's set-up leaves compiling to this instead of compiling all of .venv first.
+# about 3 s instead of 5 (`search` on CPU-B), even where the environment turns caching off
+# (PYTHONDONTWRITEBYTECODE); the demo's set-up leaves compiling to this instead of compiling all of .venv.
 unset PYTHONDONTWRITEBYTECODE
 PY=${PY:-.venv/bin/python}
 IDX=${DEMO_INDEX:-.cache/demo-index}

@@ -46,7 +46,8 @@ else
 fi
 if [ "$level" = test ]; then
   # The demo compiles only what its commands import, as they import it (scripts/demo.sh): compiling all
-  # of .venv took 20 s of its 63 s set-up on 2 cores, and it shows its results sooner without.
+  # of .venv took 20 s of its 63 s set-up on 2 cores of CPU-B (docs/results.md), and it shows its results
+  # sooner without.
   step "compiling the installed Python files (all cores)"
   # A file that does not compile (a package's own test data) is skipped, as pip skips it.
   .venv/bin/python -m compileall -q -j 0 .venv/lib >/dev/null 2>&1 || true

@@ -48,8 +48,6 @@ def index_directory(flag: str, path: str) -> str:
     """
     from twotower.indexing.manifest import MANIFEST_NAME
 
-    out = "DIR" if os.path.isdir(path) and os.listdir(path) else path  # build writes into an empty directory only
-    build = f"`twotower index build --corpus CORPUS --out {out}`"
     if not os.path.exists(path):
         unfinished = f"{path.rstrip(os.sep)}.build"  # where an interrupted `index build --out path` left its shards
         hint = (f"; {unfinished} holds an unfinished build: rerun the same `twotower index build` to finish it"
@@ -63,7 +61,9 @@ def index_directory(flag: str, path: str) -> str:
     if os.path.isfile(os.path.join(path, MODEL_CONFIG)):
         raise CLIError(f"{flag} {path}: a model directory, not an index; build an index with it: "
                        f"`twotower index build --model {path} --corpus CORPUS --out DIR`")
-    raise CLIError(f"{flag} {path}: not an index directory (no {MANIFEST_NAME}); build one with {build}")
+    out = "DIR" if os.listdir(path) else path  # build writes into an empty directory only
+    raise CLIError(f"{flag} {path}: not an index directory (no {MANIFEST_NAME}); build one with "
+                   f"`twotower index build --corpus CORPUS --out {out}`")
 
 
 def output_file(flag: str, path: str | None, example: str) -> str | None:
@@ -128,28 +128,28 @@ def max_length_fits(flag: str, value: int | None, model_dir: str) -> None:
     Why: the encoders and the cross-encoder cap the length at the positions, so `--max-length 1000` trained
     and encoded at 512 without a word. Not given (None), the command's default is capped as before.
     """
-    import json
-
-    if value is None:
-        return
-    try:
-        with open(os.path.join(model_dir, MODEL_CONFIG), encoding="utf-8") as f:
-            positions = int(json.load(f)["max_position_embeddings"])
-    except (OSError, ValueError, KeyError, TypeError):
+    positions = _model_config(model_dir).get("max_position_embeddings")
+    if value is None or not isinstance(positions, int):
         return  # no readable config: loading the model says what is wrong with the directory
     if value > positions:
         raise CLIError(f"{flag} {value}: the model in {model_dir} reads at most {positions} tokens")
 
 
-def architectures(path: str) -> list[str]:
-    """The ``architectures`` a model directory's config.json names ([] when it names none or cannot be read)."""
+def _model_config(path: str) -> dict:
+    """A model directory's config.json ({} when it is missing, unreadable or not an object)."""
     import json
 
     try:
         with open(os.path.join(path, MODEL_CONFIG), encoding="utf-8") as f:
-            names = json.load(f).get("architectures") or []
-    except (OSError, ValueError, AttributeError):
-        return []
+            config = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def architectures(path: str) -> list[str]:
+    """The ``architectures`` a model directory's config.json names ([] when it names none or cannot be read)."""
+    names = _model_config(path).get("architectures") or []
     return [str(n) for n in names] if isinstance(names, list) else []
 
 

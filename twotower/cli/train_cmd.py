@@ -290,11 +290,16 @@ def _split(split: str | None, flag: str, data: str) -> str:
     return split
 
 
+def _data(args) -> tuple[str, str]:
+    """(flag, path) of the training data: `--data` (train dual, train mine) or `--pairs` (train reranker)."""
+    return ("--data", args.data) if hasattr(args, "data") else ("--pairs", args.pairs)
+
+
 def _inputs(args) -> None:
     """The training inputs exist, each missing one named by its flag; the readers said "training data not
     found: X" and "mined negatives file not found: X". Checked after the flags and the model, before any data
     is read."""
-    flag, data = ("--data", args.data) if hasattr(args, "data") else ("--pairs", args.pairs)  # dual/mine, reranker
+    flag, data = _data(args)
     corpus, negatives = args.corpus, getattr(args, "negatives", None)
     if not os.path.exists(data):
         raise ValueError(f"{flag} {data}: not found; give a BEIR directory or a .jsonl(.gz) file of "
@@ -314,7 +319,7 @@ def _settings(args, default_ranks: tuple[int, int]) -> dict:
     if args.mine_ranks and getattr(args, "loss", "listwise") == "pointwise":
         raise ValueError("--mine-ranks sets the ranks negatives are mined from, but --loss pointwise trains on the "
                          "labeled pairs alone: drop --mine-ranks")
-    data_flag, data = ("--data", args.data) if hasattr(args, "data") else ("--pairs", args.pairs)  # dual, reranker
+    data_flag, data = _data(args)
     return dict(
         out=args.out, corpus=args.corpus, negatives=args.negatives, split=_split(args.split, data_flag, data),
         mine=None if (args.negatives or args.mine == "none") else args.mine,
@@ -441,6 +446,7 @@ def run_reranker(args) -> int:
     from twotower.retrieval.rerank import DEFAULT_RERANK_K
     from twotower.retrieval.training.train_reranker import RerankerTrainConfig, train_reranker
 
+    window, stride, keep = _windows(args)
     cfg = RerankerTrainConfig(
         model=args.model, pairs=args.pairs, first_stage=args.first_stage, loss=args.loss,
         group_size=args.group_size, batch_size=args.batch_size,
@@ -450,8 +456,8 @@ def run_reranker(args) -> int:
         collapse_std=args.collapse_std, head_pooling=args.head_pooling,
         trainable_layers=args.trainable_layers, teacher=_teacher(args.teacher, args),
         distill_weight=_distill_weight(args),
-        teacher_bm25=_teacher_bm25(args), residual=_residual(args), passage_window=_windows(args)[0],
-        passage_stride=_windows(args)[1], max_windows=_windows(args)[2], window_choice=args.window_choice,
+        teacher_bm25=_teacher_bm25(args), residual=_residual(args), passage_window=window,
+        passage_stride=stride, max_windows=keep, window_choice=args.window_choice,
         **_settings(args, default_ranks=(1, 100)),
     )
     reranker_directory("--model", args.model, head=False)  # an encoder gets a fresh head
@@ -564,6 +570,7 @@ def run_demo(args) -> int:
     max_length_fits("--max-length", args.max_length, _base_dir(args.model))
     from twotower.retrieval.training.demo_reranker import train_demo_reranker
 
+    window, stride, keep = _windows(args)
     kw = {k: v for k, v in (("steps", args.steps), ("layers", args.layers), ("lr", args.lr),
                             ("trainable_layers", args.trainable_layers), ("max_length", args.max_length),
                             ("head_pooling", args.head_pooling), ("teacher", _teacher(args.teacher, args)),
@@ -571,10 +578,10 @@ def run_demo(args) -> int:
                             ("residual", _residual(args) or None), ("titles", _titles(args)),
                             ("dev_by", None if args.dev_by == "query" else args.dev_by),
                             ("dev_seed", args.dev_seed),
-                            ("passage_window", _windows(args)[0]), ("passage_stride", _windows(args)[1]))
+                            ("passage_window", window), ("passage_stride", stride))
           if v is not None}
     if args.passage_window is not None:
-        kw.update(max_windows=_windows(args)[2], window_choice=args.window_choice)  # max_windows None: every window
+        kw.update(max_windows=keep, window_choice=args.window_choice)  # max_windows None: every window
     if args.teacher is not None or args.mine != "bm25" or args.first_stage is not None:
         kw.update(distill_weight=_distill_weight(args), mine=args.mine, first_stage=args.first_stage)
     elif args.distill_weight is not None:
