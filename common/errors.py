@@ -20,6 +20,7 @@ class DataError(ValueError):
         path: the offending file, or a name for an in-memory record such as ``"docs[3]"``.
         line: 1-based line number, or ``None`` when the problem is not tied to a line.
         message: what is wrong, phrased for the user.
+        field: the field of the record at fault, when there is one (the service answers with it).
 
     Example:
         >>> str(DataError("run.trec", 3, "expected 6 columns, got 5"))
@@ -28,10 +29,11 @@ class DataError(ValueError):
         True
     """
 
-    def __init__(self, path: str | os.PathLike[str], line: int | None, message: str) -> None:
+    def __init__(self, path: str | os.PathLike[str], line: int | None, message: str, *, field: str | None = None) -> None:
         self.path = os.fspath(path)
         self.line = line
         self.message = message
+        self.field = field  # the record's field at fault ("_id", "text", "metadata"), for a client to point at
         where = self.path if line is None else f"{self.path}:{line}"
         super().__init__(f"{where}: {message}")
 

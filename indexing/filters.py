@@ -63,10 +63,16 @@ __all__ = ["Filter", "FilterError", "as_filter", "parse_filter"]
 Literal = bool | int | float | str
 
 _INT64 = (-(2**63), 2**63 - 1)
+# A filter arrives from HTTP clients too, so its size is bounded where it is parsed: SQLite refuses an
+# expression more than 1,000 nodes deep and overflows its parser stack at about 45 nested NOTs, and the
+# parser here recurses once per level. Elasticsearch bounds a query's clauses the same way (1,024).
+MAX_DEPTH = 16  # nested parentheses and `not`s
+MAX_TERMS = 1024  # comparisons, an `in` list counting one per value
 _MAX_KNOWN_LISTED = 30  # known fields named in an "unknown field" error
 _KEYWORDS = {"and", "or", "not", "in", "true", "false"}
 _ORDER_OPS = ("<", "<=", ">", ">=")
 _OPS = ("==", "!=") + _ORDER_OPS
+_SURROGATE = re.compile("[\ud800-\udfff]")  # a lone one is no text: refused, and shown as U+FFFD
 _ISO_DATE = re.compile(
     r"^(\d{4})-(\d{2})-(\d{2})"
     r"(?:[T ](\d{2}):(\d{2})(?::(\d{2})(?:\.\d{1,9})?)?(?:Z|[+-]\d{2}:?\d{2})?)?$"
@@ -106,7 +112,7 @@ class FilterError(ValueError):
 
 def _excerpt(text: str, column: int, width: int = 60) -> tuple[str, int]:
     """The filter text (or a window of it around ``column`` when long) and the caret offset in it."""
-    flat = text.replace("\n", " ").replace("\t", " ").replace("\r", " ")
+    flat = _SURROGATE.sub("\ufffd", text.replace("\n", " ").replace("\t", " ").replace("\r", " "))  # printable
     pos = column - 1
     if len(flat) <= width:
         return flat, pos
@@ -132,6 +138,9 @@ _ESCAPES = {'"': '"', "'": "'", "\\": "\\", "n": "\n", "t": "\t", "r": "\r"}
 
 
 def _tokenize(text: str) -> list[_Tok]:
+    if not text.isascii() and (m := _SURROGATE.search(text)):
+        raise FilterError(f"lone surrogate {ascii(m.group())} (an unpaired \\u escape), which is not Unicode text",
+                          text, m.start() + 1)
     toks: list[_Tok] = []
     i, n = 0, len(text)
     while i < n:
@@ -263,6 +272,8 @@ class _Parser:
         self.text = text
         self.toks = _tokenize(text)
         self.pos = 0
+        self.depth = 0  # parentheses and `not`s open around the current token
+        self.terms = 0
 
     def peek(self) -> _Tok:
         return self.toks[self.pos]
@@ -302,13 +313,27 @@ class _Parser:
             args.append(self.not_expr())
         return args[0] if len(args) == 1 else _And(tuple(args))
 
+    def nest(self, tok: _Tok) -> None:
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise self.error(f"nested more than {MAX_DEPTH} levels deep (parentheses and 'not')", tok)
+
+    def count(self, terms: int, tok: _Tok) -> None:
+        self.terms += terms
+        if self.terms > MAX_TERMS:
+            raise self.error(f"more than {MAX_TERMS} comparisons (each value of an 'in' list counts one)", tok)
+
     def not_expr(self) -> _Node:
         tok = self.peek()
         if self.is_kw("not"):
             self.take()
-            return _Not(self.not_expr())
+            self.nest(tok)
+            node: _Node = _Not(self.not_expr())
+            self.depth -= 1
+            return node
         if tok.kind == "(":
             self.take()
+            self.nest(tok)
             if self.peek().kind == ")":
                 raise self.error("empty parentheses", self.peek())
             node = self.or_expr()
@@ -317,6 +342,7 @@ class _Parser:
                 raise self.error(f"expected ')' to close the '(' at column {tok.col}, got {_describe(close)}",
                                  close)
             self.take()
+            self.depth -= 1
             return node
         return self.comparison()
 
@@ -335,8 +361,11 @@ class _Parser:
             negate = True
         if self.is_kw("in"):
             self.take()
-            node: _Node = _In(tok.value, self.literal_list(), tok.col)
+            values = self.literal_list()
+            self.count(max(1, len(values)), tok)
+            node: _Node = _In(tok.value, values, tok.col)
             return _Not(node) if negate else node
+        self.count(1, tok)
         if op.kind != "op":
             raise self.error(
                 f"expected an operator (==, !=, <, <=, >, >=, in) after field {tok.value!r}, got {_describe(op)}",
@@ -485,14 +514,35 @@ def _sql(node: _Node, col: str, params: list[Any]) -> str:
     if isinstance(node, _Cmp):
         return _sql_atom(col, node.field, node.op, node.value, params)
     if isinstance(node, _In):
-        if not node.values:
-            return "0"
-        parts = [_sql_atom(col, node.field, "==", v, params) for v in node.values]
-        return parts[0] if len(parts) == 1 else "(" + " OR ".join(parts) + ")"
+        return _sql_in(col, node.field, node.values, params) if node.values else "0"
     if isinstance(node, _Not):
         return f"(NOT {_sql(node.arg, col, params)})"
-    joiner = " AND " if isinstance(node, _And) else " OR "
-    return "(" + joiner.join(_sql(a, col, params) for a in node.args) + ")"
+    return _balanced([_sql(a, col, params) for a in node.args], " AND " if isinstance(node, _And) else " OR ")
+
+
+def _balanced(parts: list[str], joiner: str, flat: int = 16) -> str:
+    """``(a OR b OR ...)``, long chains as a tree of halves: SQLite counts a chain as an expression as deep
+    as it is long and refuses one deeper than 1,000 (the parameters stay in text order)."""
+    if len(parts) <= flat:
+        return "(" + joiner.join(parts) + ")"
+    mid = len(parts) // 2
+    return "(" + _balanced(parts[:mid], joiner, flat) + joiner + _balanced(parts[mid:], joiner, flat) + ")"
+
+
+def _sql_in(col: str, field: str, values: tuple[Literal, ...], params: list[Any]) -> str:
+    """``f in [...]`` as one SQL ``IN`` per kind of value: what ``f == v1 or f == v2 ...`` gives (unknown on a
+    missing or null field, else whether the stored value has a value's kind and equals it), in an
+    expression whose depth does not grow with the list."""
+    path = _json_path(field)
+    jt = f"json_type({col}, ?)"
+    params.append(path)
+    tests = []
+    for kind in ("num", "str"):
+        same = [int(v) if isinstance(v, bool) else v for v in values if _kind(v) == kind]
+        if same:
+            params.extend([path, path, *same])
+            tests.append(f"({jt} IN {_SQL_TYPES[kind]} AND json_extract({col}, ?) IN ({', '.join('?' * len(same))}))")
+    return f"(CASE WHEN IFNULL({jt}, 'null') = 'null' THEN NULL ELSE ({' OR '.join(tests)}) END)"
 
 
 def _sql_atom(col: str, field: str, op: str, value: Literal, params: list[Any]) -> str:

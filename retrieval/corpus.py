@@ -56,6 +56,25 @@ def _id_problem(doc_id: str) -> str | None:
     return None
 
 
+def _key_problem(metadata: Mapping[str, Any]) -> str | None:
+    """A metadata key a filter would misread: empty, or holding a '.' (filters read ``a.b`` as the key ``b``
+    inside ``a``, so ``{"a.b": 1}`` matched no filter at all)."""
+    stack: list[tuple[Mapping[str, Any], str]] = [(metadata, "metadata")]
+    while stack:
+        obj, where = stack.pop()
+        for key, value in obj.items():
+            if not key.strip():
+                return f"{where} has an empty key {key!r}; a filter cannot name it"
+            if "." in key:
+                parts = key.split(".")
+                nested = "{" + ": {".join(f'"{p}"' for p in parts) + ": ..." + "}" * len(parts)
+                return (f"{where} has the key {key!r}: filters read a '.' as nesting, so it could never match; "
+                        f"nest it ({nested}) or rename it")
+            if isinstance(value, Mapping):
+                stack.append((value, f"{where}.{key}"))
+    return None
+
+
 def check_for_index(doc: BeirDocument, path: str, line: int | None, strings: bool = True) -> BeirDocument:
     """Refuse a document an index could store but not give back intact (the rules of the module docstring).
 
@@ -65,14 +84,17 @@ def check_for_index(doc: BeirDocument, path: str, line: int | None, strings: boo
     Raises:
         DataError naming `path` (and `line`): the id, a string field or the metadata, and what is wrong.
     """
-    problem = _id_problem(doc.doc_id)
+    problem, field = _id_problem(doc.doc_id), "_id"
     if problem is None and strings:
-        problem = json_problem(doc.text, "field 'text'") or json_problem(doc.title, "field 'title'")
+        for field, value in (("text", doc.text), ("title", doc.title)):
+            if problem := json_problem(value, f"field {field!r}"):
+                break
     if problem is None and doc.metadata:
+        field = "metadata"
         problem = json_problem(dict(doc.metadata), "metadata", max_depth=MAX_METADATA_DEPTH, allow_nan=False,
-                               max_int_bits=MAX_METADATA_INT_BITS)
+                               max_int_bits=MAX_METADATA_INT_BITS) or _key_problem(doc.metadata)
     if problem is not None:
-        raise DataError(path, line, problem)
+        raise DataError(path, line, problem, field=field)
     return doc
 
 

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from twotower.eval.io.lines import query_problem
 from twotower.indexing import MISSING_ID, Document, IndexStore, Snapshot, document_text
 from twotower.indexing.filters import Filter, as_filter
 from twotower.indexing.manifest import MANIFEST_NAME
@@ -112,8 +113,8 @@ def _load_reranker(reranker: Any, bf16: bool | str, device: str | None):
 
 
 def check_queries(queries: str | Sequence[str]) -> tuple[list[str], bool]:
-    """(the queries as a list, whether one string was given). Every query must be a non-blank string;
-    errors name the query's position (``search(5)`` said "'int' object is not iterable", and
+    """(the queries as a list, whether one string was given). Every query must be a string with text to
+    search (`twotower.eval.io.lines.query_problem`); errors name the query's position (``search(5)`` said "'int' object is not iterable", and
     ``search(b"tea")`` "query 0 is int")."""
     if isinstance(queries, str):
         return check_queries([queries])[0], True
@@ -124,8 +125,9 @@ def check_queries(queries: str | Sequence[str]) -> tuple[list[str], bool]:
     for i, q in enumerate(queries):
         if not isinstance(q, str):
             raise TypeError(f"query {i} is {type(q).__name__}, not str")
-        if not q.strip():
-            raise ValueError(f"query {i} is empty" if len(queries) > 1 else "query is empty")
+        problem = query_problem(q, f"query {i}" if len(queries) > 1 else "query")
+        if problem:
+            raise ValueError(problem)
         out.append(q)
     return out, False
 

@@ -70,14 +70,17 @@ class BeirDataset(NamedTuple):
 
 
 def _record_id(obj: Mapping[str, Any], path: str | os.PathLike[str], line: int | None) -> str:
-    """The ``_id`` (or ``id``) of a record as a non-empty string; an integer id becomes its decimal text."""
-    value = obj.get("_id", obj.get("id"))
+    """The ``_id`` (or, without one, ``id``) of a record as a non-empty string; an integer id becomes its decimal
+    text."""
+    value = obj.get("_id")
     if value is None:
-        raise DataError(path, line, "missing field '_id'")
+        value = obj.get("id")
+    if value is None:
+        raise DataError(path, line, "missing field '_id'", field="_id")
     if isinstance(value, int) and not isinstance(value, bool):
         value = str(value)
     if not isinstance(value, str) or not value.strip():
-        raise DataError(path, line, f"field '_id' must be a non-empty string, got {value!r}")
+        raise DataError(path, line, f"field '_id' must be a non-empty string, got {value!r}", field="_id")
     return value
 
 
@@ -85,7 +88,7 @@ def _record_text(obj: Mapping[str, Any], path: str | os.PathLike[str], line: int
     value = obj.get("text")
     if not isinstance(value, str):
         found = "" if value is None else f" (got {type(value).__name__})"
-        raise DataError(path, line, f"missing string field 'text'{found}")
+        raise DataError(path, line, f"missing string field 'text'{found}", field="text")
     return value
 
 
@@ -118,20 +121,23 @@ def parse_beir_document(
     if title is None:
         title = ""
     if not isinstance(title, str):
-        raise DataError(path, line, f"field 'title' must be a string, got {type(title).__name__}")
+        raise DataError(path, line, f"field 'title' must be a string, got {type(title).__name__}", field="title")
     if require_content and not text.strip() and not title.strip():
-        raise DataError(path, line, f"document {doc_id!r} has empty 'text' and 'title'")
+        raise DataError(path, line, f"document {doc_id!r} has empty 'text' and 'title'", field="text")
     metadata = obj.get("metadata")
     if metadata is None:
         metadata = _NO_METADATA
     elif not isinstance(metadata, Mapping):
-        raise DataError(path, line, f"field 'metadata' must be an object, got {type(metadata).__name__}")
-    extra = {k: v for k, v in obj.items() if k not in _RECORD_KEYS}
+        raise DataError(path, line, f"field 'metadata' must be an object, got {type(metadata).__name__}",
+                        field="metadata")
+    # beside an `_id`, an `id` is a field like any other (it was dropped without a word)
+    keys = _RECORD_KEYS if obj.get("_id") is None else _RECORD_KEYS - {"id"}
+    extra = {k: v for k, v in obj.items() if k not in keys}
     if extra:
         both = sorted(set(extra) & set(metadata))
         if both:
             raise DataError(path, line, f"field {both[0]!r} is both a top-level field and a key of 'metadata'; "
-                            "keep one of them")
+                            "keep one of them", field=both[0])
         metadata = {**metadata, **extra}
     return BeirDocument(doc_id, title, text, metadata)
 

@@ -22,6 +22,7 @@ import json
 import math
 import os
 import re
+import unicodedata
 import zlib
 from collections.abc import Iterator
 from typing import Any
@@ -73,6 +74,19 @@ def numbered_lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, str]]:
                         "lines)") from None
     except zlib.error as exc:
         raise DataError(path, number + 1, f"corrupt gzip data ({exc})") from None
+
+
+def query_problem(text: str, name: str) -> str | None:
+    """Why `text` cannot be searched as a query, or None; `name` is what the user calls it ("q", "query 3").
+
+    Blank means nothing but whitespace, control and format characters: ``"\\x00"`` or a zero-width space
+    passed a ``strip()`` test, reached the model as an empty text and returned arbitrary hits. A lone
+    surrogate (an unpaired ``\\u`` escape in JSON, or an undecodable byte on a command line) is not
+    Unicode text: the tokenizer refused it with a TypeError.
+    """
+    if all(ch.isspace() or unicodedata.category(ch) in ("Cc", "Cf") for ch in text):
+        return f"{name} is empty" if not text.strip() else f"{name} holds only control or invisible characters"
+    return json_problem(text, name)
 
 
 def json_problem(

@@ -99,6 +99,11 @@ def test_add_delete_roundtrip(built, tmp_path, capsys):
     "argv, message",
     [
         (["search", "--index", "{idx}", "   "], "query q1 is empty"),
+        # an undecodable byte in argv arrives as a lone surrogate (surrogateescape): the tokenizer raised
+        (["search", "--index", "{idx}", "tea", "caf\udce9"], "query q2 holds a lone surrogate '\\udce9'"),
+        (["search", "--index", "{idx}", "\u200b"], "query q1 holds only control or invisible characters"),
+        (["answer", "--index", "{idx}", "--reader", "{model}", "tea", "\x00"],
+         "question 2 holds only control or invisible characters"),
         (["search", "--index", "{idx}"], "give at least one QUERY"),
         # named both flags whichever was wrong ("-k and --batch-size must be positive")
         (["search", "--index", "{idx}", "-k", "0", "tea"], "error: -k must be >= 1, got 0\n"),

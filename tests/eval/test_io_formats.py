@@ -329,8 +329,9 @@ def test_eval_and_index_builds_read_a_corpus_line_alike(tmp_path, line, message)
 
 def test_extra_top_level_fields_are_metadata(tmp_path):
     path = _write(tmp_path / "corpus.jsonl",
-                  '{"_id": "a", "id": "ignored", "text": "t", "lang": "en", "metadata": {"year": 2001}}\n')
-    assert read_beir_corpus(path)["a"].metadata == {"year": 2001, "lang": "en"}
+                  '{"_id": "a", "id": "kept", "text": "t", "lang": "en", "metadata": {"year": 2001}}\n')
+    # beside `_id`, `id` is metadata too (it was dropped); alone, it is the id
+    assert read_beir_corpus(path)["a"].metadata == {"year": 2001, "lang": "en", "id": "kept"}
 
 
 def test_an_empty_document_is_kept_for_evaluation_and_refused_by_an_index(tmp_path):

@@ -14,7 +14,15 @@ import sqlite3
 
 import pytest
 
-from twotower.indexing.filters import Filter, FilterError, as_filter, metadata_fields, parse_filter
+from twotower.indexing.filters import (
+    MAX_DEPTH,
+    MAX_TERMS,
+    Filter,
+    FilterError,
+    as_filter,
+    metadata_fields,
+    parse_filter,
+)
 
 
 def sql_matches(flt: Filter, metas: list[dict]) -> list[bool]:
@@ -180,6 +188,53 @@ def test_as_filter():
         parse_filter(3)  # type: ignore[arg-type]
 
 
+# ---------------------------------------------------------------------------- size limits
+def _deepest(depth: int) -> str:
+    """A filter `depth` levels deep that alternates `not`, `or` and `and` (the SQL nests deepest this way)."""
+    text = "year == 4"
+    for i in range(depth):
+        text = f"not {text}" if i % 3 == 0 else f"(lang == 'en' {'or' if i % 3 == 1 else 'and'} {text})"
+    return text
+
+
+def test_filters_at_the_size_limits_run_in_sqlite_as_in_python():
+    """What the limits let through, SQLite runs with the reference semantics. Before the limits, 999 `or`s or
+    an `in` list of 999 values broke SQLite's depth limit, 45 nested `not`s its parser stack, and 400
+    parentheses Python's recursion: a 500 from the service."""
+    metas = [{"year": y, "lang": lang} for y in range(-3, 1200, 7) for lang in ("en", "de")] + [{}, {"year": None}]
+    for text in (
+        _deepest(MAX_DEPTH),
+        "not " * MAX_DEPTH + "year == 4",
+        "(" * MAX_DEPTH + "year == 4" + ")" * MAX_DEPTH,
+        " or ".join(f"year == {i}" for i in range(MAX_TERMS)),
+        " and ".join(f"year != {i}" for i in range(MAX_TERMS)),
+        f"year in [{', '.join(str(i) for i in range(MAX_TERMS - 2))}, 'en', true]",
+        f"year not in [{', '.join(str(i) for i in range(0, 2 * MAX_TERMS, 2))}]",
+    ):
+        flt = parse_filter(text)
+        expected = [flt.matches(m) for m in metas]
+        assert sql_matches(flt, metas) == expected, text[:60]
+        assert 0 < sum(expected) < len(metas), text[:60]
+
+
+@pytest.mark.parametrize("text, problem, column", [
+    ("not " * (MAX_DEPTH + 1) + "year == 1", f"nested more than {MAX_DEPTH} levels", 4 * MAX_DEPTH + 1),
+    ("(" * (MAX_DEPTH + 1) + "year == 1" + ")" * (MAX_DEPTH + 1), f"nested more than {MAX_DEPTH} levels",
+     MAX_DEPTH + 1),
+    ("(" * 400 + "year == 1" + ")" * 400, "nested more than", MAX_DEPTH + 1),
+    (" or ".join(f"year == {i}" for i in range(MAX_TERMS + 1)), f"more than {MAX_TERMS} comparisons",
+     len(" or ".join(f"year == {i}" for i in range(MAX_TERMS))) + 5),
+    ("lang == 'en' and year in [" + ", ".join(map(str, range(MAX_TERMS))) + "]", f"more than {MAX_TERMS}", 18),
+    ('lang == "a\ud800"', "lone surrogate", 11),
+])
+def test_filters_beyond_the_limits_are_refused_where_they_cross(text, problem, column):
+    if "\\ud800" in text:
+        text = text.replace("\\ud800", "\ud800")
+    with pytest.raises(FilterError) as info:
+        parse_filter(text)
+    assert problem in info.value.problem and info.value.column == column
+
+
 # ---------------------------------------------------------------------------- property: matches == SQL
 FIELDS = ["lang", "year", "score", "src.name", "src.rank", "flag", "date", "tags"]
 STRINGS = ["en", "de", "fr", "", "é", "EN", "a'b", 'q"x']
@@ -282,6 +337,7 @@ def test_property_to_milvus_agrees_with_matches_in_milvus_lite(tmp_path):
     client.insert("f", [{"pk": i, "v": [1.0, 0.0], "metadata": m} for i, m in enumerate(metas)])
     client.load_collection("f")
     texts = [t for t, _ in WORKED] + [random_filter(rng) for _ in range(120)]
+    texts += [_deepest(MAX_DEPTH), f"year in [{', '.join(str(i) for i in range(MAX_TERMS))}]"]  # the limits
     try:
         for text in texts:
             flt = parse_filter(text)

@@ -200,6 +200,13 @@ def test_bad_queries(built):
         built.search("   ")
     with pytest.raises(ValueError, match="query 1 is empty"):
         built.search(["tea", ""])
+    # not text: the tokenizer raised a TypeError on a lone surrogate, and invisible queries got arbitrary hits
+    with pytest.raises(ValueError, match=r"query 1 holds a lone surrogate '\\udc80' at character 4"):
+        built.search(["tea", "tea \udc80"])
+    for invisible in ("\x00", "\u200b", " \u2060\ufeff "):
+        with pytest.raises(ValueError, match="^query holds only control or invisible characters$"):
+            built.search(invisible)
+    assert built.search("tea\u200bcup", k=1)  # an invisible character among words is fine
     for bad, name in ((5, "int"), (b"tea", "bytes"), (None, "NoneType")):  # "'int' object is not iterable"
         with pytest.raises(TypeError, match=f"queries must be a str or a list of str, got {name}$"):
             built.search(bad)

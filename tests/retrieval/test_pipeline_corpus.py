@@ -30,6 +30,11 @@ def test_reads_documents_and_chunks_in_order(tmp_path):
     assert [d["id"] for c in chunks for d in c] == [f"d{i}" for i in range(7)]
 
 
+def test_an_id_beside_the_id_is_metadata(tmp_path):
+    path = _write(tmp_path, ['{"_id": "x", "id": "y", "text": "t"}', '{"_id": null, "id": 7, "text": "t"}'])
+    assert [(d["id"], d["metadata"]) for _, d in iter_documents(path)] == [("x", {"id": "y"}), ("7", {})]
+
+
 def test_gzip_corpus_and_integer_ids(tmp_path):
     p = tmp_path / "c.jsonl.gz"
     with gzip.open(p, "wt", encoding="utf-8") as f:
@@ -48,6 +53,10 @@ def test_gzip_corpus_and_integer_ids(tmp_path):
         ('{"_id": "", "text": "t"}', "non-empty string"),
         ('{"_id": "x", "text": "t", "title": 5}', "'title' must be a string"),
         ('{"_id": "x", "text": "  ", "title": ""}', "empty 'text' and 'title'"),
+        # metadata keys no filter can name: "a.b" is read as b inside a, so it never matched
+        ('{"_id": "x", "text": "t", "metadata": {"a.b": 1}}', r"key 'a.b': filters read a '\.' as nesting.*"
+                                                             r'\{"a": \{"b": ...\}\}'),
+        ('{"_id": "x", "text": "t", "src": {"": 1}}', "metadata.src has an empty key"),
     ],
 )
 def test_bad_line_names_file_and_line(tmp_path, line, message):

@@ -54,6 +54,9 @@ def test_read_only_refuses_writes_even_with_the_token(index_dir):
         s = stats(c, AUTH)
         assert (s["documents"], s["writes"]) == (40, 0)
         assert c.get("/health").json()["writable"] is False
+        # the token still guards reads (`serve --read-only --token-file F`: a read-only service for token holders)
+        assert c.get("/search", params={"q": "tea"}).status_code == 401
+        assert c.get("/search", params={"q": "tea"}, headers=AUTH).status_code == 200
 
 
 def test_load_token(tmp_path):

@@ -42,16 +42,46 @@ SEARCH_CASES = [
     ("POST", "/search", {}, {"queries": ["a", "b", "c", "d", "e"]}, 413, "queries", "limit is 4"),
     ("POST", "/search", {}, {"queries": ["tea"], "top": 3}, 400, "top", "unknown field"),
     ("POST", "/search", {}, {"queries": ["tea"], "k": 0}, 400, "k", "between 1 and 50"),
-    ("POST", "/search", {"k": 3}, {"queries": ["tea"]}, 400, "k", "unknown parameter"),
+    ("POST", "/search", {"k": 3}, {"queries": ["tea"]}, 400, "k", "unknown parameter 'k'; this endpoint takes no query"),
+    # repeated parameters: the last one won without a word
+    ("GET", "/search", {"q": ["tea", "coffee"]}, None, 400, "q", "given 2 times"),
+    ("GET", "/search", {"q": "tea", "k": [1, 3]}, None, 400, "k", "given 2 times"),
+    # JSON has types: true is not 1, "3" is not 3 (pydantic's lax mode ran them as such)
+    ("POST", "/search", {}, {"queries": ["tea"], "k": True}, 400, "k", "integer"),
+    ("POST", "/search", {}, {"queries": ["tea"], "k": "3"}, 400, "k", "integer"),
+    ("POST", "/search", {}, {"queries": ["tea"], "hybrid": "yes"}, 400, "hybrid", "boolean"),
+    # text that is not text: before, a lone surrogate reached the tokenizer (a 500 for the whole batch) and
+    # invisible queries returned arbitrary hits
+    ("POST", "/search", {}, b'{"queries": ["tea", "tea \\ud800"]}', 400, "queries[1]", "lone surrogate"),
+    ("GET", "/search", {"q": "\x00"}, None, 400, "q", "only control or invisible characters"),
+    ("GET", "/search", {"q": "\u200b \u2060"}, None, 400, "q", "only control or invisible characters"),
+    ("POST", "/search", {}, b'{"queries": ["tea"], "filter": "lang == \\"\\ud800\\""}', 400, "filter",
+     "lone surrogate"),
+    # filters too large for SQLite or the parser were a 500
+    ("GET", "/search", {"q": "tea", "filter": " or ".join(f"year == {i}" for i in range(1025))}, None, 400,
+     "filter", "more than 1024 comparisons"),
+    ("GET", "/search", {"q": "tea", "filter": "(" * 400 + "year > 1" + ")" * 400}, None, 400, "filter", "nested"),
     ("GET", "/documents/nope", {}, None, 404, "id", "no document"),
 ]
 
 WRITE_CASES = [
-    ("POST", "/documents", {}, {"documents": [{"text": "no id"}]}, 400, "documents[0]", "_id"),
-    ("POST", "/documents", {}, {"documents": [{"_id": "x1", "text": "ok"}, {"_id": "x2"}]}, 400, "documents[1]",
-     "text"),
-    ("POST", "/documents", {}, {"documents": [{"_id": "x1", "text": 7}]}, 400, "documents[0]", "text"),
-    ("POST", "/documents", {}, {"documents": [{"_id": "x 1", "text": "t"}]}, 400, "documents[0]", "whitespace"),
+    ("POST", "/documents", {}, {"documents": [{"text": "no id"}]}, 400, "documents[0]._id", "_id"),
+    ("POST", "/documents", {}, {"documents": [{"_id": "x1", "text": "ok"}, {"_id": "x2"}]}, 400,
+     "documents[1].text", "text"),
+    ("POST", "/documents", {}, {"documents": [{"_id": "x1", "text": 7}]}, 400, "documents[0].text", "text"),
+    ("POST", "/documents", {}, {"documents": [{"_id": "x 1", "text": "t"}]}, 400, "documents[0]._id",
+     "whitespace"),
+    ("POST", "/documents", {}, {"documents": [{"_id": "x1", "title": 3, "text": "t"}]}, 400,
+     "documents[0].title", "string"),
+    ("POST", "/documents", {}, b'{"documents": [{"_id": "x1", "text": "t \\udc80"}]}', 400, "documents[0].text",
+     "lone surrogate"),
+    ("POST", "/documents", {}, b'{"documents": [{"_id": "x1", "text": "t", "metadata": {"y": NaN}}]}', 400,
+     "documents[0].metadata", "NaN"),
+    # metadata keys no filter could name
+    ("POST", "/documents", {}, {"documents": [{"_id": "x1", "text": "t", "metadata": {"src": {"c.d": 2}}}]}, 400,
+     "documents[0].metadata", "metadata.src has the key 'c.d'"),
+    ("POST", "/documents", {}, {"documents": [{"_id": "x1", "text": "t", "": 1}]}, 400, "documents[0].metadata",
+     "empty key"),
     ("POST", "/documents", {}, {"documents": [{"_id": "x1", "text": "a"}, {"_id": "x1", "text": "b"}]}, 400,
      "documents[1]._id", "repeats documents[0]"),
     ("POST", "/documents", {}, {"documents": [{"_id": "x1", "text": "new"}, {"_id": "d3", "text": "dup"}]}, 409,
@@ -66,6 +96,9 @@ WRITE_CASES = [
     ("DELETE", "/documents", {}, {"ids": ["d1", "missing-a", "missing-b"]}, 404, "ids", "nothing was deleted"),
     ("DELETE", "/documents", {}, {"ids": []}, 400, "ids", "at least one"),
     ("DELETE", "/documents", {}, {"ids": ["d1", ""]}, 400, "ids[1]", "empty"),
+    ("DELETE", "/documents", {}, b'{"ids": ["d1", "\\ud800"]}', 400, "ids[1]", "lone surrogate"),
+    ("DELETE", "/documents", {}, {"ids": ["d1", True]}, 400, "ids[1]", "string or an integer"),
+    ("DELETE", "/documents", {}, {"ids": [3]}, 404, "ids", "nothing was deleted"),  # as POST reads {"_id": 3}
     ("DELETE", "/documents", {}, {"ids": ["d1", "d2", "d3", "d4"]}, 413, "ids", "limit is 3"),
     ("DELETE", "/documents", {}, {"id": "d1"}, 400, "id", "unknown field"),
 ]
@@ -180,3 +213,25 @@ def test_unknown_paths_and_methods_are_json_errors(index_template):
         assert r.status_code == 404 and r.json()["error"] == "not_found"
         r = c.put("/search")
         assert r.status_code == 405 and r.json()["error"] == "method_not_allowed"
+
+
+def test_a_body_that_is_not_json_says_so_in_http_words(index_template):
+    """A JSON body sent as text/plain (or with no type) was told "the body must be a JSON object", which it
+    was; bytes that are not UTF-8 got FastAPI's "There was an error parsing the body" with no field."""
+    with client(index_template) as c:
+        for media in ("text/plain", None, "application/x-www-form-urlencoded"):
+            r = c.post("/search", content=b'{"queries": ["tea"]}', headers={"content-type": media} if media else {})
+            _check(r, 400, "Content-Type", "send the body as JSON, with 'Content-Type: application/json'")
+            assert (repr(media) if media else "no Content-Type") in r.json()["message"]
+        for media in ("application/json; charset=utf-8", "application/vnd.api+json"):
+            assert c.post("/search", content=b'{"queries": ["tea"]}', headers={"content-type": media}).status_code == 200
+        r = c.post("/search", content=b'{"queries": ["tea \xff"]}', headers={"content-type": "application/json"})
+        _check(r, 400, "body", "could not be read as JSON (it must be UTF-8 text)")
+
+
+def test_uptime_probes_may_use_head(index_template):
+    with client(index_template) as c:
+        for path in ("/", "/health", "/docs"):
+            r = c.head(path)
+            assert r.status_code == 200 and r.content == b"", path
+        assert c.head("/search", params={"q": "tea"}).status_code == 405  # a search is not a probe

@@ -62,6 +62,29 @@ def test_queued_searches_share_a_batch_and_match_single_searches(index_template,
         owner.stop()
 
 
+def test_a_request_that_fails_its_batch_fails_alone(index_template):
+    """One request whose query the pipeline refuses, queued with others asking the same: the others get their
+    hits (as one batch would have given them) and only that request gets the error. Before, every request of
+    the batch got it: a lone surrogate from one client made the searches of everyone else a 500."""
+    owner = ModelOwner(_loader(index_template), threads=1, max_wait_ms=0).start()
+    try:
+        assert owner.wait_ready(60)
+        release = _hold(owner)
+        params = SearchParams(k=3, recall_k=12)
+        good = [owner.search([q], params) for q in QUERIES[:2]]
+        bad = owner.search(["tea \ud800"], params)
+        last = owner.search(QUERIES[2:4], params)
+        release.set()
+        with pytest.raises(ValueError, match="lone surrogate"):
+            bad.result(30)
+        answers = [f.result(30).hits for f in good] + [last.result(30).hits]
+        with _loader(index_template)() as ref:
+            want = [ref.search([q], k=3, recall_k=12) for q in QUERIES[:2]] + [ref.search(QUERIES[2:4], k=3, recall_k=12)]
+        assert [[[h.id for h in row] for row in a] for a in answers] == [[[h.id for h in row] for row in w] for w in want]
+    finally:
+        owner.stop()
+
+
 def test_waits_for_the_rest_of_a_batch_only_under_load(index_template):
     owner = ModelOwner(_loader(index_template), threads=1, max_wait_ms=2000).start()
     try:

@@ -139,6 +139,11 @@ def test_the_page_searches_and_shows_the_ranks(server, tmp_path):
             else:
                 assert "not reranked" in chips and "cross-encoder" not in chips, chips
         assert "<mark>" in driver.find_element(By.ID, "results").get_attribute("innerHTML")  # words of the query
+        # words are marked in the text and each part escaped: marking the escaped HTML put the query word "amp"
+        # inside "&amp;", which then showed as "&amp;"
+        html = driver.execute_script("return snippet(arguments[0], queryTerms(arguments[1]))",
+                                     "Fish & chips <b>amp</b>", "amp chips")
+        assert html == "Fish &amp; <mark>chips</mark> &lt;b&gt;<mark>amp</mark>&lt;/b&gt;"
         summary = driver.find_element(By.ID, "summary").text
         assert "10 hits" in summary and "hybrid" in summary and "reranked" in summary
         # A metadata filter from the box: only the odd documents come back; a field no document has is a 400.

@@ -23,6 +23,7 @@ from twotower.cli.checks import (
     require_bm25,
     reranker_directory,
 )
+from twotower.eval.io.lines import query_problem
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -56,8 +57,10 @@ def run_answer(args: argparse.Namespace) -> int:
     if not 0 <= args.retrieval_weight < float("inf"):  # NaN fails too: it ranked every answer by NaN
         raise CLIError(f"--retrieval-weight must be a number >= 0, got {args.retrieval_weight}")
     refuse_reranker_with_no_rerank(args.reranker, args.no_rerank)
-    if any(not q.strip() for q in args.questions):
-        raise CLIError("a question is empty")
+    for i, q in enumerate(args.questions, 1):
+        problem = query_problem(q, f"question {i}")
+        if problem:
+            raise CLIError(problem)
     for flag, path in (("--reader", args.reader), ("--classifier", args.classifier)):
         if path:
             model_directory(flag, path)

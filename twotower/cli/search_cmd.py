@@ -28,6 +28,7 @@ from twotower.cli.checks import (
     reranker_directory,
 )
 from twotower.cli.rerank_weight import print_weight_origin
+from twotower.eval.io.lines import query_problem
 
 QUERY_BATCH = 256
 
@@ -144,8 +145,9 @@ def run_search(args: argparse.Namespace) -> int:
     else:
         raise CLIError("give at least one QUERY, or --queries FILE")
     for qid, text in items:
-        if not text.strip():
-            raise CLIError(f"{args.queries_file}: query {qid} is empty" if args.queries_file else f"query {qid} is empty")
+        problem = query_problem(text, f"query {qid}")
+        if problem:
+            raise CLIError(f"{args.queries_file}: {problem}" if args.queries_file else problem)
     index_directory("--index", args.index)
     if args.model:
         model_directory("--model", args.model, dual=True)

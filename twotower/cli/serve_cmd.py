@@ -7,15 +7,18 @@ together (micro-batching) by one model-owner thread.  Endpoints: ``GET /search``
 
 Binds 127.0.0.1 unless ``--host`` says otherwise.  Writes need a bearer token
 (``--token-file FILE`` or the ``TWOTOWER_TOKEN`` environment variable) and, with a
-token set, so do reads; ``--read-only`` refuses writes.  docs/serve.md has the details.
+token set, so do reads; ``--read-only`` refuses writes (a token then guards reads alone).
+docs/serve.md has the details.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import ipaddress
 import logging
 import math
+import socket
 import sys
 
 from twotower.cli import CLIError
@@ -34,8 +37,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--model", help="query encoder directory if the index's model moved (must be the same model)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    p.add_argument("--read-only", action="store_true", help="refuse every write (POST/DELETE /documents)")
-    p.add_argument("--token-file", help="file whose first line is the bearer token (default: $TWOTOWER_TOKEN)")
+    p.add_argument("--read-only", action="store_true",
+                   help="refuse every write (POST/DELETE /documents); a token still guards reads")
+    p.add_argument("--token-file", help="file whose first line is the bearer token for writes, and then for "
+                                        "reads too (default: $TWOTOWER_TOKEN)")
     p.add_argument("--threads", type=int, help="torch/FAISS threads of the model owner (default: all cores in fp32, all but one with bf16)")
     p.add_argument("--max-batch", type=int, default=64, help="most queries encoded together (default 64)")
     p.add_argument("--batch-wait-ms", type=float, default=3.0,
@@ -65,8 +70,6 @@ def run_serve(args: argparse.Namespace) -> int:
         raise CLIError(f"--max-body-mb must be a number > 0, got {args.max_body_mb:g}")
     if args.reranker and args.no_reranker:
         raise CLIError("give --reranker DIR or --no-reranker, not both")
-    if args.read_only and args.token_file:  # the token would open no write: every write is refused
-        raise CLIError("--token-file lets writes in and --read-only refuses them all: give one of them")
     index_directory("--index", args.index)
     if args.reranker:
         reranker_directory("--reranker", args.reranker)
@@ -89,6 +92,7 @@ def run_serve(args: argparse.Namespace) -> int:
         read_only=args.read_only, token=token, threads=args.threads, max_batch=args.max_batch,
         max_wait_ms=args.batch_wait_ms, limits=Limits(max_body_bytes=int(args.max_body_mb * 1024 * 1024)),
     )
+    sock = _bind(args.host, args.port)  # before anything loads: a port in use is said at once, in flag words
     app = create_app(config)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, access_log=args.access_log,
                                            log_level="info" if args.verbose else "warning", workers=1))
@@ -103,12 +107,35 @@ def run_serve(args: argparse.Namespace) -> int:
             mode = "read-only" if args.read_only else ("writes with the token" if token else "writes disabled")
             print(f"twotower serve: ready: {view.documents:,} documents, generation {view.generation}, reranker "
                   f"{'loaded' if owner.reranker_loaded else 'none'}, {mode}", file=sys.stderr, flush=True)
-        else:
+        elif owner.state == "failed":
             print(f"twotower serve: error: {owner.error}", file=sys.stderr, flush=True)
             server.should_exit = True
 
     import threading
 
     threading.Thread(target=report_when_loaded, name="twotower-serve-ready", daemon=True).start()
-    server.run()
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
     return 1 if owner.state == "failed" else 0
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """A listening socket on (host, port), as uvicorn would open it (SO_REUSEADDR), or a CLIError naming the
+    flag: uvicorn found a port in use only after the models had loaded, and then said "error: None"."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except (socket.gaierror, UnicodeError) as exc:
+        raise CLIError(f"--host {host}: not an address of this machine ({exc})") from None
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)  # uvicorn's default backlog
+    except OSError as exc:
+        sock.close()
+        why = "already in use (another server is listening there)" if exc.errno == errno.EADDRINUSE else exc.strerror
+        raise CLIError(f"--port {port}: cannot listen on {host}:{port}: {why}") from None
+    sock.set_inheritable(True)
+    return sock

@@ -27,9 +27,10 @@ from typing import Any
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from twotower import __version__
+from twotower.eval.io.lines import json_problem, query_problem
 from twotower.indexing.filters import FilterError, parse_filter
 from twotower.retrieval.hit import Hit
 from twotower.retrieval.rerank import DEFAULT_RERANK_K
@@ -82,22 +83,27 @@ class _Strict(BaseModel):
 
 
 class BatchSearchBody(_Strict):
+    # strict: JSON has types, so `"k": true` or `"k": "3"` is a client's mistake, not 1 and 3 (pydantic's lax
+    # mode read them so); query-string parameters are text and keep the lax reading.
     queries: list[str] = Field(description="query texts, answered in order")
-    k: int = Field(10, description="hits per query")
-    recall_k: int | None = Field(None, description="first-stage candidates (reranked); default max(100, k)")
-    hybrid: bool = Field(False, description="fuse dense and BM25 recall (index built with --bm25)")
-    rerank: bool | None = Field(None, description="rerank with the cross-encoder; default: when one is loaded")
-    rerank_k: int | None = Field(None, description=RERANK_K_HELP)
+    k: int = Field(10, description="hits per query", strict=True)
+    recall_k: int | None = Field(None, description="first-stage candidates (reranked); default max(100, k)",
+                                 strict=True)
+    hybrid: bool = Field(False, description="fuse dense and BM25 recall (index built with --bm25)", strict=True)
+    rerank: bool | None = Field(None, description="rerank with the cross-encoder; default: when one is loaded",
+                                strict=True)
+    rerank_k: int | None = Field(None, description=RERANK_K_HELP, strict=True)
     filter: str | None = Field(None, description=FILTER_HELP)
 
 
 class AddDocumentsBody(_Strict):
     documents: list[dict[str, Any]] = Field(description="BEIR-style documents: _id, text, optional title/metadata")
-    replace: bool = Field(False, description="replace documents whose _id is already in the index")
+    replace: bool = Field(False, description="replace documents whose _id is already in the index", strict=True)
 
 
 class DeleteDocumentsBody(_Strict):
-    ids: list[str] = Field(description="ids to delete; all must exist, else nothing is deleted")
+    # an integer is an id as in POST /documents and corpus files ({"_id": 42} is stored as "42")
+    ids: list[StrictStr | StrictInt] = Field(description="ids to delete; all must exist, else nothing is deleted")
 
 
 class SearchOut(BaseModel):
@@ -140,8 +146,9 @@ class SearchService:
 
     # ---- input checks (the request's own names in every message)
     def query(self, q: str, name: str) -> str:
-        if not q.strip():
-            raise ApiError(400, f"{name}: the query is empty", name)
+        problem = query_problem(q, name)
+        if problem:
+            raise ApiError(400, problem, name)
         if len(q) > self.limits.max_query_chars:
             raise ApiError(413, f"{name}: the query has {len(q):,} characters; the limit is "
                                 f"{self.limits.max_query_chars:,}", name)
@@ -226,10 +233,15 @@ class SearchService:
 
 
 def _reject_unknown(request: Request, allowed: tuple[str, ...]) -> None:
-    unknown = [p for p in request.query_params.keys() if p not in allowed]
+    """Refuse a query parameter the endpoint does not read, and one given twice (the last one won, silently)."""
+    names = [p for p, _ in request.query_params.multi_items()]
+    unknown = [p for p in names if p not in allowed]
     if unknown:
-        raise ApiError(400, f"unknown parameter {unknown[0]!r}; this endpoint takes {', '.join(allowed)}",
-                       unknown[0])
+        takes = f"takes {', '.join(allowed)}" if allowed else "takes no query parameters (send JSON in the body)"
+        raise ApiError(400, f"unknown parameter {unknown[0]!r}; this endpoint {takes}", unknown[0])
+    twice = next((p for i, p in enumerate(names) if p in names[:i]), None)
+    if twice is not None:
+        raise ApiError(400, f"parameter {twice!r} is given {names.count(twice)} times; give it once", twice)
 
 
 def create_app(config: ServeConfig) -> FastAPI:
@@ -304,7 +316,8 @@ def create_app(config: ServeConfig) -> FastAPI:
             try:
                 doc = parse_document(raw, f"documents[{i}]")
             except ValueError as exc:
-                raise ApiError(400, str(exc), f"documents[{i}]") from None
+                sub = getattr(exc, "field", None)  # DataError names the document's field at fault
+                raise ApiError(400, str(exc), f"documents[{i}]" + (f".{sub}" if sub else "")) from None
             if doc["id"] in first:
                 raise ApiError(400, f"documents[{i}]: _id {doc['id']!r} repeats documents[{first[doc['id']]}]",
                                f"documents[{i}]._id")
@@ -321,11 +334,13 @@ def create_app(config: ServeConfig) -> FastAPI:
         if len(body.ids) > service.limits.max_ids:
             raise ApiError(413, f"ids: {len(body.ids)} ids; the limit is {service.limits.max_ids} per request",
                            "ids")
-        for i, doc_id in enumerate(body.ids):
-            if not doc_id.strip():
-                raise ApiError(400, f"ids[{i}]: empty id", f"ids[{i}]")
+        ids = [str(doc_id) for doc_id in body.ids]
+        for i, doc_id in enumerate(ids):
+            problem = "empty id" if not doc_id.strip() else json_problem(doc_id, "the id")
+            if problem:
+                raise ApiError(400, f"ids[{i}]: {problem}", f"ids[{i}]")
         service.owner.check_ready()
-        return service.writer.delete(body.ids)
+        return service.writer.delete(ids)
 
     @app.get("/documents/{doc_id:path}", dependencies=[reader], summary="One document by id")
     async def get_document(request: Request, doc_id: str) -> dict[str, Any]:
@@ -341,6 +356,7 @@ def create_app(config: ServeConfig) -> FastAPI:
         return {**doc, "generation": generation}
 
     @app.get("/health", summary="Liveness and readiness (public)")
+    @app.head("/health", include_in_schema=False)  # uptime probes (one operation in the API reference)
     async def health() -> JSONResponse:
         status, body = service.health()
         return JSONResponse(body, status_code=status)
@@ -349,11 +365,11 @@ def create_app(config: ServeConfig) -> FastAPI:
     async def stats() -> dict[str, Any]:
         return service.stats_body()
 
-    @app.get("/", include_in_schema=False)
+    @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)  # HEAD: uptime probes
     async def page() -> FileResponse:
         return FileResponse(os.path.join(STATIC, "index.html"), media_type="text/html")
 
-    @app.get("/docs", include_in_schema=False)
+    @app.api_route("/docs", methods=["GET", "HEAD"], include_in_schema=False)
     async def docs() -> FileResponse:
         return FileResponse(os.path.join(STATIC, "docs.html"), media_type="text/html")
 

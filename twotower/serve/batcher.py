@@ -234,9 +234,12 @@ class ModelOwner:
             self.has_bm25 = self._pipe.store.manifest.bm25 is not None
             self._set_view()
             self.state = "ready"
-        except Exception as exc:  # reported by /health and the CLI; the traceback goes to the log
-            logger.exception("loading the index failed")
+        except Exception as exc:  # reported by /health, every 503 and the CLI
             self.error = f"{type(exc).__name__}: {exc}"
+            if isinstance(exc, (ValueError, OSError)):  # the index or a model as given: damaged, missing, mismatched
+                logger.info("loading the index failed: %s", self.error, exc_info=logger.isEnabledFor(logging.DEBUG))
+            else:  # a defect: its traceback goes to the log
+                logger.exception("loading the index failed")
             self.state = "failed"
             self._ready.set()
             self._drain(_loading_error("failed", self.error))
@@ -340,27 +343,44 @@ class ModelOwner:
             if job.future.set_running_or_notify_cancel():
                 groups.setdefault(job.params.group, []).append(job)
         generation = self._pipe.store.generation
-        for (recall_k, hybrid, rerank, rerank_k, flt), jobs in groups.items():
-            queries = [q for job in jobs for q in job.queries]
-            k = max(job.params.k for job in jobs)
-            start = time.perf_counter()
+        for jobs in groups.values():
             try:
-                hits = self._pipe.search(queries, k=k, recall_k=recall_k, rerank=rerank, hybrid=hybrid,
-                                         rerank_k=rerank_k, filter=flt)
-            except Exception as exc:
+                self._search_group(jobs, generation)
+            except Exception:
+                if len(jobs) == 1:
+                    continue  # its future holds the exception
+                # One request's queries failed the batch: answer each request alone, so the error reaches
+                # only the client that sent it (a lone surrogate made every search batched with it a 500).
                 for job in jobs:
-                    job.future.set_exception(exc)
-                continue
-            finally:
-                self.busy_s += time.perf_counter() - start
-            self.batches += 1
-            self.batched_queries += len(queries)
-            self.max_batch_seen = max(self.max_batch_seen, len(queries))
-            pos = 0
-            for job in jobs:
-                rows = hits[pos:pos + len(job.queries)]
-                pos += len(job.queries)
-                job.future.set_result(SearchAnswer([row[:job.params.k] for row in rows], generation))
+                    try:
+                        self._search_group([job], generation)
+                    except Exception:
+                        pass
+
+    def _search_group(self, jobs: list[_SearchJob], generation: int) -> None:
+        """Answer `jobs` (equal `SearchParams.group`) with one pipeline call; on failure, a one-job group's
+        future gets the exception and the exception is raised again."""
+        params = jobs[0].params
+        queries = [q for job in jobs for q in job.queries]
+        k = max(job.params.k for job in jobs)
+        start = time.perf_counter()
+        try:
+            hits = self._pipe.search(queries, k=k, recall_k=params.recall_k, rerank=params.rerank,
+                                     hybrid=params.hybrid, rerank_k=params.rerank_k, filter=params.filter)
+        except Exception as exc:
+            if len(jobs) == 1:
+                jobs[0].future.set_exception(exc)
+            raise
+        finally:
+            self.busy_s += time.perf_counter() - start
+        self.batches += 1
+        self.batched_queries += len(queries)
+        self.max_batch_seen = max(self.max_batch_seen, len(queries))
+        pos = 0
+        for job in jobs:
+            rows = hits[pos:pos + len(job.queries)]
+            pos += len(job.queries)
+            job.future.set_result(SearchAnswer([row[:job.params.k] for row in rows], generation))
 
     def _run_call(self, call: _CallJob) -> None:
         if not call.future.set_running_or_notify_cancel():

@@ -66,6 +66,23 @@ def field_name(loc: Sequence[Any]) -> str:
     return out or "body"
 
 
+# pydantic names a failed union member after the location ("ids", 1, "str" and "ids", 1, "int"): in words
+_UNION_MEMBERS = {"str": "a string", "int": "an integer", "float": "a number", "bool": "a boolean"}
+
+
+def _union_message(errors: list[dict[str, Any]]) -> tuple[str, str] | None:
+    """(field, message) when the first error is one member of a union that every member failed, else None."""
+    loc = tuple(errors[0].get("loc", ()))
+    if not loc or loc[-1] not in _UNION_MEMBERS:
+        return None
+    members = [e["loc"][-1] for e in errors if tuple(e.get("loc", ()))[:-1] == loc[:-1]
+               and tuple(e.get("loc", ()))[-1:] and e["loc"][-1] in _UNION_MEMBERS]
+    if len(members) < 2:
+        return None
+    field = field_name(loc[:-1])
+    return field, f"{field} must be {' or '.join(_UNION_MEMBERS[m] for m in members)}"
+
+
 def _validation_message(err: dict[str, Any]) -> tuple[str, str]:
     """(field, message) for the first pydantic error, worded for a person."""
     kind, loc = err.get("type", ""), err.get("loc", ())
@@ -82,6 +99,10 @@ def _validation_message(err: dict[str, Any]) -> tuple[str, str]:
     return field, f"{field}: {err.get('msg', 'invalid value')}"
 
 
+def _is_json(media_type: str) -> bool:
+    return media_type == "application/json" or (media_type.startswith("application/") and media_type.endswith("+json"))
+
+
 def install_handlers(app: FastAPI) -> None:
     """Turn FastAPI's, Starlette's and our own exceptions into the one JSON error shape."""
 
@@ -90,6 +111,8 @@ def install_handlers(app: FastAPI) -> None:
         if isinstance(exc, ApiError):
             return error_response(exc.status_code, str(exc.detail), exc.field, exc.details, exc.headers)
         message = str(exc.detail)
+        if exc.status_code == 400 and message == "There was an error parsing the body":  # FastAPI's words
+            return error_response(400, "the body could not be read as JSON (it must be UTF-8 text)", "body")
         if exc.status_code == 404 and message == "Not Found":
             message = f"no such path: {request.url.path}"
         elif exc.status_code == 405:
@@ -100,7 +123,13 @@ def install_handlers(app: FastAPI) -> None:
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         # Report an unknown field first: it is most often the cause of a "missing" one (a misspelt name).
         errors = sorted(exc.errors(), key=lambda e: {"json_invalid": 0, "extra_forbidden": 1}.get(e.get("type"), 2))
-        field, message = _validation_message(errors[0]) if errors else ("body", "invalid request")
+        field, message = (_union_message(errors) or _validation_message(errors[0])) if errors else \
+            ("body", "invalid request")
+        media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+        if field == "body" and errors[0].get("type") != "json_invalid" and not _is_json(media):
+            # FastAPI reads a body sent as another type as no JSON at all: "the body must be a JSON object"
+            return error_response(400, "send the body as JSON, with 'Content-Type: application/json' (got "
+                                       f"{repr(media) if media else 'no Content-Type'})", "Content-Type")
         return error_response(400, message, field)
 
     @app.exception_handler(Exception)

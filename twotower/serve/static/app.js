@@ -48,9 +48,15 @@ function snippet(text, terms, width = 300) {
   let piece = text.slice(start, start + width);
   if (start + width < text.length) piece = piece.replace(/\s+\S*$/, "") + " …";
   if (start > 0) piece = "… " + piece;
-  let html = escapeHtml(piece);
-  if (terms.length) html = html.replace(new RegExp("\\b(" + terms.join("|") + ")", "giu"), "<mark>$1</mark>");
-  return html;
+  // Marked on the text, each part escaped: marking the escaped HTML put a word like "amp" inside "&amp;".
+  let html = "", last = 0;
+  if (terms.length) {
+    for (const m of piece.matchAll(new RegExp("\\b(" + terms.join("|") + ")", "giu"))) {
+      html += escapeHtml(piece.slice(last, m.index)) + "<mark>" + escapeHtml(m[0]) + "</mark>";
+      last = m.index + m[0].length;
+    }
+  }
+  return html + escapeHtml(piece.slice(last));
 }
 
 function fmt(x) { return x === null || x === undefined ? "–" : Number(x).toFixed(3); }
