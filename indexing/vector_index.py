@@ -56,6 +56,7 @@ logger = logging.getLogger(__name__)
 Metric = Literal["cosine", "ip", "l2"]
 DuplicatePolicy = Literal["error", "skip", "replace"]
 
+VECTOR_METRICS = ("cosine", "ip", "l2")  # what an index can rank by (`index build --metric`)
 _FAISS_METRIC = {
     "cosine": faiss.METRIC_INNER_PRODUCT,
     "ip": faiss.METRIC_INNER_PRODUCT,

@@ -54,8 +54,8 @@ from twotower.indexing import IndexFormatError, IndexLockedError, IndexStore, do
 from twotower.indexing.integrity import file_sha256
 from twotower.indexing.milvus import MilvusSpec, check_target
 from twotower.indexing.store import is_disk_full
-from twotower.indexing.vector_index import check_factory
-from twotower.retrieval.corpus import CorpusPlan, iter_chunks, validate_corpus
+from twotower.indexing.vector_index import VECTOR_METRICS, check_factory
+from twotower.retrieval.corpus import CorpusPlan, duplicates_note, iter_chunks, validate_corpus
 from twotower.retrieval.dual_encoder import DualEncoder
 from twotower.retrieval.passages import PassageSplitter, longer_than_model, truncation_warning
 from twotower.retrieval.sharding import DistInfo, barrier, init_build_group, owns_shard
@@ -461,6 +461,12 @@ def build_index(
     """
     if shard_size < 1:
         raise ValueError(f"shard_size must be >= 1, got {shard_size}")
+    # Before anything is encoded or written: a metric typo failed after the whole corpus was encoded, and
+    # left a work directory that a second call resumed from, past these checks.
+    if metric is not None and metric not in VECTOR_METRICS:
+        raise ValueError(f"metric must be one of {', '.join(VECTOR_METRICS)}, got {metric!r}")
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
+        raise ValueError(f"batch_size must be a positive int or None (batches of about 4,096 tokens), got {batch_size!r}")
     _refuse_existing(out)
     if milvus is not None:
         milvus = replace(milvus, owner=os.path.abspath(out))
@@ -479,6 +485,8 @@ def build_index(
         corpus = validate_corpus(corpus_path, on_duplicate)
         if corpus.num_documents == 0:
             raise ValueError(f"{corpus_path}: no documents to index")
+        if corpus.skip_lines and info.is_main:
+            logger.warning("%s", duplicates_note(len(corpus.skip_lines), on_duplicate))
         rows, long_docs = count_rows(corpus, int(shard_size), encoder, splitter)
         plan = BuildPlan(
             corpus_sha256=file_sha256(corpus_path),

@@ -200,6 +200,12 @@ def iter_chunks(path: str, chunk_size: int, skip_lines: set[int] | None = None) 
         yield chunk
 
 
+def duplicates_note(dropped: int, on_duplicate: str) -> str:
+    """What a build or an add says about the copies it did not index (they were dropped without a word)."""
+    kept = "the first copy (or the one in the index)" if on_duplicate == "skip" else "the last copy"
+    return f"{dropped:,} duplicate document{'s' if dropped != 1 else ''} not indexed: kept {kept} (on duplicate: {on_duplicate})"
+
+
 def resolve_duplicates(rows: list[Document], on_duplicate: str, existing: Container[str]) -> list[Document]:
     """Apply the duplicate policy to documents in memory (the same rules as `validate_corpus`).
 
@@ -225,19 +231,28 @@ def resolve_duplicates(rows: list[Document], on_duplicate: str, existing: Contai
     return [d for d in out if d is not None]
 
 
-def write_corpus_file(docs: Iterable[Mapping[str, Any]], directory: str) -> str:
+def write_corpus_file(docs: Iterable[Mapping[str, Any]], directory: str, on_duplicate: str = "error") -> str:
     """Validate in-memory documents (errors name ``docs[i]``) and write them to a temp JSONL in `directory`.
 
     Builds always read a file, twice (validate, then encode in chunks); this lets a
-    list of dicts take the same path.  The caller deletes the file.
+    list of dicts take the same path.  The caller deletes the file.  With `on_duplicate` "error" a
+    repeated id is refused here, naming both ``docs[i]`` (the file's check named the temp file's lines).
     """
+    if not isinstance(docs, Iterable) or isinstance(docs, (Mapping, bytes)):
+        raise TypeError(f"corpus must be a path or an iterable of documents (mappings), got {type(docs).__name__}")
     os.makedirs(directory, exist_ok=True)
     fd, path = tempfile.mkstemp(prefix=".corpus-", suffix=".jsonl", dir=directory)
     try:
         n = 0
+        first: dict[str, int] = {}
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             for n, d in enumerate(docs, start=1):
                 doc = parse_document(d, f"docs[{n - 1}]")
+                if on_duplicate == "error":
+                    if doc["id"] in first:
+                        raise DataError(f"docs[{n - 1}]", None, f"duplicate document id {doc['id']!r} (already in "
+                                        f"docs[{first[doc['id']]}]); pass on_duplicate='skip' or 'replace' to choose")
+                    first[doc["id"]] = n - 1
                 f.write(json.dumps({"_id": doc["id"], "title": doc["title"], "text": doc["text"],
                                     "metadata": doc["metadata"]}, ensure_ascii=False) + "\n")
         if n == 0:

@@ -20,6 +20,7 @@ ordered by document id so that results are deterministic.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -33,8 +34,12 @@ def _check_weights(weights: Sequence[float] | None, n: int) -> list[float]:
         return [1.0] * n
     if len(weights) != n:
         raise ValueError(f"{len(weights)} weights for {n} result lists")
-    if any(w < 0 for w in weights):
-        raise ValueError(f"fusion weights must be >= 0, got {list(weights)}")
+    # written so that NaN fails too (`w < 0` is False for it): NaN or inf weights gave NaN / inf scores, and
+    # all-zero weights a ranking by id, each without a word
+    if not all(0 <= w < math.inf for w in weights):
+        raise ValueError(f"fusion weights must be finite numbers >= 0, got {list(weights)}")
+    if not any(weights):
+        raise ValueError(f"fusion weights are all 0 ({list(weights)}): every document would score 0")
     return [float(w) for w in weights]
 
 

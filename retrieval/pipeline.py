@@ -41,6 +41,7 @@ from twotower.retrieval.build import DEFAULT_SHARD_SIZE, build_index
 from twotower.retrieval.candidates import Candidate, dense_candidates, fused_candidates
 from twotower.retrieval.corpus import (
     DUPLICATE_POLICIES,
+    duplicates_note,
     iter_chunks,
     parse_document,
     resolve_duplicates,
@@ -67,6 +68,7 @@ from twotower.retrieval.passages import (
     DocumentIdView,
     PassageSettings,
     PassageSplitter,
+    contains_documents,
     document_candidates,
     document_counts,
     expand_ids,
@@ -130,6 +132,21 @@ def check_queries(queries: str | Sequence[str]) -> tuple[list[str], bool]:
             raise ValueError(problem)
         out.append(q)
     return out, False
+
+
+def _document_ids(ids: Iterable[str | int], method: str) -> list[str]:
+    """Ids as the index stores them: an integer is its decimal text, as `add` stores ``{"_id": 77}`` (``delete([77])``
+    found nothing and ``get([77])`` gave None); anything else but a string is refused."""
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
+        raise TypeError(f"{method} takes a list of ids; wrap a single id in a list")
+    out = []
+    for i, doc_id in enumerate(ids):
+        if isinstance(doc_id, int) and not isinstance(doc_id, bool):
+            doc_id = str(doc_id)
+        if not isinstance(doc_id, str):
+            raise TypeError(f"{method}: id {i} is {type(doc_id).__name__}; ids are strings (or integers)")
+        out.append(doc_id)
+    return out
 
 
 class SearchPipeline:
@@ -233,7 +250,7 @@ class SearchPipeline:
         model_dir = encoder.source
         tmp_corpus = None
         if not isinstance(corpus, (str, os.PathLike)):  # documents in memory: validated, then spooled to disk
-            tmp_corpus = write_corpus_file(corpus, os.path.dirname(os.path.abspath(directory)))
+            tmp_corpus = write_corpus_file(corpus, os.path.dirname(os.path.abspath(directory)), on_duplicate)
             corpus_path = tmp_corpus
         else:
             corpus_path = os.fspath(corpus)
@@ -332,10 +349,14 @@ class SearchPipeline:
             path = os.fspath(docs)
             plan = validate_corpus(path, on_duplicate, existing_ids=existing)
             chunks: Iterable[list] = iter_chunks(path, 4096, plan.skip_lines)
+            dropped = len(plan.skip_lines)
         else:
-            rows = [parse_document(d, f"docs[{i}]") for i, d in enumerate(docs)]
-            rows = resolve_duplicates(rows, on_duplicate, existing)
+            given = [parse_document(d, f"docs[{i}]") for i, d in enumerate(docs)]
+            rows = resolve_duplicates(given, on_duplicate, existing)
             chunks = [rows[s:s + 4096] for s in range(0, len(rows), 4096)]
+            dropped = len(given) - len(rows)
+        if dropped:
+            logger.warning("%s", duplicates_note(dropped, on_duplicate))
         added = 0
         splitter = self.splitter
         long_docs = 0
@@ -372,14 +393,11 @@ class SearchPipeline:
     def get(self, ids: Sequence[str]) -> list[Document | None]:
         """Documents by id, in order (None where unknown); a document split into passages comes back whole,
         with ``passages``: the ``[start, end]`` of each passage in its text."""
-        if isinstance(ids, str):
-            raise TypeError("get takes a list of ids; wrap a single id in a list")
-        return get_documents(self._view().docstore, list(ids))
+        return get_documents(self._view().docstore, _document_ids(ids, "get"))
 
     def delete(self, ids: Iterable[str]) -> list[str]:
         """Delete documents by id (all passages of a split one) and commit; returns the ids not in the index."""
-        if isinstance(ids, str):
-            raise TypeError("delete takes a list of ids; wrap a single id in a list")
+        ids = _document_ids(ids, "delete")
         try:
             rows, missing = expand_ids(self.store.docstore, ids)
             if rows:
@@ -739,6 +757,11 @@ class SearchPipeline:
         out["passage_settings"] = self.passages.to_json() if self.passages is not None else None
         out["reranker_loaded"] = self.reranker is not None
         return out
+
+    def contains(self, ids: Iterable[str | int]) -> list[bool]:
+        """Whether each id is a document of the index (stored whole or split into passages), asked of the
+        index per id: `twotower eval` checks that the relevant documents of a split can be found."""
+        return contains_documents(self._view().docstore, _document_ids(ids, "contains"))
 
     def __len__(self) -> int:
         """Documents in the index (a document split into passages counts once)."""

@@ -35,6 +35,13 @@ _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
+def is_json_lines(path: str | os.PathLike[str]) -> bool:
+    """Whether a file's name says JSON lines (``.jsonl`` or ``.json``, gzipped or not) rather than tab-separated
+    text: readers that chose by ``.jsonl`` alone read ``queries.jsonl.gz`` as TSV."""
+    name = os.fspath(path).lower()
+    return name.removesuffix(".gz").endswith((".jsonl", ".json"))
+
+
 def numbered_lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, str]]:
     """Yield ``(1-based line number, line without its end-of-line)`` of a UTF-8 file (or ``.gz`` of one).
 

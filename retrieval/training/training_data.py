@@ -28,7 +28,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from twotower.eval.io.lines import json_lines, numbered_lines
+from twotower.eval.io.lines import is_json_lines, json_lines, numbered_lines
 from twotower.indexing import document_text
 from twotower.retrieval.corpus import iter_documents
 
@@ -270,7 +270,7 @@ def read_training(source: str, split: str = "train", corpus_path: str | None = N
         return read_beir_training(source, split=split, corpus=corpus)
     if not os.path.exists(source):
         raise FileNotFoundError(f"training data not found: {source}")
-    if not source.endswith((".jsonl", ".json", ".jsonl.gz")):
+    if not is_json_lines(source):
         raise ValueError(f"{source}: expected a BEIR directory or a .jsonl(.gz) file of {{query, pos, neg}}")
     return read_jsonl_training(source, corpus=read_corpus(corpus_path) if corpus_path else None)
 
@@ -298,7 +298,7 @@ def read_labeled_pairs(path: str, max_label: float | None = None) -> PairSet:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"pairs file not found: {path}")
     rows: list[tuple[str, str | None, str, str | None, float, str]] = []
-    if path.endswith((".jsonl", ".json")):
+    if is_json_lines(path):
         for lineno, obj in json_lines(path):
             where = f"{path}:{lineno}"
             query = _string(obj, "query", where)

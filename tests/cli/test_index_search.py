@@ -3,6 +3,7 @@ and a torchrun build with 2 CPU processes that must equal the single-process ind
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import shutil
@@ -70,10 +71,51 @@ def test_batch_run_in_trec_format(built, tmp_path, capsys):
     tsv.write_text("a\ttea\nb\tgene\n")
     rc, out, _ = run_cli(capsys, "search", "--index", str(built / "idx"), "--queries", str(tsv), "--json", "-k", "2")
     assert [r["qid"] for r in json.loads(out)] == ["a", "b"]
+    # -k above the default recall depth raises it (it was refused: "--recall-k (100) must be at least -k (150)")
+    rc, out, err = run_cli(capsys, "search", "--index", str(built / "idx"), "tea", "-k", "150", "--json", "--no-rerank")
+    assert rc == 0 and len(json.loads(out)[0]["hits"]) == 40, err
+    # gzipped JSON lines are JSON lines (they were read as TSV: "expected 2 tab-separated columns")
+    packed = tmp_path / "queries.jsonl.gz"
+    packed.write_bytes(gzip.compress(queries.read_bytes()))
+    rc, out, err = run_cli(capsys, "search", "--index", str(built / "idx"), "--queries", str(packed), "--json", "-k", "2")
+    assert rc == 0, err
+    assert [r["qid"] for r in json.loads(out)] == ["Q0", "Q1", "Q2"]
     # --json with --run printed nothing (the run is written instead): refused
     rc, _, err = run_cli(capsys, "search", "--index", str(built / "idx"), "--queries", str(tsv), "--json",
                          "--run", str(tmp_path / "r.trec"))
     assert rc == 2 and "give --json or --run, not both" in err and not (tmp_path / "r.trec").exists()
+
+
+def test_ctrl_c_is_one_line_saying_what_is_kept(tmp_path, capsys, monkeypatch):
+    """Ctrl-C printed 60 lines of traceback from inside torch; now one line, exit 130, and what the rerun does."""
+    from twotower.retrieval.dual_encoder import DualEncoder
+
+    corpus = write_corpus(str(tmp_path / "corpus.jsonl"), toy_docs(40))
+    out = tmp_path / "idx"
+    real, calls = DualEncoder.encode_documents, []
+
+    def interrupted_at_the_second_shard(self, *a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(DualEncoder, "encode_documents", interrupted_at_the_second_shard)
+    build = ["index", "build", "--corpus", corpus, "--out", str(out), "--model", tiny_model_dir(), "--no-progress",
+             "--shard-size", "16"]
+    rc, _, err = run_cli(capsys, *build)
+    assert rc == 130 and "Traceback" not in err
+    assert err.strip() == (f"twotower index build: interrupted: the finished shards are kept in {out}.build/; run the "
+                           "same command again to resume")
+    monkeypatch.undo()
+    rc, out_text, err = run_cli(capsys, *build)
+    assert rc == 0 and "built" in out_text, err
+    more = write_corpus(str(tmp_path / "more.jsonl"), toy_docs(3, prefix="n"))
+    monkeypatch.setattr(DualEncoder, "encode_documents", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+    rc, _, err = run_cli(capsys, "index", "add", "--index", str(out), "--corpus", more, "--no-progress")
+    assert rc == 130 and err.strip() == f"twotower index add: interrupted: nothing was committed; {out} is as it was"
+    with IndexStore.open(out, readonly=True) as store:
+        assert len(store) == 40
 
 
 def test_add_delete_roundtrip(built, tmp_path, capsys):

@@ -155,6 +155,15 @@ def test_malformed_run_names_file_and_line(tmp_path, files, capsys):
     bad.write_text("1 Q0 a 1 1.0 t\n1 Q0 b 2\n")
     assert main(["eval", "--run", str(bad), "--qrels", str(tmp / "qrels.tsv")]) == 2
     assert f"{bad}:2: expected 6 columns" in capsys.readouterr().err
+    # an empty run scored every query 0 without a word; qrels with only a header said "the qrels hold no query"
+    empty = tmp_path / "empty.trec"
+    empty.write_text("")
+    assert main(["eval", "--run", str(empty), "--qrels", str(tmp / "qrels.tsv")]) == 2
+    assert f"--run {empty}: no results (the file is empty)" in capsys.readouterr().err
+    header = tmp_path / "header.tsv"
+    header.write_text("query-id\tcorpus-id\tscore\n")
+    assert main(["eval", "--run", str(tmp / "run.trec"), "--qrels", str(header)]) == 2
+    assert f"--qrels {header}: no judgments" in capsys.readouterr().err
 
 
 # --- --index mode with a stand-in pipeline ------------------------------------------------------
@@ -185,6 +194,9 @@ class _FakePipeline:
 
     def rerank_alpha_chosen_over(self, hybrid=False):
         return None
+
+    def contains(self, ids):
+        return [True for _ in ids]
 
     def search(self, queries, k=10, recall_k=100, rerank=True, hybrid=False, *, rerank_k=None, rerank_alpha=None,
                fetch_documents=True, progress=False):

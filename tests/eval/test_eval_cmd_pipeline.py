@@ -55,8 +55,10 @@ def test_index_mode_with_the_real_pipeline(tmp_path, capsys):
         "--json",
     ]
     assert main(argv) == 0
-    means = json.loads(capsys.readouterr().out)
+    out = capsys.readouterr()
+    means = json.loads(out.out)
     assert list(means) == ["dense", "hybrid", "hybrid+rerank"]
+    assert "warning" not in out.err  # every relevant document is in the index
 
     dense = read_trec_run(tmp_path / "rep" / "runs" / "dense.trec")
     assert set(dense) == set(queries)
@@ -103,3 +105,20 @@ def test_rerank_flags_are_checked_before_anything_loads(tmp_path, capsys, flags,
             str(tmp_path / "rep"), *flags]
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_relevant_documents_missing_from_the_index_are_named(tmp_path, capsys):
+    """An index of another corpus (or part of this one): its queries cannot reach their relevant documents, and
+    the scores came out low without a word."""
+    docs = fixtures.toy_docs(12)
+    root = tmp_path / "beir"
+    root.mkdir()
+    fixtures.write_corpus(str(root / "corpus.jsonl"), docs)
+    write_beir_queries({"q1": "tea", "q2": "gene", "q3": "drug"}, root / "queries.jsonl")
+    write_beir_qrels({"q1": {"d1": 1, "d11": 0}, "q2": {"d10": 1, "d2": 1}, "q3": {"d3": 1}}, root / "qrels" / "test.tsv")
+    pipeline.SearchPipeline.build(docs[:10], tmp_path / "idx", fixtures.tiny_model_dir(), progress=False).close()
+    assert main(["eval", "--index", str(tmp_path / "idx"), "--dataset", str(root), "--out", str(tmp_path / "rep"),
+                 "--no-progress", "--json"]) == 0
+    err = capsys.readouterr().err
+    assert (f"warning: 1 of the 4 relevant documents of --split test are not in --index {tmp_path / 'idx'} (d10); "
+            "1 query cannot reach them") in err  # d11 is judged 0: not relevant

@@ -6,7 +6,7 @@ import re
 import numpy as np
 import pytest
 
-from twotower.indexing import IndexFormatError, IndexLockedError, IndexStore
+from twotower.indexing import IndexFormatError, IndexLockedError, IndexStore, document_text
 from twotower.indexing.store import vectors_name
 
 from .helpers import clustered
@@ -255,6 +255,35 @@ def test_bm25_follows_the_documents(tmp_path, vecs):
         assert s2.bm25 is None
         with pytest.raises(ValueError, match="without BM25"):
             s2.search_bm25(["x"], 1)
+
+
+def test_writes_keep_the_bm25_cache_of_each_generation(tmp_path, vecs, monkeypatch):
+    """A writer that never searched with BM25 (`twotower index add`, the service) still leaves the cache of the
+    generation it commits, equal to one rebuilt from the documents. Before, the commit saved none and the sweep
+    removed the old one, so every reader rebuilt BM25 from all documents, in every process."""
+    from twotower.indexing.bm25 import BM25
+
+    d = tmp_path / "i"
+    with IndexStore.create(d, DIM, "Flat", bm25=True) as s:
+        s.add(docs(0, 30), vecs[:30])
+    for change in ("add", "delete", "replace"):
+        with IndexStore.open(d) as w:
+            if change == "add":
+                w.add(docs(30, 33), vecs[30:33])
+            elif change == "delete":
+                w.delete(["d3", "d31"])
+            else:
+                w.add([{**docs(5, 6)[0], "text": "word30 word30"}], vecs[5:6], on_duplicate="replace")
+            generation = w.commit()
+        assert (d / f"bm25-{generation:08d}.npz").exists(), change
+        with IndexStore.open(d, readonly=True) as r:
+            rebuilt = BM25(**r.manifest.bm25)
+            for batch in r.docstore.iter_batches(100):
+                rebuilt.add([x["id"] for x in batch], [document_text(x) for x in batch])
+            monkeypatch.setattr(BM25, "add", lambda *a, **k: pytest.fail("a reader rebuilt BM25"))
+            queries = ["word7", "word30 title", "word31", "word3 word5"]
+            assert r.search_bm25(queries, 5).ids == rebuilt.search(queries, 5).ids, change
+            monkeypatch.undo()
 
 
 def test_info_is_json_serialisable(tmp_path, vecs):

@@ -43,6 +43,14 @@ def test_rrf_weights_and_limit():
         reciprocal_rank_fusion([["a"], ["b"], ["c"]], weights=[1, 1])
     with pytest.raises(ValueError, match=">= 0"):
         reciprocal_rank_fusion([["a"]], weights=[-1])
+    # NaN and inf passed `w < 0` and gave NaN / inf scores; all zeros ranked by id
+    for bad in ([float("nan"), 1.0], [float("inf"), 1.0]):
+        for fuse in (reciprocal_rank_fusion, score_fusion):
+            with pytest.raises(ValueError, match="must be finite numbers >= 0"):
+                fuse([["a"], ["b"]] if fuse is reciprocal_rank_fusion else [{"a": 1.0}, {"b": 2.0}], weights=bad)
+    with pytest.raises(ValueError, match="all 0"):
+        score_fusion([{"a": 1.0}, {"b": 2.0}], weights=[0, 0.0])
+    assert [d for d, _ in score_fusion([{"a": 1.0, "b": 0.5}, {"b": 2.0}], weights=[1, 0])][0] == "a"
     with pytest.raises(ValueError, match="k must be > 0"):
         reciprocal_rank_fusion([["a"]], k=0)
 

@@ -259,7 +259,20 @@ def test_add_and_delete(tmp_path, encoder, docs):
             again.add([{"_id": "x", "text": "tea"}])
 
 
-def test_add_from_file_with_duplicates(tmp_path, encoder, docs):
+def test_integer_ids_are_the_ids_add_stored(tmp_path, encoder, docs):
+    with SearchPipeline.build(docs[:5], tmp_path / "idx", encoder, progress=False) as pipe:
+        pipe.add([{"_id": 77, "text": "seven seven"}])
+        assert pipe.get([77])[0]["id"] == "77"  # was None
+        assert pipe.delete([77, 78]) == ["78"] and pipe.get(["77"]) == [None]  # 77 was "not in the index"
+        for bad, words in (([None], "id 0 is NoneType"), ([True], "id 0 is bool"), ("d1", "wrap a single id")):
+            with pytest.raises(TypeError, match=words):
+                pipe.delete(bad)
+            with pytest.raises(TypeError, match=words):
+                pipe.get(bad)
+        assert len(pipe) == 5
+
+
+def test_add_from_file_with_duplicates(tmp_path, encoder, docs, caplog):
     corpus = write_corpus(str(tmp_path / "c.jsonl"), docs[:10])
     more = write_corpus(str(tmp_path / "more.jsonl"), [docs[3], {"_id": "z", "text": "milk"}])
     with SearchPipeline.build(corpus, tmp_path / "idx", encoder, progress=False) as pipe:
@@ -268,6 +281,13 @@ def test_add_from_file_with_duplicates(tmp_path, encoder, docs):
         assert len(pipe) == 10
         assert pipe.add(more, on_duplicate="skip") == 1
         assert len(pipe) == 11
+        # in memory, two copies of one new id: the last is kept
+        assert pipe.add([{"_id": "r", "text": "one"}, {"_id": "r", "text": "two"}], on_duplicate="replace") == 1
+        assert pipe.get(["r"])[0]["text"] == "two"
+    # what was not indexed is counted (the lines were dropped without a word)
+    assert [r.getMessage() for r in caplog.records if "duplicate" in r.getMessage()] == [
+        "1 duplicate document not indexed: kept the first copy (or the one in the index) (on duplicate: skip)",
+        "1 duplicate document not indexed: kept the last copy (on duplicate: replace)"]
 
 
 def test_save_copy_and_load(built, tmp_path, encoder):

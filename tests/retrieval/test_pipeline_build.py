@@ -219,7 +219,7 @@ def test_bad_corpus_writes_nothing(tmp_path, encoder, lines, message):
     assert sorted(os.listdir(tmp_path)) == ["c.jsonl"]
 
 
-def test_duplicate_policies_at_build(tmp_path, encoder):
+def test_duplicate_policies_at_build(tmp_path, encoder, caplog):
     corpus = write_corpus(str(tmp_path / "c.jsonl"), [
         {"_id": "a", "text": "first"}, {"_id": "b", "text": "tea"}, {"_id": "a", "text": "second"}])
     with SearchPipeline.build(corpus, tmp_path / "skip", encoder, on_duplicate="skip", progress=False) as p:
@@ -227,6 +227,28 @@ def test_duplicate_policies_at_build(tmp_path, encoder):
     with SearchPipeline.build(corpus, tmp_path / "repl", encoder, on_duplicate="replace", progress=False) as p:
         assert len(p) == 2 and p.store.get(["a"])[0]["text"] == "second"
         assert p.store.vectors.ids() == ["b", "a"]
+    # the copies not indexed are counted (they were dropped without a word)
+    assert [r.getMessage() for r in caplog.records if "duplicate" in r.getMessage()] == [
+        "1 duplicate document not indexed: kept the first copy (or the one in the index) (on duplicate: skip)",
+        "1 duplicate document not indexed: kept the last copy (on duplicate: replace)"]
+
+
+def test_build_arguments_are_checked_before_anything_is_encoded(tmp_path, encoder, monkeypatch):
+    """A metric typo was refused after the whole corpus was encoded, and left `idx.build/`, from which the next
+    call resumed past the checks (batch_size=-1 then reached the manifest)."""
+    docs = toy_docs(6)
+    monkeypatch.setattr(DualEncoder, "encode_documents", lambda *a, **k: pytest.fail("encoded"))
+    for kw, words in (({"metric": "cos"}, "metric must be one of cosine, ip, l2, got 'cos'"),
+                      ({"batch_size": -1}, "batch_size must be a positive int or None"),
+                      ({"batch_size": 0}, "batch_size must be a positive int or None")):
+        with pytest.raises(ValueError, match=words):
+            SearchPipeline.build(docs, tmp_path / "idx", encoder, progress=False, **kw)
+    # documents in memory: a repeated id names both positions (it named the lines of a temporary file)
+    with pytest.raises(ValueError, match=r"^docs\[6\]: duplicate document id 'd0' \(already in docs\[0\]\)"):
+        SearchPipeline.build(docs + [docs[0]], tmp_path / "idx", encoder, progress=False)
+    with pytest.raises(TypeError, match="corpus must be a path or an iterable of documents"):
+        SearchPipeline.build(docs[0], tmp_path / "idx", encoder, progress=False)
+    assert sorted(os.listdir(tmp_path)) == []
 
 
 # ---------------------------------------------------------------------- refusing mismatches

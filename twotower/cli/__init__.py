@@ -76,6 +76,12 @@ def main(argv: list[str] | None = None) -> int:
         # a full disk is the user's to fix, not a bug: the stores raise it with the directory named
         print(f"{_prog(args)}: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        # Ctrl-C is the user's, not a bug: one line (it was a traceback from inside torch), saying what is kept
+        # when the command says (`set_defaults(interrupted=...)`, formatted with the arguments)
+        kept = getattr(args, "interrupted", None)
+        print(f"\n{_prog(args)}: interrupted{': ' + kept.format(**vars(args)) if kept else ''}", file=sys.stderr)
+        return 130
     return int(rc or 0)
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -132,7 +133,11 @@ def _score_run(args: argparse.Namespace) -> int:
 
     specs = _metrics(args.metrics, DEFAULT_METRICS)
     qrels = read_qrels(args.qrels)
+    if not qrels:  # evaluate said "the qrels hold no query", naming no file
+        raise CLIError(f"--qrels {args.qrels}: no judgments (a header alone, or only blank lines)")
     run = read_trec_run(args.run)
+    if not run:  # every judged query scored 0 without a word
+        raise CLIError(f"--run {args.run}: no results (the file is empty)")
     result = evaluate(run, qrels, specs, drop_self_hits=args.drop_self_hits)
     if args.out:
         name = "".join(ch if ch.isalnum() or ch in "_.+-" else "_" for ch in Path(args.run).stem) or "run"
@@ -157,6 +162,24 @@ def _score_run(args: argparse.Namespace) -> int:
     else:
         print(format_metrics_table(result, per_query=args.per_query))
     return 0
+
+
+def _warn_unreachable(args: argparse.Namespace, pipeline, qrels: dict, queries: dict) -> None:
+    """Say when relevant documents of the split are not in the index: their queries cannot score them, and the
+    scores came out low without a word (an index built from another corpus, or from part of this one)."""
+    judged = sorted({d for q in queries for d, rel in qrels.get(q, {}).items() if rel > 0})
+    if not judged:
+        return
+    present = pipeline.contains(judged)
+    missing = [d for d, here in zip(judged, present) if not here]
+    if missing:
+        lost = set(missing)
+        hit = sum(any(d in lost and rel > 0 for d, rel in qrels.get(q, {}).items()) for q in queries)
+        shown = ", ".join(missing[:5]) + (", ..." if len(missing) > 5 else "")
+        print(f"twotower eval: warning: {len(missing):,} of the {len(judged):,} relevant documents of --split "
+              f"{args.split} are not in --index {args.index} ({shown}); {hit:,} quer{'y' if hit == 1 else 'ies'} "
+              f"cannot reach them. Was the index built from {os.path.join(args.dataset, 'corpus.jsonl')}?",
+              file=sys.stderr)
 
 
 def _search_and_report(args: argparse.Namespace) -> int:
@@ -191,6 +214,7 @@ def _search_and_report(args: argparse.Namespace) -> int:
 
     # rerank only when asked: a cross-encoder pass is slow, so the index's default reranker is not loaded
     pipeline = SearchPipeline.load(args.index, reranker=args.reranker, use_default_reranker=False)
+    _warn_unreachable(args, pipeline, dataset.qrels, queries)
     systems: list[tuple[str, bool, bool]] = [("dense", False, False)]  # (name, rerank, hybrid)
     if args.hybrid:
         systems.append(("hybrid", False, True))

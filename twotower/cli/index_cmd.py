@@ -57,7 +57,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="with --backend milvus: a Milvus Lite file (./vectors.db) or a server (http://host:19530)")
     b.add_argument("--collection", metavar="NAME",
                    help="with --backend milvus: the collection to create (default: twotower_<OUT name>)")
-    b.set_defaults(func=run_build)
+    b.set_defaults(func=run_build, interrupted="the finished shards are kept in {out}.build/; run the same "
+                                                "command again to resume")
 
     a = sub.add_parser("add", help="encode and add documents to an index")
     a.add_argument("--index", required=True, help="index directory")
@@ -67,13 +68,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="id already in the index or repeated: error (default), skip, or replace")
     a.add_argument("--batch-size", type=int, help=BATCH_HELP)
     a.add_argument("--no-progress", action="store_true")
-    a.set_defaults(func=run_add)
+    a.set_defaults(func=run_add, interrupted="nothing was committed; {index} is as it was")
 
     d = sub.add_parser("delete", help="delete documents by id (unknown ids are reported, exit status 1)")
     d.add_argument("--index", required=True, help="index directory")
     d.add_argument("ids", nargs="*", metavar="ID", help="document ids")
     d.add_argument("--ids-file", help="file with one id per line")
-    d.set_defaults(func=run_delete)
+    d.set_defaults(func=run_delete, interrupted="nothing was committed; {index} is as it was")
 
     i = sub.add_parser("info", help="describe an index: size, model, FAISS type, versions")
     i.add_argument("--index", required=True, help="index directory")

@@ -28,7 +28,7 @@ from twotower.cli.checks import (
     reranker_directory,
 )
 from twotower.cli.rerank_weight import print_weight_origin
-from twotower.eval.io.lines import query_problem
+from twotower.eval.io.lines import is_json_lines, query_problem
 
 QUERY_BATCH = 256
 
@@ -42,7 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--reranker", help='cross-encoder directory, or "default" for the reranker twotower ships '
                                            "(default: the index's reranker, if any)")
     p.add_argument("-k", "--k", type=int, default=10, help="hits per query (default 10)")
-    p.add_argument("--recall-k", type=int, default=100, help="first-stage candidates (default 100)")
+    p.add_argument("--recall-k", type=int, help="first-stage candidates (default 100, or -k when larger)")
     p.add_argument("--rerank-k", type=int, default=None, metavar="N",
                    help="how many of the first stage's top candidates the cross-encoder scores; the rest follow "
                         "in first-stage order (default 20, at most --recall-k)")
@@ -82,7 +82,7 @@ def read_queries(path: str) -> list[tuple[str, str]]:
     from twotower.common.errors import DataError
     from twotower.eval.io import read_beir_queries, read_id_text_tsv
 
-    queries = read_beir_queries(path) if path.endswith((".jsonl", ".json")) else read_id_text_tsv(path)
+    queries = read_beir_queries(path) if is_json_lines(path) else read_id_text_tsv(path)
     if not queries:
         raise DataError(path, None, "no queries")
     return list(queries.items())
@@ -113,6 +113,8 @@ def _table(query: str, hits: list, reranked: bool, width: int = 100) -> str:
 def run_search(args: argparse.Namespace) -> int:
     positive("-k", args.k)
     positive("--batch-size", args.batch_size)
+    if args.recall_k is None:  # `-k 1000` alone was refused: "--recall-k (100) must be at least -k (1000)"
+        args.recall_k = max(100, args.k)
     if args.recall_k < args.k:
         raise CLIError(f"--recall-k ({args.recall_k}) must be at least -k ({args.k})")
     if args.rerank_k is not None and not 1 <= args.rerank_k <= args.recall_k:
