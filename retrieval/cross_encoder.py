@@ -63,6 +63,7 @@ from twotower.common.device import default_device, resolve_bf16
 from twotower.encoder.core.checkpoint import (
     CONFIG_NAME,
     WEIGHTS_NAME,
+    check_vocab_fits,
     load_into,
     read_weights,
     save_pretrained,
@@ -219,6 +220,7 @@ class CrossEncoder(nn.Module):
                 "relevance logit (num_labels=1)"
             )
         tokenizer = _load_tokenizer(tokenizer_dir or directory)
+        check_vocab_fits(directory, tokenizer, config)
         model = BertForSequenceClassification(config, num_labels=1)  # pooling: config's classifier_pooling
         has_pooler = model.pooling == "mean" or _has_pooler(enc_state)
         if not has_pooler:
@@ -260,6 +262,7 @@ class CrossEncoder(nn.Module):
             raise FileNotFoundError(f"encoder directory not found: {directory}")
         config = EncoderConfig.load(os.path.join(directory, CONFIG_NAME))
         tokenizer = _load_tokenizer(directory)
+        check_vocab_fits(directory, tokenizer, config)
         enc_state, _ = split_prefix(read_weights(directory))
         # Task metadata of the source checkpoint (its labels, its head's pooling) does not describe the new head.
         for key in ("num_labels", "id2label", "label2id", "problem_type", "sentence_transformers",

@@ -81,6 +81,20 @@ def load_into(module: nn.Module, state: dict[str, torch.Tensor], source: str, al
     module.load_state_dict({k: v for k, v in state.items() if k in own}, strict=False)
 
 
+def check_vocab_fits(directory: str, tokenizer: Tokenizer, config: EncoderConfig) -> None:
+    """Refuse a tokenizer with more tokens than the model's embedding table (config.json's vocab_size).
+
+    Why: its ids beyond the table fail inside the embedding lookup (an IndexError deep in torch) or, for the
+    ids that fit, mean other tokens than the model learned; a model's tokenizer files replaced by a retrained
+    tokenizer (`tokenizer train --out` into the model directory did this) loaded without a word. A smaller
+    tokenizer fits (tables are often padded) and is left to the caller's warning.
+    """
+    if tokenizer.vocab_size > config.vocab_size:
+        raise ValueError(f"{directory}: the tokenizer has {tokenizer.vocab_size} tokens but the model's embedding "
+                         f"table has {config.vocab_size} ({CONFIG_NAME} vocab_size): it is not the tokenizer the "
+                         "model was trained with; put that one back beside the weights")
+
+
 def load_encoder(
     directory: str, device: torch.device | str = "cpu", add_pooling_layer: bool = True
 ) -> tuple[BertModel, Tokenizer]:
@@ -89,6 +103,7 @@ def load_encoder(
         raise FileNotFoundError(f"model directory not found: {directory}")
     config = EncoderConfig.load(os.path.join(directory, CONFIG_NAME))
     tokenizer = Tokenizer.from_pretrained(directory)
+    check_vocab_fits(directory, tokenizer, config)
     if tokenizer.vocab_size != config.vocab_size:
         logger.warning("%s: tokenizer has %d tokens, config vocab_size=%d", directory, tokenizer.vocab_size,
                        config.vocab_size)

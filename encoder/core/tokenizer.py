@@ -21,8 +21,11 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from twotower.common.atomic import atomic_write_text
+from twotower.common.errors import DataError
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+# What `Tokenizer.save_pretrained` writes: a directory holding only these is a tokenizer and nothing else.
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json")
 TRUNCATION_STRATEGIES = ("longest_first", "only_first", "only_second")
 
 
@@ -159,6 +162,10 @@ class Tokenizer:
     @property
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size()
+
+    def get_vocab(self) -> dict[str, int]:
+        """token -> id, the whole vocabulary (special tokens included)."""
+        return self._tok.get_vocab()
 
     @property
     def special_ids(self) -> list[int]:
@@ -305,29 +312,25 @@ class Tokenizer:
 def iter_text_files(paths: Iterable[str]) -> Iterator[str]:
     """Yield non-empty lines of .txt / .txt.gz files and `text` fields of .jsonl(.gz) files.
 
-    Bytes that are not UTF-8 are replaced (U+FFFD) rather than crashing a long job.
+    Read through `numbered_lines` / `json_lines`, like every other reader of user files, so a damaged
+    file stops the training with ``path:line: ...`` (a `DataError`) rather than a traceback from gzip or
+    json, or a vocabulary learned from garbage: a truncated or non-gzip ``.gz``, gzip data in a file not
+    named ``*.gz``, a byte that is not UTF-8 (it was replaced by U+FFFD and learned as a character
+    without a word), JSON nested too deep or holding a lone surrogate.
     """
-    import gzip
+    from twotower.eval.io.lines import json_lines, numbered_lines
 
     for path in paths:
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"corpus file not found: {path}")
-        opener = gzip.open if path.endswith(".gz") else open
-        is_jsonl = path.endswith((".jsonl", ".jsonl.gz"))
-        with opener(path, "rt", encoding="utf-8", errors="replace") as f:
-            for lineno, line in enumerate(f, 1):
-                if is_jsonl:
-                    if not line.strip():
-                        continue
-                    try:
-                        obj = json.loads(line)
-                    except json.JSONDecodeError as exc:
-                        raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
-                    text = obj.get("text") if isinstance(obj, dict) else None
-                    if not isinstance(text, str):
-                        raise ValueError(f"{path}:{lineno}: missing string field 'text'")
-                    title = obj.get("title")
-                    line = f"{title}. {text}" if isinstance(title, str) and title else text
-                line = line.strip()
-                if line:
+        if path.endswith((".jsonl", ".jsonl.gz")):
+            for lineno, obj in json_lines(path):
+                text = obj.get("text")
+                if not isinstance(text, str):
+                    raise DataError(path, lineno, "missing string field 'text'")
+                title = obj.get("title")
+                line = f"{title}. {text}" if isinstance(title, str) and title else text
+                if line := line.strip():
+                    yield line
+        else:
+            for _, line in numbered_lines(path):
+                if line := line.strip():
                     yield line

@@ -24,6 +24,7 @@ from twotower.common.device import autocast, resolve_bf16
 from twotower.encoder.core.checkpoint import (
     CONFIG_NAME,
     WEIGHTS_NAME,
+    check_vocab_fits,
     load_into,
     read_weights,
     save_pretrained,
@@ -143,6 +144,7 @@ class TaskModel:
         config, _, _ = read_config(directory)
         config = dataclasses.replace(config, extra={k: v for k, v in config.extra.items() if k not in _HEAD_KEYS})
         tokenizer = Tokenizer.from_pretrained(directory)
+        check_vocab_fits(directory, tokenizer, config)
         num_labels = 2 if info.head == "qa" else len(info.labels)
         model = build_head(info.head, config, num_labels, dropout, pooling)
         enc, _ = split_prefix(read_weights(directory))
@@ -169,6 +171,7 @@ class TaskModel:
             raise ValueError(f"{directory} is not a fine-tuned task model (architectures={archs}); "
                              "fine-tune it first with `twotower finetune`")
         tokenizer = Tokenizer.from_pretrained(directory)
+        check_vocab_fits(directory, tokenizer, config)
         labels = [] if head == "qa" else _labels_from(config, os.path.join(directory, CONFIG_NAME))
         known = {f.name for f in dataclasses.fields(TaskInfo)} - {"head", "labels"}
         info = TaskInfo(head=head, labels=labels, **{k: v for k, v in task.items() if k in known})

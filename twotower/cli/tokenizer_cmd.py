@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import TYPE_CHECKING
 
 from twotower.cli.checks import input_file, positive
 from twotower.cli.help_format import DefaultsHelpFormatter
+
+if TYPE_CHECKING:
+    from twotower.encoder.core.tokenizer import Tokenizer
 
 
 def register(subparsers) -> None:
@@ -23,7 +27,10 @@ def register(subparsers) -> None:
     t.add_argument("--input", nargs="+", required=True, metavar="FILE",
                    help=".txt / .txt.gz (one text a line) or .jsonl(.gz) with a 'text' field")
     t.add_argument("--vocab-size", type=int, required=True, metavar="N")
-    t.add_argument("--out", required=True, metavar="DIR")
+    t.add_argument("--out", required=True, metavar="DIR",
+                   help="a new or empty directory, or (with --overwrite) one an earlier `tokenizer train` wrote")
+    t.add_argument("--overwrite", action="store_true",
+                   help="replace the tokenizer --out already holds (a model or other files are never replaced)")
     t.add_argument("--no-lowercase", action="store_true", help="keep case (a cased vocabulary)")
     t.add_argument("--min-frequency", type=int, default=2, help="drop merges seen fewer times")
     t.add_argument("--limit-alphabet", type=int, default=1000, help="most frequent characters kept")
@@ -40,6 +47,7 @@ def register(subparsers) -> None:
 def train(args: argparse.Namespace) -> int:
     from twotower.cli import CLIError
     from twotower.encoder.core.tokenizer import SPECIAL_TOKENS, Tokenizer, iter_text_files
+    from twotower.retrieval.export import write_model_dir
 
     for path in args.input:  # fail before training, not from inside the Rust trainer's iterator
         input_file("--input", path)
@@ -47,8 +55,7 @@ def train(args: argparse.Namespace) -> int:
         raise CLIError(f"--vocab-size must exceed the {len(SPECIAL_TOKENS)} special tokens, got {args.vocab_size}")
     positive("--min-frequency", args.min_frequency)
     positive("--limit-alphabet", args.limit_alphabet)  # 0 read as "saw no text"; < 0 overflowed
-    if os.path.exists(args.out) and not os.path.isdir(args.out):
-        raise CLIError(f"--out {args.out} exists and is not a directory")
+    _check_out(args.out, args.overwrite)
 
     texts = iter_text_files(args.input)
     try:
@@ -63,7 +70,64 @@ def train(args: argparse.Namespace) -> int:
     tok = Tokenizer.train(iterator=stream(), vocab_size=args.vocab_size, lowercase=not args.no_lowercase,
                           min_frequency=args.min_frequency, limit_alphabet=args.limit_alphabet,
                           progress=not args.no_progress)
-    tok.save_pretrained(args.out)
-    print(f"wrote {args.out} (vocabulary {tok.vocab_size}, lowercase={tok.lowercase}, "
-          f"fingerprint {tok.fingerprint()})")
+    # the four files are one unit: built in a sibling folder, then swapped in, so a failure leaves --out as it was
+    write_model_dir(os.path.normpath(args.out), tok.save_pretrained)
+    print(f"wrote {args.out} (vocabulary {tok.vocab_size}{_size_note(tok, args.vocab_size, args.min_frequency)}, "
+          f"lowercase={tok.lowercase}, fingerprint {tok.fingerprint()})")
     return 0
+
+
+# Files that make a directory a model (weights, its config, a sentence-transformers or two-tower layout):
+# a tokenizer written there would replace the one the model's embedding table was trained with.
+_MODEL_FILES = ("config.json", "modules.json", "dual_encoder.json")
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+
+
+def _check_out(out: str, overwrite: bool) -> None:
+    """``--out`` must be new, empty, or (with --overwrite) a tokenizer an earlier run of this command wrote.
+
+    Why: the four files were written one by one into whatever --out was, so `--out clf_model` swapped a
+    fine-tuned model's vocabulary for a new one (its predictions silently degraded), and an unrelated
+    directory got tokenizer files mixed into it. A model or other files are refused even with --overwrite:
+    replacing the directory as a unit would delete them.
+    """
+    from twotower.cli import CLIError
+    from twotower.encoder.core.tokenizer import TOKENIZER_FILES
+
+    if not os.path.exists(out):
+        return
+    if not os.path.isdir(out):
+        raise CLIError(f"--out {out}: a file; give a new or empty directory")
+    names = sorted(os.listdir(out))
+    others = [n for n in names if n not in TOKENIZER_FILES]
+    if not others:
+        if names and not overwrite:
+            raise CLIError(f"--out {out} already holds a tokenizer; pass --overwrite to replace it, "
+                           "or give another --out")
+        return
+    model = [n for n in others if n in _MODEL_FILES or n.endswith(_WEIGHT_SUFFIXES)]
+    if model:
+        raise CLIError(f"--out {out}: a model directory (it has {model[0]}); a new tokenizer there would no longer "
+                       "match the model's embeddings; give a new or empty directory")
+    shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+    raise CLIError(f"--out {out}: a directory that holds other files ({shown}); give a new or empty directory")
+
+
+def _size_note(tok: Tokenizer, asked: int, min_frequency: int) -> str:
+    """Why the learned vocabulary is not the --vocab-size asked for ("" when it is).
+
+    The WordPiece trainer always keeps the special tokens and every character of the corpus (alone and
+    as a ``##`` continuation), however small the size asked; and it stops early when the corpus has no
+    more pieces to merge. Either way it said nothing, and "vocabulary 42" after --vocab-size 6 read as a bug.
+    """
+    from twotower.encoder.core.tokenizer import SPECIAL_TOKENS
+
+    size = tok.vocab_size
+    if size == asked:
+        return ""
+    if size > asked:
+        chars = sum(1 for t in tok.get_vocab() if t not in SPECIAL_TOKENS and (len(t) == 1 or (len(t) == 3 and t[:2] == "##")))
+        return (f" (asked for {asked}: the {len(SPECIAL_TOKENS)} special tokens and the corpus's {chars} "
+                "single-character pieces are always kept)")
+    seen = f" seen {min_frequency} or more times, --min-frequency {min_frequency}" if min_frequency > 1 else ""
+    return f" (asked for {asked}: the corpus has no more distinct pieces{seen})"

@@ -177,7 +177,9 @@ def test_cli_tokenizer_bad_input(tmp_path, capsys):
     assert "missing.txt" in capsys.readouterr().err
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n", encoding="utf-8")
-    assert main(["tokenizer", "train", "--input", str(empty), "--vocab-size", "60", "--out", str(tmp_path)]) == 2
+    # --out a new directory: tmp_path holds the input files, which --out now refuses to mix a tokenizer into
+    assert main(["tokenizer", "train", "--input", str(empty), "--vocab-size", "60", "--out",
+                 str(tmp_path / "tok")]) == 2
     assert "no text" in capsys.readouterr().err
     assert main(["tokenizer", "train", "--input", str(empty), "--vocab-size", "3", "--out", str(tmp_path)]) == 2
     assert "--vocab-size" in capsys.readouterr().err
