@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -301,6 +303,10 @@ def test_save_copy_and_load(built, tmp_path, encoder):
             [h.id for h in built.search("tea milk", k=5, hybrid=True)]
     with pytest.raises(FileExistsError):
         built.save(tmp_path / "copy")
+    # an index inside the index (it was written, and `index check` passed)
+    with pytest.raises(ValueError, match="inside the index .*; copy it to a directory outside it"):
+        built.save(os.path.join(built.directory, "inner"))
+    assert not os.path.exists(os.path.join(built.directory, "inner"))
 
 
 def test_load_uses_the_recorded_model(built):
