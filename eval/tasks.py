@@ -15,10 +15,13 @@ Formats by task:
   ``.jsonl`` ({"tokens", "tags"?}), or ``.txt`` (one whitespace-tokenized sentence
   a line, prediction only);
 - qa: SQuAD v1.1/v2.0 ``.json`` or ``.jsonl`` ({"id", "question", "context", "answers"?}).
+
+Any of them may be gzip-compressed (``train.jsonl.gz``): the format is chosen by the name without ``.gz``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -44,33 +47,78 @@ def _jsonl(path: str):
     return json_lines(path)
 
 
+def _format(path: str) -> str:
+    """The name that picks a file's format: `path` without a final ``.gz``, which the line readers decompress.
+
+    Why: the format was picked by the whole name, so ``tag.jsonl.gz`` fell through to the CoNLL reader and
+    trained on tags such as ``"B-LOC"]}``, and ``.txt.gz`` / ``.jsonl.gz`` classify files were read as TSV.
+    """
+    return path[:-3] if path.endswith(".gz") else path
+
+
+_KIND_NAMES = {str: "a string", int: "an integer", list: "a list"}
+
+
 def _field(path: str, number: int, obj: dict, key: str, kind: type | tuple, required: bool = True) -> Any:
+    """``obj[key]`` checked against `kind`; a JSON true/false is not an integer here (bool subclasses int,
+    so ``"label": true`` became the label "True")."""
     if key not in obj or obj[key] is None:
         if required:
             raise DataError(path, number, f"missing field {key!r}")
         return None
-    if not isinstance(obj[key], kind):
-        names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    value = obj[key]
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        names = " or ".join(_KIND_NAMES.get(k, k.__name__) for k in kinds)
         raise DataError(path, number, f"field {key!r} must be {names}")
-    return obj[key]
+    return value
+
+
+def _strings(path: str, number: int, values: list, name: str) -> list[str]:
+    """A JSON list whose items must be strings; `name` is what one item is called ("token", "tag").
+
+    Why: items were passed through ``str()``, so ``[null, "O"]`` trained on the tag "None".
+    """
+    for k, value in enumerate(values):
+        if not isinstance(value, str):
+            raise DataError(path, number, f"{name} {k + 1} must be a string, got {json.dumps(value)}")
+    return values
+
+
+def _text_lines(path: str, what: str) -> list[tuple[int, str]]:
+    """The ``(line number, line)`` of a one-record-a-line ``.txt`` file to predict on.
+
+    Blank lines at the end are dropped (they shift nothing); a blank line before a text is refused, naming
+    it. Why: blank lines were dropped silently, so output line k no longer answered input line k.
+    """
+    lines = list(_lines(path))
+    while lines and not lines[-1][1].strip():
+        lines.pop()
+    blank = [n for n, line in lines if not line.strip()]
+    if blank:
+        raise DataError(path, blank[0], f"blank line ({len(blank)} in all): each line is one {what} and the "
+                        "output has one line per input line; remove the blank lines")
+    return lines
 
 
 def read_text_examples(path: str, text_column: str | None = None, label_column: str | None = None,
                        pair_column: str | None = None, need_labels: bool = True) -> list[TextExample]:
     """Classification examples from .tsv / .jsonl / .txt; labels optional (kept when present) unless needed."""
     _check_file(path)
-    if path.endswith(".jsonl"):
+    kind = _format(path)
+    if kind.endswith(".jsonl"):
         out = []
         for n, obj in _jsonl(path):
             label = _field(path, n, obj, label_column or "label", (str, int), need_labels)
-            pair = obj.get(pair_column) if pair_column else obj.get("pair", obj.get("text_pair"))
-            out.append(TextExample(str(_field(path, n, obj, text_column or "text", str)),
+            pair_key = pair_column or ("pair" if "pair" in obj else "text_pair")
+            pair = _field(path, n, obj, pair_key, str, required=False)
+            out.append(TextExample(_field(path, n, obj, text_column or "text", str),
                                    None if label is None else str(label), pair, f"{path}:{n}"))
         return out
-    if path.endswith(".txt"):
+    if kind.endswith(".txt"):
         if need_labels:
             raise DataError(path, None, "a .txt file has no labels; use a .tsv with a header or .jsonl")
-        return [TextExample(line, source=f"{path}:{n}") for n, line in _lines(path) if line.strip()]
+        return [TextExample(line, source=f"{path}:{n}") for n, line in _text_lines(path, "text")]
     from twotower.eval.io import read_classification_tsv
 
     if not need_labels and not _has_label_column(path, label_column):
@@ -117,18 +165,19 @@ def _unlabelled_tsv(path: str, text_column: str | None, pair_column: str | None)
 def read_tag_examples(path: str, need_tags: bool = True) -> list[TagExample]:
     """Tagging examples from CoNLL / .jsonl / .txt; tags optional (kept when present) unless needed."""
     _check_file(path)
-    if path.endswith(".jsonl"):
+    kind = _format(path)
+    if kind.endswith(".jsonl"):
         out = []
         for n, obj in _jsonl(path):
-            tokens = _field(path, n, obj, "tokens", list)
+            tokens = _strings(path, n, _field(path, n, obj, "tokens", list), "token")
             tags = _field(path, n, obj, "tags", list, need_tags)
             if tags is not None and len(tags) != len(tokens):
                 raise DataError(path, n, f"{len(tokens)} tokens but {len(tags)} tags")
-            out.append(TagExample([str(t) for t in tokens], None if tags is None else [str(t) for t in tags],
+            out.append(TagExample(list(tokens), None if tags is None else list(_strings(path, n, tags, "tag")),
                                   f"{path}:{n}"))
         return out
-    if path.endswith(".txt") and not need_tags:
-        return [TagExample(line.split(), None, f"{path}:{n}") for n, line in _lines(path) if line.strip()]
+    if kind.endswith(".txt") and not need_tags:
+        return [TagExample(line.split(), None, f"{path}:{n}") for n, line in _text_lines(path, "sentence")]
     from twotower.eval.io import read_conll
 
     sentences = read_conll(path)
@@ -146,16 +195,25 @@ def read_tag_examples(path: str, need_tags: bool = True) -> list[TagExample]:
 def read_qa_examples(path: str) -> list[QAExample]:
     """QA examples from SQuAD JSON (answers checked against their offsets) or .jsonl."""
     _check_file(path)
-    if path.endswith(".jsonl"):
+    if _format(path).endswith(".jsonl"):
         out = []
+        seen: dict[str, int] = {}  # id -> its line: scoring keys references by id, so a repeat replaced one
         for n, obj in _jsonl(path):
+            qid = str(_field(path, n, obj, "id", (str, int)))
+            if qid in seen:
+                raise DataError(path, n, f"id {qid!r} appears twice (first on line {seen[qid]})")
+            seen[qid] = n
             answers = []
-            for a in _field(path, n, obj, "answers", list, required=False) or []:
-                if not isinstance(a, dict) or not isinstance(a.get("text"), str) or \
-                        not isinstance(a.get("answer_start"), int):
-                    raise DataError(path, n, "each answer needs 'text' (string) and 'answer_start' (int)")
-                answers.append((a["text"], a["answer_start"]))
-            out.append(QAExample(str(_field(path, n, obj, "id", (str, int))), _field(path, n, obj, "question", str),
+            for k, a in enumerate(_field(path, n, obj, "answers", list, required=False) or [], start=1):
+                if not isinstance(a, dict) or not isinstance(a.get("text"), str):
+                    raise DataError(path, n, f"answer {k} needs 'text' (a string) and 'answer_start'")
+                start = a.get("answer_start")
+                # bool is an int to Python (true was offset 1), and a negative offset counted from the end
+                if not isinstance(start, int) or isinstance(start, bool) or start < 0:
+                    raise DataError(path, n, f"answer {k}: 'answer_start' must be a character offset (an "
+                                    f"integer >= 0), got {json.dumps(start)}")
+                answers.append((a["text"], start))
+            out.append(QAExample(qid, _field(path, n, obj, "question", str),
                                  _field(path, n, obj, "context", str), answers, f"{path}:{n}"))
         return out
     from twotower.eval.io import read_squad

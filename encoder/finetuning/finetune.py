@@ -10,7 +10,12 @@ autocast where supported; evaluate on dev after every epoch (or more often)
 and keep the best state.  The best checkpoint over all seeds and epochs is
 written to ``out_dir`` as soon as it appears, with ``finetune_report.json``
 beside it: per-seed dev (and test) scores and their mean and standard
-deviation, since one seed's number says little about a method.
+deviation, since one seed's number says little about a method.  The report's
+``finished`` is false until every seed is done, so a killed run does not look
+complete.  ``out_dir`` must be new, empty, or (with ``overwrite``) an earlier
+run; an earlier run is replaced only once the new one is complete (the new one
+is built in ``<out_dir>.unfinished`` meanwhile), so a mistyped ``out_dir`` or a
+Ctrl-C never costs the checkpoint that was there.
 
 For QA the "no answer" threshold is re-chosen on dev at every evaluation and
 saved with the checkpoint.
@@ -31,12 +36,13 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from twotower.common.atomic import atomic_write_text
+from twotower.common.atomic import atomic_replace_dir, atomic_write_text
 from twotower.common.device import autocast, default_device, resolve_bf16
 from twotower.common.errors import check_at_least, check_setting
 from twotower.common.malloc import retain_freed_memory_for
+from twotower.encoder.core.checkpoint import CONFIG_NAME
 from twotower.encoder.finetuning.qa_decode import choose_null_threshold
-from twotower.encoder.finetuning.task_examples import build_label_map
+from twotower.encoder.finetuning.task_examples import build_label_map, check_bio_labels
 from twotower.encoder.finetuning.task_model import TaskModel, batch_order, model_inputs, read_config, run_rows
 from twotower.encoder.finetuning.tasks import Featurized, TaskInfo, get_task
 from twotower.encoder.training.optim import check_optimizer_settings, lr_factor, make_optimizer, set_lr
@@ -44,10 +50,15 @@ from twotower.encoder.training.optim import check_optimizer_settings, lr_factor,
 logger = logging.getLogger(__name__)
 
 REPORT_NAME = "finetune_report.json"
+STAGING_SUFFIX = ".unfinished"  # <out_dir>.unfinished: where a run that replaces an earlier one is built
 MetricFn = Callable[[Sequence[Any], Sequence[Any]], dict[str, float]]
 
 
-DEFAULT_MAX_LENGTH = 128  # tokens per input (QA: per window) unless --max-length says otherwise
+DEFAULT_MAX_LENGTH = 128  # tokens per input unless --max-length says otherwise
+# QA: tokens per window, as HF's run_qa (max_seq_length 384, doc_stride 128, max_query_length 64). 128 left
+# 128 - 64 - 3 = 61 context tokens, fewer than the old default overlap of 128: `finetune qa` never ran.
+DEFAULT_QA_MAX_LENGTH = 384
+MAX_SEED = 2**32 - 1  # numpy's and torch's seeds; a negative one failed after the model had loaded
 
 @dataclass
 class FinetuneConfig:
@@ -60,8 +71,8 @@ class FinetuneConfig:
     warmup: float = 0.1  # fraction of all steps
     freeze_encoder: bool = False
     max_length: int | None = None  # None: DEFAULT_MAX_LENGTH, or the model's positions if fewer; a given value must fit
-    doc_stride: int = 128  # QA
-    max_query_length: int = 64  # QA
+    doc_stride: int | None = None  # QA: window overlap; None: half a window's context room, at most 128
+    max_query_length: int | None = None  # QA: question tokens kept; None: a quarter of max_length, at most 64
     max_answer_length: int = 30  # QA
     dropout: float | None = None  # head dropout; None: the config's hidden dropout
     pooling: str | None = None  # classify: "cls" (pooler on [CLS], the default) or "mean" (encoder.heads)
@@ -87,6 +98,10 @@ class FinetuneConfig:
         # [CLS], one token, [SEP]: below that every input was cut to nothing and the head learned chance
         check_at_least(self, 3, {"max_length": "--max-length"})
         check_optimizer_settings(self.lr, self.warmup, self.weight_decay)
+        check_setting(len(self.seeds) > 0, "seeds", self.seeds, "--seeds", "give at least one seed")
+        for seed in self.seeds:
+            check_setting(isinstance(seed, int) and 0 <= seed <= MAX_SEED, "seeds", self.seeds, "--seeds",
+                          f"each seed must be an integer from 0 to {MAX_SEED}")
         check_setting(math.isfinite(self.grad_clip) and self.grad_clip >= 0, "grad_clip", self.grad_clip, None,
                       "give a norm >= 0 (0: off)")
 
@@ -116,6 +131,7 @@ class FinetuneReport:
     best_seed: int | None = None
     feature_seconds: float = 0.0
     out_dir: str = ""
+    finished: bool = False  # true once every seed is done; a killed run's report says false
 
     def summary(self, split: str) -> dict[str, tuple[float, float]]:
         """{metric: (mean, sample std)} over seeds for "dev" or "test"."""
@@ -157,19 +173,92 @@ class _Split:
         self.cache: list[torch.Tensor] | None = None
 
 
-def _max_length(given: int | None, model_dir: str) -> int:
-    """The tokens per input: `given`, or DEFAULT_MAX_LENGTH capped by the model's positions.
+def _max_length(given: int | None, model_dir: str, head: str = "classify") -> int:
+    """The tokens per input: `given`, or the head's default (DEFAULT_MAX_LENGTH, DEFAULT_QA_MAX_LENGTH) capped
+    by the model's positions.
 
     A given value above the positions is refused here, before featurizing; it failed at the first input longer
     than the positions ("sequence length 704 exceeds max_position_embeddings=512"), naming no flag.
     """
     positions = read_config(model_dir)[0].max_position_embeddings
     if given is None:
-        return min(DEFAULT_MAX_LENGTH, positions)
+        return min(DEFAULT_QA_MAX_LENGTH if head == "qa" else DEFAULT_MAX_LENGTH, positions)
     if given > positions:
         raise ValueError(f"max_length={given}: the model in {model_dir} reads at most {positions} tokens "
                          "(--max-length)")
     return given
+
+
+def qa_window(max_length: int, doc_stride: int | None, max_query_length: int | None) -> tuple[int, int, int]:
+    """``(doc_stride, max_query_length, room)`` of QA windows of `max_length` tokens; room: the context tokens a
+    window holds after the longest question kept and [CLS], [SEP], [SEP].
+
+    A None setting is derived from `max_length`: the question keeps a quarter of it (at most 64, HF's default),
+    the overlap is half the room (at most 128, HF's default). With 384 tokens that is HF's 64 and 128.
+    The caller refuses ``doc_stride >= room``: windows would never advance (make_windows refuses it too, but
+    only at the first long question, after the model had loaded).
+    """
+    query = max_query_length if max_query_length is not None else max(1, min(64, max_length // 4))
+    room = max_length - query - 3
+    stride = doc_stride if doc_stride is not None else max(1, min(128, room // 2))
+    return stride, query, room
+
+
+def out_dir_state(out_dir: str, model_dir: str | None = None) -> str:
+    """What is at a run's output directory: "free" (nothing, or an empty directory), "run" (an earlier run: it
+    holds finetune_report.json), "model" (the very directory being fine-tuned), "file" or "other" (a directory
+    holding anything else).
+
+    Why: a run replaced whatever was at ``out_dir`` (a directory of the user's files, a file, the model itself).
+    """
+    if not os.path.lexists(out_dir):
+        return "free"
+    if not os.path.isdir(out_dir):
+        return "file"
+    if model_dir is not None and os.path.isdir(model_dir) and os.path.samefile(out_dir, model_dir):
+        return "model"
+    names = os.listdir(out_dir)
+    if not names:
+        return "free"
+    return "run" if REPORT_NAME in names else "other"
+
+
+def run_finished(out_dir: str) -> bool | None:
+    """Whether the run in `out_dir` finished, from its report's ``finished``; None when it does not say
+    (no readable report, or one written before the field existed)."""
+    try:
+        with open(os.path.join(out_dir, REPORT_NAME), encoding="utf-8") as f:
+            finished = json.load(f).get("finished")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return finished if isinstance(finished, bool) else None
+
+
+def staging_dir(out_dir: str) -> str:
+    """Where a run that replaces the earlier run in `out_dir` is built until it is complete."""
+    return out_dir.rstrip(os.sep) + STAGING_SUFFIX
+
+
+def _work_dir(out_dir: str, model_dir: str, overwrite: bool) -> str:
+    """The directory the run writes into: `out_dir` itself when it is free, else (an earlier run, with
+    `overwrite`) its staging directory, swapped in at the end. Anything else at `out_dir` is refused."""
+    state = out_dir_state(out_dir, model_dir)
+    if state == "free":
+        return out_dir
+    if state == "file":
+        raise ValueError(f"out_dir={out_dir!r} is a file; give a directory (--out)")
+    if state == "model":
+        raise ValueError(f"out_dir={out_dir!r} is the model directory being fine-tuned; give another (--out)")
+    if state == "other":
+        raise ValueError(f"out_dir={out_dir!r} holds files that are not a fine-tuning run; give a new or empty "
+                         "directory (--out)")
+    if not overwrite:
+        raise ValueError(f"out_dir={out_dir!r} holds an earlier fine-tuning run; pass overwrite=True to replace "
+                         "it once this run is complete (--overwrite)")
+    work = staging_dir(out_dir)
+    if out_dir_state(work) not in ("free", "run"):  # "run": what an interrupted replacing run left: ours to reuse
+        raise ValueError(f"{work} is in the way: a run replacing {out_dir} is built there; move it away")
+    return work
 
 
 def finetune(
@@ -182,6 +271,7 @@ def finetune(
     test: Sequence | None = None,
     labels: Sequence[str] | None = None,
     metric_fn: MetricFn | None = None,
+    overwrite: bool = False,
 ) -> FinetuneReport:
     """Fine-tune ``head`` ("classify", "tag" or "qa") on the encoder in ``model_dir``; best checkpoint -> ``out_dir``.
 
@@ -191,16 +281,29 @@ def finetune(
             labels outside it are an error naming the example's source.
         metric_fn: ``(predictions, examples) -> {name: value}`` for dev and test
             (e.g. SQuAD EM/F1 from eval.metrics); default the task's own scores.
+        overwrite: replace the earlier run ``out_dir`` holds, once this one is complete (without it such an
+            ``out_dir`` is refused). A file, the model directory, or a directory of other files is always refused.
     """
     cfg = config or FinetuneConfig()
     task = get_task(head)
     if not train or not dev:
         raise ValueError(f"fine-tuning needs training and dev examples (got {len(train)} and {len(dev)})")
+    work = _work_dir(out_dir, model_dir, overwrite)
     if cfg.max_train_examples and len(train) > cfg.max_train_examples:
         keep = np.sort(np.random.default_rng(0).choice(len(train), cfg.max_train_examples, replace=False))
         train = [train[i] for i in keep]
     label_map = list(labels) if labels is not None else (build_label_map(task.labels_of(train)) if head != "qa" else [])
-    info = TaskInfo(head, label_map, _max_length(cfg.max_length, model_dir), cfg.doc_stride, cfg.max_query_length, cfg.max_answer_length)
+    if head == "tag":
+        check_bio_labels(label_map, train)
+    max_length = _max_length(cfg.max_length, model_dir, head)
+    doc_stride, max_query_length, room = qa_window(max_length, cfg.doc_stride, cfg.max_query_length)
+    if head == "qa":
+        check_setting(room > doc_stride, "doc_stride", doc_stride, "--doc-stride",
+                      f"a window of max_length={max_length} tokens holds {room} context tokens after a question "
+                      f"of up to max_query_length={max_query_length} tokens; the overlap must be smaller "
+                      "(--max-length, --max-query-length)")
+    info = TaskInfo(head, label_map, max_length, doc_stride, max_query_length, cfg.max_answer_length,
+                    pairs=head == "classify" and any(getattr(ex, "pair", None) is not None for ex in train))
     device = torch.device(cfg.device) if cfg.device else default_device()
     bf16 = resolve_bf16(cfg.bf16, device)
     retain_freed_memory_for(device)  # reuse freed activation memory across steps (common/malloc.py)
@@ -217,7 +320,10 @@ def finetune(
         for name, sp in splits.items():
             sp.cache = run_rows(tm.model, sp.feats, tm.tokenizer.pad_id, device, cfg.eval_batch_size, bf16,
                                 stage="encode", progress=cfg.progress, desc=f"features {name}")
-    report = FinetuneReport(head, metric, {**asdict(cfg), "learning_rate": cfg.learning_rate, "bf16": bf16},
+    resolved = {"max_length": max_length} | ({"doc_stride": doc_stride, "max_query_length": max_query_length}
+                                             if head == "qa" else {})  # the values used, defaults resolved
+    report = FinetuneReport(head, metric, {**asdict(cfg), **resolved, "learning_rate": cfg.learning_rate,
+                                           "bf16": bf16},
                             {k: len(sp.examples) for k, sp in splits.items()} | {"train_rows": len(splits["train"].feats)},
                             feature_seconds=time.perf_counter() - t0, out_dir=out_dir)
     base_state = {k: v.detach().clone() for k, v in tm.model.state_dict().items()}
@@ -226,13 +332,17 @@ def finetune(
         tm.model.load_state_dict(base_state)
         tm.model.reset_head(seed)
         result, best_state, dev_best = _train_seed(tm, task, splits, cfg, seed, device, bf16, metric, score,
-                                                   report, best_overall, out_dir)
+                                                   report, best_overall, work)
         best_overall = max(best_overall, dev_best)
         if "test" in splits:
             tm.model.load_state_dict(best_state)
             tm.info.null_threshold = result.null_threshold
             result.test = score(_predict(tm, task, splits["test"], cfg, device, bf16), splits["test"].examples)
-        _write_report(report, out_dir)
+        _write_report(report, work)
+    report.finished = True
+    _write_report(report, work)
+    if work != out_dir and os.path.isfile(os.path.join(work, CONFIG_NAME)):
+        atomic_replace_dir(work, out_dir)  # the earlier run goes only now that this one is complete
     return report
 
 
@@ -302,9 +412,10 @@ def _train_seed(tm: TaskModel, task, splits: dict[str, _Split], cfg: FinetuneCon
                     if best > best_overall:  # the best checkpoint of the whole run so far: keep it on disk
                         best_overall = best
                         tm.info.null_threshold = threshold
-                        tm.save(out_dir)
                         report.best_seed = seed
-                        _write_report(report, out_dir)
+                        # the report goes in with the checkpoint: a directory swapped in without it was a
+                        # checkpoint no later run could tell from a user's model
+                        tm.save(out_dir, extra_files={REPORT_NAME: _report_text(report)})
                 model.train()
                 if frozen:
                     model.bert.eval()
@@ -348,7 +459,11 @@ def _evaluate(tm: TaskModel, task, dev: _Split, cfg: FinetuneConfig, device: tor
     return {k: float(v) for k, v in score(preds, dev.examples).items()}, threshold
 
 
+def _report_text(report: FinetuneReport) -> str:
+    return json.dumps(report.to_dict(), indent=2) + "\n"
+
+
 def _write_report(report: FinetuneReport, out_dir: str) -> None:
     os.makedirs(out_dir, exist_ok=True)
-    atomic_write_text(os.path.join(out_dir, REPORT_NAME), json.dumps(report.to_dict(), indent=2) + "\n")
+    atomic_write_text(os.path.join(out_dir, REPORT_NAME), _report_text(report))
 

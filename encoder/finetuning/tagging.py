@@ -60,6 +60,11 @@ def subtoken_labels(first: Sequence[int], word_label_ids: Sequence[int], length:
     return labels
 
 
+def is_bio_tag(tag: str) -> bool:
+    """Whether `tag` is one BIO decoding understands: ``O``, ``B-TYPE`` or ``I-TYPE``."""
+    return tag == "O" or (tag[:2] in ("B-", "I-") and len(tag) > 2)
+
+
 def _split_tag(tag: str) -> tuple[str, str]:
     if tag == "O":
         return "O", ""

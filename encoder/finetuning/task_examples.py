@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from twotower.encoder.finetuning.tagging import is_bio_tag
+
 
 @dataclass(frozen=True)
 class TextExample:
@@ -105,8 +107,27 @@ def check_tag_examples(examples: Sequence[TagExample], labels: Sequence[str] | N
                                      f"the label map {sorted(known)}")
 
 
+def check_bio_labels(labels: Sequence[str], examples: Sequence[TagExample]) -> None:
+    """Refuse a tagging label map that is not BIO (``O``, ``B-TYPE``, ``I-TYPE``), naming the first example
+    that uses such a tag and the tags.
+
+    Why: the tagging head is scored by entity F1 and decoded as BIO, and a tag of another scheme (POS tags
+    DT / NN / VB) was mapped to "O" at decoding: such a run trained with F1 0 and predicted only "O".
+    """
+    bad = [t for t in labels if not is_bio_tag(t)]
+    if not bad:
+        return
+    first = next(((i, ex) for i, ex in enumerate(examples) if any(t in bad for t in ex.tags or ())), None)
+    where_ = f"{where(first[1], first[0])}: " if first else ""
+    shown = ", ".join(repr(t) for t in bad[:10]) + (f" and {len(bad) - 10} more" if len(bad) > 10 else "")
+    raise ValueError(f"{where_}the tags {shown} are not BIO tags (O, B-TYPE, I-TYPE): tagging is trained and "
+                     "scored as entity spans (entity F1), and such tags would be predicted as O; relabel them "
+                     "as B-/I- entity tags")
+
+
 def check_qa_examples(examples: Sequence[QAExample]) -> None:
-    """Refuse empty questions / contexts and answers whose text is not at their offset in the context."""
+    """Refuse empty questions / contexts, and answers whose start is not a character offset or whose text is not
+    at it."""
     for i, ex in enumerate(examples):
         if not ex.question.strip():
             raise ValueError(f"{where(ex, i)}: question {ex.id!r} is empty")
@@ -115,6 +136,9 @@ def check_qa_examples(examples: Sequence[QAExample]) -> None:
         for text, start in ex.answers:
             if not text.strip():
                 raise ValueError(f"{where(ex, i)}: question {ex.id!r} has an empty answer text")
+            if not isinstance(start, int) or isinstance(start, bool) or start < 0:  # -1 counted from the end
+                raise ValueError(f"{where(ex, i)}: question {ex.id!r}: answer start {start!r} is not a character "
+                                 "offset (an integer >= 0)")
             if ex.context[start:start + len(text)] != text:
                 found = ex.context[start:start + len(text)]
                 raise ValueError(f"{where(ex, i)}: question {ex.id!r}: answer {text!r} is not at character "

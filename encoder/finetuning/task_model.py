@@ -184,8 +184,12 @@ class TaskModel:
         return cls(model.eval(), tokenizer, info, device)
 
     # ---- saving ------------------------------------------------------------------------------------
-    def save(self, directory: str) -> None:
-        """Write the whole directory atomically (built beside it, then swapped in)."""
+    def save(self, directory: str, extra_files: dict[str, str] | None = None) -> None:
+        """Write the whole directory atomically (built beside it, then swapped in).
+
+        extra_files: ``{name: text}`` written into it too, so they are swapped in with the checkpoint
+        (fine-tuning's report).
+        """
         config: EncoderConfig = self.model.config
         extra = {k: v for k, v in config.extra.items() if k not in _HEAD_KEYS and k != "_name_or_path"}
         head_cfg: dict[str, Any] = {TASK_KEY: self.info.to_dict()}
@@ -202,6 +206,11 @@ class TaskModel:
         state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
         save_pretrained(build, dataclasses.replace(config, extra=extra), state, self.tokenizer,
                         architectures=[ARCHITECTURES[self.info.head]], config_extra=head_cfg)
+        for name, text in (extra_files or {}).items():
+            with open(os.path.join(build, name), "w", encoding="utf-8") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
         atomic_replace_dir(build, directory)
 
     # ---- prediction --------------------------------------------------------------------------------

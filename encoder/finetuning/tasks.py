@@ -55,9 +55,12 @@ class TaskInfo:
     max_query_length: int = 64  # QA
     max_answer_length: int = 30  # QA, in tokens
     null_threshold: float | None = None  # QA: "no answer" when null - span score exceeds it; None = never
+    pairs: bool = False  # classify: trained on text pairs (so a lone text at prediction is out of its depth)
 
     def to_dict(self) -> dict[str, Any]:
         d = {"head": self.head, "max_length": self.max_length}
+        if self.head == "classify" and self.pairs:
+            d["pairs"] = True
         if self.head == "qa":
             d.update(doc_stride=self.doc_stride, max_query_length=self.max_query_length,
                      max_answer_length=self.max_answer_length, null_threshold=self.null_threshold)
@@ -187,6 +190,7 @@ class ClassifyTask(Task):
 class TagPrediction:
     tags: list[str]  # one per input word
     entities: list[tuple[str, int, int, str]]  # (type, first word, end word exclusive, text)
+    cut: int = 0  # words after the last one the model saw (the input was longer than max_length): tagged "O"
 
 
 class TagTask(Task):
@@ -223,12 +227,14 @@ class TagTask(Task):
 
     def decode(self, examples, feats, outputs, info):
         preds = []
-        for ex, first, out in zip(examples, feats.aux, outputs):
+        for ex, first, out, ids in zip(examples, feats.aux, outputs, feats.input_ids):
             best = np.asarray(out).argmax(-1)  # (T,)
             tags = [info.labels[int(best[t])] if t >= 0 else "O" for t in first]
             tags = _repair_bio(tags)
             ents = [(k, s, e, " ".join(ex.words[s:e])) for k, s, e in bio_entities(tags)]
-            preds.append(TagPrediction(tags, ents))
+            seen = [k for k, t in enumerate(first) if t >= 0]
+            cut = (len(first) - 1 - seen[-1] if seen else len(first)) if len(ids) >= info.max_length else 0
+            preds.append(TagPrediction(tags, ents, cut))
         return preds
 
     def score(self, preds, examples):

@@ -8,8 +8,10 @@ e.g. ``dev.json: data[3].paragraphs[0].qas[2]: missing 'id'``.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
+import zlib
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
@@ -30,9 +32,11 @@ class SquadExample(NamedTuple):
 
 
 def _load_json(path: str | os.PathLike[str]) -> object:
+    """A whole JSON file, read through gzip when its name ends in ``.gz`` (as the line readers do)."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{os.fspath(path)}: no such file")
-    with open(path, encoding="utf-8") as handle:
+    compressed = os.fspath(path).endswith(".gz")
+    with (gzip.open(path, "rt", encoding="utf-8") if compressed else open(path, encoding="utf-8")) as handle:
         try:
             return json.load(handle)
         except json.JSONDecodeError as exc:
@@ -41,6 +45,8 @@ def _load_json(path: str | os.PathLike[str]) -> object:
             raise DataError(path, None, f"not valid UTF-8 ({exc.reason})") from None
         except RecursionError:
             raise DataError(path, None, "JSON nested too deeply to read") from None
+        except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
+            raise DataError(path, None, f"not readable as gzip ({exc or 'the file is truncated'})") from None
 
 
 def _get(path: str | os.PathLike[str], where: str, obj: object, key: str, kind: type) -> object:

@@ -74,7 +74,8 @@ def read_classification_tsv(
             label_column = labels[0]
         else:
             raise DataError(
-                path, 1, f"cannot choose the label column among {labels or header}; pass label_column"
+                path, 1, f"cannot choose the label column among {labels or header}; choose one with "
+                "--label-column"
             )
     label_i = _pick(path, header, label_column, (), "label")
     pair_i = _pick(path, header, text_pair_column, PAIR_COLUMNS, "text pair")

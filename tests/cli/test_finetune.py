@@ -115,7 +115,8 @@ def test_bad_input_names_file_and_line(tiny_dir, tmp_path, capsys):
     bad = _write(tmp_path / "bad.json", json.dumps(squad))
     err = _error(capsys, ["finetune", "qa", "--model", tiny_dir, "--train", bad, "--dev", bad, "--out", out])
     assert bad in err and "data[0].paragraphs[0].qas[0].answers[0]" in err and "not at offset 3" in err
-    assert "no such file" in _error(capsys, [*base, "--dev", str(tmp_path / "missing.tsv")])
+    missing = str(tmp_path / "missing.tsv")
+    assert f"--dev {missing}: file not found" in _error(capsys, [*base, "--dev", missing])
     assert "--seeds" in _error(capsys, [*base, "--dev", train, "--seeds", "a,b"])
     assert "--seeds 0,1,0: each seed at most once" in _error(capsys, [*base, "--dev", train, "--seeds", "0,1,0"])
     # another task's flags were read by nobody: refused before any file is read

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
-from twotower.cli.checks import input_file, output_file, positive
+from twotower.cli.checks import input_file, model_directory, output_file, positive
+
+DEFAULT_MODEL = "default"  # --model default: the embedded all-MiniLM-L6-v2, as for the other commands
 
 TASKS = ("classify", "tag", "qa")
 
@@ -22,20 +25,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "finetune", help="fine-tune a classification, tagging or QA head",
         description="Fine-tune a task head on a BERT-family model; the best dev checkpoint goes to --out.")
     p.add_argument("task", choices=TASKS)
-    p.add_argument("--model", required=True, help="BERT-family model directory (HF layout)")
-    p.add_argument("--train", required=True, help="training file (.tsv/.jsonl, CoNLL, SQuAD .json)")
+    p.add_argument("--model", required=True, metavar="DIR|default",
+                   help="BERT-family model directory (HF layout), or 'default' for the embedded all-MiniLM-L6-v2")
+    p.add_argument("--train", required=True, help="training file (.tsv/.jsonl, CoNLL, SQuAD .json; any of them .gz)")
     dev = p.add_mutually_exclusive_group(required=True)
     dev.add_argument("--dev", help="dev file: picks the best epoch (and the QA no-answer threshold)")
     dev.add_argument("--dev-fraction", type=float, help="carve dev from train instead (seeded; QA: by context)")
     p.add_argument("--test", help="optional test file, scored with every seed's best checkpoint")
-    p.add_argument("--out", required=True, help="output directory for the best checkpoint and report")
+    p.add_argument("--out", required=True,
+                   help="output directory for the best checkpoint and report: new, empty, or an earlier run "
+                        "with --overwrite")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the earlier run --out holds, once the new run is complete (without it, such an "
+                        "--out is refused)")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, help="default 5e-5, or 1e-3 with --freeze-encoder")
     p.add_argument("--warmup", type=float, default=0.1, help="warmup fraction of all steps (then linear decay)")
     p.add_argument("--weight-decay", type=float, default=0.01)
     p.add_argument("--max-length", type=int,
-                   help="tokens per input (QA: per window); default 128, or the model's maximum if less")
+                   help="tokens per input (QA: per window); default 128 (QA: 384), or the model's maximum if less")
     p.add_argument("--freeze-encoder", action="store_true", help="train only the head on cached encoder features")
     p.add_argument("--pooling", choices=("cls", "mean"),
                    help="classify: [CLS] pooler (default) or the mean of token states (no pooler)")
@@ -43,8 +52,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--evals-per-epoch", type=int, default=1)
     p.add_argument("--max-train", type=int, help="subsample the training set to this many examples")
     p.add_argument("--max-steps", type=int, help="stop each seed after this many steps (dry run)")
-    p.add_argument("--doc-stride", type=int, help="QA: token overlap between windows (default 128)")
-    p.add_argument("--max-query-length", type=int, help="QA: question tokens kept (default 64)")
+    p.add_argument("--doc-stride", type=int,
+                   help="QA: token overlap between windows (default: half the context a window holds, at most 128)")
+    p.add_argument("--max-query-length", type=int,
+                   help="QA: question tokens kept (default: a quarter of --max-length, at most 64)")
     p.add_argument("--max-answer-length", type=int, help="QA: longest answer span in tokens (default 30)")
     _common(p)
     p.set_defaults(func=run_finetune)
@@ -106,11 +117,106 @@ def _bf16(value: str):
     return {"auto": "auto", "on": True, "off": False}[value]
 
 
+def _model_dir(value: str) -> str:
+    """--model: a model directory, or "default" (the embedded all-MiniLM-L6-v2, as `train reranker --model
+    default`); it said "config file not found: default/config.json". The name wins over a directory called
+    ``default`` here, which the user is told, with how to name that one."""
+    if value != DEFAULT_MODEL:
+        return model_directory("--model", value)
+    if os.path.isdir(value):
+        print(f"note: --model {DEFAULT_MODEL} is the embedded all-MiniLM-L6-v2, not the directory {DEFAULT_MODEL}/ "
+              f"here; give --model ./{DEFAULT_MODEL} for that one", file=sys.stderr)
+    from twotower.retrieval.manifest import default_model_dir
+
+    return default_model_dir()
+
+
+def _check_out(args: argparse.Namespace, model_dir: str) -> None:
+    """--out before anything loads: a new or empty directory, or an earlier run with --overwrite.
+
+    Why: a run replaced whatever --out was: a directory of the user's files (deleted), a file (left as
+    FILE.old-PID), the --model directory itself, an earlier run at its first evaluation.
+    """
+    from twotower.cli import CLIError
+    from twotower.encoder.finetuning.finetune import REPORT_NAME, out_dir_state, run_finished, staging_dir
+
+    out = args.out
+    state = out_dir_state(out, model_dir)
+    if state == "file":
+        raise CLIError(f"--out {out}: a file; give a directory (a new one, or an empty one)")
+    if state == "model":
+        raise CLIError(f"--out {out}: the --model directory itself; give another directory for the fine-tuned "
+                       "model")
+    if state == "other":
+        names = sorted(os.listdir(out))
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        raise CLIError(f"--out {out}: a directory holding other files ({shown}), not a fine-tuning run; give a "
+                       "new or empty directory")
+    if state == "run" and not args.overwrite:
+        what = "an unfinished fine-tuning run" if run_finished(out) is False else "an earlier fine-tuning run"
+        raise CLIError(f"--out {out}: holds {what} ({REPORT_NAME}); pass --overwrite to replace it once the new "
+                       "run is complete, or give another --out")
+    if state == "run" and out_dir_state(staging_dir(out)) not in ("free", "run"):
+        raise CLIError(f"--out {out}: the new run is built in {staging_dir(out)} until it is complete, and "
+                       "something else is there; move it away")
+
+
+def _seeds(text: str) -> tuple[int, ...]:
+    """--seeds: comma-separated integers, each once, each from 0 to MAX_SEED (checked before any model loads)."""
+    from twotower.cli import CLIError
+    from twotower.encoder.finetuning.finetune import MAX_SEED
+
+    try:
+        seeds = tuple(int(s) for s in text.split(",") if s.strip())
+    except ValueError:
+        raise CLIError(f"--seeds must be comma-separated integers, got {text!r}") from None
+    if not seeds:
+        raise CLIError("--seeds is empty")
+    if len(set(seeds)) < len(seeds):  # a repeated seed trains the same run again and counts it twice in the mean
+        raise CLIError(f"--seeds {text}: each seed at most once")
+    bad = next((s for s in seeds if not 0 <= s <= MAX_SEED), None)
+    if bad is not None:  # -1 failed in numpy after the model had loaded
+        raise CLIError(f"--seeds {text}: seed {bad} is out of range; give seeds from 0 to {MAX_SEED}")
+    return seeds
+
+
+def _check_qa_window(args: argparse.Namespace, model_dir: str) -> None:
+    """QA windows before anything loads: the overlap must be smaller than the context a window holds. It failed
+    after loading, in Python names ("max_length=128 leaves 116 context tokens ... doc_stride=128")."""
+    from twotower.cli import CLIError
+    from twotower.encoder.finetuning.finetune import _max_length, qa_window
+
+    if args.task != "qa":
+        return
+    max_length = _max_length(args.max_length, model_dir, "qa")
+    stride, query, room = qa_window(max_length, args.doc_stride, args.max_query_length)
+    if room > stride:
+        return
+    given = "" if args.max_length is not None else " (the default for this model)"
+    if room < 2:
+        raise CLIError(f"--max-length {max_length}{given} leaves {max(room, 0)} context tokens after a question of "
+                       f"up to --max-query-length {query} tokens and 3 special tokens; give a larger --max-length "
+                       "or a smaller --max-query-length")
+    raise CLIError(f"--doc-stride {stride}: a window of --max-length {max_length}{given} holds {room} context tokens "
+                   f"after a question of up to --max-query-length {query} tokens and 3 special tokens; the overlap "
+                   f"must be smaller: give --doc-stride {room // 2}, or a larger --max-length")
+
+
 def run_finetune(args: argparse.Namespace) -> int:
     from twotower.cli import CLIError
+    from twotower.cli.checks import max_length_fits
 
     positive("--threads", args.threads)
     _refuse_other_tasks_flags(args)
+    seeds = _seeds(args.seeds)
+    model_dir = _model_dir(args.model)
+    _check_out(args, model_dir)
+    for flag in ("--train", "--dev", "--test"):
+        path = getattr(args, flag[2:])
+        if path is not None:
+            input_file(flag, path)
+    max_length_fits("--max-length", args.max_length, model_dir)
+    _check_qa_window(args, model_dir)
     if args.threads:
         import torch
 
@@ -118,14 +224,16 @@ def run_finetune(args: argparse.Namespace) -> int:
     from twotower.encoder.finetuning.finetune import FinetuneConfig, finetune
     from twotower.eval.tasks import METRICS
 
-    try:
-        seeds = tuple(int(s) for s in args.seeds.split(",") if s.strip())
-    except ValueError:
-        raise CLIError(f"--seeds must be comma-separated integers, got {args.seeds!r}") from None
-    if not seeds:
-        raise CLIError("--seeds is empty")
-    if len(set(seeds)) < len(seeds):  # a repeated seed trains the same run again and counts it twice in the mean
-        raise CLIError(f"--seeds {args.seeds}: each seed at most once")
+    metric_fn, metric = METRICS[args.task]
+    qa = {name: getattr(args, name) for name in ("doc_stride", "max_query_length", "max_answer_length")
+          if getattr(args, name) is not None}  # the config's defaults otherwise
+    cfg = FinetuneConfig(  # its own checks (--epochs 0 ...) before any file is read
+        epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, weight_decay=args.weight_decay,
+        warmup=args.warmup, freeze_encoder=args.freeze_encoder, max_length=args.max_length, **qa,
+        seeds=seeds, evals_per_epoch=args.evals_per_epoch, max_train_examples=args.max_train,
+        max_steps=args.max_steps, metric=metric, bf16=_bf16(args.bf16), device=args.device,
+        progress=not args.no_progress, pooling=args.pooling,
+    )
     train = _read(args.task, args.train, args, True)
     if args.dev:
         dev = _read(args.task, args.dev, args, True)
@@ -137,17 +245,8 @@ def run_finetune(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise CLIError(f"--dev-fraction {args.dev_fraction}: {exc}") from None
     test = _read(args.task, args.test, args, True) if args.test else None
-    metric_fn, metric = METRICS[args.task]
-    qa = {name: getattr(args, name) for name in ("doc_stride", "max_query_length", "max_answer_length")
-          if getattr(args, name) is not None}  # the config's defaults otherwise
-    cfg = FinetuneConfig(
-        epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, weight_decay=args.weight_decay,
-        warmup=args.warmup, freeze_encoder=args.freeze_encoder, max_length=args.max_length, **qa,
-        seeds=seeds, evals_per_epoch=args.evals_per_epoch, max_train_examples=args.max_train,
-        max_steps=args.max_steps, metric=metric, bf16=_bf16(args.bf16), device=args.device,
-        progress=not args.no_progress, pooling=args.pooling,
-    )
-    report = finetune(args.task, args.model, train, dev, args.out, cfg, test=test, metric_fn=metric_fn)
+    report = finetune(args.task, model_dir, train, dev, args.out, cfg, test=test, metric_fn=metric_fn,
+                      overwrite=args.overwrite)
     n = len(report.seeds)
     for split in ("dev", "test"):
         for name, (mean, std) in report.summary(split).items():
@@ -184,13 +283,19 @@ def run_predict(args: argparse.Namespace) -> int:
     positive("--threads", args.threads)
     input_file("--input", args.input)
     output_file("--out", args.out, "predictions.jsonl")
+    model_directory("--model", args.model)  # it said "model directory not found: X", naming no flag
     _refuse_other_tasks_flags(args)
     if args.threads:
         import torch
 
         torch.set_num_threads(args.threads)
+    from twotower.encoder.finetuning.finetune import REPORT_NAME, run_finished
     from twotower.encoder.finetuning.task_model import TaskModel
     from twotower.eval.tasks import METRICS
+
+    if run_finished(args.model) is False:
+        print(f"note: --model {args.model} is the best checkpoint of a fine-tuning run that did not finish "
+              f"(its {REPORT_NAME} says so)", file=sys.stderr)
 
     model = TaskModel.from_pretrained(args.model, device=args.device or "cpu")
     if model.info.head != args.task:
@@ -203,8 +308,17 @@ def run_predict(args: argparse.Namespace) -> int:
         if unknown:
             bad = next(ex for ex in examples if ex.label in unknown)
             raise CLIError(f"{bad.source}: label {bad.label!r} is not in the model's label map {model.info.labels}")
+    if args.task == "classify" and model.info.pairs:
+        lone = sum(ex.pair is None for ex in examples)
+        if lone:  # it predicted silently, on inputs unlike any it was trained on
+            print(f"warning: --model {args.model} was trained on text pairs, but {lone} of the {len(examples)} "
+                  "inputs have no second text (--pair-column); their predictions are unreliable", file=sys.stderr)
     preds = model.predict(examples, batch_size=args.batch_size, bf16=_bf16(args.bf16),
                           progress=not args.no_progress)
+    if args.task == "tag" and any(p.cut for p in preds):
+        cut = [p.cut for p in preds if p.cut]  # they were tagged "O" without a word
+        print(f"warning: {sum(cut)} word{'s' * (sum(cut) > 1)} in {len(cut)} sentence{'s' * (len(cut) > 1)} lie past the model's {model.info.max_length} "
+              "tokens and were tagged O unread; split long sentences", file=sys.stderr)
     lines = "".join(json.dumps(_as_json(args.task, ex, p), ensure_ascii=False) + "\n" for ex, p in zip(examples, preds))
     if args.out:
         from twotower.common.atomic import atomic_write_text
