@@ -173,7 +173,7 @@ class _Split:
         self.cache: list[torch.Tensor] | None = None
 
 
-def _max_length(given: int | None, model_dir: str, head: str = "classify") -> int:
+def resolved_max_length(given: int | None, model_dir: str, head: str = "classify") -> int:
     """The tokens per input: `given`, or the head's default (DEFAULT_MAX_LENGTH, DEFAULT_QA_MAX_LENGTH) capped
     by the model's positions.
 
@@ -295,7 +295,7 @@ def finetune(
     label_map = list(labels) if labels is not None else (build_label_map(task.labels_of(train)) if head != "qa" else [])
     if head == "tag":
         check_bio_labels(label_map, train)
-    max_length = _max_length(cfg.max_length, model_dir, head)
+    max_length = resolved_max_length(cfg.max_length, model_dir, head)
     doc_stride, max_query_length, room = qa_window(max_length, cfg.doc_stride, cfg.max_query_length)
     if head == "qa":
         check_setting(room > doc_stride, "doc_stride", doc_stride, "--doc-stride",

@@ -184,11 +184,11 @@ def _check_qa_window(args: argparse.Namespace, model_dir: str) -> None:
     """QA windows before anything loads: the overlap must be smaller than the context a window holds. It failed
     after loading, in Python names ("max_length=128 leaves 116 context tokens ... doc_stride=128")."""
     from twotower.cli import CLIError
-    from twotower.encoder.finetuning.finetune import _max_length, qa_window
+    from twotower.encoder.finetuning.finetune import qa_window, resolved_max_length
 
     if args.task != "qa":
         return
-    max_length = _max_length(args.max_length, model_dir, "qa")
+    max_length = resolved_max_length(args.max_length, model_dir, "qa")
     stride, query, room = qa_window(max_length, args.doc_stride, args.max_query_length)
     if room > stride:
         return
