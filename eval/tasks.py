@@ -36,13 +36,13 @@ def _check_file(path: str) -> None:
 
 
 def _lines(path: str):
-    from twotower.eval.io.lines import numbered_lines
+    from twotower.common.lines import numbered_lines
 
     return numbered_lines(path)
 
 
 def _jsonl(path: str):
-    from twotower.eval.io.lines import json_lines
+    from twotower.common.lines import json_lines
 
     return json_lines(path)
 

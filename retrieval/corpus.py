@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from twotower.common.errors import DataError
+from twotower.common.lines import json_problem
 from twotower.eval.io.beir import BeirDocument, iter_beir_corpus, parse_beir_document
-from twotower.eval.io.lines import json_problem
 from twotower.indexing import Document
 
 DUPLICATE_POLICIES = ("error", "skip", "replace")

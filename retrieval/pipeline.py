@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from twotower.eval.io.lines import query_problem
+from twotower.common.lines import query_problem
 from twotower.indexing import MISSING_ID, Document, IndexStore, Snapshot, document_text
 from twotower.indexing.filters import Filter, as_filter
 from twotower.indexing.manifest import MANIFEST_NAME
@@ -116,7 +116,7 @@ def _load_reranker(reranker: Any, bf16: bool | str, device: str | None):
 
 def check_queries(queries: str | Sequence[str]) -> tuple[list[str], bool]:
     """(the queries as a list, whether one string was given). Every query must be a string with text to
-    search (`twotower.eval.io.lines.query_problem`); errors name the query's position (``search(5)`` said "'int' object is not iterable", and
+    search (`twotower.common.lines.query_problem`); errors name the query's position (``search(5)`` said "'int' object is not iterable", and
     ``search(b"tea")`` "query 0 is int")."""
     if isinstance(queries, str):
         return check_queries([queries])[0], True

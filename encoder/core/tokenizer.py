@@ -318,7 +318,7 @@ def iter_text_files(paths: Iterable[str]) -> Iterator[str]:
     named ``*.gz``, a byte that is not UTF-8 (it was replaced by U+FFFD and learned as a character
     without a word), JSON nested too deep or holding a lone surrogate.
     """
-    from twotower.eval.io.lines import json_lines, numbered_lines
+    from twotower.common.lines import json_lines, numbered_lines
 
     for path in paths:
         if path.endswith((".jsonl", ".jsonl.gz")):

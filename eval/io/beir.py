@@ -36,7 +36,7 @@ from typing import Any, NamedTuple
 
 from twotower.common.atomic import atomic_open
 from twotower.common.errors import DataError
-from twotower.eval.io.lines import json_lines, numbered_lines
+from twotower.common.lines import json_lines, numbered_lines
 from twotower.eval.io.trec import Qrels, parse_int
 
 QRELS_HEADER = "query-id\tcorpus-id\tscore"

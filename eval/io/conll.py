@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 from twotower.common.atomic import atomic_open
 from twotower.common.errors import DataError
-from twotower.eval.io.lines import numbered_lines
+from twotower.common.lines import numbered_lines
 
 
 class TaggedSentence(NamedTuple):

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping
 
 from twotower.common.atomic import atomic_open
 from twotower.common.errors import DataError
-from twotower.eval.io.lines import numbered_lines
+from twotower.common.lines import numbered_lines
 from twotower.eval.io.trec import Run, parse_int, read_trec_qrels
 from twotower.eval.metrics.ranking import rank_documents
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 
 from twotower.common.errors import DataError
+from twotower.common.lines import numbered_lines
 from twotower.eval.io.beir import read_beir_qrels
-from twotower.eval.io.lines import numbered_lines
 from twotower.eval.io.trec import Qrels, read_trec_qrels
 
 

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 
 from twotower.common.atomic import atomic_open
 from twotower.common.errors import DataError
-from twotower.eval.io.lines import numbered_lines
+from twotower.common.lines import numbered_lines
 from twotower.eval.metrics.ranking import rank_documents
 
 Run = dict[str, dict[str, float]]

@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 from twotower.common.atomic import atomic_open
 from twotower.common.errors import DataError
-from twotower.eval.io.lines import numbered_lines
+from twotower.common.lines import numbered_lines
 
 TEXT_COLUMNS = ("text", "sentence", "sentence1", "question")
 PAIR_COLUMNS = ("text_pair", "sentence2")

@@ -33,7 +33,7 @@ import numpy as np
 
 from twotower.common.atomic import atomic_path, atomic_write_text
 from twotower.common.errors import DataError
-from twotower.eval.io.lines import json_lines
+from twotower.common.lines import json_lines
 from twotower.retrieval.training.training_data import TrainExample, text_id
 
 logger = logging.getLogger(__name__)

@@ -36,8 +36,8 @@ import torch
 
 from twotower.common.device import autocast
 from twotower.common.errors import check_at_least, check_setting
+from twotower.common.lines import json_lines
 from twotower.encoder.training.optim import param_groups
-from twotower.eval.io.lines import json_lines
 from twotower.retrieval.cross_encoder import (
     MIN_PAIR_TOKENS,
     WINDOW_CHOICES,

@@ -28,7 +28,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from twotower.eval.io.lines import is_json_lines, json_lines, numbered_lines
+from twotower.common.lines import is_json_lines, json_lines, numbered_lines
 from twotower.indexing import document_text
 from twotower.retrieval.corpus import iter_documents
 

@@ -23,7 +23,7 @@ from twotower.cli.checks import (
     require_bm25,
     reranker_directory,
 )
-from twotower.eval.io.lines import query_problem
+from twotower.common.lines import query_problem
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

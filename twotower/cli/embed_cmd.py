@@ -61,7 +61,7 @@ def read_texts(path: str) -> list[str]:
     may be gzipped; UTF-8, a bad byte is an error naming its line."""
     input_file("--input", path)
     from twotower.common.errors import DataError
-    from twotower.eval.io.lines import json_lines, numbered_lines
+    from twotower.common.lines import json_lines, numbered_lines
 
     texts: list[str] = []
     if path.endswith((".jsonl", ".jsonl.gz")):

@@ -180,7 +180,7 @@ def run_delete(args: argparse.Namespace) -> int:
     ids = list(args.ids)
     if args.ids_file:
         input_file("--ids-file", args.ids_file)
-        from twotower.eval.io.lines import numbered_lines  # a bad byte is reported with its line
+        from twotower.common.lines import numbered_lines  # a bad byte is reported with its line
 
         ids += [line.strip() for _, line in numbered_lines(args.ids_file) if line.strip()]
     if not ids:

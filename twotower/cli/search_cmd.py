@@ -28,7 +28,7 @@ from twotower.cli.checks import (
     reranker_directory,
 )
 from twotower.cli.rerank_weight import print_weight_origin
-from twotower.eval.io.lines import is_json_lines, query_problem
+from twotower.common.lines import is_json_lines, query_problem
 
 QUERY_BATCH = 256
 

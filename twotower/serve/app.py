@@ -30,7 +30,7 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from twotower import __version__
-from twotower.eval.io.lines import json_problem, query_problem
+from twotower.common.lines import json_problem, query_problem
 from twotower.indexing.filters import FilterError, parse_filter
 from twotower.retrieval.hit import Hit
 from twotower.retrieval.rerank import DEFAULT_RERANK_K

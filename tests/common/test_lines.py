@@ -10,8 +10,8 @@ import random
 import pytest
 
 from twotower.common.errors import DataError
+from twotower.common.lines import json_lines, json_problem, numbered_lines
 from twotower.eval.io import read_beir_queries, read_squad, read_trec_run
-from twotower.eval.io.lines import json_lines, json_problem, numbered_lines
 
 
 def test_bad_byte_line_number_matches_an_independent_count(tmp_path):
