@@ -178,10 +178,16 @@ def reranker_directory(flag: str, value: str, head: bool = True) -> str:
                            f"a relevance head; give a directory made by `twotower train reranker`, or {flag} "
                            f"{SHIPPED} for the one twotower ships")
         return value
-    if os.path.isdir(value):
-        print(f"note: {flag} {SHIPPED} is the reranker twotower ships, not the directory {SHIPPED}/ here; "
-              f"give {flag} ./{SHIPPED} for that one", file=sys.stderr)
+    named_default_note(flag, SHIPPED, "the reranker twotower ships")
     return value
+
+
+def named_default_note(flag: str, name: str, what: str) -> None:
+    """Tell the user that ``flag name`` means `what`, not the directory ``name/`` in the working directory, when
+    there is one, and how to name that directory instead: the name wins, rather than leaving them to wonder."""
+    if os.path.isdir(name):
+        print(f"note: {flag} {name} is {what}, not the directory {name}/ here; give {flag} ./{name} for that one",
+              file=sys.stderr)
 
 
 def refuse_reranker_with_no_rerank(reranker: str | None, no_rerank: bool) -> None:

@@ -13,7 +13,7 @@ import json
 import os
 import sys
 
-from twotower.cli.checks import input_file, model_directory, output_file, positive
+from twotower.cli.checks import input_file, model_directory, named_default_note, output_file, positive
 
 DEFAULT_MODEL = "default"  # --model default: the embedded all-MiniLM-L6-v2, as for the other commands
 
@@ -123,9 +123,7 @@ def _model_dir(value: str) -> str:
     ``default`` here, which the user is told, with how to name that one."""
     if value != DEFAULT_MODEL:
         return model_directory("--model", value)
-    if os.path.isdir(value):
-        print(f"note: --model {DEFAULT_MODEL} is the embedded all-MiniLM-L6-v2, not the directory {DEFAULT_MODEL}/ "
-              f"here; give --model ./{DEFAULT_MODEL} for that one", file=sys.stderr)
+    named_default_note("--model", DEFAULT_MODEL, "the embedded all-MiniLM-L6-v2")
     from twotower.retrieval.manifest import default_model_dir
 
     return default_model_dir()
