@@ -147,7 +147,30 @@ def _ingredient(checkpoint: str, args: dict) -> dict:
             "interpolated_dev_ndcg@10": _interpolated(checkpoint, args.get("step"))}
 
 
-def soup_rerankers(runs: Sequence[str], out: str, progress: bool = True) -> SoupResult:
+def _check_out(out: str, runs: Sequence[str], checkpoints: Sequence[str], overwrite: bool) -> None:
+    """`out` must be new, empty, or an earlier soup (with `overwrite`), and hold none of the runs averaged.
+
+    Why: the soup replaced whatever directory `out` was: the user's files, an input run's log and negatives
+    (``--out rr0``), an input run's best checkpoint (``--out rrA/best``), all with exit 0.
+    """
+    real = os.path.realpath(out)
+    for run, checkpoint in zip(runs, checkpoints):
+        for path in {os.path.realpath(run), os.path.realpath(checkpoint)}:
+            if path == real or path.startswith(real + os.sep):
+                raise ValueError(f"--out {out}: it holds {run}, a run this soup averages; give another --out")
+    if not os.path.isdir(out) or not os.listdir(out):
+        return
+    args_path = os.path.join(out, TRAINING_ARGS)
+    earlier = os.path.isfile(args_path) and "soup_of" in _read_json(args_path)
+    if not earlier:
+        names = sorted(os.listdir(out))
+        raise ValueError(f"--out {out}: a directory holding other files ({', '.join(names[:3])}"
+                         f"{', ...' if len(names) > 3 else ''}), not a soup; give a new or empty directory")
+    if not overwrite:
+        raise ValueError(f"--out {out} holds an earlier soup; pass --overwrite to replace it, or give another --out")
+
+
+def soup_rerankers(runs: Sequence[str], out: str, progress: bool = True, overwrite: bool = False) -> SoupResult:
     """Average the best checkpoints of `runs` into the reranker directory `out`, scored on their shared dev split.
 
     The directory is written whole and swapped in (`write_model_dir`); a failure leaves `out` as it was.
@@ -174,6 +197,7 @@ def soup_rerankers(runs: Sequence[str], out: str, progress: bool = True) -> Soup
     args = check_compatible(checkpoints)
     if os.path.isfile(out):
         raise ValueError(f"--out {out} is a file; give a directory")
+    _check_out(out, runs, checkpoints, overwrite)
     known = {f.name for f in fields(RerankerTrainConfig)}
     settings = {k: v for k, v in args[0].items() if k in known}
     settings["mine_ranks"] = tuple(settings.get("mine_ranks") or (1, 100))

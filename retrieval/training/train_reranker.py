@@ -24,6 +24,7 @@ and the summary says why.
 from __future__ import annotations
 
 import json
+import math
 import logging
 import os
 import random
@@ -212,8 +213,8 @@ class RerankerTrainConfig(TrainSettings):
                              "'bm25' or 'dense' (the teacher's ranking) (--first-stage)")
         if self.teacher is None and (self.mine == "dense" or self.first_stage == "dense"):
             raise ValueError("mine='dense' and first_stage='dense' rank with the teacher: give teacher (--teacher DIR)")
-        if self.distill_weight < 0:
-            raise ValueError(f"distill_weight={self.distill_weight}; give 0 or more (--distill-weight)")
+        if not 0 <= self.distill_weight < math.inf:  # NaN fails too: it turned distillation off without a word
+            raise ValueError(f"distill_weight={self.distill_weight}; give a number, 0 or more (--distill-weight)")
         if self.teacher_bm25 < 0:
             raise ValueError(f"teacher_bm25={self.teacher_bm25}; give 0 or more (--teacher-bm25)")
         if self.teacher_bm25 > 0 and self.teacher is None:

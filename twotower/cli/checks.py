@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 
 from twotower.cli import CLIError
 
@@ -66,12 +67,27 @@ def index_directory(flag: str, path: str) -> str:
                    f"`twotower index build --corpus CORPUS --out {out}`")
 
 
-def output_file(flag: str, path: str | None, example: str) -> str | None:
+def output_file(flag: str, path: str | None, example: str,
+                inputs: Sequence[tuple[str, str | None]] = ()) -> str | None:
     """``path``, a file the command writes (atomically, once its work is done); a directory there is an error
     now, naming `flag`. Why: it was a traceback (IsADirectoryError) after the work, e.g. after `embed` had
-    encoded the whole input. example: a file name to suggest inside the directory."""
-    if path is not None and os.path.isdir(path):
+    encoded the whole input. example: a file name to suggest inside the directory.
+
+    inputs: the command's ``(flag, path)`` inputs (a file, or a directory whose files it reads): an output that
+    is one of them is refused (`train mine --out corpus.jsonl` replaced the corpus it had just read).
+    """
+    if path is None:
+        return path
+    if os.path.isdir(path):
         raise CLIError(f"{flag} {path}: a directory; give a file name, such as {flag} {os.path.join(path, example)}")
+    if os.path.exists(path):
+        for in_flag, given in inputs:
+            if not given or not os.path.exists(given):
+                continue
+            files = [os.path.join(d, f) for d, _, names in os.walk(given) for f in names] if os.path.isdir(given) \
+                else [given]
+            if any(os.path.samefile(path, f) for f in files):
+                raise CLIError(f"{flag} {path}: that is the input {in_flag} {given} reads; give another file")
     return path
 
 

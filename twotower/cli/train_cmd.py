@@ -244,7 +244,10 @@ def register(subparsers) -> None:
     p.add_argument("runs", nargs="+", metavar="RUN",
                    help="--out directories of reranker runs (or their best/ checkpoints) with the same data, "
                         "start and --dev-seed")
-    p.add_argument("--out", required=True, metavar="DIR", help="the averaged reranker (use it as --reranker DIR)")
+    p.add_argument("--out", required=True, metavar="DIR",
+                   help="the averaged reranker (use it as --reranker DIR): a new or empty directory, or an earlier "
+                        "soup with --overwrite")
+    p.add_argument("--overwrite", action="store_true", help="replace the earlier soup --out holds")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run_soup)
 
@@ -490,7 +493,7 @@ def run_mine(args) -> int:
         raise ValueError(f"--max-ratio must be a number > 0, got {args.max_ratio:g}")
     if args.margin is not None and not math.isfinite(args.margin):
         raise ValueError(f"--margin must be a number, got {args.margin:g}")
-    output_file("--out", args.out, "negatives.jsonl")
+    output_file("--out", args.out, "negatives.jsonl", inputs=(("--data", args.data), ("--corpus", args.corpus)))
     if args.num_negatives == 0 and args.random == 0:  # wrote every query with no negative at all
         raise ValueError("--num-negatives 0 and --random 0 leave nothing to mine: give either 1 or more")
     if args.retriever == "dense":
@@ -530,7 +533,7 @@ def run_pairs(args) -> int:
     from twotower.retrieval.training.training_data import read_corpus
 
     positive("--pairs-per-document", args.pairs_per_document)
-    output_file("--out", args.out, "pairs.jsonl")
+    output_file("--out", args.out, "pairs.jsonl", inputs=(("--corpus", args.corpus),))
     if args.method == "ict" and args.pairs_per_document != 1:
         raise ValueError("--pairs-per-document applies to --method crop; ict makes one pair per document")
     corpus = read_corpus(args.corpus)
@@ -547,7 +550,7 @@ def run_soup(args) -> int:
     _check_out(args.out)
     from twotower.retrieval.training.soup import soup_rerankers
 
-    res = soup_rerankers(args.runs, args.out, progress=not args.no_progress)
+    res = soup_rerankers(args.runs, args.out, progress=not args.no_progress, overwrite=args.overwrite)
     print(json.dumps({"reranker": res.directory, "dev_ndcg@10": round(res.dev_ndcg10, 4),
                       "interpolated_dev_ndcg@10": round(res.interpolated_ndcg10, 4), "alpha": res.alpha,
                       "alphas_by_first_stage": res.alphas_by_first_stage,

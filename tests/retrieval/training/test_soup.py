@@ -129,6 +129,32 @@ def test_soup_refuses_what_is_not_a_run_and_runs_of_other_data(tmp_path, capsys)
     assert rc == 2 and "at least two runs" in capsys.readouterr().err
 
 
+def test_soup_out_never_replaces_what_is_there(tmp_path, capsys):
+    """--out was replaced whatever it was, with exit 0: the user's files, an input run (its log and negatives),
+    an input run's best/ checkpoint."""
+    from twotower.cli import main
+
+    _run(tmp_path, "a")
+    _run(tmp_path, "b", seed=1, dev_seed=0)
+    runs = [str(tmp_path / "a"), str(tmp_path / "b")]
+    before = sorted(os.listdir(tmp_path / "a")), sorted(os.listdir(tmp_path / "a" / "best"))
+    for out in (runs[0], os.path.join(runs[1], "best"), str(tmp_path)):
+        rc = main(["train", "soup", *runs, "--out", out, "--no-progress"])
+        assert rc == 2 and f"--out {out}: it holds " in capsys.readouterr().err, out
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep")
+    rc = main(["train", "soup", *runs, "--out", str(tmp_path / "mine"), "--no-progress"])
+    assert rc == 2 and "a directory holding other files (notes.txt), not a soup" in capsys.readouterr().err
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep"
+    assert (sorted(os.listdir(tmp_path / "a")), sorted(os.listdir(tmp_path / "a" / "best"))) == before
+    out = str(tmp_path / "soup")
+    assert main(["train", "soup", *runs, "--out", out, "--no-progress"]) == 0
+    capsys.readouterr()
+    rc = main(["train", "soup", *runs, "--out", out, "--no-progress"])
+    assert rc == 2 and "holds an earlier soup; pass --overwrite" in capsys.readouterr().err
+    assert main(["train", "soup", *runs, "--out", out, "--no-progress", "--overwrite"]) == 0
+
+
 def test_a_soup_that_fails_while_scoring_leaves_out_as_it_was(tmp_path, monkeypatch):
     """The soup is written beside --out and swapped in only when whole: a crash after the weights are averaged
     (here, in reading the training data again) keeps the previous soup and leaves no half-written folder."""
@@ -145,6 +171,6 @@ def test_a_soup_that_fails_while_scoring_leaves_out_as_it_was(tmp_path, monkeypa
 
     monkeypatch.setattr(trainer, "load_reranker_data", crash)
     with pytest.raises(RuntimeError, match="disk gone"):
-        soup_rerankers([runs[0], runs[0]], out, progress=False)  # other weights, had they been written
+        soup_rerankers([runs[0], runs[0]], out, progress=False, overwrite=True)  # other weights, had they been written
     assert {n: open(os.path.join(out, n), "rb").read() for n in os.listdir(out)} == before
     assert sorted(os.listdir(tmp_path)) == ["a", "b", "soup"]

@@ -187,6 +187,10 @@ def test_bad_config():
     # 0 was read as "the model's maximum" by the cross-encoder
     with pytest.raises(ValueError, match=re.escape("max_length=0: give 8 or more (--max-length)")):
         RerankerTrainConfig(model="m", pairs="p", out="o", max_length=0)
+    # NaN passed `< 0` and turned distillation off without a word (and wrote NaN, not JSON, to the log)
+    for bad in (float("nan"), float("inf"), -1.0):
+        with pytest.raises(ValueError, match=r"give a number, 0 or more \(--distill-weight\)"):
+            RerankerTrainConfig(model="m", pairs="p", out="o", distill_weight=bad)
 
 
 def _titled_corpus(tmp_path, n=60):
@@ -330,6 +334,18 @@ def test_cli_reranker_and_pairs(tmp_path, capsys):
     assert rc == 0 and json.loads(capsys.readouterr().out)["queries"] == 24
     rc = main(["train", "mine", "--data", tiny_beir_dir(), "--out", str(tmp_path / "n.jsonl"), "--ranks", "10"])
     assert rc == 2 and "START-END" in capsys.readouterr().err
+    # an output that is an input: the corpus (or the queries) was replaced by what was made from it
+    import shutil
+
+    data = shutil.copytree(tiny_beir_dir(), tmp_path / "beir")
+    before = {p.name: p.read_bytes() for p in data.rglob("*") if p.is_file()}
+    for argv, named in ((["mine", "--data", str(data), "--out", str(data / "corpus.jsonl")], f"--data {data}"),
+                        (["mine", "--data", str(data), "--out", str(data / "queries.jsonl")], f"--data {data}"),
+                        (["pairs", "--corpus", str(data / "corpus.jsonl"), "--out", str(data / "corpus.jsonl")],
+                         f"--corpus {data / 'corpus.jsonl'}")):
+        assert main(["train", *argv, "--no-progress"] if argv[0] == "mine" else ["train", *argv]) == 2
+        assert f"that is the input {named} reads; give another file" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in data.rglob("*") if p.is_file()} == before
 
 
 @pytest.mark.parametrize("argv, message", [
