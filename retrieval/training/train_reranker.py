@@ -24,8 +24,8 @@ and the summary says why.
 from __future__ import annotations
 
 import json
-import math
 import logging
+import math
 import os
 import random
 from collections import deque
