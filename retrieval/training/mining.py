@@ -130,7 +130,8 @@ def mine_hard_negatives(
         bar = tqdm(total=len(examples), desc="mine negatives", unit="query")
     for start in range(0, len(examples), batch_size):
         chunk = list(examples[start:start + batch_size])
-        ranked = retrieve([e.query for e in chunk], config.rank_end)
+        # no rank past the corpus exists: `--ranks 1-1000000000000` allocated result arrays of that size (MemoryError)
+        ranked = retrieve([e.query for e in chunk], min(config.rank_end, max(1, len(all_ids))))
         if len(ranked) != len(chunk):
             raise ValueError(f"retrieve returned {len(ranked)} lists for {len(chunk)} queries")
         pos_scores: list[float | None] = []

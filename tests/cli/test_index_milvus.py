@@ -40,6 +40,17 @@ def built(tmp_path_factory):
     return root
 
 
+def test_a_milvus_lite_build_prints_no_grpc_traceback(tmp_path, capsys, caplog):
+    """Every build logged gRPC's "Method not implemented!" (pymilvus asks Milvus Lite for AllocTimestamp and
+    carries on) with a traceback, although it succeeded."""
+    corpus = write_corpus(str(tmp_path / "corpus.jsonl"), toy_docs(5))
+    rc, out, err = run_cli(capsys, "index", "build", "--corpus", corpus, "--model", tiny_model_dir(), "--no-progress",
+                           "--out", str(tmp_path / "idx"), "--backend", "milvus", "--milvus-uri",
+                           str(tmp_path / "v.db"))
+    assert rc == 0 and "built" in out, err
+    assert not [r for r in caplog.records if r.name.startswith("grpc") and r.levelno >= 30], caplog.text
+
+
 def test_info_shows_the_backend_and_the_absolute_uri(built, capsys):
     rc, out, _ = run_cli(capsys, "index", "info", "--index", str(built / "milvus"))
     assert rc == 0

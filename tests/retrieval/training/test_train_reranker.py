@@ -332,6 +332,15 @@ def test_cli_reranker_and_pairs(tmp_path, capsys):
     rc = main(["train", "mine", "--data", tiny_beir_dir(), "--out", str(tmp_path / "neg.jsonl"), "--ranks", "2-10",
                "--num-negatives", "3", "--no-progress"])
     assert rc == 0 and json.loads(capsys.readouterr().out)["queries"] == 24
+    # ranks past the corpus do not exist (a MemoryError allocating results of that depth); the same negatives
+    runs = {}
+    for ranks in ("2-60", "2-1000000000000"):  # the corpus holds 60 documents
+        rc = main(["train", "mine", "--data", tiny_beir_dir(), "--out", str(tmp_path / f"{ranks}.jsonl"), "--ranks",
+                   ranks, "--num-negatives", "3", "--no-progress"])
+        assert rc == 0, capsys.readouterr().err
+        runs[ranks] = (tmp_path / f"{ranks}.jsonl").read_text()
+    assert runs["2-60"] == runs["2-1000000000000"]
+    capsys.readouterr()
     rc = main(["train", "mine", "--data", tiny_beir_dir(), "--out", str(tmp_path / "n.jsonl"), "--ranks", "10"])
     assert rc == 2 and "START-END" in capsys.readouterr().err
     # an output that is an input: the corpus (or the queries) was replaced by what was made from it
