@@ -946,8 +946,8 @@ class IndexStore:
         This store keeps working on its own directory.
         """
         target = Path(target)
-        inside = Path(os.path.realpath(target))
-        if inside == Path(os.path.realpath(self.directory)) or Path(os.path.realpath(self.directory)) in inside.parents:
+        here, there = Path(os.path.realpath(self.directory)), Path(os.path.realpath(target))
+        if there == here or here in there.parents:
             # a copy in a subdirectory was an index inside the index: `index check` passed, a rebuild or a
             # delete of one took the other along
             raise ValueError(f"{target}: inside the index {self.directory}; copy it to a directory outside it")

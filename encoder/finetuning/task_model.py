@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from twotower.common.atomic import atomic_replace_dir
+from twotower.common.atomic import atomic_replace_dir, atomic_write_text
 from twotower.common.device import autocast, resolve_bf16
 from twotower.encoder.core.checkpoint import (
     CONFIG_NAME,
@@ -207,10 +207,7 @@ class TaskModel:
         save_pretrained(build, dataclasses.replace(config, extra=extra), state, self.tokenizer,
                         architectures=[ARCHITECTURES[self.info.head]], config_extra=head_cfg)
         for name, text in (extra_files or {}).items():
-            with open(os.path.join(build, name), "w", encoding="utf-8") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
+            atomic_write_text(os.path.join(build, name), text)  # durable before the swap
         atomic_replace_dir(build, directory)
 
     # ---- prediction --------------------------------------------------------------------------------
