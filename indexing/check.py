@@ -88,7 +88,7 @@ def check_index(directory: str | os.PathLike) -> CheckReport:
             return report
         if manifest.backend == "milvus":
             _check_milvus(d, docs, manifest, report.generation, report)
-            _check_bm25(d / bm25_name(report.generation), docs, report)
+            _check_bm25(d / bm25_name(report.generation), docs, manifest, report)
             return report
         rows = docs.segment_rows() if docs.get_meta("vector_layout") else None
         if rows is None:  # the one-file layout of earlier versions: no checksums were recorded
@@ -103,7 +103,7 @@ def check_index(directory: str | os.PathLike) -> CheckReport:
             report.problem(db, f"tombstones name segment {name}, which is not committed")
         if vector_ids != docs.ids_digest_now():
             report.problem(db, "the ids of the documents differ from the ids of the vectors")
-        _check_bm25(d / bm25_name(report.generation), docs, report)
+        _check_bm25(d / bm25_name(report.generation), docs, manifest, report)
     finally:
         docs.close()
     return report
@@ -178,8 +178,12 @@ def _check_milvus(d: Path, docs: DocStore, manifest: Manifest, generation: int, 
                             "writable open deletes them (searches never see them)")
 
 
-def _check_bm25(path: Path, docs: DocStore, report: CheckReport) -> None:
+def _check_bm25(path: Path, docs: DocStore, manifest: Manifest, report: CheckReport) -> None:
     if not path.exists():
+        if manifest.bm25 is not None:  # a derived cache: harmless, but every process then pays a rebuild
+            report.notes.append(f"{path.name}: the BM25 cache of generation {report.generation} is missing; each "
+                                "process rebuilds it from the documents at its first BM25 search, and the next "
+                                "`index add` or `index delete` saves it again")
         return
     report.bytes_checked += path.stat().st_size
     recorded = docs.get_meta("bm25_sha256") or ""

@@ -130,7 +130,31 @@ def resolve_uri(uri: str, flag: str = FLAG) -> str:
     path = os.path.abspath(os.path.expanduser(uri))
     if not os.path.isdir(os.path.dirname(path)):
         raise ValueError(f"{flag} {uri}: directory {os.path.dirname(path)} does not exist")
+    problem = _lite_path_problem(path)
+    if problem:
+        raise ValueError(f"{flag} {uri}: {problem}; give a new name (e.g. ./vectors.db) or an existing Milvus Lite store")
     return path
+
+
+# What Milvus Lite (3.x) keeps in the directory at its ``.db`` path; one of these marks a store of its own.
+_LITE_ENTRIES = frozenset({"LOCK", "collections", "databases", ".database-staging"})
+
+
+def _lite_path_problem(path: str) -> str | None:
+    """Why ``path`` cannot be a Milvus Lite store, or None.
+
+    Milvus Lite keeps its data in a directory at the ``.db`` path and adopts whatever is there: it fails on an
+    ordinary file with a traceback and a misleading lock message, and writes its store into a directory of
+    the user's own files. Both are refused before anything connects.
+    """
+    if os.path.isdir(path):
+        entries = set(os.listdir(path))
+        if entries and not entries & _LITE_ENTRIES:
+            return f"{path} is a directory of other files, not a Milvus Lite store"
+        return None
+    if os.path.lexists(path):
+        return f"{path} is an ordinary file, not a Milvus Lite store (Milvus Lite keeps a directory there)"
+    return None
 
 
 def is_local(uri: str) -> bool:

@@ -1013,6 +1013,8 @@ class IndexStore:
                 "metric": self.manifest.metric,
                 "factory": self.manifest.factory,
                 "bm25": self.manifest.bm25,
+                "bm25_cache": (self.directory / bm25_name(snap.generation)).exists()
+                if self.manifest.bm25 is not None else None,
                 "backend": self.manifest.backend,
                 "milvus": ({k: self.manifest.milvus[k] for k in ("uri", "collection")}
                            if self.manifest.milvus else None),

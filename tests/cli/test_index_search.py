@@ -137,6 +137,27 @@ def test_add_delete_roundtrip(built, tmp_path, capsys):
     assert rc == 0 and "(now 38)" in out
 
 
+def test_info_and_check_say_when_the_bm25_cache_is_missing(built, tmp_path, capsys):
+    """A missing cache is no damage (exit 0), but every process then rebuilds BM25: info and check say so,
+    and the next write saves it again."""
+    idx = tmp_path / "idx"
+    shutil.copytree(built / "idx", idx)
+    rc, out, err = run_cli(capsys, "index", "check", str(idx))
+    assert rc == 0 and "BM25 cache" not in err
+    (cache,) = idx.glob("bm25-*.npz")
+    cache.unlink()
+    rc, out, _ = run_cli(capsys, "index", "info", "--index", str(idx))
+    assert rc == 0 and "its cache is missing" in out
+    rc, out, _ = run_cli(capsys, "index", "info", "--index", str(idx), "--json")
+    assert json.loads(out)["bm25_cache"] is False
+    rc, out, err = run_cli(capsys, "index", "check", str(idx))
+    assert rc == 0 and f"note: {cache.name}: the BM25 cache of generation" in err and "ok" in out
+    rc, _, _ = run_cli(capsys, "index", "delete", "--index", str(idx), "d1")
+    assert rc == 0 and len(list(idx.glob("bm25-*.npz"))) == 1
+    rc, out, err = run_cli(capsys, "index", "check", str(idx))
+    assert rc == 0 and "BM25 cache" not in err
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [

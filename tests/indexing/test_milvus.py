@@ -264,6 +264,37 @@ def test_cli_build_with_unreachable_uri_fails_before_encoding(tmp_path, capsys):
     assert "need --backend milvus" in capsys.readouterr().err
 
 
+def test_lite_path_holding_a_file_or_foreign_directory_is_refused(tmp_path, capsys):
+    """Milvus Lite fails on a file with a traceback and a lock hint, and adopts a directory of other files."""
+    notes = tmp_path / "notes.db"
+    notes.write_text("my notes\n")
+    with pytest.raises(ValueError, match=r"--milvus-uri .*notes\.db is an ordinary file"):
+        mv.resolve_uri(str(notes))
+    mine = tmp_path / "mine.db"
+    mine.mkdir()
+    (mine / "keep.txt").write_text("x")
+    with pytest.raises(ValueError, match="is a directory of other files"):
+        mv.resolve_uri(str(mine))
+    assert sorted(p.name for p in mine.iterdir()) == ["keep.txt"] and notes.read_text() == "my notes\n"
+    (tmp_path / "empty.db").mkdir()
+    assert mv.resolve_uri(str(tmp_path / "empty.db")) == str(tmp_path / "empty.db")
+
+    from twotower.cli import main
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"_id": "a", "text": "hello"}\n')
+    rc = main(["index", "build", "--corpus", str(corpus), "--out", str(tmp_path / "idx"), "--backend", "milvus",
+               "--milvus-uri", str(notes), "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "ordinary file" in err and "Traceback" not in err and not (tmp_path / "idx").exists()
+
+
+def test_an_existing_lite_store_is_accepted(uri):
+    mv.connect(uri)  # Milvus Lite creates its store
+    assert (Path(uri) / "LOCK").exists() or any(Path(uri).iterdir())
+    assert mv.resolve_uri(uri) == uri
+
+
 def test_relative_lite_path_resolves_against_the_working_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert mv.resolve_uri("./v.db") == str(tmp_path / "v.db")

@@ -61,6 +61,8 @@ SEARCH_CASES = [
     ("GET", "/search", {"q": "tea", "filter": " or ".join(f"year == {i}" for i in range(1025))}, None, 400,
      "filter", "more than 1024 comparisons"),
     ("GET", "/search", {"q": "tea", "filter": "(" * 400 + "year > 1" + ")" * 400}, None, 400, "filter", "nested"),
+    # a repeated key: Python's parser kept the last one, as the query string kept the last parameter
+    ("POST", "/search", {}, b'{"queries": ["tea"], "k": 1, "k": 2}', 400, "k", "'k' is given twice"),
     ("GET", "/documents/nope", {}, None, 404, "id", "no document"),
 ]
 
@@ -101,6 +103,10 @@ WRITE_CASES = [
     ("DELETE", "/documents", {}, {"ids": [3]}, 404, "ids", "nothing was deleted"),  # as POST reads {"_id": 3}
     ("DELETE", "/documents", {}, {"ids": ["d1", "d2", "d3", "d4"]}, 413, "ids", "limit is 3"),
     ("DELETE", "/documents", {}, {"id": "d1"}, 400, "id", "unknown field"),
+    # a repeated key: Python's parser kept the last one
+    ("POST", "/documents", {}, b'{"documents": [{"_id": "n1", "text": "a", "text": "b"}]}', 400, "text",
+     "given twice"),
+    ("DELETE", "/documents", {}, b'{"ids": ["d1"], "ids": ["d2"]}', 400, "ids", "given twice"),
 ]
 
 

@@ -250,7 +250,8 @@ def run_info(args: argparse.Namespace) -> int:
         ("index", f"{info['factory']}, {info['metric']}, dim {info['dim']}"),
         ("backend", "faiss (vector files in the directory)" if info.get("backend", "faiss") == "faiss" else
                     f"milvus, collection {info['milvus']['collection']} at {info['milvus']['uri']}"),
-        ("bm25", "yes" if info["bm25"] is not None else "no"),
+        ("bm25", "no" if info["bm25"] is None else "yes" if info.get("bm25_cache", True) else
+                 "yes (its cache is missing: rebuilt from the documents at each process's first BM25 search)"),
         ("model", model.get("package") or model.get("path") or "(given at build time, not recorded)"),
         ("encoder", f"fingerprint {enc['fingerprint']}, pooling {enc.get('pooling')}, "
                     f"normalize {enc.get('normalize')}"),

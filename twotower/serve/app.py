@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import time
 from dataclasses import asdict, dataclass, field
@@ -26,6 +27,7 @@ from typing import Any
 
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.responses import FileResponse, JSONResponse
+from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
@@ -244,6 +246,37 @@ def _reject_unknown(request: Request, allowed: tuple[str, ...]) -> None:
         raise ApiError(400, f"parameter {twice!r} is given {names.count(twice)} times; give it once", twice)
 
 
+def _no_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object hook that refuses a key given twice: Python's parser keeps the last one, silently."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ApiError(400, f"key {key!r} is given twice in one JSON object; give it once", key)
+        out[key] = value
+    return out
+
+
+class _StrictJSONRequest(Request):
+    """A request whose JSON body refuses repeated keys, as the query string refuses repeated parameters."""
+
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            self._json = json.loads(await self.body(), object_pairs_hook=_no_repeated_keys)
+        return self._json
+
+
+class _StrictJSONRoute(APIRoute):
+    """Hands every endpoint a `_StrictJSONRequest` (FastAPI parses bodies with ``request.json()``)."""
+
+    def get_route_handler(self) -> Any:
+        handler = super().get_route_handler()
+
+        async def strict(request: Request) -> Any:
+            return await handler(_StrictJSONRequest(request.scope, request.receive))
+
+        return strict
+
+
 def create_app(config: ServeConfig) -> FastAPI:
     """The FastAPI application; the model owner starts (and loads the index) with the app's lifespan."""
     service = SearchService(config)
@@ -259,6 +292,7 @@ def create_app(config: ServeConfig) -> FastAPI:
     app = FastAPI(title="twotower search", version=__version__, lifespan=lifespan, docs_url=None,
                   redoc_url=None, openapi_url="/openapi.json",
                   description="Dense and hybrid search with cross-encoder reranking over one twotower index.")
+    app.router.route_class = _StrictJSONRoute  # before the routes below are declared
     app.state.service = service
     install_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.limits.max_body_bytes)
