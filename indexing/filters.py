@@ -17,12 +17,13 @@ Grammar (``not`` binds tighter than ``and``, which binds tighter than ``or``)::
     not_expr   := "not" not_expr | "(" expr ")" | comparison
     comparison := field ("==" | "!=" | "<" | "<=" | ">" | ">=") literal
                 | field ["not"] "in" "[" [literal ("," literal)* [","]] "]"
-    field      := name ("." name)*          name := [A-Za-z_][A-Za-z0-9_]*
+    field      := key ("." key)*            key := [A-Za-z_][A-Za-z0-9_]* | "`" any text but ` . " \\ "`"
     literal    := number | string | "true" | "false"
 
 Keywords are lower- or upper-case (``and``/``AND``); strings are double- or single-quoted with
 backslash escapes (``\\" \\' \\\\ \\n \\t \\r``); numbers are integers or decimals (``-3``, ``2.5e3``).
-A dotted field names nested metadata (``source.name`` is ``metadata["source"]["name"]``).
+A dotted field names nested metadata (``source.name`` is ``metadata["source"]["name"]``). A key that is
+not a name, or is a keyword, is back-quoted: `` `pub-date` >= "2020" ``, `` source.`in` == 1 ``.
 
 Semantics (the same in all three translations; they are SQL's and Milvus's for JSON values):
 
@@ -132,7 +133,10 @@ class _Tok:
     raw: str
 
 
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Characters a quoted key cannot hold: the JSON paths of SQLite and Milvus cannot name them ('"', '\\',
+# control characters, which JSON stores escaped), the quote itself, and '.', which no stored key holds.
+_UNQUOTABLE = re.compile(r'[`."\\\x00-\x1f\x7f]')
 _NUMBER = re.compile(r"-?\d+(\.\d+)?([eE][+-]?\d+)?")
 _ESCAPES = {'"': '"', "'": "'", "\\": "\\", "n": "\n", "t": "\t", "r": "\r"}
 
@@ -183,21 +187,13 @@ def _tokenize(text: str) -> list[_Tok]:
             toks.append(_Tok("num", value, col, raw))
             i = end
             continue
-        m = _NAME.match(text, i)
-        if m:
-            raw = m.group(0)
+        if c == "`" or _IDENT.match(c):
+            raw, parts, i = _read_field(text, i)
             low = raw.lower()
-            if low in _KEYWORDS and raw in (low, raw.upper()):
+            if len(parts) == 1 and raw == parts[0] and low in _KEYWORDS and raw in (low, raw.upper()):
                 toks.append(_Tok("kw", low, col, raw))
             else:
-                for part in raw.split("."):
-                    if part.lower() in _KEYWORDS and part in (part.lower(), part.upper()):
-                        raise FilterError(f"{part!r} is a keyword and cannot be part of a field name",
-                                          text, col)
-                toks.append(_Tok("name", raw, col, raw))
-            i = m.end()
-            if i < n and text[i] == ".":
-                raise FilterError(f"malformed field name {text[col - 1:i + 1]!r}", text, col)
+                toks.append(_Tok("name", ".".join(parts), col, raw))
             continue
         if two in ("&&", "||") or c == "!":
             word = {"&&": "and", "||": "or"}.get(two, "not")
@@ -205,6 +201,48 @@ def _tokenize(text: str) -> list[_Tok]:
         raise FilterError(f"unexpected character {c!r}", text, col)
     toks.append(_Tok("end", None, n + 1, ""))
     return toks
+
+
+def _read_field(text: str, i: int) -> tuple[str, list[str], int]:
+    """A field name at ``text[i]``: its raw text, its keys and the index after it.
+
+    Each key is a name (``year``) or, for a metadata key that is not one, back-quoted (`` `pub-date` ``,
+    `` `in` ``), as SQL dialects quote identifiers; keys are joined by '.' for nesting.
+    """
+    start, parts = i, []
+    while True:
+        col = i + 1
+        if i < len(text) and text[i] == "`":
+            end = text.find("`", i + 1)
+            if end < 0:
+                raise FilterError("unterminated `quoted` field name", text, col)
+            key = text[i + 1 : end]
+            if not key.strip():
+                raise FilterError("empty `quoted` field name", text, col)
+            if m := _UNQUOTABLE.search(key):
+                raise FilterError(f"a filter cannot name a key holding {m.group()!r}", text, col + 1 + m.start())
+            parts.append(key)
+            i = end + 1
+        elif m := _IDENT.match(text, i):
+            key = m.group(0)
+            if key.lower() in _KEYWORDS and key in (key.lower(), key.upper()) and (parts or text[m.end():m.end() + 1] == "."):
+                raise FilterError(f"{key!r} is a keyword and cannot be part of a field name (quote it: `{key}`)",
+                                  text, col)
+            parts.append(key)
+            i = m.end()
+        else:
+            raise FilterError(f"malformed field name {text[start:i + 1]!r}", text, start + 1)
+        if i < len(text) and text[i] == ".":
+            i += 1
+            continue
+        if i < len(text) and (text[i].isalnum() or text[i] in "_`"):
+            raise FilterError(f"malformed field name {text[start:i + 1]!r}", text, start + 1)
+        return text[start:i], parts, i
+
+
+def _written(path: str) -> str:
+    """A dotted metadata path as a filter writes it: keys that are not names, or are keywords, back-quoted."""
+    return ".".join(k if _IDENT.fullmatch(k) and k.lower() not in _KEYWORDS else f"`{k}`" for k in path.split("."))
 
 
 def _read_string(text: str, i: int) -> tuple[str, int]:
@@ -621,11 +659,11 @@ class Filter:
         for n in _walk(self._root):
             if isinstance(n, (_Cmp, _In)) and n.field not in known:
                 listed = sorted(known)
-                shown = ", ".join(listed[:_MAX_KNOWN_LISTED])
+                shown = ", ".join(map(_written, listed[:_MAX_KNOWN_LISTED]))
                 if len(listed) > _MAX_KNOWN_LISTED:
                     shown += f", ... ({len(listed)} in all)"
                 detail = f"known fields: {shown}" if listed else "no document in the index has metadata"
-                raise FilterError(f"unknown field {n.field!r}", self.text, n.col, where=where, detail=detail)
+                raise FilterError(f"unknown field {_written(n.field)!r}", self.text, n.col, where=where, detail=detail)
 
     def matches(self, metadata: Mapping[str, Any]) -> bool:
         """Whether a document with this metadata passes the filter (true, not unknown: the reference semantics)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import sqlite3
 
 import pytest
@@ -28,7 +29,8 @@ from twotower.indexing.filters import (
 def sql_matches(flt: Filter, metas: list[dict]) -> list[bool]:
     conn = sqlite3.connect(":memory:")
     conn.execute("CREATE TABLE docs (n INTEGER PRIMARY KEY, metadata TEXT NOT NULL)")
-    conn.executemany("INSERT INTO docs VALUES (?, ?)", [(i, json.dumps(m)) for i, m in enumerate(metas)])
+    conn.executemany("INSERT INTO docs VALUES (?, ?)",  # stored as the document store does
+                     [(i, json.dumps(m, ensure_ascii=False)) for i, m in enumerate(metas)])
     where, params = flt.to_sql()
     hits = {r[0] for r in conn.execute(f"SELECT n FROM docs WHERE {where}", params)}
     return [i in hits for i in range(len(metas))]
@@ -112,6 +114,26 @@ def test_literals_and_fields():
     assert parse_filter("a == 1") == parse_filter("  a==1 ")
 
 
+def test_quoted_keys_name_what_a_name_cannot():
+    """Keys that are not names (``pub-date``, ``é``, ``a b``) or are keywords were stored but could not be
+    filtered on; back-quoted, they run the same in Python, SQLite and Milvus."""
+    docs = [{"pub-date": "2021-05-01", "in": 1, "src": {"or": "x"}, "é t": 2}, {"pub-date": "2019-01-01"}, {}]
+    for text, expected in [
+        ('`pub-date` >= "2020-01-01"', [1, 0, 0]),
+        ("`in` == 1 and src.`or` == 'x'", [1, 0, 0]),
+        ("`src`.`or` in ['x']", [1, 0, 0]),
+        ("`é t` > 1", [1, 0, 0]),
+        ("not (`pub-date` < '2020')", [1, 0, 0]),
+    ]:
+        flt = parse_filter(text)
+        assert [flt.matches(d) for d in docs] == [bool(e) for e in expected], text
+        assert sql_matches(flt, docs) == [bool(e) for e in expected], text
+    flt = parse_filter("src.`or` == 'x' and `pub-date` != '' and `year` == 1")
+    assert flt.fields() == {"src.or", "pub-date", "year"}
+    assert flt.to_milvus() == '(metadata["src"]["or"] == "x" and metadata["pub-date"] != "" and metadata["year"] == 1)'
+    assert parse_filter("`year` == 1") == parse_filter("year == 1")
+
+
 def test_metadata_fields_are_leaf_paths():
     assert metadata_fields({"a": 1, "b": {"c": "x", "d": {"e": [1]}}, "f": {}}) == {"a", "b.c", "b.d.e", "f"}
 
@@ -138,6 +160,14 @@ def test_metadata_fields_are_leaf_paths():
         ("a == 1 $", "unexpected character '$'", 8),
         ("in == 1", "expected a field name, got 'in'", 1),
         ("x == 'a\\q'", "unknown escape", 8),
+        ("src.in == 1", "'in' is a keyword and cannot be part of a field name (quote it: `in`)", 5),
+        ("pub-date == 1", "unexpected character '-'", 4),
+        ("`pub-date == 1", "unterminated `quoted` field name", 1),
+        ("`` == 1", "empty `quoted` field name", 1),
+        ('`a"b` == 1', "a filter cannot name a key holding '\"'", 3),
+        ("`a.b` == 1", "a filter cannot name a key holding '.'", 3),
+        ("a.`b`c == 1", "malformed field name", 1),
+        ("a. == 1", "malformed field name 'a. '", 1),
     ],
 )
 def test_errors_name_problem_and_column(text, problem, column):
@@ -178,6 +208,10 @@ def test_unknown_field_names_field_and_known_fields():
     assert e.column == 18 and "unknown field 'yeer'" in str(e) and "known fields: lang, year" in str(e)
     with pytest.raises(FilterError, match="no document in the index has metadata"):
         flt.check_fields(set())
+    with pytest.raises(FilterError) as info:  # known fields are listed as a filter writes them
+        parse_filter("`pub date` == 1").check_fields({"pub-date", "src.in", "lang"})
+    assert "unknown field '`pub date`'" in str(info.value)
+    assert "known fields: lang, `pub-date`, src.`in`" in str(info.value)
 
 
 def test_as_filter():
@@ -236,7 +270,13 @@ def test_filters_beyond_the_limits_are_refused_where_they_cross(text, problem, c
 
 
 # ---------------------------------------------------------------------------- property: matches == SQL
-FIELDS = ["lang", "year", "score", "src.name", "src.rank", "flag", "date", "tags"]
+FIELDS = ["lang", "year", "score", "src.name", "src.rank", "flag", "date", "tags",
+          "pub-date", "é t", "src.in"]  # keys a filter names back-quoted
+
+
+def field_text(path: str) -> str:
+    return ".".join(p if re.fullmatch(r"[a-z_]+", p) and p not in ("in", "not", "and", "or") else f"`{p}`"
+                    for p in path.split("."))
 STRINGS = ["en", "de", "fr", "", "é", "EN", "a'b", 'q"x']
 DATES = ["2019-12-31", "2020-01-01", "2020-06-15", "2020-01-01T08:00:00Z", "2021-03-04T00:00:00Z"]
 
@@ -293,7 +333,7 @@ def random_filter(rng: random.Random, depth: int = 0) -> str:
         return "(" + op.join(random_filter(rng, depth + 1) for _ in range(rng.randint(2, 3))) + ")"
     if depth < 3 and r < 0.4:
         return "not " + random_filter(rng, depth + 1)
-    field = rng.choice(FIELDS)
+    field = field_text(rng.choice(FIELDS))
     if rng.random() < 0.2:
         vals = [random_value(rng) for _ in range(rng.randint(0, 3))]
         vals = [v for v in vals if isinstance(v, (int, float, str))]
