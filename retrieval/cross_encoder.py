@@ -185,10 +185,16 @@ class CrossEncoder(nn.Module):
 
         A bare encoder directory (no ``classifier.*`` tensors) is refused with a
         pointer to `from_encoder`, because silently adding a random head would
-        produce a reranker that ranks at random.
+        produce a reranker that ranks at random.  ``"default"`` is the reranker twotower ships, as
+        ``--reranker default`` on the command line (``"./default"`` names a directory called so).
         """
+        from twotower.retrieval import default_reranker
+
+        if directory == default_reranker.NAME:
+            return default_reranker.load(device=device, bf16=bf16, max_length=max_length)
         if not os.path.isdir(directory):
-            raise FileNotFoundError(f"cross-encoder directory not found: {directory}")
+            raise FileNotFoundError(f"cross-encoder directory not found: {directory} (\"default\" is the "
+                                    "reranker twotower ships)")
         EncoderConfig.load(os.path.join(directory, CONFIG_NAME))  # a bad config.json is named before the weights load
         return cls.from_state(directory, read_weights(directory), device=device, max_length=max_length, bf16=bf16)
 

@@ -189,10 +189,17 @@ class DualEncoder:
 
         Pooling, normalisation and max length default to the directory's
         sentence-transformers files (mean pooling, no normalisation without them);
-        prefixes default to its ``prompts``.  Explicit arguments win.
+        prefixes default to its ``prompts``.  Explicit arguments win.  ``"default"`` is the embedded
+        all-MiniLM-L6-v2, as ``--model default`` on the command line (the name wins over a directory called
+        ``default``: pass ``"./default"`` for that one).
         """
+        if directory == "default":
+            from twotower.retrieval.manifest import default_model_dir
+
+            directory = default_model_dir()
         if not os.path.isdir(directory):
-            raise FileNotFoundError(f"model directory not found: {directory}")
+            raise FileNotFoundError(f"model directory not found: {directory} (\"default\" is the embedded "
+                                    "all-MiniLM-L6-v2)")
         kw = dict(pooling=pooling, normalize=normalize, max_length=max_length, bf16=bf16, device=device)
         cfg_path = os.path.join(directory, DUAL_CONFIG_NAME)
         if os.path.isfile(cfg_path):

