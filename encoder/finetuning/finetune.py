@@ -45,6 +45,7 @@ from twotower.encoder.finetuning.qa_decode import choose_null_threshold
 from twotower.encoder.finetuning.task_examples import build_label_map, check_bio_labels
 from twotower.encoder.finetuning.task_model import TaskModel, batch_order, model_inputs, read_config, run_rows
 from twotower.encoder.finetuning.tasks import Featurized, TaskInfo, get_task
+from twotower.encoder.finetuning.windows import qa_window, tag_window
 from twotower.encoder.training.optim import check_optimizer_settings, lr_factor, make_optimizer, set_lr
 
 logger = logging.getLogger(__name__)
@@ -71,7 +72,7 @@ class FinetuneConfig:
     warmup: float = 0.1  # fraction of all steps
     freeze_encoder: bool = False
     max_length: int | None = None  # None: DEFAULT_MAX_LENGTH, or the model's positions if fewer; a given value must fit
-    doc_stride: int | None = None  # QA: window overlap; None: half a window's context room, at most 128
+    doc_stride: int | None = None  # QA, tag: window overlap; None: half a window's context room, at most 128
     max_query_length: int | None = None  # QA: question tokens kept; None: a quarter of max_length, at most 64
     max_answer_length: int = 30  # QA
     dropout: float | None = None  # head dropout; None: the config's hidden dropout
@@ -189,21 +190,6 @@ def resolved_max_length(given: int | None, model_dir: str, head: str = "classify
     return given
 
 
-def qa_window(max_length: int, doc_stride: int | None, max_query_length: int | None) -> tuple[int, int, int]:
-    """``(doc_stride, max_query_length, room)`` of QA windows of `max_length` tokens; room: the context tokens a
-    window holds after the longest question kept and [CLS], [SEP], [SEP].
-
-    A None setting is derived from `max_length`: the question keeps a quarter of it (at most 64, HF's default),
-    the overlap is half the room (at most 128, HF's default). With 384 tokens that is HF's 64 and 128.
-    The caller refuses ``doc_stride >= room``: windows would never advance (make_windows refuses it too, but
-    only at the first long question, after the model had loaded).
-    """
-    query = max_query_length if max_query_length is not None else max(1, min(64, max_length // 4))
-    room = max_length - query - 3
-    stride = doc_stride if doc_stride is not None else max(1, min(128, room // 2))
-    return stride, query, room
-
-
 def out_dir_state(out_dir: str, model_dir: str | None = None) -> str:
     """What is at a run's output directory: "free" (nothing, or an empty directory), "run" (an earlier run: it
     holds finetune_report.json), "model" (the very directory being fine-tuned), "file" or "other" (a directory
@@ -302,6 +288,11 @@ def finetune(
                       f"a window of max_length={max_length} tokens holds {room} context tokens after a question "
                       f"of up to max_query_length={max_query_length} tokens; the overlap must be smaller "
                       "(--max-length, --max-query-length)")
+    if head == "tag":  # a sentence longer than max_length is read (and trained on) in overlapping windows
+        doc_stride, room = tag_window(max_length, cfg.doc_stride)
+        check_setting(room > doc_stride, "doc_stride", doc_stride, "--doc-stride",
+                      f"a window of max_length={max_length} tokens holds {room} tokens of a sentence after [CLS] "
+                      "and before [SEP]; the overlap must be smaller (--max-length)")
     info = TaskInfo(head, label_map, max_length, doc_stride, max_query_length, cfg.max_answer_length,
                     pairs=head == "classify" and any(getattr(ex, "pair", None) is not None for ex in train))
     device = torch.device(cfg.device) if cfg.device else default_device()
@@ -320,8 +311,9 @@ def finetune(
         for name, sp in splits.items():
             sp.cache = run_rows(tm.model, sp.feats, tm.tokenizer.pad_id, device, cfg.eval_batch_size, bf16,
                                 stage="encode", progress=cfg.progress, desc=f"features {name}")
-    resolved = {"max_length": max_length} | ({"doc_stride": doc_stride, "max_query_length": max_query_length}
-                                             if head == "qa" else {})  # the values used, defaults resolved
+    resolved = ({"max_length": max_length}  # the values used, defaults resolved
+                | ({"doc_stride": doc_stride, "max_query_length": max_query_length} if head == "qa" else {})
+                | ({"doc_stride": doc_stride} if head == "tag" else {}))
     report = FinetuneReport(head, metric, {**asdict(cfg), **resolved, "learning_rate": cfg.learning_rate,
                                            "bf16": bf16},
                             {k: len(sp.examples) for k, sp in splits.items()} | {"train_rows": len(splits["train"].feats)},

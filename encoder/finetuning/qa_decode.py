@@ -5,7 +5,8 @@ unanswerable, its answer is merely cut off by truncation (docs/architecture.md, 
 context is cut into windows of at most ``max_length`` tokens (with the
 question in front of each) that overlap by ``doc_stride`` tokens, every
 window is scored, and the best span over all windows wins.  ``doc_stride`` is
-the *overlap*, as in HF tokenizers' ``stride``.
+the *overlap*, as in HF tokenizers' ``stride`` (the window cutting is shared with tagging:
+``encoder/finetuning/windows.py``).
 
 Why a threshold: the highest-scoring span is not necessarily an answer.  The
 [CLS] position's start+end score is the model's "no answer" score; when it
@@ -25,6 +26,7 @@ import numpy as np
 
 from twotower.encoder.core.tokenizer import Tokenizer
 from twotower.encoder.finetuning.task_examples import QAExample
+from twotower.encoder.finetuning.windows import window_spans
 
 NEG_INF = float("-inf")
 
@@ -104,9 +106,7 @@ def make_windows(
             )
         span = _answer_tokens(ex, c_off) if with_targets and ex.answers else None
         prefix = len(q_ids) + 2
-        first = 0
-        while True:
-            last = min(first + room, n_ctx)  # window covers context tokens [first, last)
+        for first, last in window_spans(n_ctx, room, doc_stride):  # window covers context tokens [first, last)
             ids = [tokenizer.cls_id, *q_ids, tokenizer.sep_id, *c_ids[first:last], tokenizer.sep_id]
             types = [0] * prefix + [1] * (last - first + 1)
             offs: list[tuple[int, int] | None] = [None] * prefix + list(c_off[first:last]) + [None]
@@ -115,9 +115,6 @@ def make_windows(
             if span is not None and first <= span[0] and span[1] < last:
                 start, end = prefix + span[0] - first, prefix + span[1] - first
             windows.append(QAWindow(i, ids, types, offs, words, start, end))
-            if last >= n_ctx:
-                break
-            first += room - doc_stride
     return windows
 
 

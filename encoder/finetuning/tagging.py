@@ -4,7 +4,8 @@ A tagging set labels *words*; the model sees WordPiece sub-tokens.  Each word's
 label goes on its first sub-token and every other sub-token gets -100, so the
 loss counts each word exactly once however many pieces it was cut into
 (docs/architecture.md, "Heads").  At prediction the first sub-token's argmax is the word's
-tag.
+tag.  A sentence longer than the model reads is cut into overlapping windows, and each word
+is read from the window where it has the most context (tasks.TagTask, windows.py).
 
 Words are joined with single spaces and each sub-token is assigned to a word
 by its character offset, not by the tokenizer's own word ids: the BERT
@@ -39,7 +40,8 @@ def first_subtokens(
     """Index of each word's first sub-token in the encoded row, or -1 when the word has none.
 
     A word has none when normalisation deleted it (control characters) or
-    truncation cut it off; such a word is predicted "O" and never trained on.
+    truncation cut it off (fine-tuning does not truncate: a long sentence is read in
+    windows, tasks.TagTask); such a word is predicted "O" and never trained on.
     """
     first = [-1] * len(word_starts)
     for t, ((s, e), seq) in enumerate(zip(offsets, sequence_ids)):

@@ -27,7 +27,6 @@ from twotower.encoder.finetuning.tagging import (
     entity_scores,
     first_subtokens,
     join_words,
-    subtoken_labels,
 )
 from twotower.encoder.finetuning.task_examples import (
     QAExample,
@@ -37,6 +36,7 @@ from twotower.encoder.finetuning.task_examples import (
     check_tag_examples,
     check_text_examples,
 )
+from twotower.encoder.finetuning.windows import max_context_owners, qa_window, tag_window, window_spans
 
 
 @dataclass
@@ -51,7 +51,7 @@ class TaskInfo:
     head: str
     labels: list[str] = field(default_factory=list)
     max_length: int = 128
-    doc_stride: int = 128  # QA: overlap between windows, in tokens
+    doc_stride: int | None = None  # QA, tag: overlap between windows, in tokens; None: derived (windows.py)
     max_query_length: int = 64  # QA
     max_answer_length: int = 30  # QA, in tokens
     null_threshold: float | None = None  # QA: "no answer" when null - span score exceeds it; None = never
@@ -61,9 +61,12 @@ class TaskInfo:
         d = {"head": self.head, "max_length": self.max_length}
         if self.head == "classify" and self.pairs:
             d["pairs"] = True
-        if self.head == "qa":
-            d.update(doc_stride=self.doc_stride, max_query_length=self.max_query_length,
-                     max_answer_length=self.max_answer_length, null_threshold=self.null_threshold)
+        if self.head == "qa":  # the overlap as a number, derived if unset: what the checkpoint predicts with
+            d.update(doc_stride=qa_window(self.max_length, self.doc_stride, self.max_query_length)[0],
+                     max_query_length=self.max_query_length, max_answer_length=self.max_answer_length,
+                     null_threshold=self.null_threshold)
+        if self.head == "tag":
+            d["doc_stride"] = tag_window(self.max_length, self.doc_stride)[0]
         return d
 
 
@@ -74,7 +77,7 @@ class Featurized:
     input_ids: list[list[int]]
     token_type_ids: list[list[int]]
     targets: list[Any]  # classify: int; tag: list[int] per position; qa: (start, end)
-    aux: Any = None  # tag: first sub-token per word, per row; qa: the QAWindow list
+    aux: Any = None  # tag: a TagRows per example; qa: the QAWindow list
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -190,10 +193,29 @@ class ClassifyTask(Task):
 class TagPrediction:
     tags: list[str]  # one per input word
     entities: list[tuple[str, int, int, str]]  # (type, first word, end word exclusive, text)
-    cut: int = 0  # words after the last one the model saw (the input was longer than max_length): tagged "O"
+    windows: int = 1  # model rows the sentence was read in: more than 1 when it is longer than max_length
+
+
+@dataclass
+class TagRows:
+    """Where the words of one sentence are read: its model rows, and per word (row, position) of the first
+    sub-token in the window where the word has the most context; (-1, -1) for a word with no sub-token
+    (normalisation deleted it: it is predicted "O" and never trained on)."""
+
+    rows: range
+    words: list[tuple[int, int]]
 
 
 class TagTask(Task):
+    """A sentence longer than ``max_length`` tokens is cut into windows of ``max_length - 2`` tokens (plus
+    [CLS] and [SEP]) overlapping by ``doc_stride`` (encoder/finetuning/windows.py), one model row each, batched
+    with all other rows. Each word is read, at prediction, and labelled, in training, in one window only: the
+    one where its first sub-token has the most context (BERT's max-context rule). So every word gets a real
+    prediction, each word counts once in the loss as in a short sentence, and training sees the same windows,
+    starting mid-sentence, that prediction reads (HF's run_ner truncates in training, so words past the limit
+    are never learned from and mid-sentence windows never seen).
+    """
+
     head, main_metric = "tag", "f1"
 
     def check(self, examples, labels, need_targets):
@@ -204,20 +226,40 @@ class TagTask(Task):
 
     def featurize(self, tokenizer, examples: Sequence[TagExample], info, with_targets):
         index = {label: i for i, label in enumerate(info.labels)}
-        ids, types, targets, firsts = [], [], [], []
+        overlap, room = tag_window(info.max_length, info.doc_stride)
+        if not 0 <= overlap < room:
+            raise ValueError(f"doc_stride={overlap}: a window of max_length={info.max_length} tokens holds {room} "
+                             "tokens of a sentence after [CLS] and before [SEP]; the overlap must be smaller")
+        ids: list[list[int]] = []
+        targets: list[list[int]] = []
+        places: list[TagRows] = []
         for a in range(0, len(examples), 4096):
             chunk = examples[a:a + 4096]
             joined = [join_words(ex.words) for ex in chunk]
-            batch = tokenizer.encode([text for text, _ in joined], max_length=info.max_length)
-            i, t = _rows(batch, len(chunk))
-            ids += i
-            types += t
-            for k, (ex, (_, starts)) in enumerate(zip(chunk, joined)):
-                first = first_subtokens(starts, batch.offsets[k], batch.sequence_ids[k])
-                firsts.append(first)
+            texts = [text for text, _ in joined]
+            # whole sentences, unpadded and without special tokens: cut into windows below
+            for ex, (_, starts), tokens, (offsets, _) in zip(chunk, joined, tokenizer.encode_ids(texts),
+                                                              tokenizer.token_spans(texts)):
+                n = len(tokens)
+                first = first_subtokens(starts, offsets, [0] * n)  # token index of each word, or -1
+                spans = window_spans(n, room, overlap)
+                owner = max_context_owners(spans, n)
+                row0 = len(ids)
+                rows = [[IGNORE_INDEX] * (last - start + 2) for start, last in spans]
+                words = []
                 y = [index[tag] for tag in ex.tags] if with_targets else [IGNORE_INDEX] * len(first)
-                targets.append(subtoken_labels(first, y, len(i[k])))
-        return Featurized(ids, types, targets, aux=firsts)
+                for t, label in zip(first, y):
+                    if t < 0:
+                        words.append((-1, -1))
+                        continue
+                    k = owner[t]
+                    pos = t - spans[k][0] + 1  # + 1: [CLS]
+                    rows[k][pos] = label
+                    words.append((row0 + k, pos))
+                ids += [[tokenizer.cls_id, *tokens[start:last], tokenizer.sep_id] for start, last in spans]
+                targets += rows
+                places.append(TagRows(range(row0, len(ids)), words))
+        return Featurized(ids, [[0] * len(r) for r in ids], targets, aux=places)
 
     def batch_targets(self, feats, idx):
         return {"labels": pad([feats.targets[i] for i in idx], IGNORE_INDEX)}
@@ -226,15 +268,12 @@ class TagTask(Task):
         return tagging_loss(logits, batch["labels"])
 
     def decode(self, examples, feats, outputs, info):
+        best = [np.asarray(out).argmax(-1) for out in outputs]  # (T_k,) per row
         preds = []
-        for ex, first, out, ids in zip(examples, feats.aux, outputs, feats.input_ids):
-            best = np.asarray(out).argmax(-1)  # (T,)
-            tags = [info.labels[int(best[t])] if t >= 0 else "O" for t in first]
-            tags = _repair_bio(tags)
+        for ex, place in zip(examples, feats.aux):
+            tags = _repair_bio([info.labels[int(best[r][p])] if r >= 0 else "O" for r, p in place.words])
             ents = [(k, s, e, " ".join(ex.words[s:e])) for k, s, e in bio_entities(tags)]
-            seen = [k for k, t in enumerate(first) if t >= 0]
-            cut = (len(first) - 1 - seen[-1] if seen else len(first)) if len(ids) >= info.max_length else 0
-            preds.append(TagPrediction(tags, ents, cut))
+            preds.append(TagPrediction(tags, ents, len(place.rows)))
         return preds
 
     def score(self, preds, examples):
@@ -257,7 +296,8 @@ class QATask(Task):
         check_qa_examples(examples)
 
     def featurize(self, tokenizer, examples: Sequence[QAExample], info, with_targets):
-        windows = make_windows(tokenizer, examples, info.max_length, info.doc_stride, info.max_query_length,
+        stride, _, _ = qa_window(info.max_length, info.doc_stride, info.max_query_length)
+        windows = make_windows(tokenizer, examples, info.max_length, stride, info.max_query_length,
                                with_targets=with_targets)
         return Featurized([w.input_ids for w in windows], [w.token_type_ids for w in windows],
                           [(w.start, w.end) for w in windows], aux=windows)

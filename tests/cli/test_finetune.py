@@ -124,7 +124,10 @@ def test_bad_input_names_file_and_line(tiny_dir, tmp_path, capsys):
     assert "--text-column applies to classify only, not tag" in _error(capsys, [*tag, "--text-column", "words"])
     assert "--pooling applies to classify only" in _error(capsys, [*tag, "--pooling", "mean"])
     err = _error(capsys, [*base, "--dev", train, "--doc-stride", "64", "--max-answer-length", "5"])
-    assert "--doc-stride, --max-answer-length apply to qa only, not classify: leave them out" in err
+    assert "--doc-stride applies to qa and tag only, --max-answer-length to qa only, not classify: leave them out" \
+        in err
+    err = _error(capsys, [*tag, "--max-query-length", "8", "--max-answer-length", "5"])
+    assert "--max-query-length, --max-answer-length apply to qa only, not tag: leave them out" in err
     err = _error(capsys, ["finetune", "qa", "--model", tiny_dir, "--train", bad, "--dev", bad, "--out", out,
                           "--label-column", "y", "--max-query-length", "16"])
     assert "--label-column applies to classify only, not qa" in err

@@ -210,18 +210,27 @@ def test_blank_lines_in_a_txt_to_predict_on_are_refused_not_dropped(tmp_path):
         read_tag_examples(gap, need_tags=False)
 
 
-def test_predict_warns_of_words_past_max_length_and_of_lone_texts_for_a_pair_model(tiny_dir, tmp_path, capsys):
+def test_predict_tags_long_sentences_in_windows_and_warns_of_lone_texts_for_a_pair_model(tiny_dir, tmp_path,
+                                                                                           capsys):
     conll = _write(tmp_path / "t.conll", "john\tB-per\nlives\tO\nin\tO\nparis\tB-loc\n\n" * 4)
     out = str(tmp_path / "tag")
     assert main(["finetune", "tag", "--model", tiny_dir, "--train", conll, "--dev", conll, "--out", out,
                  "--max-length", "6", "--max-steps", "1", "--no-progress"]) == 0
+    assert json.load(open(tmp_path / "tag" / "config.json"))["twotower_task"]["doc_stride"] == 2  # half of 4
     capsys.readouterr()
     txt = _write(tmp_path / "s.txt", "john lives in paris\njohn lives in paris and john lives in paris\n")
     assert main(["predict", "tag", "--model", out, "--input", txt, "--no-progress"]) == 0
     captured = capsys.readouterr()
-    assert [len(json.loads(x)["tags"]) for x in captured.out.splitlines()] == [4, 9]
-    # 6 tokens: [CLS], 4 words, [SEP]: the first sentence fits exactly, the second's last 5 words went unread
-    assert "warning: 5 words in 1 sentence lie past the model's 6 tokens and were tagged O unread" in captured.err
+    rows = [json.loads(x)["tags"] for x in captured.out.splitlines()]
+    assert [len(tags) for tags in rows] == [4, 9]
+    # 6 tokens: [CLS], 4 words, [SEP]: the first sentence fits exactly, the second (9 words, one token each) is
+    # read in windows of 4 words starting every 2 (the old code tagged its last 5 words O unread, with a warning)
+    assert "warning" not in captured.err
+    assert ("note: 1 sentence longer than the model's 6 tokens was read in 4 overlapping windows; each word is "
+            "tagged from the window where it has the most context") in captured.err
+    assert main(["predict", "tag", "--model", out, "--input", _write(tmp_path / "one.txt", "paris\n"),
+                 "--no-progress"]) == 0
+    assert capsys.readouterr().err == ""
 
     pairs = _write(tmp_path / "p.jsonl", '{"text": "the tea", "pair": "is hot", "label": "y"}\n'
                                          '{"text": "the tea", "pair": "a film", "label": "n"}\n' * 2)
@@ -263,6 +272,24 @@ def test_finetune_qa_runs_with_default_flags_and_bad_windows_are_named_by_flag(t
            "--max-query-length 8 tokens" in err
     err = _error(capsys, [*base, "--out", str(tmp_path / "o"), "--max-query-length", "94"])
     assert "--max-length 96 (the default for this model) leaves 0 context tokens" in err
+
+
+def test_finetune_tag_takes_doc_stride_and_refuses_one_as_wide_as_a_window(tiny_dir, tmp_path, capsys):
+    conll = _write(tmp_path / "t.conll", "john\tB-per\nlives\tO\nin\tO\nparis\tB-loc\n\n" * 4)
+    base = ["finetune", "tag", "--model", tiny_dir, "--train", conll, "--dev", conll, "--no-progress",
+            "--max-steps", "1"]
+    assert main([*base, "--out", str(tmp_path / "tag"), "--max-length", "8", "--doc-stride", "5"]) == 0
+    assert json.load(open(tmp_path / "tag" / "config.json"))["twotower_task"]["doc_stride"] == 5
+    assert _report(tmp_path / "tag")["config"]["doc_stride"] == 5
+    assert main([*base, "--out", str(tmp_path / "d")]) == 0  # the default: half of 96 - 2, the model's positions
+    assert json.load(open(tmp_path / "d" / "config.json"))["twotower_task"]["doc_stride"] == 47
+    capsys.readouterr()
+    err = _error(capsys, [*base, "--out", str(tmp_path / "o"), "--max-length", "8", "--doc-stride", "6"])
+    assert ("--doc-stride 6: a window of --max-length 8 holds 6 tokens of a sentence besides [CLS] and [SEP]; the "
+            "overlap must be smaller: give --doc-stride 3, or a larger --max-length") in err
+    err = _error(capsys, [*base, "--out", str(tmp_path / "o"), "--doc-stride", "94"])
+    assert "--doc-stride 94: a window of --max-length 96 (the default for this model) holds 94 tokens" in err
+    assert not os.path.exists(tmp_path / "o")
 
 
 # ---- errors in the user's words -------------------------------------------------------------------------

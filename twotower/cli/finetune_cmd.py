@@ -44,7 +44,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--warmup", type=float, default=0.1, help="warmup fraction of all steps (then linear decay)")
     p.add_argument("--weight-decay", type=float, default=0.01)
     p.add_argument("--max-length", type=int,
-                   help="tokens per input (QA: per window); default 128 (QA: 384), or the model's maximum if less")
+                   help="tokens per input (QA and tag: per window; longer inputs are read in overlapping windows); "
+                        "default 128 (QA: 384), or the model's maximum if less")
     p.add_argument("--freeze-encoder", action="store_true", help="train only the head on cached encoder features")
     p.add_argument("--pooling", choices=("cls", "mean"),
                    help="classify: [CLS] pooler (default) or the mean of token states (no pooler)")
@@ -53,7 +54,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-train", type=int, help="subsample the training set to this many examples")
     p.add_argument("--max-steps", type=int, help="stop each seed after this many steps (dry run)")
     p.add_argument("--doc-stride", type=int,
-                   help="QA: token overlap between windows (default: half the context a window holds, at most 128)")
+                   help="QA and tag: token overlap between the windows a long context or sentence is read in "
+                        "(default: half the text a window holds, at most 128)")
     p.add_argument("--max-query-length", type=int,
                    help="QA: question tokens kept (default: a quarter of --max-length, at most 64)")
     p.add_argument("--max-answer-length", type=int, help="QA: longest answer span in tokens (default 30)")
@@ -82,11 +84,11 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true")
 
 
-# Flags that only one task reads (dest, flag, task): given for another task they were ignored.
-_TASK_FLAGS = (("pooling", "--pooling", "classify"), ("text_column", "--text-column", "classify"),
-               ("label_column", "--label-column", "classify"), ("pair_column", "--pair-column", "classify"),
-               ("doc_stride", "--doc-stride", "qa"), ("max_query_length", "--max-query-length", "qa"),
-               ("max_answer_length", "--max-answer-length", "qa"))
+# Flags that only some tasks read (dest, flag, tasks): given for another task they were ignored.
+_TASK_FLAGS = (("pooling", "--pooling", ("classify",)), ("text_column", "--text-column", ("classify",)),
+               ("label_column", "--label-column", ("classify",)), ("pair_column", "--pair-column", ("classify",)),
+               ("doc_stride", "--doc-stride", ("qa", "tag")), ("max_query_length", "--max-query-length", ("qa",)),
+               ("max_answer_length", "--max-answer-length", ("qa",)))
 
 
 def _refuse_other_tasks_flags(args: argparse.Namespace) -> None:
@@ -94,13 +96,16 @@ def _refuse_other_tasks_flags(args: argparse.Namespace) -> None:
     as usual and said nothing (tagging and QA files have fixed layouts)."""
     from twotower.cli import CLIError
 
-    given = [(flag, task) for dest, flag, task in _TASK_FLAGS
-             if task != args.task and getattr(args, dest, None) is not None]
-    if given:
-        flags = ", ".join(flag for flag, _ in given)
-        tasks = sorted({task for _, task in given})
-        raise CLIError(f"{flags} {'applies' if len(given) == 1 else 'apply'} to {' and '.join(tasks)} only, "
-                       f"not {args.task}: leave {'it' if len(given) == 1 else 'them'} out")
+    given = [(flag, tasks) for dest, flag, tasks in _TASK_FLAGS
+             if args.task not in tasks and getattr(args, dest, None) is not None]
+    if not given:
+        return
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for flag, tasks in given:
+        groups.setdefault(tasks, []).append(flag)
+    parts = [f"{', '.join(flags)} {'' if k else ('applies ' if len(flags) == 1 else 'apply ')}to "
+             f"{' and '.join(sorted(tasks))} only" for k, (tasks, flags) in enumerate(groups.items())]
+    raise CLIError(f"{', '.join(parts)}, not {args.task}: leave {'it' if len(given) == 1 else 'them'} out")
 
 
 def _read(task: str, path: str, args: argparse.Namespace, need_labels: bool) -> list:
@@ -178,12 +183,21 @@ def _seeds(text: str) -> tuple[int, ...]:
     return seeds
 
 
-def _check_qa_window(args: argparse.Namespace, model_dir: str) -> None:
-    """QA windows before anything loads: the overlap must be smaller than the context a window holds. It failed
-    after loading, in Python names ("max_length=128 leaves 116 context tokens ... doc_stride=128")."""
+def _check_windows(args: argparse.Namespace, model_dir: str) -> None:
+    """QA and tagging windows before anything loads: the overlap must be smaller than the text a window holds.
+    It failed after loading, in Python names ("max_length=128 leaves 116 context tokens ... doc_stride=128")."""
     from twotower.cli import CLIError
-    from twotower.encoder.finetuning.finetune import qa_window, resolved_max_length
+    from twotower.encoder.finetuning.finetune import qa_window, resolved_max_length, tag_window
 
+    if args.task == "tag":
+        max_length = resolved_max_length(args.max_length, model_dir, "tag")
+        stride, room = tag_window(max_length, args.doc_stride)
+        if room > stride:
+            return
+        given = "" if args.max_length is not None else " (the default for this model)"
+        raise CLIError(f"--doc-stride {stride}: a window of --max-length {max_length}{given} holds {room} tokens "
+                       f"of a sentence besides [CLS] and [SEP]; the overlap must be smaller: give --doc-stride "
+                       f"{room // 2}, or a larger --max-length")
     if args.task != "qa":
         return
     max_length = resolved_max_length(args.max_length, model_dir, "qa")
@@ -214,7 +228,7 @@ def run_finetune(args: argparse.Namespace) -> int:
         if path is not None:
             input_file(flag, path)
     max_length_fits("--max-length", args.max_length, model_dir)
-    _check_qa_window(args, model_dir)
+    _check_windows(args, model_dir)
     if args.threads:
         import torch
 
@@ -313,10 +327,12 @@ def run_predict(args: argparse.Namespace) -> int:
                   "inputs have no second text (--pair-column); their predictions are unreliable", file=sys.stderr)
     preds = model.predict(examples, batch_size=args.batch_size, bf16=_bf16(args.bf16),
                           progress=not args.no_progress)
-    if args.task == "tag" and any(p.cut for p in preds):
-        cut = [p.cut for p in preds if p.cut]  # they were tagged "O" without a word
-        print(f"warning: {sum(cut)} word{'s' * (sum(cut) > 1)} in {len(cut)} sentence{'s' * (len(cut) > 1)} lie past the model's {model.info.max_length} "
-              "tokens and were tagged O unread; split long sentences", file=sys.stderr)
+    windowed = [p.windows for p in preds if p.windows > 1] if args.task == "tag" else []
+    if windowed:  # every word is tagged; the user learns that a long sentence was read in parts
+        n = len(windowed)
+        print(f"note: {n} sentence{'s' * (n > 1)} longer than the model's {model.info.max_length} tokens "
+              f"{'were' if n > 1 else 'was'} read in {sum(windowed)} overlapping windows; each word is tagged "
+              "from the window where it has the most context", file=sys.stderr)
     lines = "".join(json.dumps(_as_json(args.task, ex, p), ensure_ascii=False) + "\n" for ex, p in zip(examples, preds))
     if args.out:
         from twotower.common.atomic import atomic_write_text

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 
-import numpy
 import pytest
 
 from tests.encoder import task_fixtures
@@ -18,7 +17,6 @@ from twotower.encoder.finetuning.tagging import (
     subtoken_labels,
 )
 from twotower.encoder.finetuning.task_examples import TagExample, check_tag_examples
-from twotower.encoder.finetuning.tasks import TaskInfo, get_task
 
 seqeval = pytest.importorskip("seqeval")
 from seqeval.metrics import f1_score, precision_score, recall_score  # noqa: E402
@@ -80,25 +78,6 @@ def test_first_subtoken_gets_the_label_the_rest_minus_100(tiny_dir):
     assert [labels[f] for f in first] == [3, 0, 1, 0]
     assert sum(y != IGNORE_INDEX for y in labels) == len(words)
     assert len(batch.offsets[0]) > len(words) + 2  # some word was split, so some positions are -100
-
-
-def test_featurize_tags_truncated_words_are_predicted_O(tiny_dir):
-    tok = Tokenizer.from_pretrained(tiny_dir)
-    words = ["the", "tea", "is", "cold"] * 5
-    ex = TagExample(words, ["O", "B-X", "O", "O"] * 5)
-    info = TaskInfo("tag", ["O", "B-X"], max_length=8)
-    feats = get_task("tag").featurize(tok, [ex], info, with_targets=True)
-    first = feats.aux[0]
-    assert len(feats.input_ids[0]) == 8
-    kept = [f for f in first if f >= 0]
-    assert first[0] == 1 and kept == sorted(kept) and max(kept) < 7  # position 7 is the final [SEP]
-    assert first[len(kept):] == [-1] * (len(words) - len(kept)) and len(kept) < len(words)
-    # the kept words are trained on, the cut-off ones are not
-    assert sum(y != IGNORE_INDEX for y in feats.targets[0]) == len(kept)
-    logits = numpy.zeros((8, 2))
-    logits[:, 1] = 1.0  # the model says B-X everywhere it can
-    preds = get_task("tag").decode([ex], feats, [logits], info)
-    assert preds[0].tags == ["B-X"] * len(kept) + ["O"] * (len(words) - len(kept))
 
 
 def test_bad_tag_examples_name_their_source():
