@@ -13,9 +13,7 @@ import json
 import os
 import sys
 
-from twotower.cli.checks import input_file, model_directory, named_default_note, output_file, positive
-
-DEFAULT_MODEL = "default"  # --model default: the embedded all-MiniLM-L6-v2, as for the other commands
+from twotower.cli.checks import encoder_directory, input_file, model_directory, output_file, positive
 
 TASKS = ("classify", "tag", "qa")
 
@@ -122,16 +120,6 @@ def _bf16(value: str):
     return {"auto": "auto", "on": True, "off": False}[value]
 
 
-def _model_dir(value: str) -> str:
-    """--model: a model directory, or "default" (the embedded all-MiniLM-L6-v2, as `train reranker --model
-    default`); it said "config file not found: default/config.json". The name wins over a directory called
-    ``default`` here, which the user is told, with how to name that one."""
-    if value != DEFAULT_MODEL:
-        return model_directory("--model", value)
-    named_default_note("--model", DEFAULT_MODEL, "the embedded all-MiniLM-L6-v2")
-    from twotower.retrieval.manifest import default_model_dir
-
-    return default_model_dir()
 
 
 def _check_out(args: argparse.Namespace, model_dir: str) -> None:
@@ -221,7 +209,7 @@ def run_finetune(args: argparse.Namespace) -> int:
     positive("--threads", args.threads)
     _refuse_other_tasks_flags(args)
     seeds = _seeds(args.seeds)
-    model_dir = _model_dir(args.model)
+    model_dir = encoder_directory("--model", args.model)
     _check_out(args, model_dir)
     for flag in ("--train", "--dev", "--test"):
         path = getattr(args, flag[2:])
