@@ -80,6 +80,13 @@ class BM25:
         [['d1', '']]
     """
 
+    @classmethod
+    def params(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """Every parameter in force for `options` (the arguments given, as a manifest records them)."""
+        import inspect
+
+        return {**{n: p.default for n, p in inspect.signature(cls).parameters.items()}, **options}
+
     def __init__(
         self,
         k1: float = 0.9,

@@ -1012,7 +1012,10 @@ class IndexStore:
                 "dim": self.manifest.dim,
                 "metric": self.manifest.metric,
                 "factory": self.manifest.factory,
-                "bm25": self.manifest.bm25,
+                # a bool, not the options given at build time: those are {} for a default BM25, which read as
+                # false; the parameters in force are beside it
+                "bm25": self.manifest.bm25 is not None,
+                "bm25_params": BM25.params(self.manifest.bm25) if self.manifest.bm25 is not None else None,
                 "bm25_cache": (self.directory / bm25_name(snap.generation)).exists()
                 if self.manifest.bm25 is not None else None,
                 "backend": self.manifest.backend,

@@ -29,13 +29,27 @@ __all__ = [
 read_msmarco_qrels = read_trec_qrels
 
 
+_ID_HEADERS = ("id", "_id", "qid", "query-id", "query_id", "pid", "docid", "doc-id", "doc_id")
+_TEXT_HEADERS = ("text", "query", "passage", "question")
+
+
 def read_id_text_tsv(path: str | os.PathLike[str]) -> dict[str, str]:
-    """Read ``id<TAB>text`` lines (collection or queries) into ``{id: text}``."""
+    """Read ``id<TAB>text`` lines (collection or queries) into ``{id: text}``.
+
+    A first line that is a header (``qid<TAB>text``, ``id<TAB>query``, ...) is skipped, as the qrels reader
+    skips its own: it was read as a query with the id "qid", searched, and written into the run.
+    """
     out: dict[str, str] = {}
+    first = True
     for number, line in numbered_lines(path):
         if not line.strip():
             continue
         fields = line.split("\t")
+        if first:
+            first = False
+            if (len(fields) == 2 and fields[0].strip().lower() in _ID_HEADERS
+                    and fields[1].strip().lower() in _TEXT_HEADERS):
+                continue
         if len(fields) != 2:
             raise DataError(path, number, f"expected 2 tab-separated columns 'id text', got {len(fields)}")
         key, text = fields[0].strip(), fields[1]

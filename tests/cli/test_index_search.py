@@ -329,6 +329,10 @@ def test_search_rerank_alpha(built, tmp_path, capsys):
     rc, out, _ = run_cli(capsys, *base, "--reranker", str(tmp_path / "ce"), "--rerank-alpha", "0")
     hits = json.loads(out)[0]["hits"]
     assert rc == 0 and [h["id"] for h in hits] == recall and all(h["rerank_score"] is None for h in hits)
+    rc, out, _ = run_cli(capsys, *base[:-2], "tea coffee milk", "--reranker", str(tmp_path / "ce"), "--rerank-alpha",
+                         "0")  # the table's header: the user's 0, not a weight chosen on dev
+    assert rc == 0 and "recall only: --rerank-alpha 0 gives the reranker no weight" in out
+    assert "did not beat the first stage" not in out
     rc, _, err = run_cli(capsys, *base, "--reranker", str(tmp_path / "ce"), "--rerank-alpha", "2")
     assert rc == 2 and "--rerank-alpha must be between 0 and 1, got 2.0" in err
 

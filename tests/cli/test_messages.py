@@ -87,7 +87,7 @@ def test_adding_to_a_read_only_pipeline_says_how_to_open_it(plain_index):
 def test_index_info_json_says_whether_there_is_bm25(plain_index, capsys):
     rc, out, _ = run_cli(capsys, "index", "info", "--index", str(plain_index / "idx"), "--json")
     info = json.loads(out)
-    assert rc == 0 and info["bm25"] is False and "bm25_params" not in info
+    assert rc == 0 and info["bm25"] is False and info["bm25_params"] is None
     rc, out, _ = run_cli(capsys, "index", "info", "--index", str(plain_index / "idx"))
     assert "bm25        no" in out
 
@@ -104,6 +104,15 @@ def test_version_flag_prints_the_package_version():
     out = subprocess.run([sys.executable, "-m", "twotower", "--version"], cwd=REPO, capture_output=True,
                          text=True, check=True)
     assert out.stdout.strip() == f"twotower {twotower.__version__}"
+
+
+def test_output_into_a_closed_pipe_is_no_traceback(plain_index):
+    """`twotower index info | head -4`: the reader went away; it was a BrokenPipeError traceback."""
+    proc = subprocess.Popen([sys.executable, "-m", "twotower", "index", "info", "--index", str(plain_index / "idx")],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # before the command writes a line
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141 and err == "", err
 
 
 @pytest.mark.parametrize("command", ["reranker", "demo-reranker"])

@@ -169,6 +169,10 @@ def test_msmarco(tmp_path):
     collection = _write(tmp_path / "collection.tsv", "0\tThe first passage.\n1\tSecond one.\n")
     assert read_id_text_tsv(collection) == {"0": "The first passage.", "1": "Second one."}
     _raises_at(_write(tmp_path / "c2.tsv", "0\ta\n1 b\n"), 2, read_id_text_tsv, "expected 2")
+    # a header line is skipped (it was searched as the query "text" with the id "qid"); only a first line is one
+    headed = _write(tmp_path / "q.tsv", "qid\ttext\nq1\tdoes tea cure colds\nid\tquery\n")
+    assert read_id_text_tsv(headed) == {"q1": "does tea cure colds", "id": "query"}
+    assert read_id_text_tsv(_write(tmp_path / "q2.tsv", "qid\tdoes tea cure colds\n")) == {"qid": "does tea cure colds"}
     run_path = _write(tmp_path / "run.tsv", "q1\t7\t1\nq1\t3\t2\nq2\t3\t1\n")
     run = read_msmarco_run(run_path)
     assert run == {"q1": {"7": -1.0, "3": -2.0}, "q2": {"3": -1.0}}

@@ -136,7 +136,7 @@ def test_503_while_loading_then_ready(index_template, monkeypatch):
     monkeypatch.setattr(SearchPipeline, "load", classmethod(slow_load))
     with client(index_template, wait=False) as c:
         h = c.get("/health")
-        assert h.status_code == 503 and h.json()["status"] == "loading"
+        assert h.status_code == 503 and h.json()["status"] == "loading" and h.headers["retry-after"] == "2"
         r = c.get("/search", params={"q": "tea"})
         assert r.status_code == 503 and r.json()["error"] == "unavailable" and r.headers["retry-after"] == "2"
         assert c.get("/stats").status_code == 503
@@ -156,6 +156,7 @@ def test_a_failed_load_is_reported_not_raised(tmp_path):
         assert owner.wait_ready(60) is False
         h = c.get("/health")
         assert h.status_code == 503 and h.json()["status"] == "failed" and "manifest.json" in h.json()["error"]
+        assert "retry-after" not in h.headers  # retrying cannot mend a failed load
         r = c.get("/search", params={"q": "tea"})
         assert r.status_code == 503 and "could not be loaded" in r.json()["message"]
 

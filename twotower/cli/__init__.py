@@ -12,6 +12,7 @@ import argparse
 import errno
 import importlib
 import logging
+import os
 import sys
 
 # Order is the order of `twotower --help`.
@@ -67,6 +68,12 @@ def main(argv: list[str] | None = None) -> int:
 
             device_option(args.device)
         rc = args.func(args)
+        sys.stdout.flush()  # a reader that went away (`| head`) is found here, not in the interpreter's exit
+    except BrokenPipeError:
+        # `twotower index info | head -4`: the reader closed the pipe; nothing of ours failed, so no traceback.
+        # What is still buffered goes nowhere (Python's recipe), and the status is a SIGPIPE death's.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except (CLIError, FileNotFoundError, ValueError) as exc:
         print(f"{_prog(args)}: error: {exc}", file=sys.stderr)
         return 2

@@ -148,7 +148,7 @@ def run_build(args: argparse.Namespace) -> int:
         info = pipe.info()
         split = f" ({info['passages']} passages)" if info.get("passage_settings") else ""
         print(f"built {args.out}: {info['documents']} documents{split}, dim {info['dim']}, {info['factory']} "
-              f"({info['metric']}){', BM25' if info['bm25'] is not None else ''}")
+              f"({info['metric']}){', BM25' if info['bm25'] else ''}")
     return 0
 
 
@@ -210,21 +210,6 @@ def run_delete(args: argparse.Namespace) -> int:
     return 0
 
 
-def _honest_bm25(info: dict) -> dict:
-    """``"bm25": true`` plus the parameters in force, or ``false`` (the manifest records only the
-    arguments given at build time, so a default BM25 would print as ``{}``)."""
-    import inspect
-
-    from twotower.indexing import BM25
-
-    options = info["bm25"]
-    out = {**info, "bm25": options is not None}
-    if options is not None:
-        defaults = {name: p.default for name, p in inspect.signature(BM25).parameters.items()}
-        out["bm25_params"] = {**defaults, **options}
-    return out
-
-
 def run_info(args: argparse.Namespace) -> int:
     index_directory("--index", args.index)
     from twotower.indexing import IndexStore
@@ -237,7 +222,7 @@ def run_info(args: argparse.Namespace) -> int:
         info["documents"], info["passages"] = document_counts(store.docstore)
         info["passage_settings"] = block.get("passages")
     if args.json:
-        print(json.dumps(_honest_bm25(info), indent=2, default=str))
+        print(json.dumps(info, indent=2, default=str))
         return 0
     enc = block["encoder"]
     model = enc.get("model") or {}
@@ -250,7 +235,7 @@ def run_info(args: argparse.Namespace) -> int:
         ("index", f"{info['factory']}, {info['metric']}, dim {info['dim']}"),
         ("backend", "faiss (vector files in the directory)" if info.get("backend", "faiss") == "faiss" else
                     f"milvus, collection {info['milvus']['collection']} at {info['milvus']['uri']}"),
-        ("bm25", "no" if info["bm25"] is None else "yes" if info.get("bm25_cache", True) else
+        ("bm25", "no" if not info["bm25"] else "yes" if info["bm25_cache"] else
                  "yes (its cache is missing: rebuilt from the documents at each process's first BM25 search)"),
         ("model", model.get("package") or model.get("path") or "(given at build time, not recorded)"),
         ("encoder", f"fingerprint {enc['fingerprint']}, pooling {enc.get('pooling')}, "

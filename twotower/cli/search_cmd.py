@@ -203,7 +203,9 @@ def run_search(args: argparse.Namespace) -> int:
                           for (qid, text), hits in zip(items, results)], ensure_ascii=False))
         return 0
     mode = "hybrid (dense + BM25, " + (args.fusion or "rrf") + ")" if args.hybrid else "dense"
-    if skipped:
+    if skipped and args.rerank_alpha is not None:  # the user's 0, not the reranker's stored weight
+        note = "recall only: --rerank-alpha 0 gives the reranker no weight, so it was not run"
+    elif skipped:
         note = ("recall only: the reranker's interpolation weight is 0 (it did not beat the first stage on dev), "
                 "so it was not run; --rerank-alpha overrides")
     elif reranked:

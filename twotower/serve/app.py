@@ -217,7 +217,7 @@ class SearchService:
             "documents": view.documents,
             "generation": view.generation,
             "index": {"directory": info.get("directory"), "type": info.get("factory"), "metric": info.get("metric"),
-                      "dim": info.get("dim"), "bm25": info.get("bm25") is not None,
+                      "dim": info.get("dim"), "bm25": bool(info.get("bm25")),
                       "tombstones": info.get("tombstones"),
                       "encoder_fingerprint": (pipeline.get("encoder") or {}).get("fingerprint"),
                       "corpus_sha256": corpus.get("sha256")},
@@ -393,7 +393,8 @@ def create_app(config: ServeConfig) -> FastAPI:
     @app.head("/health", include_in_schema=False)  # uptime probes (one operation in the API reference)
     async def health() -> JSONResponse:
         status, body = service.health()
-        return JSONResponse(body, status_code=status)
+        retry = {"Retry-After": "2"} if body["status"] == "loading" else None  # as searches say; a failed load won't mend
+        return JSONResponse(body, status_code=status, headers=retry)
 
     @app.get("/stats", dependencies=[reader], summary="Documents, fingerprints, request counts and latency")
     async def stats() -> dict[str, Any]:
