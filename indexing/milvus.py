@@ -168,6 +168,11 @@ def default_collection(directory: str | os.PathLike) -> str:
 
 
 def check_collection_name(name: str, flag: str = "--collection") -> str:
+    """`name` if Milvus accepts it as a collection name, else a ValueError naming `flag`.
+
+    An empty name is refused like any other invalid one: it used to mean the default collection (a
+    build with ``--collection ""`` went to ``twotower_<OUT name>``), which the user had not asked for.
+    """
     if not isinstance(name, str) or not _NAME_RE.match(name):
         raise ValueError(f"{flag} {name!r}: a Milvus collection name is letters, digits and underscores, "
                          "starting with a letter or underscore (at most 255 characters)")
@@ -199,14 +204,16 @@ def milvus_spec(backend: str, uri: str | None, collection: str | None,
     if backend not in ("faiss", "milvus"):
         raise ValueError(f"--backend {backend!r}: choose 'faiss' or 'milvus'")
     if backend == "faiss":
-        if uri or collection:
+        if uri is not None or collection is not None:  # "" too: given, and ignored
             raise ValueError("--milvus-uri and --collection need --backend milvus")
         return None
+    if collection is not None:  # before connecting: a bad name is the user's to fix, not the server's
+        check_collection_name(collection)
     if not uri:
         raise ValueError("--backend milvus needs --milvus-uri (a Milvus Lite file such as ./vectors.db, or "
                          "http://host:19530)")
     resolved = resolve_uri(uri)
-    name = check_collection_name(collection) if collection else default_collection(directory)
+    name = collection if collection is not None else default_collection(directory)
     if int(os.environ.get("RANK", "0")) == 0:  # under torchrun only rank 0 writes to Milvus (Lite: one process)
         connect(resolved)
     return MilvusSpec(resolved, name, owner=os.path.abspath(directory))

@@ -38,7 +38,7 @@ echo
 "${search[@]}" --no-rerank
 
 if [ -z "$RERANKER" ] && [ "$DEMO_TRAIN" = 1 ]; then
-  if [ -f "$RERANKER_DIR/demo_reranker.json" ]; then
+  if [ -f "$RERANKER_DIR/demo_reranker.json" ] && ! grep -q '"finished": false' "$RERANKER_DIR/demo_reranker.json"; then
     echo "== using the cached demo reranker in $RERANKER_DIR (delete it to retrain)"
   else
     echo "== training a reranker on labeled pairs, the shipped reranker's recipe: all-MiniLM-L6-v2, listwise"

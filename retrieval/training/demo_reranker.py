@@ -99,6 +99,38 @@ def truncated_encoder(model_dir: str, layers: int, out_dir: str) -> str:
     return out_dir
 
 
+def out_state(out: str) -> str:
+    """What is at a demo run's `out`: "free" (nothing, or an empty directory), "demo" (an earlier demo run: it
+    holds `MARKER`, written when a run starts and completed when it ends), "file", or "other" (a directory
+    holding anything else: a `train soup` reranker, another run, the user's files)."""
+    if not os.path.lexists(out):
+        return "free"
+    if not os.path.isdir(out):
+        return "file"
+    names = os.listdir(out)
+    if not names:
+        return "free"
+    return "demo" if MARKER in names else "other"
+
+
+def check_out(out: str) -> None:
+    """Refuse an `out` that is not new, empty or an earlier demo run, before anything is loaded or written.
+
+    Why: the run wrote its log, pairs, start/ and best/ into whatever directory `out` was, and a finished
+    `train soup` reranker there became a mix of two models. An earlier demo run is this command's own
+    cache: the same settings are reused, other settings trained again in its place (there is no
+    --overwrite: the demo's directory is a cache).
+    """
+    state = out_state(out)
+    if state == "file":
+        raise ValueError(f"--out {out}: a file; give a directory (a new one, or an empty one)")
+    if state == "other":
+        names = sorted(os.listdir(out))
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        raise ValueError(f"--out {out}: a directory holding other files ({shown}), not a demo-reranker run; give "
+                         "a new or empty directory")
+
+
 def train_demo_reranker(
     out: str,
     model: str | None = None,
@@ -159,6 +191,7 @@ def train_demo_reranker(
     # before any work, in this command's own words (the config below would name train reranker's --max-steps)
     check_setting(steps >= 1, "steps", steps, "--steps", "give 1 or more")
     check_setting(layers is None or layers >= 1, "layers", layers, "--layers", "give 1 or more (None: all)")
+    check_out(out)
     model = model or default_model_dir()
     teacher = teacher_dir(teacher)
     corpus = corpus or BUNDLED_CORPUS
@@ -194,9 +227,12 @@ def train_demo_reranker(
     marker = os.path.join(out, MARKER)
     if os.path.isfile(marker) and os.path.isdir(best):
         with open(marker, encoding="utf-8") as f:
-            if json.load(f).get("settings") == settings:
-                return best
+            earlier = json.load(f)
+        if earlier.get("settings") == settings and earlier.get("finished", True):  # markers before "finished": done
+            return best
     os.makedirs(out, exist_ok=True)
+    # claimed at once, so that an interrupted run is known as this command's (and trained again, not reused)
+    atomic_write_text(marker, json.dumps({"settings": settings, "finished": False}, indent=2) + "\n")
     start = model
     if layers is not None:
         start = truncated_encoder(model, layers, os.path.join(out, "start"))
@@ -223,6 +259,6 @@ def train_demo_reranker(
     atomic_write_text(marker, json.dumps({"settings": settings, "best_dev_ndcg@10": result.best_score,
                                           "interpolation_alpha": read_alpha(result.best_dir),
                                           "first_stage_dev_ndcg@10": result.first_stage_score,
-                                          "best_step": result.best_step, "stopped_by": result.stopped_by},
-                                         indent=2) + "\n")
+                                          "best_step": result.best_step, "stopped_by": result.stopped_by,
+                                          "finished": True}, indent=2) + "\n")
     return result.best_dir

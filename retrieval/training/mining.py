@@ -26,7 +26,7 @@ import logging
 import os
 import random
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -219,16 +219,43 @@ def write_mined(path: str, mined: Sequence[MinedQuery], meta: Mapping | None = N
     atomic_write_text(path + ".meta.json", json.dumps(dict(meta or {}), indent=2, default=str) + "\n")
 
 
-def read_mined_negatives(path: str) -> dict[str, list[str]]:
-    """{query id: negative ids} from a file written by `write_mined` (to merge into training examples)."""
+def _mined_id(value: object) -> str | None:
+    """An id of a mined file as the corpus reader takes one: a string, or an integer as its decimal text
+    (`twotower.eval.io.beir`'s ``_id`` rule); None for anything else (null, a float, a boolean, a list)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return value if isinstance(value, str) else None
+
+
+def iter_mined(path: str) -> Iterator[tuple[int, str, list[str]]]:
+    """(line number, query id, negative ids) of each line of a file written by `write_mined`.
+
+    Ids are strings, or integers read as their decimal text, as the corpus reader reads an integer ``_id``;
+    any other value is refused naming the line and the field. Why: ``str()`` turned a null into the id
+    "None" and a float into "5.0", which then matched nothing (or, worse, a document of that name).
+    """
     if not os.path.isfile(path):
         raise FileNotFoundError(f"mined negatives file not found: {path}")
-    out: dict[str, list[str]] = {}
     for lineno, obj in json_lines(path):
         qid, neg = obj.get("query_id"), obj.get("neg_ids")
-        if not isinstance(qid, str) or not isinstance(neg, list):
+        if qid is None or not isinstance(neg, list):
             raise DataError(path, lineno, "expected fields 'query_id' (string) and 'neg_ids' (list)")
-        out.setdefault(qid, []).extend(str(d) for d in neg)
+        if _mined_id(qid) is None:
+            raise DataError(path, lineno, f"field 'query_id' must be a string (or an integer), got {json.dumps(qid)}",
+                            field="query_id")
+        ids = [_mined_id(d) for d in neg]
+        if None in ids:
+            i = ids.index(None)
+            raise DataError(path, lineno, f"field 'neg_ids' must hold document ids, strings (or integers); item "
+                            f"{i + 1} is {json.dumps(neg[i])}", field="neg_ids")
+        yield lineno, _mined_id(qid), ids
+
+
+def read_mined_negatives(path: str) -> dict[str, list[str]]:
+    """{query id: negative ids} from a file written by `write_mined` (to merge into training examples)."""
+    out: dict[str, list[str]] = {}
+    for _, qid, neg in iter_mined(path):
+        out.setdefault(qid, []).extend(neg)
     if not out:
         raise DataError(path, None, "no mined queries")
     return out

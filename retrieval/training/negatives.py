@@ -3,8 +3,10 @@
 `train_dual` and `train_reranker` get their hard negatives the same three ways, from here:
 
 * `add_mined_negatives`: a file written by `twotower.retrieval.training.mining.write_mined` (for instance
-  by ``twotower train mine --retriever dense``); ids the corpus does not have are dropped and counted,
-  since a file mined against another corpus build would otherwise fail far into training;
+  by ``twotower train mine --retriever dense``); ids the corpus does not have, lines for queries the
+  training data does not have and negatives that are the query's positives are dropped and counted, since
+  a file mined against another corpus build would otherwise fail far into training, and one mined for
+  other queries would change nothing; a file with no line for a training query is refused;
 * `mine_negatives`: BM25 (or, given one, a dense retriever over the corpus) just before training,
   written to ``OUT/negatives.jsonl`` so that a run can be inspected and its negatives reused;
 * `sample_negatives`: the k negatives of one query for one batch, drawn from its hard negatives and,
@@ -16,15 +18,16 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict
 
+from twotower.common.errors import DataError
 from twotower.retrieval.training.mining import (
     DenseRetriever,
     MiningConfig,
     bm25_retriever,
+    iter_mined,
     mine_hard_negatives,
-    read_mined_negatives,
     write_mined,
 )
 from twotower.retrieval.training.training_data import Skipped, TrainExample, merge_negatives
@@ -32,13 +35,49 @@ from twotower.retrieval.training.training_run import TrainingRun
 
 
 def add_mined_negatives(examples: Sequence[TrainExample], path: str, corpus: Mapping[str, str],
-                        skipped: Skipped) -> list[TrainExample]:
-    """The examples with the negatives of a mined JSONL file appended (ids missing from `corpus` are skips)."""
-    mined = read_mined_negatives(path)
-    missing = sum(1 for ids in mined.values() for d in ids if d not in corpus)
-    if missing:
-        skipped.add("mined negatives missing from the corpus", path, missing)
-    return merge_negatives(examples, {q: [d for d in ids if d in corpus] for q, ids in mined.items()})
+                        skipped: Skipped, known: Collection[str] | None = None) -> list[TrainExample]:
+    """The examples with the negatives of a mined JSONL file appended; what cannot be used is counted in
+    `skipped`, one reason each, at ``path:line``.
+
+    known: the query ids of the whole training data (default: the examples'). The reranker merges into the
+        training split alone, so a line for a dev query is known, held out, and not a skip.
+
+    Counted: lines whose query is no training query, negative ids missing from `corpus`, and negatives that
+    are that query's positives (they would teach it that its answer is wrong). A file in which no line is a
+    training query's is refused: it was mined for other data (another split, another query-id scheme),
+    and training without it would have looked like training with it.
+    """
+    by_id = {e.query_id: e for e in examples}
+    known = set(by_id) if known is None else set(known) | set(by_id)
+    mined: dict[str, list[str]] = {}
+    lines = matched = 0
+    strangers: list[str] = []
+    for lineno, qid, ids in iter_mined(path):
+        lines += 1
+        where = f"{path}:{lineno}"
+        if qid not in known:
+            skipped.add("negatives-file lines whose query is no training query", where)
+            strangers.append(qid)
+            continue
+        matched += 1
+        example = by_id.get(qid)
+        if example is None:  # a held-out (dev) query
+            continue
+        missing = sum(1 for d in ids if d not in corpus)
+        if missing:
+            skipped.add("mined negatives missing from the corpus", where, missing)
+        positives = sum(1 for d in ids if d in example.positives)
+        if positives:
+            skipped.add("mined negatives that are the query's positives", where, positives)
+        mined.setdefault(qid, []).extend(d for d in ids if d in corpus and d not in example.positives)
+    if not lines:
+        raise DataError(path, None, "no mined queries")
+    if not matched:
+        raise DataError(path, None, f"the --negatives file has no line for a training query: its {lines} lines' "
+                        f"query ids (e.g. {strangers[0]!r}) are not the training data's (e.g. "
+                        f"{min(known, default='')!r}); was it mined for other data? `twotower train mine` mines "
+                        "negatives for this data")
+    return merge_negatives(examples, {q: list(dict.fromkeys(ids)) for q, ids in mined.items()})
 
 
 def mine_negatives(train: Sequence[TrainExample], corpus: Mapping[str, str], run: TrainingRun, *,

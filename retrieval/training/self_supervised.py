@@ -29,6 +29,7 @@ import re
 from collections.abc import Mapping
 
 from twotower.common.atomic import atomic_path
+from twotower.common.errors import check_setting
 from twotower.retrieval.training.training_data import Skipped, TrainExample, TrainingSet, text_id
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(\[])")
@@ -67,6 +68,33 @@ class _Pairs:
         return TrainingSet(self.examples, self.corpus, self.skipped, source)
 
 
+def crop_count(words: int, min_ratio: float = 0.1, max_ratio: float = 0.5, min_words: int = 5) -> int:
+    """At most how many distinct crops `_crop` draws from a document of `words` words: every (length, start)
+    with a length it can choose (the rounded ratios, at least `min_words`, at most `words`).
+
+    Why: a pair's query is one crop, so a document yields at most this many distinct queries; drawing
+    more only repeats them, and ``pairs_per_document`` far beyond it (1e11) ran without end.
+
+    Example:
+        >>> crop_count(10), crop_count(40)
+        (6, 456)
+    """
+    lo = min(words, max(min_words, int(round(min_ratio * words))))
+    hi = min(words, max(min_words, int(round(max_ratio * words))))
+    lengths = hi - lo + 1
+    return lengths * (words + 1) - (lo + hi) * lengths // 2  # sum of words - length + 1 over the lengths
+
+
+def max_crops(documents: Mapping[str, str], min_ratio: float = 0.1, max_ratio: float = 0.5,
+              min_words: int = 5) -> tuple[int, int]:
+    """(distinct crops, words) of the document with the most crops among those long enough to crop ((0, 0):
+    none is); no document can yield more distinct pairs' queries than that."""
+    longest = max((len(text.split()) for text in documents.values()), default=0)
+    if longest < 2 * min_words:
+        return 0, 0
+    return crop_count(longest, min_ratio, max_ratio, min_words), longest
+
+
 def independent_crops(
     documents: Mapping[str, str],
     pairs_per_document: int = 1,
@@ -80,6 +108,10 @@ def independent_crops(
         raise ValueError(f"need 0 < min_ratio <= max_ratio <= 1, got {min_ratio}, {max_ratio}")
     if pairs_per_document < 1:
         raise ValueError(f"pairs_per_document must be >= 1, got {pairs_per_document}")
+    most, words = max_crops(documents, min_ratio, max_ratio, min_words)
+    check_setting(not most or pairs_per_document <= most, "pairs_per_document", pairs_per_document,
+                  "--pairs-per-document", f"the longest document ({words} words) can be cropped {most} distinct "
+                  f"ways, and more pairs a document would only repeat queries; give at most {most}")
     rng = random.Random(seed)
     pairs = _Pairs()
     for doc_id, text in documents.items():

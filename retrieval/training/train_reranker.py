@@ -577,7 +577,9 @@ def train_reranker(cfg: RerankerTrainConfig) -> RerankerTrainResult:
     docs = reranker_documents(cfg, corpus, model)
     teacher = Teacher(cfg, corpus, device) if cfg.teacher else None
     if cfg.negatives:
-        train = add_mined_negatives(train, cfg.negatives, corpus, data.skipped)
+        # dev queries are the data's too: their lines are held out with them, not unknown
+        train = add_mined_negatives(train, cfg.negatives, corpus, data.skipped,
+                                    known={e.query_id for e in data.examples})
     elif cfg.mine and cfg.loss == "listwise":
         train = mine_negatives(train, corpus, run, method=cfg.mine, ranks=cfg.mine_ranks,
                                num_negatives=max(4 * (cfg.group_size - 1), 16), seed=cfg.seed,

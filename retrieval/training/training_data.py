@@ -21,6 +21,7 @@ the trainers log and report; malformed input raises with ``file:line``.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import os
 import random
@@ -276,13 +277,26 @@ def read_training(source: str, split: str = "train", corpus_path: str | None = N
 
 
 # ---- labeled pairs -----------------------------------------------------------------------------------
-def _label(raw: object, where: str) -> float:
+# The largest grade a pairs file may hold unless the caller names its own scale (`read_labeled_pairs`'s
+# max_label). Relevance scales in use are small (TREC and MS MARCO 0-3, Likert 1-5 or 1-10, at most a
+# percentage); grades are scaled by the largest, so one far above the rest (1e308: a score column, a typo)
+# turned every other positive into a target of about 0, the same as a negative's, with no error.
+MAX_GRADE = 100
+
+
+def _label(raw: object, where: str, limit: float = MAX_GRADE) -> float:
+    """A pair's label: a number from 0 to `limit`, or a ValueError naming ``file:line`` (a TSV field is shown
+    quoted, a JSON value as JSON)."""
+    shown = repr(raw) if isinstance(raw, str) else json.dumps(raw)
     try:
+        if isinstance(raw, bool):  # JSON true/false: float() made them 1 and 0
+            raise TypeError
         value = float(raw)  # type: ignore[arg-type]
     except (TypeError, ValueError):
-        raise ValueError(f"{where}: label {raw!r} is not a number") from None
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{where}: label {raw!r} is out of range (labels are 0/1 or graded judgments >= 0)")
+        raise ValueError(f"{where}: label {shown} is not a number") from None
+    if not math.isfinite(value) or not 0 <= value <= limit:
+        raise ValueError(f"{where}: label {shown} is out of range (labels are 0/1 or integer grades from 0 to "
+                         f"{limit:g})")
     return value
 
 
@@ -290,14 +304,15 @@ def read_labeled_pairs(path: str, max_label: float | None = None) -> PairSet:
     """Labeled pairs from TSV (``query<TAB>passage<TAB>label``, optional header) or JSONL.
 
     JSONL keys: ``query``, ``passage`` (or ``text``/``document``), ``label``,
-    optional ``query_id``/``doc_id``.  Labels must be numbers >= 0; above 1 they
-    are graded judgments and must be integers (scaled by the largest, or by
-    `max_label`, which also bounds them).  A repeated pair with the same label
-    is a counted skip; with a different label it is an error.
+    optional ``query_id``/``doc_id``.  Labels must be numbers from 0 to `MAX_GRADE`;
+    above 1 they are graded judgments and must be integers (scaled by the largest,
+    or by `max_label`, which then bounds them instead of `MAX_GRADE`).  A repeated
+    pair with the same label is a counted skip; with a different label it is an error.
     """
     if not os.path.isfile(path):
         raise FileNotFoundError(f"pairs file not found: {path}")
     rows: list[tuple[str, str | None, str, str | None, float, str]] = []
+    limit = MAX_GRADE if max_label is None else max(MAX_GRADE, max_label)  # a lower max_label is checked below
     if is_json_lines(path):
         for lineno, obj in json_lines(path):
             where = f"{path}:{lineno}"
@@ -307,7 +322,7 @@ def read_labeled_pairs(path: str, max_label: float | None = None) -> PairSet:
             if "label" not in obj:
                 raise ValueError(f"{where}: missing field 'label'")
             rows.append((query, _string(obj, "query_id", where, False), passage,
-                         _string(obj, "doc_id", where, False), _label(obj["label"], where), where))
+                         _string(obj, "doc_id", where, False), _label(obj["label"], where, limit), where))
     else:
         # numbered_lines: a byte-order mark (spreadsheet exports) is not part of the first query, a bad byte
         # is named by its line, and a field may be as long as a document is (csv caps fields at 128 KiB)
@@ -321,7 +336,7 @@ def read_labeled_pairs(path: str, max_label: float | None = None) -> PairSet:
                                  f"got {len(fields)}")
             if lineno == 1 and fields[2].strip().lower() in ("label", "score", "relevance"):
                 continue  # header
-            rows.append((fields[0], None, fields[1], None, _label(fields[2], where), where))
+            rows.append((fields[0], None, fields[1], None, _label(fields[2], where, limit), where))
     if not rows:
         raise ValueError(f"{path}: pairs file is empty")
     top = max(r[4] for r in rows)

@@ -136,3 +136,15 @@ def test_torchrun_ranks_encode_and_rank_0_loads_milvus(tmp_path):
         q = one.vectors.reconstruct(ids[:10])
         np.testing.assert_allclose(two.vectors.reconstruct(ids[:10]), q, atol=1e-5)
         assert two.search(q, 5).ids == one.search(q, 5).ids
+
+
+@pytest.mark.parametrize("backend", [[], ["--backend", "milvus", "--milvus-uri", "http://127.0.0.1:1"]])
+def test_an_empty_collection_name_is_refused_by_its_flag(tmp_path, capsys, backend):
+    """--collection "" built into the default collection (Milvus) or was ignored (FAISS), with exit 0."""
+    corpus = write_corpus(str(tmp_path / "corpus.jsonl"), toy_docs(3))
+    rc, _, err = run_cli(capsys, "index", "build", "--corpus", corpus, "--model", tiny_model_dir(), "--no-progress",
+                         "--out", str(tmp_path / "idx"), "--collection", "", *backend)
+    want = ("--collection '': a Milvus collection name is letters, digits and underscores" if backend
+            else "--milvus-uri and --collection need --backend milvus")
+    assert rc == 2 and want in err
+    assert not (tmp_path / "idx").exists()

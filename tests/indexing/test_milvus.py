@@ -302,6 +302,16 @@ def test_relative_lite_path_resolves_against_the_working_directory(tmp_path, mon
     assert mv.default_collection(tmp_path / "my-index") == "twotower_my_index"
 
 
+@pytest.mark.parametrize("name", ["", "9lives", "a-b", "a" * 256])
+def test_an_invalid_collection_name_is_refused_before_connecting(tmp_path, name):
+    """An empty name meant the default collection (twotower_<directory>), which nobody had asked for."""
+    with pytest.raises(ValueError, match=r"--collection .*: a Milvus collection name is letters, digits and "):
+        mv.milvus_spec("milvus", "http://127.0.0.1:1", name, tmp_path / "idx")  # unreachable: the name fails first
+    with pytest.raises(ValueError, match="--milvus-uri and --collection need --backend milvus"):
+        mv.milvus_spec("faiss", None, name, tmp_path / "idx")
+    assert mv.check_collection_name("_a" + "b" * 253) == "_a" + "b" * 253  # 255 characters: Milvus's limit
+
+
 def test_rows_missing_from_milvus_are_reported(tmp_path, uri):
     s = spec(uri)
     with IndexStore.create(tmp_path / "idx", 8, None, "cosine", milvus=s) as st:

@@ -108,8 +108,15 @@ def _new_index_directory(out: str, corpus: str) -> None:
 def run_build(args: argparse.Namespace) -> int:
     positive("--batch-size", args.batch_size)
     positive("--shard-size", args.shard_size)
-    if args.backend == "faiss" and (args.milvus_uri or args.collection):
+    if args.backend == "faiss" and (args.milvus_uri is not None or args.collection is not None):  # "" is given too
         raise CLIError("--milvus-uri and --collection need --backend milvus")
+    if args.collection is not None:  # --collection "" meant the default collection
+        from twotower.indexing.milvus import check_collection_name
+
+        try:
+            check_collection_name(args.collection)
+        except ValueError as exc:
+            raise CLIError(str(exc)) from None
     if args.backend == "milvus" and not args.milvus_uri:
         raise CLIError("--backend milvus needs --milvus-uri (a Milvus Lite file such as ./vectors.db, or "
                        "http://host:19530)")

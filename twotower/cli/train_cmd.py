@@ -528,6 +528,7 @@ def run_pairs(args) -> int:
     from twotower.retrieval.training.self_supervised import (
         independent_crops,
         inverse_cloze,
+        max_crops,
         write_pairs_jsonl,
     )
     from twotower.retrieval.training.training_data import read_corpus
@@ -536,7 +537,13 @@ def run_pairs(args) -> int:
     output_file("--out", args.out, "pairs.jsonl", inputs=(("--corpus", args.corpus),))
     if args.method == "ict" and args.pairs_per_document != 1:
         raise ValueError("--pairs-per-document applies to --method crop; ict makes one pair per document")
+    input_file("--corpus", args.corpus, inside="corpus.jsonl")  # a directory was "corpus file not found"
     corpus = read_corpus(args.corpus)
+    most, words = max_crops(corpus)
+    if args.method == "crop" and most and args.pairs_per_document > most:  # 1e11 ran without end
+        raise ValueError(f"--pairs-per-document {args.pairs_per_document}: the longest document of --corpus "
+                         f"{args.corpus} ({words} words) can be cropped {most} distinct ways, and more pairs a "
+                         f"document would only repeat queries; give at most {most}")
     if args.method == "crop":
         data = independent_crops(corpus, pairs_per_document=args.pairs_per_document, seed=args.seed)
     else:

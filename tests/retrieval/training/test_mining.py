@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -97,6 +98,30 @@ def test_files_round_trip_and_feed_the_training_reader(tmp_path):
     bad.write_text('{"query_id": "q1"}\n')
     with pytest.raises(ValueError, match=r"bad.jsonl:1: expected fields 'query_id'"):
         read_mined_negatives(str(bad))
+
+
+@pytest.mark.parametrize("line, message", [
+    ('{"query_id": null, "neg_ids": ["d1"]}', "expected fields 'query_id' (string) and 'neg_ids' (list)"),
+    ('{"query_id": 1.5, "neg_ids": ["d1"]}', "field 'query_id' must be a string (or an integer), got 1.5"),
+    ('{"query_id": true, "neg_ids": ["d1"]}', "field 'query_id' must be a string (or an integer), got true"),
+    ('{"query_id": "q1", "neg_ids": ["d1", null]}', "field 'neg_ids' must hold document ids, strings (or integers); "
+                                                     "item 2 is null"),
+    ('{"query_id": "q1", "neg_ids": [5.0]}', "item 1 is 5.0"),
+    ('{"query_id": "q1", "neg_ids": [["d1"]]}', 'item 1 is ["d1"]'),
+])
+def test_mined_ids_that_are_not_ids_are_refused_by_line_and_field(tmp_path, line, message):
+    """A null or a float id became the id "None" or "5.0" (str()), which matched nothing, or a document so named."""
+    path = tmp_path / "neg.jsonl"
+    path.write_text('{"query_id": "q0", "neg_ids": []}\n' + line + "\n")
+    with pytest.raises(ValueError, match=re.escape(f"{path}:2: ")) as err:
+        read_mined_negatives(str(path))
+    assert message in str(err.value)
+
+
+def test_integer_ids_are_read_as_the_corpus_reads_an_integer_id(tmp_path):
+    path = tmp_path / "neg.jsonl"
+    path.write_text('{"query_id": 7, "neg_ids": [12, "d3"]}\n')
+    assert read_mined_negatives(str(path)) == {"7": ["12", "d3"]}
 
 
 def test_bm25_retriever_ranks_lexical_match_first():

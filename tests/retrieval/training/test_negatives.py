@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import random
 
 import pytest
@@ -84,8 +86,63 @@ def test_mined_file_is_merged_and_ids_missing_from_the_corpus_are_counted(tmp_pa
     merged = add_mined_negatives(examples, path, {"d1": "a", "d2": "b", "d3": "c"}, skipped)
     # d2 appended after the query's own negative; a positive (d1) is never a negative; q2 has no mined line
     assert merged == [TrainExample("q1", "one", ("d1",), ("d3", "d2")), examples[1]]
-    assert skipped.as_dict() == {"mined negatives missing from the corpus": 2}  # "gone" and q9's d4
-    assert skipped.where["mined negatives missing from the corpus"] == [path]
+    assert skipped.as_dict() == {"mined negatives missing from the corpus": 1,  # "gone"
+                                 "mined negatives that are the query's positives": 1,  # d1
+                                 "negatives-file lines whose query is no training query": 1}  # q9
+    assert skipped.where["mined negatives missing from the corpus"] == [f"{path}:1"]
+    assert skipped.where["negatives-file lines whose query is no training query"] == [f"{path}:2"]
+
+
+def test_a_negatives_file_for_other_queries_is_refused(tmp_path):
+    """Query ids that match no training query were read, merged into nothing and trained without a word."""
+    path = str(tmp_path / "neg.jsonl")
+    write_mined(path, [_mined("zz1", ["d1"]), _mined("zz2", ["d2"])])
+    examples = [TrainExample("q1", "one", ("d1",)), TrainExample("q2", "two", ("d2",))]
+    with pytest.raises(ValueError, match=r"neg.jsonl: the --negatives file has no line for a training query: its 2 "
+                                         r"lines' query ids \(e.g. 'zz1'\) are not the training data's \(e.g. 'q1'\)"):
+        add_mined_negatives(examples, path, {"d1": "a", "d2": "b"}, Skipped())
+    # a line for a query held out of training (the reranker's dev split) is the data's: neither refused nor counted
+    skipped = Skipped()
+    write_mined(path, [_mined("q3", ["d1"])])
+    assert add_mined_negatives(examples, path, {"d1": "a", "d2": "b"}, skipped, known={"q1", "q2", "q3"}) == examples
+    assert not skipped
+
+
+def _beir_negatives(path, lines: list[dict]) -> str:
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return str(path)
+
+
+def test_cli_refuses_a_negatives_file_mined_for_other_queries(tmp_path, capsys):
+    from tests.retrieval.training_fixtures import tiny_beir_dir, tiny_model_dir
+    from twotower.cli import main
+
+    negatives = _beir_negatives(tmp_path / "neg.jsonl", [{"query_id": f"other{i}", "neg_ids": ["d1"]} for i in range(3)])
+    rc = main(["train", "dual", "--model", tiny_model_dir(), "--data", tiny_beir_dir(), "--out", str(tmp_path / "o"),
+               "--negatives", negatives, "--max-steps", "1", "--batch-size", "4", "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"{negatives}: the --negatives file has no line for a training query" in err
+    assert "(e.g. 'other0')" in err and "(e.g. 'q0')" in err
+    assert not os.path.isdir(tmp_path / "o" / "best")
+
+
+def test_cli_reports_the_negatives_it_could_not_use(tmp_path, capsys, caplog):
+    """Lines for unknown queries and negatives that are the query's positives were dropped without a count; a
+    line for a dev query (held out of training, not unknown) is not counted."""
+    from tests.retrieval.training_fixtures import tiny_beir_dir, tiny_model_dir
+    from twotower.cli import main
+
+    lines = [{"query_id": f"q{i}", "neg_ids": [f"d{i}", f"d{i + 30}"]} for i in range(24)]  # d{i}: q{i}'s positive
+    negatives = _beir_negatives(tmp_path / "neg.jsonl", [*lines, {"query_id": "gone", "neg_ids": ["d1"]}])
+    rc = main(["train", "reranker", "--model", tiny_model_dir(0.2), "--pairs", tiny_beir_dir(), "--out",
+               str(tmp_path / "o"), "--negatives", negatives, "--max-steps", "1", "--batch-size", "2",
+               "--group-size", "2", "--dev-size", "4", "--no-progress"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    skipped = json.loads(out.strip().splitlines()[-1])["skipped"]
+    assert skipped == {"negatives-file lines whose query is no training query": 1,
+                       "mined negatives that are the query's positives": 20}  # the 20 training queries'
+    assert f"1 negatives-file lines whose query is no training query (e.g. {negatives}:25)" in caplog.text
 
 
 def test_dense_mining_inside_training_needs_a_retriever(tmp_path):

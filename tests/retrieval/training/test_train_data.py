@@ -116,6 +116,39 @@ def test_labeled_pairs_errors(tmp_path, rows, message):
         read_labeled_pairs(_write(tmp_path / "x.tsv", rows))
 
 
+@pytest.mark.parametrize("label", ["1e308", "101", "nan", "inf", "-inf", "-0.5"])
+def test_labels_outside_the_documented_range_are_refused_by_line(tmp_path, label):
+    """1e308 was read as a grade and scaled every other label to about 0, the target of a negative."""
+    rows = ["query\tpassage\tlabel\n", "a\tb\t1\n", f"a\tc\t{label}\n"]
+    with pytest.raises(ValueError, match=re.escape(f"x.tsv:3: label {label!r} is out of range (labels are 0/1 or "
+                                                   "integer grades from 0 to 100)")):
+        read_labeled_pairs(_write(tmp_path / "x.tsv", rows))
+
+
+@pytest.mark.parametrize("label, message", [
+    ("1e308", "label 1e+308 is out of range (labels are 0/1 or integer grades from 0 to 100)"),
+    ("true", "label true is not a number"),  # float(True) made it 1
+    ("null", "label null is not a number"),
+    ('"x"', "label 'x' is not a number"),
+])
+def test_jsonl_labels_outside_the_documented_range_are_refused_by_line(tmp_path, label, message):
+    path = _write(tmp_path / "p.jsonl", ['{"query": "q", "text": "d", "label": 1}\n',
+                                         f'{{"query": "q", "text": "e", "label": {label}}}\n'])
+    with pytest.raises(ValueError, match=re.escape(f"p.jsonl:2: {message}")):
+        read_labeled_pairs(path)
+    assert read_labeled_pairs(_write(tmp_path / "ok.jsonl", ['{"query": "q", "text": "d", "label": 100}\n'])).pairs
+
+
+def test_cli_reranker_refuses_an_out_of_range_label_by_line(tmp_path, capsys):
+    from tests.retrieval.training_fixtures import tiny_model_dir
+    from twotower.cli import main
+
+    pairs = _write(tmp_path / "pairs.tsv", ["what is tea\ttea is a drink\t1e308\n", "what is tea\tcars\t0\n"])
+    rc = main(["train", "reranker", "--model", tiny_model_dir(), "--pairs", pairs, "--loss", "pointwise",
+               "--out", str(tmp_path / "o"), "--no-progress"])
+    assert rc == 2 and f"{pairs}:1: label '1e308' is out of range" in capsys.readouterr().err
+
+
 def test_labeled_pairs_tsv_is_read_as_every_text_file_is(tmp_path):
     """A spreadsheet's byte-order mark is not part of the first query (which used to split it from its own
     later lines and lose its positive); a bad byte names its line; a document-sized field is read whole."""

@@ -243,6 +243,61 @@ def test_demo_reranker_trains_once_then_is_cached(tmp_path, monkeypatch):
                                              progress=False) == path
 
 
+def test_demo_reranker_out_holding_a_soup_or_another_run_is_refused(tmp_path, capsys):
+    """--out was trained into whatever it held: a finished `train soup` reranker became a mix of two models, and
+    a `train reranker` run lost its best/ checkpoint."""
+    from twotower.cli import main
+
+    corpus = _titled_corpus(tmp_path)
+    soup = tmp_path / "soup"
+    soup.mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        (soup / name).write_text("{}")
+    (soup / "training_args.json").write_text(json.dumps({"soup_of": ["a/best", "b/best"]}))
+    run = tmp_path / "run"
+    (run / "best").mkdir(parents=True)
+    (run / "train_log.jsonl").write_text("")
+    (tmp_path / "notes.txt").write_text("keep")
+    flags = ["--model", tiny_model_dir(0.2), "--corpus", corpus, "--claims", "none", "--titles", "20", "--steps", "1",
+             "--layers", "1", "--no-progress"]
+    for out, shown in ((soup, "config.json, model.safetensors, tokenizer.json and 1 more"), (run, "best, train_log.jsonl")):
+        before = sorted(os.listdir(out))
+        rc = main(["train", "demo-reranker", "--out", str(out), *flags])
+        assert rc == 2 and (f"--out {out}: a directory holding other files ({shown}), not a demo-reranker run; give "
+                            "a new or empty directory") in capsys.readouterr().err
+        assert sorted(os.listdir(out)) == before
+    rc = main(["train", "demo-reranker", "--out", str(tmp_path / "notes.txt"), *flags])
+    assert rc == 2 and "is a file; give a directory" in capsys.readouterr().err
+    assert (tmp_path / "notes.txt").read_text() == "keep"
+
+
+def test_an_interrupted_demo_run_is_its_own_and_trained_again(tmp_path, monkeypatch):
+    """The marker is written when a run starts, so an interrupted run's directory is known as the demo's own
+    (not refused as foreign) and, unfinished, is trained again rather than reused."""
+    from twotower.retrieval.training import demo_reranker
+    from twotower.retrieval.training import train_reranker as trainer
+
+    corpus = _titled_corpus(tmp_path)
+    out = str(tmp_path / "demo")
+    kw = dict(model=tiny_model_dir(0.2), corpus=corpus, claims=None, titles=20, steps=1, layers=1, progress=False)
+    real = trainer.train_reranker
+
+    def interrupted(cfg):
+        os.makedirs(os.path.join(cfg.out, "best"))  # as far as a first evaluation gets
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(trainer, "train_reranker", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        demo_reranker.train_demo_reranker(out, **kw)
+    assert json.load(open(os.path.join(out, demo_reranker.MARKER)))["finished"] is False
+    calls = []
+    monkeypatch.setattr(trainer, "train_reranker", lambda cfg: calls.append(cfg) or real(cfg))
+    path = demo_reranker.train_demo_reranker(out, **kw)
+    assert len(calls) == 1 and os.path.isfile(os.path.join(path, "model.safetensors"))
+    assert json.load(open(os.path.join(out, demo_reranker.MARKER)))["finished"] is True
+    assert demo_reranker.train_demo_reranker(out, **kw) == path and len(calls) == 1  # finished: reused
+
+
 def test_demo_reranker_titles_sets_how_many_title_pairs_and_is_part_of_the_cache_key(tmp_path, monkeypatch):
     from twotower.retrieval.training import demo_reranker
 

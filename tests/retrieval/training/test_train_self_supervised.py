@@ -75,3 +75,58 @@ def test_cli_pairs_flags_are_refused_in_their_own_words(tmp_path, capsys, argv, 
     assert main(["train", "pairs", "--corpus", str(corpus), "--out", str(tmp_path / "p.jsonl"), *argv]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "p.jsonl").exists()
+
+
+def test_crop_count_is_every_crop_the_sampler_can_draw():
+    import random
+
+    from twotower.retrieval.training.self_supervised import _crop, crop_count
+
+    for n in (10, 17, 40):
+        words = [f"w{i}" for i in range(n)]
+        rng = random.Random(0)
+        assert len({_crop(words, rng, 0.1, 0.5, 5) for _ in range(20_000)}) == crop_count(n)
+    with pytest.raises(ValueError, match=r"pairs_per_document=457: the longest document \(40 words\) can be cropped "
+                                         r"456 distinct ways.*give at most 456 \(--pairs-per-document\)"):
+        independent_crops(DOCS, pairs_per_document=457)
+    assert len(independent_crops({"a": DOCS["a"]}, pairs_per_document=456).examples) == 456
+
+
+def test_cli_pairs_per_document_beyond_what_the_corpus_can_crop_is_refused(tmp_path, capsys):
+    """--pairs-per-document 100000000000 drew crops without end; the corpus bounds how many distinct ones exist."""
+    import json
+    import signal
+
+    from twotower.cli import main
+
+    def hung(*_):
+        raise AssertionError("train pairs did not return")
+
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text(json.dumps({"_id": "a", "text": " ".join(f"w{i}" for i in range(40))}) + "\n"
+                      + json.dumps({"_id": "b", "text": "too short"}) + "\n")
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(20)
+    try:
+        rc = main(["train", "pairs", "--corpus", str(corpus), "--out", str(tmp_path / "p.jsonl"),
+                   "--pairs-per-document", "100000000000"])
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert rc == 2 and (f"--pairs-per-document 100000000000: the longest document of --corpus {corpus} (40 words) "
+                        "can be cropped 456 distinct ways") in capsys.readouterr().err
+    assert not (tmp_path / "p.jsonl").exists()
+    assert main(["train", "pairs", "--corpus", str(corpus), "--out", str(tmp_path / "p.jsonl"),
+                 "--pairs-per-document", "456"]) == 0
+    assert len((tmp_path / "p.jsonl").read_text().splitlines()) == 456
+
+
+def test_cli_pairs_corpus_that_is_a_directory_says_so(tmp_path, capsys):
+    """A BEIR directory given as --corpus was "corpus file not found"."""
+    from twotower.cli import main
+
+    (tmp_path / "beir").mkdir()
+    (tmp_path / "beir" / "corpus.jsonl").write_text('{"_id": "a", "text": "tea"}\n')
+    rc = main(["train", "pairs", "--corpus", str(tmp_path / "beir"), "--out", str(tmp_path / "p.jsonl")])
+    assert rc == 2 and (f"--corpus {tmp_path / 'beir'}: a directory, not a file; give the file inside it: --corpus "
+                        f"{tmp_path / 'beir' / 'corpus.jsonl'}") in capsys.readouterr().err
