@@ -15,12 +15,14 @@ checkpoint chosen on the dev split (carved from train) as ``OUT/best``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
 import re
 
 from twotower.cli.checks import (
+    encoder_directory,
     input_file,
     is_reranker,
     max_length_fits,
@@ -116,7 +118,8 @@ def register(subparsers) -> None:
 
     p = sub.add_parser("dual", help="contrastive dual-encoder training (InfoNCE)",
                        formatter_class=DefaultsHelpFormatter)
-    p.add_argument("--model", required=True, metavar="DIR", help="starting HF BERT / sentence-transformers dir")
+    p.add_argument("--model", required=True, metavar="DIR|default",
+                   help='starting HF BERT / sentence-transformers dir, or "default": the embedded all-MiniLM-L6-v2')
     p.add_argument("--data", required=True, metavar="BEIR_DIR|FILE.jsonl")
     _common(p)
     p.add_argument("--separate-towers", action="store_true", help="untie query and document weights")
@@ -180,7 +183,8 @@ def register(subparsers) -> None:
     p.add_argument("--split", help="qrels split of a BEIR directory to mine for (default: train)")
     p.add_argument("--corpus", default=None, metavar="FILE")
     p.add_argument("--retriever", choices=["bm25", "dense"], default="bm25")
-    p.add_argument("--model", default=None, metavar="DIR", help="dual encoder for --retriever dense")
+    p.add_argument("--model", default=None, metavar="DIR|default",
+                   help='dual encoder for --retriever dense ("default": the embedded all-MiniLM-L6-v2)')
     p.add_argument("--ranks", default="10-100", help="1-based inclusive rank window")
     p.add_argument("--num-negatives", type=int, default=8)
     p.add_argument("--margin", type=float, default=None, help="drop candidates scored above positive - margin")
@@ -353,7 +357,8 @@ def run_dual(args) -> int:
         lr=2e-5 if args.lr is None else args.lr,  # --lr 0 is kept, not replaced by the default
         dev_pool=args.dev_pool, **_settings(args, default_ranks=(10, 100)),
     )
-    model_directory("--model", args.model, dual=True)  # after the flags: their errors come first, as for reranker
+    args.model = encoder_directory("--model", args.model, dual=True)  # after the flags: their errors come first
+    cfg = dataclasses.replace(cfg, model=args.model)
     for flag, value in (("--query-max-length", args.query_max_length), ("--doc-max-length", args.doc_max_length),
                         ("--train-doc-max-length", args.train_doc_max_length)):
         max_length_fits(flag, value, args.model)
@@ -498,8 +503,8 @@ def run_mine(args) -> int:
         raise ValueError("--num-negatives 0 and --random 0 leave nothing to mine: give either 1 or more")
     if args.retriever == "dense":
         if not args.model:
-            raise ValueError("--retriever dense needs --model DIR (a dual encoder)")
-        model_directory("--model", args.model, dual=True)
+            raise ValueError("--retriever dense needs --model DIR (a dual encoder, or default: all-MiniLM-L6-v2)")
+        args.model = encoder_directory("--model", args.model, dual=True)
     elif args.model:  # BM25 mined, and the model was named in the output's settings as if it had
         raise ValueError("--model is the dense retriever's: add --retriever dense, or leave --model out")
     cfg = MiningConfig(rank_start=start, rank_end=end, num_negatives=args.num_negatives, margin=args.margin,

