@@ -225,8 +225,10 @@ def read_jsonl_training(path: str, corpus: dict[str, str] | None = None) -> Trai
                 raw = obj.get(key, [])
                 if isinstance(raw, str):
                     raw = [raw]
-                if not isinstance(raw, list) or not all(isinstance(x, (str, int)) for x in raw):
-                    raise ValueError(f"{where}: field {key!r} must be a list of strings")
+                # bool is an int to Python: `true` became the id "True"
+                if not isinstance(raw, list) or not all(isinstance(x, (str, int)) and not isinstance(x, bool)
+                                                        for x in raw):
+                    raise ValueError(f"{where}: field {key!r} must be a list of strings (or integer ids)")
                 items += [(str(x), as_ids) for x in raw]
             for item, as_ids in items:
                 if as_ids is None:

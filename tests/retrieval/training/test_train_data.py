@@ -83,6 +83,8 @@ def test_jsonl_errors_name_file_and_line(tmp_path):
         read_jsonl_training(_write(tmp_path / "nq.jsonl", [json.dumps({"pos": ["b"]}) + "\n"]))
     with pytest.raises(ValueError, match=r"lst.jsonl:1: field 'pos' must be a list"):
         read_jsonl_training(_write(tmp_path / "lst.jsonl", [json.dumps({"query": "a", "pos": [1.5]}) + "\n"]))
+    with pytest.raises(ValueError, match=r"tf.jsonl:1: field 'neg' must be a list of strings"):  # was the id "True"
+        read_jsonl_training(_write(tmp_path / "tf.jsonl", [json.dumps({"query": "a", "pos": ["b"], "neg": [True]}) + "\n"]))
     with pytest.raises(ValueError, match="no usable training query"):
         read_jsonl_training(_write(tmp_path / "none.jsonl", [json.dumps({"query": "a", "pos": []}) + "\n"]))
 
