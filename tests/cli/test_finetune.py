@@ -7,19 +7,9 @@ import os
 
 import pytest
 
-from tests.encoder import task_fixtures
 from twotower.cli import main
 
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return task_fixtures.tiny_encoder(tmp_path_factory)
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    with task_fixtures.one_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny_dir, one_thread: tests/conftest.py
 
 
 def _write(path, text: str) -> str:

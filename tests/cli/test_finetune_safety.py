@@ -9,21 +9,11 @@ import os
 
 import pytest
 
-from tests.encoder import task_fixtures
 from twotower.cli import main
 from twotower.encoder.finetuning.finetune import REPORT_NAME
 from twotower.eval.tasks import read_qa_examples, read_tag_examples, read_text_examples
 
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return task_fixtures.tiny_encoder(tmp_path_factory)
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    with task_fixtures.one_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny_dir, one_thread: tests/conftest.py
 
 
 SST = "sentence\tlabel\n" + "i love this movie\t1\ngreat acting\t1\ni hate this movie\t0\nterrible\t0\n" * 2

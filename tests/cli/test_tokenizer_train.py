@@ -150,11 +150,6 @@ def test_a_vocabulary_other_than_asked_says_why(tmp_path, capsys):
     assert rc == 0 and f"(vocabulary {size}, lowercase=True" in out and "asked for" not in out
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return task_fixtures.tiny_encoder(tmp_path_factory)
-
-
 def test_a_tokenizer_larger_than_the_embedding_table_is_refused(tiny_dir, tmp_path, capsys):
     """A fine-tuned model whose tokenizer was replaced by a larger one: predict names the directory and sizes."""
     from twotower.encoder import Tokenizer

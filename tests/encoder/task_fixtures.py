@@ -62,11 +62,7 @@ def build_tiny_encoder(directory: str) -> str:
 def tiny_encoder(tmp_path_factory) -> str:
     """Directory of a saved tiny random encoder (with pooler) and its WordPiece tokenizer, built once a session.
 
-    Test modules wrap it in their own fixture::
-
-        @pytest.fixture(scope="module")
-        def tiny_dir(tmp_path_factory):
-            return task_fixtures.tiny_encoder(tmp_path_factory)
+    Tests take it as the ``tiny_dir`` fixture of tests/conftest.py.
     """
     if "dir" not in _CACHE or not os.path.isdir(_CACHE["dir"]):
         _CACHE["dir"] = build_tiny_encoder(str(tmp_path_factory.mktemp("tiny_encoder")))

@@ -6,22 +6,12 @@ import json
 
 import pytest
 
-from tests.encoder import task_fixtures
 from twotower.encoder.finetuning.task_model import TaskModel
 from twotower.encoder.finetuning.tasks import TaskInfo
 from twotower.retrieval.hit import Hit
 from twotower.retrieval.reader import Answer, AnswerResult, label_hits, rank_answers, read_answers
 
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return task_fixtures.tiny_encoder(tmp_path_factory)
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    with task_fixtures.one_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny_dir, one_thread: tests/conftest.py
 
 
 @pytest.fixture(scope="module")

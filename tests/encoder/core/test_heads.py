@@ -8,7 +8,6 @@ import os
 import pytest
 import torch
 
-from tests.encoder import task_fixtures
 from twotower.encoder.core.heads import (
     ARCHITECTURES,
     HEAD_TYPES,
@@ -23,16 +22,7 @@ from twotower.encoder.finetuning.tasks import TaskInfo
 
 transformers = pytest.importorskip("transformers")
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return task_fixtures.tiny_encoder(tmp_path_factory)
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    with task_fixtures.one_thread():
-        yield
-
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny_dir, one_thread: tests/conftest.py
 
 
 def test_classification_worked_example():

@@ -10,23 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from tests.encoder import task_fixtures
 from twotower.encoder.core.checkpoint import read_weights, split_prefix
 from twotower.encoder.core.heads import BertForSequenceClassification
 from twotower.encoder.finetuning.finetune import REPORT_NAME, FinetuneConfig, finetune
 from twotower.encoder.finetuning.task_examples import QAExample, TagExample, TextExample
 from twotower.encoder.finetuning.task_model import TaskModel
 
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return task_fixtures.tiny_encoder(tmp_path_factory)
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    with task_fixtures.one_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny_dir, one_thread: tests/conftest.py
 
 
 POS = ["i love this movie", "a good film with a great cast", "great acting", "unbelievable performance"]

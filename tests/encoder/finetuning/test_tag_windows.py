@@ -13,7 +13,6 @@ import random
 import pytest
 import torch
 
-from tests.encoder import task_fixtures
 from twotower.encoder.finetuning.tagging import IGNORE_INDEX
 from twotower.encoder.finetuning.task_examples import TagExample
 from twotower.encoder.finetuning.task_model import TaskModel
@@ -26,15 +25,7 @@ WORDS = ["john", "smith", "lives", "in", "new", "york", "the", "tea", "is", "col
          "@paulwalk", "capital", "france", "1889", "loves", "#music", "emojis", ",", "."]
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return task_fixtures.tiny_encoder(tmp_path_factory)
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    with task_fixtures.one_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny_dir, one_thread: tests/conftest.py
 
 
 def _sentences(seed: int, count: int, most: int) -> list[list[str]]:

@@ -6,7 +6,6 @@ import random
 
 import pytest
 
-from tests.encoder import task_fixtures
 from twotower.encoder.core.tokenizer import Tokenizer
 from twotower.encoder.finetuning.tagging import (
     IGNORE_INDEX,
@@ -22,17 +21,7 @@ seqeval = pytest.importorskip("seqeval")
 from seqeval.metrics import f1_score, precision_score, recall_score  # noqa: E402
 from seqeval.metrics.sequence_labeling import get_entities  # noqa: E402
 
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return task_fixtures.tiny_encoder(tmp_path_factory)
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    with task_fixtures.one_thread():
-        yield
-
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny_dir, one_thread: tests/conftest.py
 
 
 def _random_tags(rng: random.Random, n: int) -> list[str]:
