@@ -434,8 +434,9 @@ def freeze_below_top(model: CrossEncoder, trainable: int) -> None:
 
 # ---- the loop ----------------------------------------------------------------------------------------
 def teacher_dir(name: str | None) -> str | None:
-    """A teacher as users name it: "embedded" is the installed all-MiniLM-L6-v2, anything else a directory."""
-    if name == "embedded":
+    """A teacher as users name it: "default" (or "embedded") is the installed all-MiniLM-L6-v2, as a model named
+    "default" is elsewhere; anything else a directory."""
+    if name in ("default", "embedded"):
         from twotower.retrieval.manifest import default_model_dir
 
         return default_model_dir()

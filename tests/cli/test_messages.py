@@ -121,7 +121,7 @@ def test_dense_mining_without_a_teacher_names_the_flags(command, tmp_path, capsy
     if command == "reranker":
         args += ["--model", str(tmp_path), "--pairs", str(tmp_path / "pairs.tsv")]
     rc, out, err = run_cli(capsys, *args)
-    assert rc == 2 and "--mine dense rank with the teacher: add --teacher DIR (or --teacher embedded)" in err
+    assert rc == 2 and "--mine dense rank with the teacher: add --teacher DIR (or --teacher default)" in err
     rc, out, err = run_cli(capsys, *args, "--teacher", str(tmp_path / "nowhere"))
     assert rc == 2 and f"--teacher {tmp_path / 'nowhere'}: not a directory" in err
     assert not (tmp_path / "rr").exists()
@@ -134,8 +134,9 @@ def test_teacher_bm25_names_its_flag(command, tmp_path, capsys):
         args += ["--model", str(tmp_path), "--pairs", str(tmp_path / "pairs.tsv")]
     rc, out, err = run_cli(capsys, *args, "--teacher-bm25", "1")
     assert rc == 2 and "--teacher-bm25 adds BM25 to the teacher's scores: add --teacher DIR" in err
-    rc, out, err = run_cli(capsys, *args, "--teacher", "embedded", "--teacher-bm25", "-1")
-    assert rc == 2 and "--teacher-bm25 -1: give 0 or more" in err
+    for name in ("embedded", "default"):  # both name all-MiniLM-L6-v2; "default" as --model default does
+        rc, out, err = run_cli(capsys, *args, "--teacher", name, "--teacher-bm25", "-1")
+        assert rc == 2 and "--teacher-bm25 -1: give 0 or more" in err, err
     assert not (tmp_path / "rr").exists()
 
 

@@ -36,7 +36,7 @@ from twotower.retrieval.training.demo_reranker import TITLES as DEMO_TITLES  # s
 
 TEACHER_HELP = ("dual encoder whose scores the reranker also learns (listwise distillation); an index built from "
                 "{corpus} lends its vectors and query encoder (no document is encoded again); "
-                "'embedded' = all-MiniLM-L6-v2, the default dense model")
+                "'default' (or 'embedded') = all-MiniLM-L6-v2, the default dense model, as --model default")
 
 
 RESIDUAL_HELP = ("train the reranker as a correction to the --teacher's scores (the label loss reads their sum; "
@@ -167,7 +167,7 @@ def register(subparsers) -> None:
     p.add_argument("--trainable-layers", type=int, default=None, metavar="N",
                    help="train only the top N encoder layers and the head (default: all); faster steps, and "
                         "the result differs from its base in N layers only")
-    p.add_argument("--teacher", default=None, metavar="DIR|INDEX|embedded",
+    p.add_argument("--teacher", default=None, metavar="DIR|INDEX|default",
                    help=TEACHER_HELP.format(corpus="the --pairs corpus"))
     p.add_argument("--distill-weight", type=float, default=None,
                    help="with --teacher: weight of the distillation term (default 1)")
@@ -224,7 +224,7 @@ def register(subparsers) -> None:
     p.add_argument("--head-pooling", choices=["cls", "mean"], default=None,
                    help="what the relevance head reads: the [CLS] pooler (default) or the token mean")
     p.add_argument("--lr", type=float, default=None, help="learning rate (default 1e-4)")
-    p.add_argument("--teacher", default=None, metavar="DIR|INDEX|embedded",
+    p.add_argument("--teacher", default=None, metavar="DIR|INDEX|default",
                    help=TEACHER_HELP.format(corpus="--corpus"))
     p.add_argument("--distill-weight", type=float, default=None,
                    help="with --teacher: weight of the distillation term (default 1)")
@@ -371,20 +371,21 @@ def run_dual(args) -> int:
 
 
 def _teacher(flag: str | None, args) -> str | None:
-    """--teacher: a directory, or 'embedded' (the installed all-MiniLM-L6-v2); dense mining and a dense
-    dev first stage rank with it."""
+    """--teacher: a directory, or 'default' / 'embedded' (the installed all-MiniLM-L6-v2, as `--model default`
+    elsewhere); dense mining and a dense dev first stage rank with it."""
+    flag = "embedded" if flag == "default" else flag
     dense = [f for f, v in (("--mine dense", args.mine), ("--first-stage dense", args.first_stage)) if v == "dense"]
     if dense and flag is None:
-        raise ValueError(f"{' and '.join(dense)} rank with the teacher: add --teacher DIR (or --teacher embedded)")
+        raise ValueError(f"{' and '.join(dense)} rank with the teacher: add --teacher DIR (or --teacher default)")
     from twotower.retrieval.training.train_reranker import teacher_dir
 
     if flag not in (None, "embedded") and not os.path.isdir(flag):
-        raise ValueError(f"--teacher {flag}: not a directory (give a dual-encoder directory or 'embedded')")
+        raise ValueError(f"--teacher {flag}: not a directory (give a dual-encoder directory or 'default')")
     if flag not in (None, "embedded") and not os.path.isfile(os.path.join(flag, "manifest.json")):  # not an index
         model_directory("--teacher", flag, dual=True)
     if flag not in (None, "embedded") and is_reranker(flag):
         raise ValueError(f"--teacher {flag}: a reranker (cross-encoder) directory; the teacher is a dual encoder: "
-                         "give its directory, an index built from the training corpus, or 'embedded'")
+                         "give its directory, an index built from the training corpus, or 'default'")
     return teacher_dir(flag)
 
 
