@@ -32,10 +32,16 @@ import shutil
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from twotower.common.atomic import atomic_replace_dir, atomic_write_json
-from twotower.encoder.core.checkpoint import CONFIG_NAME, WEIGHTS_NAME, read_weights, split_prefix
+from twotower.encoder.core.checkpoint import (
+    CONFIG_NAME,
+    WEIGHTS_NAME,
+    load_safetensors,
+    read_weights,
+    split_prefix,
+)
 from twotower.indexing.integrity import file_sha256
 from twotower.retrieval.interpolation import ALPHA_FILE
 
@@ -152,7 +158,7 @@ def load(device: torch.device | str | None = None, bf16: bool | str = "auto", ma
             "reranker directory of your own (--reranker DIR)")
     base_enc, _ = split_prefix(read_weights(base_dir))
     state = {f"bert.{k}": v for k, v in base_enc.items()}
-    stored = load_file(os.path.join(directory, DELTA))
+    stored = load_safetensors(os.path.join(directory, DELTA), remedy="reinstall twotower")
     for name, value in stored.items():
         if name.startswith("delta."):
             target = name.removeprefix("delta.")

@@ -18,6 +18,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from twotower.common.atomic import atomic_path, atomic_write_text
+from twotower.common.errors import DataError
 from twotower.encoder.core.config import EncoderConfig
 from twotower.encoder.core.model import BertModel
 from twotower.encoder.core.tokenizer import Tokenizer
@@ -28,6 +29,50 @@ WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
 # Buffers some HF versions serialise; they are derived, never learned.
 _DERIVED_KEYS = ("embeddings.position_ids",)
+# What to do about a damaged weights file of a model directory (`load_safetensors`).
+MODEL_REMEDY = "copy or save the model again (a copy or save cut short leaves such a file), or retrain it"
+
+
+def _damaged(path: str, exc: Exception, remedy: str | None) -> DataError:
+    """The error for a file safetensors refused; a pickle (``torch.save``) under a safetensors name is said to be
+    one, since "header too large" would send the user looking for damage."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError:
+        head = b""
+    if head.startswith(b"PK\x03\x04") or (len(head) > 1 and head[0] == 0x80 and 2 <= head[1] <= 5):
+        return DataError(path, None, "a pickle (torch.save) file, not safetensors: refused, as twotower never "
+                                     "unpickles; convert it to safetensors where it was made")
+    reason = " ".join(str(exc).split()).removeprefix("Error while deserializing header: ")  # one line
+    return DataError(path, None, f"damaged: not a whole safetensors file ({reason})" + (f"; {remedy}" if remedy else ""))
+
+
+def load_safetensors(path: str, device: str = "cpu", remedy: str | None = MODEL_REMEDY) -> dict[str, torch.Tensor]:
+    """The tensors of the safetensors file `path`; a damaged file is a `DataError` naming it and `remedy`.
+
+    Why: a file cut short (an interrupted copy or save, a full disk) or overwritten with something else
+    failed as a traceback of safetensors' own error ("incomplete metadata, file not fully covered"), naming
+    no file. Nothing is unpickled: a pickle renamed ``.safetensors`` is refused the same way.
+    remedy: what the user can do about it, appended to the message (None: the caller adds its own).
+    """
+    from safetensors import SafetensorError
+
+    try:
+        return load_file(path, device=device)
+    except SafetensorError as exc:
+        raise _damaged(path, exc, remedy) from None
+
+
+def safetensors_names(path: str, remedy: str | None = MODEL_REMEDY) -> list[str]:
+    """The tensor names of the safetensors file `path` (its header only); damaged: as `load_safetensors`."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(path, framework="pt") as f:
+            return list(f.keys())
+    except SafetensorError as exc:
+        raise _damaged(path, exc, remedy) from None
 
 
 def read_weights(directory: str) -> dict[str, torch.Tensor]:
@@ -39,7 +84,7 @@ def read_weights(directory: str) -> dict[str, torch.Tensor]:
                 "refused. Convert it to safetensors first."
             )
         raise FileNotFoundError(f"weights file not found: {path}")
-    return load_file(path)
+    return load_safetensors(path)
 
 
 def write_weights(directory: str, state: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:

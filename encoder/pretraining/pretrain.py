@@ -1,14 +1,21 @@
 """MLM (+ optional NSP) pretraining from scratch, as one loop that reads top to bottom.
 
-    tokenizer -> config -> output dir (refuse a foreign run) -> tokenized corpus (cached) -> packed rows
-    -> model, AdamW -> (resume) -> DDP -> loop { lr from budget progress; accumulate micro-batches under
-    bf16 autocast; clip; step; log; validate; checkpoint } -> final validation, checkpoint, plot
+    tokenizer -> config -> output dir rules (refuse a foreign run; a resume must be this run) -> tokenized
+    corpus (cached) -> packed rows -> model, AdamW -> (resume: read the state) -> output dir written ->
+    DDP -> loop { lr from budget progress; accumulate micro-batches under bf16 autocast; clip; step; log;
+    validate; checkpoint } -> final validation, checkpoint, plot
+
+Nothing is written to the output directory until every input has been read and checked, so a start that
+fails on bad input (a malformed corpus, a damaged ``--init-from``) leaves an earlier run there as it was,
+``--overwrite`` or not.
 
 The schedule is keyed to the budget (tokens, steps or wall-clock seconds), so
 warmup and decay end exactly when the budget runs out.  Checkpoints are the HF
 layout at the top of the output directory (`BertForMaskedLM.from_pretrained(out)`
 loads it) plus ``trainer_state/`` (`twotower.encoder.training.train_state`) that `resume=True`
-continues from exactly.
+continues from exactly.  ``run.json`` records the run's settings and a fingerprint of its text (the
+SHA-256 of every corpus and validation file, and the tokenizer's), so a resume with other settings or
+other text is refused, naming the flags, instead of continuing as another run.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ import torch
 
 from twotower.common.device import autocast, default_device, resolve_bf16
 from twotower.common.distributed import DistInfo, all_reduce_sum, barrier, cleanup, init_distributed
-from twotower.common.errors import check_at_least, check_setting
+from twotower.common.errors import DataError, check_at_least, check_setting
 from twotower.common.malloc import retain_freed_memory_for
 from twotower.encoder.core.checkpoint import (
     CONFIG_NAME,
@@ -38,7 +45,7 @@ from twotower.encoder.core.checkpoint import (
 )
 from twotower.encoder.core.config import EncoderConfig
 from twotower.encoder.core.tokenizer import Tokenizer
-from twotower.encoder.pretraining.corpus import check_corpus_files, tokenize_corpus
+from twotower.encoder.pretraining.corpus import check_corpus_files, corpus_key, tokenize_corpus
 from twotower.encoder.pretraining.masking import MaskingSpec, TokenSpace
 from twotower.encoder.pretraining.mlm import BertForPreTraining
 from twotower.encoder.pretraining.pretrain_data import (
@@ -53,15 +60,22 @@ from twotower.encoder.pretraining.pretrain_data import (
 from twotower.encoder.training.budget import Budget, Clock
 from twotower.encoder.training.optim import check_optimizer_settings, lr_factor, make_optimizer, set_lr
 from twotower.encoder.training.run_log import RunLog, plot_curves
-from twotower.encoder.training.train_state import load_train_state, restore_rng, save_train_state
+from twotower.encoder.training.train_state import load_train_state, restore_train_state, save_train_state
 
 logger = logging.getLogger(__name__)
 
 RUN_FILE = "run.json"
 STATE_DIR = "trainer_state"
-# Arguments that change what a step computes: resuming with another value would not be "the same run".
+# Arguments that change what a step computes (or, valid_rows, what the log's validation scores mean):
+# resuming with another value would not be "the same run". Each is the flag --<name with dashes>.
 _RUN_SHAPE = ("seq_len", "batch_size", "grad_accum", "nsp", "wwm", "mask_rate", "num_masks", "static_masks",
-              "seed", "lr", "warmup", "decay", "weight_decay")
+              "seed", "lr", "warmup", "decay", "weight_decay", "clip", "valid_rows")
+# Config fields set by a flag other than the architecture's (--size, --config or --init-from): config key -> flag.
+_CONFIG_FLAGS = {"vocab_size": "--tokenizer", "pad_token_id": "--tokenizer", "hidden_dropout_prob": "--dropout",
+                 "attention_probs_dropout_prob": "--dropout"}
+# What to do when the run cannot be resumed from what --out holds ({out}: the run directory).
+_START_AGAIN = ("start the run again with --overwrite, or continue from its exported weights as a new run "
+                "(--init-from {out} --tokenizer {out} --out NEW_DIR: a fresh optimizer and schedule)")
 
 
 @dataclass
@@ -166,40 +180,156 @@ def resolve_config(args: PretrainArgs, tokenizer: Tokenizer) -> EncoderConfig:
     return config
 
 
-def prepare_out_dir(args: PretrainArgs, config: EncoderConfig, info: DistInfo) -> None:
-    """Refuse to write into another run unless resuming it (same config) or told to overwrite."""
+def check_out_dir(args: PretrainArgs, config: EncoderConfig, budget: Budget, tokenizer: Tokenizer,
+                  corpus_paths: list[str], valid_paths: list[str], info: DistInfo) -> None:
+    """Refuse to write into another run unless resuming it or told to overwrite; reads, never writes.
+
+    A resume must be the same run: the same settings (`_RUN_SHAPE`, the budget, the config), the same
+    number of processes, the same text (the files' SHA-256) and tokenizer. Anything else is refused naming
+    each flag, since continuing would silently train another run under the first one's log and schedule.
+    """
     out = args.out
     run_file = os.path.join(out, RUN_FILE)
-    busy = os.path.isdir(out) and bool(os.listdir(out))
     if args.resume:
         if not os.path.isfile(os.path.join(out, STATE_DIR, "state.json")):
             raise FileNotFoundError(f"--resume: no training state in {out} ({STATE_DIR}/ missing)")
-        with open(run_file, encoding="utf-8") as f:
-            saved = json.load(f)
-        differ = EncoderConfig.from_dict(saved["config"], source=run_file).diff(config)
-        differ += [k for k in _RUN_SHAPE if saved["args"].get(k) != getattr(args, k)]
-        if saved.get("world_size", 1) != info.world_size:
-            differ.append("world_size")
+        saved = read_run_record(run_file, out)
+        differ = _settings_differ(saved, args, config, budget, info)
+        if "data" in saved:
+            now = _data_record(corpus_key(corpus_paths, tokenizer)[1],
+                               corpus_key(valid_paths, tokenizer)[1] if valid_paths else [], tokenizer)
+            for flag, text in _data_differs(saved["data"], now, args).items():
+                differ.setdefault(flag, text)  # --tokenizer: its vocabulary may have said so already
+        else:  # a run.json written before text fingerprints were recorded
+            logger.warning("%s has no fingerprint of the run's text: resuming without checking --corpus, --valid "
+                           "and --tokenizer", run_file)
         if differ:
-            raise ValueError(f"cannot resume {out}: the run was started with different settings: {sorted(differ)}")
+            budget_note = ""
+            if "budget" in differ:
+                budget_note = (" A budget other than the run's would change the learning-rate schedule mid-run; "
+                               "to stop early and resume later, give the run's budget and --max-steps N; to "
+                               f"train longer, start a new run with --init-from {out} --tokenizer {out} --out NEW_DIR.")
+            raise ValueError(f"cannot resume {out}: this command differs from the run it continues: "
+                             f"{'; '.join(differ.values())}. Give the run's own settings (they are in {run_file})."
+                             + budget_note)
         return
-    if busy and not args.overwrite:
+    if os.path.isdir(out) and os.listdir(out) and not args.overwrite:
         what = "another training run" if os.path.isfile(run_file) else "other files"
         raise ValueError(f"output directory {out} holds {what}; pass --resume to continue it or --overwrite")
+
+
+def read_run_record(run_file: str, out: str) -> dict:
+    """The run's ``run.json`` (args, config, world_size, data); a damaged one is a `DataError` naming it."""
+    remedy = "put back the run.json this run wrote, or " + _START_AGAIN.format(out=out)
+    try:
+        with open(run_file, encoding="utf-8") as f:
+            saved = json.load(f)
+    except FileNotFoundError:
+        raise DataError(run_file, None, f"missing: it holds the run's settings; {remedy}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DataError(run_file, None, f"damaged: not JSON ({' '.join(str(exc).split())}); {remedy}") from None
+    if not (isinstance(saved, dict) and isinstance(saved.get("args"), dict) and isinstance(saved.get("config"), dict)):
+        raise DataError(run_file, None, f"damaged: not the 'args' and 'config' objects of a run; {remedy}")
+    try:
+        EncoderConfig.from_dict(saved["config"], source=run_file)
+    except (ValueError, TypeError) as exc:
+        raise DataError(run_file, None, f"damaged: its config cannot be read ({exc}); {remedy}") from None
+    return saved
+
+
+def _shown(flag: str, value: object) -> str:
+    """A setting as the command line gives it: ``--clip 0.5``, ``--nsp``, ``no --nsp``."""
+    if value is None or value is False:
+        return f"no {flag}"
+    return flag if value is True else f"{flag} {value}"
+
+
+def _budget_flag(args: dict) -> str:
+    """The budget flag a run was given: ``--steps 400``, ``--tokens 20M`` or ``--budget 30m``."""
+    for name in ("steps", "tokens", "budget"):
+        if args.get(name) is not None:
+            return f"--{name} {args[name]}"
+    return "no budget"
+
+
+def _settings_differ(saved: dict, args: PretrainArgs, config: EncoderConfig, budget: Budget,
+                     info: DistInfo) -> dict[str, str]:
+    """What this command sets otherwise than the run in `saved` did: flag (or "budget", "architecture") ->
+    ``FLAG VALUE (the run: ...)``, in the order the message lists them."""
+    before = saved["args"]
+    differ = {flag: f"{_shown(flag, getattr(args, k))} (the run: {_shown(flag, before.get(k))})"
+              for k in _RUN_SHAPE if before.get(k) != getattr(args, k)
+              for flag in ["--" + k.replace("_", "-")]}
+    try:
+        same_budget = Budget.parse(before.get("budget"), before.get("tokens"), before.get("steps")) == budget
+    except ValueError:
+        same_budget = False
+    if not same_budget:
+        differ["budget"] = f"{_budget_flag(asdict(args))} (the run: {_budget_flag(before)})"
+    keys = EncoderConfig.from_dict(saved["config"]).diff(config)
+    arch = sorted(k for k in keys if k not in _CONFIG_FLAGS)
+    if arch:
+        ran = (_shown("--config", before.get("config")) if before.get("config") else
+               _shown("--init-from", before.get("init_from")) if before.get("init_from") else
+               _shown("--size", before.get("size")))
+        now = (_shown("--config", args.config) if args.config else
+               _shown("--init-from", args.init_from) if args.init_from else _shown("--size", args.size))
+        differ["architecture"] = f"{now} (the run: {ran}; the architectures differ in {', '.join(arch)})"
+    if any(_CONFIG_FLAGS[k] == "--dropout" for k in keys if k in _CONFIG_FLAGS):
+        differ["--dropout"] = (f"{_shown('--dropout', args.dropout)} (the run: "
+                               f"{_shown('--dropout', before.get('dropout'))})")
+    if any(_CONFIG_FLAGS[k] == "--tokenizer" for k in keys if k in _CONFIG_FLAGS):
+        differ["--tokenizer"] = (f"--tokenizer {args.tokenizer} (not the run's: its vocabulary has "
+                                 f"{config.vocab_size} tokens, the run's {saved['config'].get('vocab_size')})")
+    if saved.get("world_size", 1) != info.world_size:
+        differ["world_size"] = (f"{info.world_size} process(es) (the run: {saved.get('world_size', 1)}; torchrun "
+                                "--nproc_per_node)")
+    return differ
+
+
+def _data_record(corpus_files: list[dict], valid_files: list[dict], tokenizer: Tokenizer) -> dict:
+    """The fingerprint of a run's text as ``run.json`` keeps it: each file's SHA-256 and size, in order (not
+    its path: a corpus moved elsewhere is still the same text), and the tokenizer's fingerprint."""
+    return {"corpus": [{"sha256": f["sha256"], "size": f["size"]} for f in corpus_files],
+            "valid": [{"sha256": f["sha256"], "size": f["size"]} for f in valid_files],
+            "tokenizer": tokenizer.fingerprint()}
+
+
+def _data_differs(saved: dict, now: dict, args: PretrainArgs) -> dict[str, str]:
+    """The text flags whose files (or tokenizer) are not those the run in `saved` was started with."""
+    differ = {}
+    if saved.get("corpus") != now["corpus"]:
+        differ["--corpus"] = f"--corpus {' '.join(args.corpus)} (not the text the run was started on)"
+    if saved.get("valid") != now["valid"]:
+        differ["--valid"] = (f"--valid {' '.join(args.valid)} (not the run's validation text)" if args.valid else
+                             "no --valid (the run was started with validation text)")
+    if saved.get("tokenizer") != now["tokenizer"]:
+        differ["--tokenizer"] = f"--tokenizer {args.tokenizer} (not the tokenizer the run was started with)"
+    return differ
+
+
+def start_out_dir(args: PretrainArgs, config: EncoderConfig, data: dict, info: DistInfo) -> None:
+    """Write a new run's ``run.json`` into `args.out`, replacing what it held (`check_out_dir` allowed it).
+
+    Called once every input has been read and checked: an earlier run is removed only when this one starts.
+    """
+    out = args.out
     barrier(info)
     if info.is_main:
-        if busy:
+        if os.path.isdir(out) and os.listdir(out):
             shutil.rmtree(out)
         os.makedirs(out, exist_ok=True)
         from twotower.common.atomic import atomic_write_text
 
-        record = {"args": asdict(args), "config": config.to_dict(), "world_size": info.world_size}
-        atomic_write_text(run_file, json.dumps(record, indent=2) + "\n")
+        record = {"args": asdict(args), "config": config.to_dict(), "world_size": info.world_size, "data": data}
+        atomic_write_text(os.path.join(out, RUN_FILE), json.dumps(record, indent=2) + "\n")
     barrier(info)
 
 
-def build_rows(paths: list[str], tokenizer: Tokenizer, args: PretrainArgs, info: DistInfo, seed: int):
-    """Tokenize once (rank 0 first, the others then read the cache) and pack."""
+def build_rows(paths: list[str], tokenizer: Tokenizer, args: PretrainArgs, info: DistInfo,
+               seed: int) -> PackedRows | NSPRows:
+    """Tokenize once (rank 0 first, the others then read the cache) and pack. The rows' ``corpus.meta``
+    holds the files' fingerprints (`twotower.encoder.pretraining.corpus.corpus_key`)."""
     if info.is_main:
         corpus = tokenize_corpus(paths, tokenizer, args.cache_dir, progress=args.progress)
     barrier(info)
@@ -258,6 +388,27 @@ def load_initial_weights(model: BertForPreTraining, directory: str) -> None:
     load_into(model, state, source=os.path.join(directory, WEIGHTS_NAME), allow_missing=fresh)
 
 
+def resume_state(args: PretrainArgs, model: BertForPreTraining, optimizer: torch.optim.Optimizer, order: RowOrder,
+                 counters: dict, device: torch.device) -> None:
+    """Continue from ``trainer_state/``: weights, optimizer, RNG, data position and `counters`, in place.
+
+    A damaged state (a file cut short, edited or replaced) is a `DataError` naming the file and saying what
+    to do; the run directory is left as it is.
+    """
+    directory = os.path.join(args.out, STATE_DIR)
+    try:
+        state = load_train_state(directory, map_location=device)
+        restore_train_state(state, directory, model, optimizer)
+        try:
+            order.load_state(state.user["data"])
+            counters.update({k: state.user[k] for k in counters})
+        except (KeyError, TypeError) as exc:
+            raise DataError(os.path.join(directory, "state.json"), None,
+                            f"damaged: its training position has no {exc}") from None
+    except DataError as exc:
+        raise DataError(exc.path, exc.line, f"{exc.message}; {_START_AGAIN.format(out=args.out)}") from None
+
+
 def write_checkpoint(args: PretrainArgs, model: BertForPreTraining, optimizer, tokenizer: Tokenizer,
                      order: RowOrder, counters: dict) -> None:
     """trainer_state/ first (atomic as a whole), then the HF export at the top of the output directory."""
@@ -286,13 +437,14 @@ def _pretrain(args: PretrainArgs, info: DistInfo) -> dict:
     retain_freed_memory_for(device)  # reuse freed activation memory across steps (common/malloc.py)
     tokenizer = load_tokenizer(args.tokenizer)
     config = resolve_config(args, tokenizer)
-    prepare_out_dir(args, config, info)
+    check_out_dir(args, config, budget, tokenizer, corpus_paths, valid_paths, info)
 
+    # every input is read and checked before --out is written (start_out_dir, below)
     rows = build_rows(corpus_paths, tokenizer, args, info, seed=args.seed)
     space = TokenSpace.from_tokenizer(tokenizer)
     spec = MaskingSpec(rate=args.mask_rate, whole_word=args.wwm, num_masks=args.num_masks)
     maker = BatchMaker(rows, space, spec, seed=args.seed, static_copies=args.static_masks)
-    valid = []
+    valid, vrows = [], None
     if valid_paths:
         vrows = build_rows(valid_paths, tokenizer, args, info, seed=10_007)
         valid = validation_batches(vrows, space, args.batch_size, max_rows=args.valid_rows)
@@ -307,14 +459,12 @@ def _pretrain(args: PretrainArgs, info: DistInfo) -> dict:
     counters = {"step": 0, "tokens": 0, "elapsed": 0.0, "next_eval": 1}
     log = RunLog(os.path.join(args.out, "log.jsonl"), enabled=info.is_main)
     if args.resume:
-        state = load_train_state(os.path.join(args.out, STATE_DIR), map_location=device)
-        model.load_state_dict(state.model)
-        optimizer.load_state_dict(state.optimizer)
-        order.load_state(state.user["data"])
-        counters.update({k: state.user[k] for k in counters})
-        restore_rng(state.rng)
+        resume_state(args, model, optimizer, order, counters, device)
         log.truncate_after(counters["step"])
         logger.info("resumed %s at step %d (%d tokens)", args.out, counters["step"], counters["tokens"])
+    else:
+        start_out_dir(args, config, _data_record(rows.corpus.meta["files"],
+                                                 vrows.corpus.meta["files"] if vrows else [], tokenizer), info)
     ddp = model
     if info.enabled:
         from torch.nn.parallel import DistributedDataParallel

@@ -8,7 +8,10 @@ optimizer's ``state_dict`` is split: its per-parameter tensors (AdamW's
 
 The whole directory is built beside the target and swapped in with
 `atomic_replace_dir`, so model weights, optimizer moments, RNG and data
-position always belong to the same step.
+position always belong to the same step.  A state damaged afterwards (a file
+cut short by a copy, a disk error, an edit) is a `DataError` naming the file,
+from `load_train_state` or `restore_train_state`, never a traceback from
+safetensors or torch halfway into a resumed run.
 
 Layout of ``<dir>``:
     model.safetensors      the model's own state_dict (exactly what `load_state_dict` wants)
@@ -25,9 +28,11 @@ import tempfile
 from dataclasses import dataclass
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from twotower.common.atomic import atomic_replace_dir, atomic_write_text
+from twotower.common.errors import DataError
+from twotower.encoder.core.checkpoint import load_safetensors
 
 
 @dataclass
@@ -108,17 +113,118 @@ def save_train_state(directory: str, model_state: dict[str, torch.Tensor], optim
 
 
 def load_train_state(directory: str, map_location: str | torch.device = "cpu") -> TrainState:
-    """Read what `save_train_state` wrote; a missing file is named in the error."""
+    """Read what `save_train_state` wrote; a missing file is named in the error, a damaged one is a
+    `DataError` naming it (the caller adds what the user can do about it)."""
     for name in ("model.safetensors", "optimizer.safetensors", "rng.safetensors", "state.json"):
         if not os.path.isfile(os.path.join(directory, name)):
             raise FileNotFoundError(f"training state incomplete: {os.path.join(directory, name)} is missing")
-    with open(os.path.join(directory, "state.json"), encoding="utf-8") as f:
-        meta = json.load(f)
+    meta_path = os.path.join(directory, "state.json")
+    meta = _read_meta(meta_path)
     device = str(map_location)
+    opt_path = os.path.join(directory, "optimizer.safetensors")
+    opt_tensors = load_safetensors(opt_path, device=device, remedy=None)
+    try:
+        optimizer = optimizer_from_flat(opt_tensors, meta["optimizer"])
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:  # keys not "<index>/<name>", groups not a list
+        raise DataError(opt_path, None, f"damaged: its tensors do not fit {meta_path} ({_reason(exc)})") from None
     return TrainState(
-        model=load_file(os.path.join(directory, "model.safetensors"), device=device),
-        optimizer=optimizer_from_flat(load_file(os.path.join(directory, "optimizer.safetensors"), device=device),
-                                      meta["optimizer"]),
-        rng=load_file(os.path.join(directory, "rng.safetensors")),
+        model=load_safetensors(os.path.join(directory, "model.safetensors"), device=device, remedy=None),
+        optimizer=optimizer,
+        rng=load_safetensors(os.path.join(directory, "rng.safetensors"), remedy=None),
         user=meta["user"],
     )
+
+
+def _read_meta(path: str) -> dict:
+    """state.json: an object with an ``optimizer`` object (its ``param_groups`` a list) and a ``user`` object."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            meta = json.load(f)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DataError(path, None, f"damaged: not JSON ({_reason(exc)})") from None
+    if not isinstance(meta, dict):
+        raise DataError(path, None, f"damaged: a JSON {type(meta).__name__}, not an object")
+    for key in ("optimizer", "user"):
+        if not isinstance(meta.get(key), dict):
+            raise DataError(path, None, f"damaged: it has no {key!r} object")
+    groups, scalars = meta["optimizer"].get("param_groups"), meta["optimizer"].get("scalars", {})
+    if not isinstance(groups, list) or not all(isinstance(g, dict) for g in groups) or not isinstance(scalars, dict):
+        raise DataError(path, None, "damaged: its optimizer is not a list of 'param_groups' objects and "
+                                    "an object of 'scalars'")
+    return meta
+
+
+def restore_train_state(state: TrainState, directory: str, model: torch.nn.Module,
+                        optimizer: torch.optim.Optimizer) -> None:
+    """Load `state` (read from `directory`) into `model` and `optimizer` and restore the RNG.
+
+    Why checked here: a state that does not fit the model and optimizer it was saved from is damaged (the
+    caller has made sure the run's settings are the same), and torch said so in its own words (missing keys,
+    a size mismatch), or not at all until the first optimizer step (a moment of the wrong shape, a missing
+    ``step``). Each is a `DataError` naming the file at fault.
+    """
+    model_path = os.path.join(directory, "model.safetensors")
+    own = model.state_dict()
+    missing, unexpected = sorted(set(own) - set(state.model)), sorted(set(state.model) - set(own))
+    if missing or unexpected:
+        raise DataError(model_path, None, "damaged: " + "; ".join(
+            what.format(n=len(keys), names=", ".join(keys[:3]) + (", ..." if len(keys) > 3 else ""))
+            for what, keys in (("it lacks {n} of the model's tensors ({names})", missing),
+                               ("it holds {n} tensor(s) the model has not ({names})", unexpected)) if keys))
+    for name, value in state.model.items():
+        if value.shape != own[name].shape:
+            raise DataError(model_path, None, f"damaged: {name} has shape {tuple(value.shape)}, the model's "
+                                              f"{tuple(own[name].shape)}")
+    model.load_state_dict(state.model)
+    _check_optimizer_state(state.optimizer, optimizer, directory)
+    try:
+        optimizer.load_state_dict(state.optimizer)
+    except (ValueError, KeyError, TypeError, RuntimeError) as exc:
+        raise DataError(os.path.join(directory, "state.json"), None,
+                        f"damaged: its optimizer does not fit the model's parameters ({_reason(exc)})") from None
+    try:
+        restore_rng(state.rng)
+    except (RuntimeError, ValueError, TypeError) as exc:
+        raise DataError(os.path.join(directory, "rng.safetensors"), None,
+                        f"damaged: not a random-generator state ({_reason(exc)})") from None
+
+
+def _check_optimizer_state(saved: dict, optimizer: torch.optim.Optimizer, directory: str) -> None:
+    """Every saved per-parameter state names a parameter of `optimizer` and holds what a step of this
+    optimizer keeps (AdamW: ``step``, ``exp_avg``, ``exp_avg_sq``), each moment shaped like its parameter."""
+    path = os.path.join(directory, "optimizer.safetensors")
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    want = _state_names(optimizer)
+    for idx, pstate in saved["state"].items():
+        if not 0 <= idx < len(params):
+            raise DataError(path, None, f"damaged: it holds state for parameter {idx}, but the model has "
+                                        f"{len(params)}")
+        if want is not None and set(pstate) != want:
+            lacks, extra = sorted(want - set(pstate)), sorted(set(pstate) - want)
+            raise DataError(path, None, f"damaged: the state of parameter {idx} "
+                                        + (f"lacks {', '.join(lacks)}" if lacks else f"holds {', '.join(extra)}, "
+                                           f"which {type(optimizer).__name__} does not keep"))
+        for name, value in pstate.items():
+            if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape != params[idx].shape:
+                raise DataError(path, None, f"damaged: {idx}/{name} has shape {tuple(value.shape)}, its parameter "
+                                            f"{tuple(params[idx].shape)}")
+
+
+def _state_names(optimizer: torch.optim.Optimizer) -> set[str] | None:
+    """The per-parameter state one step of `optimizer` keeps, from a one-element probe (None: no probe fits)."""
+    import inspect
+
+    accepted = inspect.signature(type(optimizer)).parameters  # AdamW's defaults hold a key it does not take
+    probe = torch.zeros(1, requires_grad=True)
+    try:
+        other = type(optimizer)([probe], **{k: v for k, v in optimizer.defaults.items() if k in accepted})
+        probe.grad = torch.zeros(1)
+        other.step()
+    except (TypeError, ValueError, RuntimeError):
+        return None
+    return set(other.state[probe])
+
+
+def _reason(exc: BaseException) -> str:
+    """An exception's message on one line (torch's run over several)."""
+    return " ".join(str(exc).split()) or type(exc).__name__

@@ -150,7 +150,10 @@ class TrainSettings:
 
 def start_run(cfg: TrainSettings, out: str, enabled: bool = True,
               **config_fields: Any) -> tuple[TrainingRun, random.Random, torch.device, bool]:
-    """Seed torch, pick the device and bf16, open the run directory `out` with a ``config`` record.
+    """Seed torch, pick the device and bf16, begin the run in `out` with a ``config`` record.
+
+    Nothing is written to `out` yet: the trainer calls ``run.open()`` once its inputs are read and checked
+    (`twotower.retrieval.training.training_run`), so a start that fails on bad input leaves an earlier run as it was.
 
     `config_fields` are logged with the config. Returns (run, a `random.Random(seed)` for the trainer's
     own draws, device, bf16).
@@ -279,6 +282,7 @@ class TrainingLoop:
 
     def train(self) -> LoopResult:
         run, schedule = self.run, self.schedule
+        run.open()  # the trainer has read and checked its inputs: the run begins writing into its directory
         bar = None
         if self.progress and self.main_process:
             from tqdm.auto import tqdm

@@ -99,6 +99,7 @@ def mine_negatives(train: Sequence[TrainExample], corpus: Mapping[str, str], run
     retrieve = dense if method == "dense" else bm25_retriever(corpus)
     mined, stats = mine_hard_negatives(train, retrieve, list(corpus), config, progress=progress)
     if run.enabled:
+        run.open()
         write_mined(os.path.join(run.out, "negatives.jsonl"), mined,
                     {"retriever": method, **asdict(config), "stats": stats.as_dict()})
     run.log("mining", retriever=method, **stats.as_dict())

@@ -104,9 +104,9 @@ def average_weights(paths: Sequence[str]) -> dict[str, torch.Tensor]:
     that froze part of the base still matches the base there (`twotower.retrieval.default_reranker` packs
     only what differs). Others are averaged in float32 and cast back.
     """
-    from safetensors.torch import load_file
+    from twotower.encoder.core.checkpoint import load_safetensors
 
-    states = [load_file(p) for p in paths]
+    states = [load_safetensors(p, remedy="train that run again, or leave it out of the soup") for p in paths]
     names = set(states[0])
     out: dict[str, torch.Tensor] = {}
     for p, state in zip(paths[1:], states[1:]):

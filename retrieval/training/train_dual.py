@@ -337,13 +337,14 @@ def train_dual(cfg: DualTrainConfig) -> DualTrainResult:
     train, dev = carve_dev(data, cfg)
     check_batch_fits(data.source, sum(len(e.positives) for e in train), cfg.batch_size, "(query, positive) pairs",
                      ranks=R)
+    if not cfg.freeze_documents:  # a frozen corpus scores every document; no negatives are drawn
+        check_negatives_fit(train, len(data.corpus), cfg.hard_negatives, "--hard-negatives", cfg.hard_negatives)
+    run.open()  # the inputs are read and checked: only now is an earlier run's log set aside
     if cfg.mine and not cfg.freeze_documents:  # with a frozen corpus every document is a negative already
         train = mine_negatives(train, data.corpus, run, method=cfg.mine, ranks=cfg.mine_ranks,
                                num_negatives=max(cfg.hard_negatives * 4, 8), seed=cfg.seed, progress=cfg.progress)
     if data.skipped:
         logger.warning("training data: skipped %s", data.skipped.summary())
-    if not cfg.freeze_documents:  # a frozen corpus scores every document; no negatives are drawn
-        check_negatives_fit(train, len(data.corpus), cfg.hard_negatives, "--hard-negatives", cfg.hard_negatives)
     run.log("data", source=data.source, train_queries=len(train), dev_queries=len(dev),
             corpus=len(data.corpus), skipped=data.skipped.as_dict(), skipped_where=data.skipped.where)
     from twotower.retrieval.training.dev_eval import dev_pool

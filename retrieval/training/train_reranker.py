@@ -508,8 +508,7 @@ class Teacher:
 def load_reranker(cfg: RerankerTrainConfig, device: torch.device) -> CrossEncoder:
     """Continue a reranker directory (it has a classifier head) or the shipped one ("default"), or start a
     fresh head on an encoder."""
-    from safetensors import safe_open
-
+    from twotower.encoder.core.checkpoint import safetensors_names
     from twotower.retrieval import default_reranker
 
     if cfg.model == default_reranker.NAME:
@@ -518,8 +517,7 @@ def load_reranker(cfg: RerankerTrainConfig, device: torch.device) -> CrossEncode
     path = os.path.join(cfg.model, "model.safetensors")
     has_head = False
     if os.path.isfile(path):
-        with safe_open(path, framework="pt") as f:
-            has_head = "classifier.weight" in f.keys()
+        has_head = "classifier.weight" in safetensors_names(path)
     if has_head:  # a reranker keeps the head it was trained with
         return CrossEncoder.from_pretrained(cfg.model, device=device, max_length=cfg.max_length, bf16=cfg.bf16)
     return CrossEncoder.from_encoder(cfg.model, device=device, max_length=cfg.max_length, bf16=cfg.bf16,
@@ -581,25 +579,29 @@ def train_reranker(cfg: RerankerTrainConfig) -> RerankerTrainResult:
         # dev queries are the data's too: their lines are held out with them, not unknown
         train = add_mined_negatives(train, cfg.negatives, corpus, data.skipped,
                                     known={e.query_id for e in data.examples})
-    elif cfg.mine and cfg.loss == "listwise":
-        train = mine_negatives(train, corpus, run, method=cfg.mine, ranks=cfg.mine_ranks,
-                               num_negatives=max(4 * (cfg.group_size - 1), 16), seed=cfg.seed,
-                               progress=cfg.progress, dense=teacher.dense if teacher else None)
-    if data.skipped:
-        logger.warning("training data: skipped %s", data.skipped.summary())
-    if cfg.loss == "listwise":
+    if cfg.loss == "listwise":  # mining adds negatives, never positives: checked before it
         check_negatives_fit(train, len(corpus), cfg.group_size - 1, "--group-size", cfg.group_size)
+    first = first_stage_run(cfg, dev, corpus, cfg.dev_rerank_k, dense=teacher.dense if teacher else None)
     dev_ids = {e.query_id for e in dev}
     if labeled is not None and cfg.loss == "pointwise":
         train_pairs = [p for p in labeled.pairs if p.query_id not in dev_ids]
         scale = labeled.max_label
-    else:
+    else:  # listwise: counted again once mined negatives are in (pointwise mines none)
         train_pairs = pairs_from_training(TrainingSet(train, corpus, data.skipped, data.source)).pairs
         scale = 1.0
+    if cfg.loss == "pointwise":
+        check_batch_fits(data.source, len(train_pairs), cfg.batch_size, "labeled pairs")
+    run.open()  # the inputs are read and checked: only now is an earlier run's log set aside
+    if not cfg.negatives and cfg.mine and cfg.loss == "listwise":
+        train = mine_negatives(train, corpus, run, method=cfg.mine, ranks=cfg.mine_ranks,
+                               num_negatives=max(4 * (cfg.group_size - 1), 16), seed=cfg.seed,
+                               progress=cfg.progress, dense=teacher.dense if teacher else None)
+        train_pairs = pairs_from_training(TrainingSet(train, corpus, data.skipped, data.source)).pairs
+    if data.skipped:
+        logger.warning("training data: skipped %s", data.skipped.summary())
     run.log("data", source=data.source, train_queries=len(train), dev_queries=len(dev), corpus=len(corpus),
             train_pairs=len(train_pairs), skipped=data.skipped.as_dict(), skipped_where=data.skipped.where)
 
-    first = first_stage_run(cfg, dev, corpus, cfg.dev_rerank_k, dense=teacher.dense if teacher else None)
     dev_queries, dev_qrels = queries_of(dev), qrels_of(dev)
     first_score = dev_metrics(first, dev_qrels)["ndcg@10"]
     run.log("first_stage", source=cfg.first_stage, dev_ndcg10=first_score)
@@ -614,7 +616,6 @@ def train_reranker(cfg: RerankerTrainConfig) -> RerankerTrainResult:
             if teacher.bm25 is not None:
                 run.log("teacher_bm25", weight=cfg.teacher_bm25, bm25_scale=teacher.bm25_scale)
     else:
-        check_batch_fits(data.source, len(train_pairs), cfg.batch_size, "labeled pairs")
         per_epoch = max(1, len(train_pairs) // cfg.batch_size)
         batches = pointwise_batches(train_pairs, cfg.batch_size, rng)
     filled_total = 0

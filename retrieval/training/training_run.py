@@ -11,6 +11,13 @@ Layout of ``--out DIR``:
 Checkpoints are written into a temporary sibling directory and swapped into
 place (`twotower.common.atomic.atomic_replace_dir`), so an interrupted save never
 leaves a half-written ``best/``.
+
+Nothing is written to ``--out`` until the trainer calls `TrainingRun.open` (or
+something is saved): records logged before are kept in memory and written then.
+Why: the trainers read and check their inputs after the run has begun logging,
+and a start that failed on a malformed training file had already moved the
+earlier run's log to ``train_log.jsonl.previous``; a failed start now leaves an
+earlier run in ``--out`` exactly as it was.
 """
 
 from __future__ import annotations
@@ -26,6 +33,8 @@ from twotower.common.atomic import atomic_path, atomic_replace_dir, atomic_write
 
 
 class TrainingRun:
+    """A run's directory `out`; enabled False (the other ranks under torchrun): records are kept, nothing written."""
+
     def __init__(self, out: str, enabled: bool = True) -> None:
         self.out = out
         self.enabled = enabled
@@ -33,10 +42,20 @@ class TrainingRun:
         self.plot_path = os.path.join(out, "dev_ndcg.png")
         self.records: list[dict] = []
         self.start = time.time()
-        if enabled:
-            os.makedirs(out, exist_ok=True)
-            if os.path.exists(self.log_path):  # a new run starts a new log
-                os.replace(self.log_path, self.log_path + ".previous")
+        self.opened = False
+
+    def open(self) -> None:
+        """Start writing into `out`: the earlier run's log becomes ``train_log.jsonl.previous`` and the records
+        logged so far are written. Call it once the inputs are read and checked (saving calls it too)."""
+        if self.opened or not self.enabled:
+            return
+        os.makedirs(self.out, exist_ok=True)
+        if os.path.exists(self.log_path):  # a new run starts a new log
+            os.replace(self.log_path, self.log_path + ".previous")
+        self.opened = True
+        if self.records:
+            with open(self.log_path, "a", encoding="utf-8") as f:
+                f.writelines(json.dumps(r, default=_jsonable) + "\n" for r in self.records)
 
     @property
     def elapsed(self) -> float:
@@ -45,13 +64,14 @@ class TrainingRun:
     def log(self, event: str, **fields: Any) -> dict:
         record = {"event": event, "time": round(self.elapsed, 2), **fields}
         self.records.append(record)
-        if self.enabled:
+        if self.opened:  # before `open`, the record waits in `records`
             with open(self.log_path, "a", encoding="utf-8") as f:
                 f.write(json.dumps(record, default=_jsonable) + "\n")
         return record
 
     def save_checkpoint(self, name: str, write: Callable[[str], None]) -> str:
         """Call ``write(tmp_dir)`` then swap tmp_dir into ``out/name`` atomically. Returns the final path."""
+        self.open()
         target = os.path.join(self.out, name)
         tmp = os.path.join(self.out, f".{name}.tmp-{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
@@ -72,6 +92,7 @@ class TrainingRun:
 
     def write_summary(self, summary: dict) -> None:
         if self.enabled:
+            self.open()
             atomic_write_text(os.path.join(self.out, "summary.json"),
                               json.dumps(summary, indent=2, default=_jsonable) + "\n")
 
@@ -79,6 +100,7 @@ class TrainingRun:
         """PNG of the dev metric over steps, with the (smoothed) training loss on a second axis."""
         if not self.enabled:
             return
+        self.open()
         import matplotlib
 
         matplotlib.use("Agg")

@@ -182,6 +182,61 @@ def test_bad_model_directory_is_refused_before_anything(tmp_path, capsys, config
     assert not (tmp_path / "idx").exists() and not (tmp_path / "idx.build").exists()
 
 
+def _damaged_model(tmp_path: Path, damage: str) -> tuple[Path, Path]:
+    """A copy of the tiny model whose weights file is cut in half (an interrupted copy) or is a pickle."""
+    import shutil
+
+    import torch
+
+    model = tmp_path / "m"
+    shutil.copytree(tiny_model_dir(), model)
+    weights = model / "model.safetensors"
+    if damage == "truncated":
+        os.truncate(weights, os.path.getsize(weights) // 2)
+    else:
+        torch.save({"embeddings.word_embeddings.weight": torch.zeros(2)}, weights)
+    return model, weights
+
+
+# Each command that reads --model: the arguments after its name (M: the model, T: tmp_path).
+MODEL_COMMANDS = {
+    "embed": ["embed", "--model", "{M}", "--input", "{T}/texts.txt", "--out", "{T}/out"],
+    "index build": ["index", "build", "--model", "{M}", "--corpus", "{T}/c.jsonl", "--out", "{T}/out", "--no-progress"],
+    "train dual": ["train", "dual", "--model", "{M}", "--data", "{T}/pairs.jsonl", "--corpus", "{T}/c.jsonl",
+                   "--out", "{T}/out", "--no-progress"],
+    "train reranker": ["train", "reranker", "--model", "{M}", "--pairs", "{T}/pairs.jsonl", "--corpus",
+                       "{T}/c.jsonl", "--out", "{T}/out", "--no-progress"],
+    "finetune": ["finetune", "classify", "--model", "{M}", "--train", "{T}/t.tsv", "--dev", "{T}/t.tsv", "--out",
+                 "{T}/out"],
+    "pretrain": ["pretrain", "--init-from", "{M}", "--tokenizer", "{M}", "--corpus", "{T}/texts.txt", "--out",
+                 "{T}/out", "--steps", "1", "--seq-len", "16", "--no-progress", "--cache-dir", "{T}/cache"],
+}
+
+
+@pytest.mark.parametrize("damage", ["truncated", "pickle"])
+@pytest.mark.parametrize("command", sorted(MODEL_COMMANDS))
+def test_a_damaged_model_weights_file_is_one_line_naming_it(tmp_path, capsys, command, damage):
+    """A model.safetensors cut short was a traceback of safetensors' own error ("incomplete metadata, file not
+    fully covered"), exit 1, naming no file; a pickle planted there is refused as one (nothing is unpickled)."""
+    model, weights = _damaged_model(tmp_path, damage)
+    docs = toy_docs(12)
+    write_corpus(str(tmp_path / "c.jsonl"), docs)
+    (tmp_path / "texts.txt").write_text("".join(d["text"] + "\n" for d in docs), encoding="utf-8")
+    _lines(tmp_path / "pairs.jsonl", [json.dumps({"query": d["text"][:20], "pos": [d["_id"]]}) for d in docs])
+    (tmp_path / "t.tsv").write_text("text\tlabel\n" + "".join(f"{d['text']}\t{i % 2}\n" for i, d in enumerate(docs)),
+                                    encoding="utf-8")
+    argv = [a.format(M=model, T=tmp_path) for a in MODEL_COMMANDS[command]]
+    rc, _, err = run_cli(capsys, *argv)
+    assert rc == 2, err
+    assert err.startswith(f"twotower {command}: error: {weights}: ") and len(err.strip().splitlines()) == 1, err
+    if damage == "truncated":
+        assert "damaged: not a whole safetensors file (" in err and err.strip().endswith(
+            "copy or save the model again (a copy or save cut short leaves such a file), or retrain it"), err
+    else:
+        assert "a pickle (torch.save) file, not safetensors: refused, as twotower never unpickles" in err, err
+    assert not (tmp_path / "out").exists()
+
+
 def test_add_refuses_ids_that_a_run_file_cannot_hold(tmp_path, capsys):
     """`index add` applies the same rules as build, naming file and line; the index is unchanged."""
     build_index(tmp_path, 10)

@@ -95,6 +95,24 @@ def test_missing_weights_names_the_file(tiny_model_dir, tmp_path):
         load_encoder(str(tmp_path / "nowhere"))
 
 
+def test_a_damaged_weights_file_is_named_with_what_to_do(tiny_model_dir, tmp_path):
+    """A file cut short was safetensors' SafetensorError ("incomplete metadata, file not fully covered"), naming
+    no file; a pickle under the safetensors name is refused as one, never loaded."""
+    from twotower.common.errors import DataError
+
+    d = _copy(tiny_model_dir, tmp_path / "m")
+    path = os.path.join(d, "model.safetensors")
+    os.truncate(path, os.path.getsize(path) // 2)
+    with pytest.raises(DataError) as exc:
+        load_encoder(d)
+    assert str(exc.value) == (f"{path}: damaged: not a whole safetensors file (incomplete metadata, file not fully "
+                              "covered); copy or save the model again (a copy or save cut short leaves such a file), "
+                              "or retrain it")
+    torch.save({"weight": torch.zeros(2)}, path)
+    with pytest.raises(DataError, match="a pickle \\(torch.save\\) file, not safetensors: refused"):
+        read_weights(d)
+
+
 def test_missing_config_and_tokenizer_name_the_file(tiny_model_dir, tmp_path):
     d = _copy(tiny_model_dir, tmp_path / "m")
     os.remove(os.path.join(d, "config.json"))

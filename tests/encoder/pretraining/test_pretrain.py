@@ -85,13 +85,17 @@ def test_output_dir_rules_and_config_mismatch(setup, tiny_tokenizer_dir, capsys)
     other.num_hidden_layers, other.intermediate_size = 3, 40
     other_path = str(setup["tmp"] / "other.json")
     other.save(other_path)
-    args = _args(setup, tiny_tokenizer_dir, out, "--steps", "4", "--resume")
+    args = _args(setup, tiny_tokenizer_dir, out, "--steps", "2", "--resume")
     args[args.index("--config") + 1] = other_path
     assert main(args) == 2
     err = capsys.readouterr().err
+    # named by the flag the user typed, the differing fields after it
+    assert f"--config {other_path} (the run: --config {setup['config']}; the architectures differ in " in err
     assert "intermediate_size" in err and "num_hidden_layers" in err
-    assert main(_args(setup, tiny_tokenizer_dir, out, "--steps", "4", "--resume")) == 0  # same config: fine
-    assert max(_train_losses(out)) == 4
+    part = str(setup["tmp"] / "part")  # a run stopped early (--max-steps) continues to its budget
+    assert main(_args(setup, tiny_tokenizer_dir, part, "--steps", "4", "--max-steps", "2")) == 0
+    assert main(_args(setup, tiny_tokenizer_dir, part, "--steps", "4", "--resume")) == 0  # same settings: fine
+    assert max(_train_losses(part)) == 4
     assert main(_args(setup, tiny_tokenizer_dir, out, "--steps", "2", "--overwrite")) == 0
     assert max(_train_losses(out)) == 2
     os.makedirs(setup["tmp"] / "fresh")
@@ -295,3 +299,157 @@ def test_flags_that_replaced_another_without_a_word_are_exclusive(setup, tiny_to
     assert exc.value.code == 2
     assert f"argument {flags[2]}: not allowed with argument {flags[0]}" in capsys.readouterr().err
     assert not os.path.exists(setup["tmp"] / "x")
+
+
+# ---- resuming: the same run or a clear refusal; a failed start loses nothing --------------------------------
+def _snapshot(directory) -> dict[str, bytes]:
+    """Every file under `directory` and its bytes: what a refused command must leave as it was."""
+    return {os.path.relpath(os.path.join(d, n), directory): open(os.path.join(d, n), "rb").read()
+            for d, _, names in os.walk(directory) for n in names}
+
+
+@pytest.fixture(scope="module")
+def stopped_run(tmp_path_factory, tiny_tokenizer, tiny_tokenizer_dir):
+    """(setup, run directory) of a run of --steps 6 stopped after 2 (--max-steps), to be resumed; copy it first."""
+    tmp = tmp_path_factory.mktemp("stopped")
+    corpus = fx.write_corpus(str(tmp), n_docs=12)
+    cfg = EncoderConfig(vocab_size=tiny_tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2,
+                        num_attention_heads=2, intermediate_size=37, max_position_embeddings=64)
+    cfg.save(str(tmp / "cfg.json"))
+    s = {"corpus": corpus, "valid": fx.write_corpus(str(tmp), name="valid.txt", n_docs=3, seed=7),
+         "config": str(tmp / "cfg.json"), "tmp": tmp}
+    out = str(tmp / "run")
+    assert main(_args(s, tiny_tokenizer_dir, out, "--steps", "6", "--max-steps", "2")) == 0
+    return s, out
+
+
+def _copy_run(stopped_run, tmp_path) -> str:
+    import shutil
+
+    out = str(tmp_path / "run")
+    shutil.copytree(stopped_run[1], out)
+    return out
+
+
+def _same_rows_other_text(path: str, to: str) -> str:
+    """`path` with the first two paragraphs of its first document swapped: the same tokens, so the same number of
+    packed rows (the only thing a resume compared), but other text."""
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    lines[0], lines[1] = lines[1], lines[0]
+    with open(to, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines))
+    return to
+
+
+@pytest.mark.parametrize("change, message", [
+    ("corpus", "--corpus {other} (not the text the run was started on)"),
+    ("clip", "--clip 0.5 (the run: --clip 1.0)"),
+    ("valid", "--valid {valid} (not the run's validation text)"),
+    ("steps", "--steps 12 (the run: --steps 6)"),
+    ("size", "--size tiny (the run: --config {config}; the architectures differ in hidden_size"),
+])
+def test_resume_refuses_another_run_naming_the_flag(stopped_run, tiny_tokenizer_dir, tmp_path, capsys, change,
+                                                    message):
+    """--resume continued with another corpus of the same row count, another --clip or --valid, a longer --steps
+    (the schedule jumped back up mid-run); a changed architecture was named by its config keys (hidden_size)."""
+    s = stopped_run[0]
+    out = _copy_run(stopped_run, tmp_path)
+    before = _snapshot(out)
+    args = _args(s, tiny_tokenizer_dir, out, "--steps", "6", "--resume")
+    other = _same_rows_other_text(s["corpus"], str(tmp_path / "other.txt"))
+    if change == "corpus":
+        args[args.index("--corpus") + 1] = other
+    elif change == "steps":
+        args[args.index("--steps") + 1] = "12"
+    elif change == "size":
+        i = args.index("--config")
+        args[i:i + 2] = ["--size", "tiny"]
+    else:
+        args += {"clip": ["--clip", "0.5"], "valid": ["--valid", s["valid"]]}[change]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"twotower pretrain: error: cannot resume {out}: " in err, err
+    assert message.format(other=other, valid=s["valid"], config=s["config"]) in err, err
+    assert f"Give the run's own settings (they are in {os.path.join(out, 'run.json')})" in err
+    if change == "steps":  # says how to stop early and how to train longer instead
+        assert "give the run's budget and --max-steps N" in err and f"--init-from {out}" in err
+    assert _snapshot(out) == before
+
+
+def test_resume_with_the_same_text_at_another_path_continues(stopped_run, tiny_tokenizer_dir, tmp_path):
+    """The fingerprint is the files' content, not their paths: a corpus moved elsewhere is the same run."""
+    import shutil
+
+    s = stopped_run[0]
+    out = _copy_run(stopped_run, tmp_path)
+    moved = shutil.copy(s["corpus"], str(tmp_path / "moved.txt"))
+    args = _args(s, tiny_tokenizer_dir, out, "--steps", "6", "--resume", "--max-steps", "3")
+    args[args.index("--corpus") + 1] = moved
+    assert main(args) == 0
+    assert max(_train_losses(out)) == 3
+
+
+def _truncate(path) -> None:
+    os.truncate(path, os.path.getsize(path) // 2)
+
+
+def _plant_pickle(path) -> None:
+    torch.save({"exp_avg": torch.zeros(2)}, path)  # a pickle under a safetensors name: refused, never loaded
+
+
+def _drop_user(path) -> None:
+    with open(path, encoding="utf-8") as f:
+        state = json.load(f)
+    del state["user"]["data"]
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(state, f)
+
+
+def _wrong_shape(path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(path)
+    tensors[sorted(tensors)[0]] = torch.zeros(2)
+    save_file(tensors, path)
+
+
+@pytest.mark.parametrize("name, damage, says", [
+    ("trainer_state/optimizer.safetensors", _truncate, "damaged: not a whole safetensors file"),
+    ("trainer_state/model.safetensors", _truncate, "damaged: not a whole safetensors file"),
+    ("trainer_state/rng.safetensors", _truncate, "damaged: not a whole safetensors file"),
+    ("trainer_state/state.json", _truncate, "damaged: not JSON"),
+    ("run.json", _truncate, "damaged: not JSON"),
+    ("trainer_state/optimizer.safetensors", _plant_pickle, "a pickle (torch.save) file, not safetensors: refused"),
+    ("trainer_state/optimizer.safetensors", _wrong_shape, "damaged: 0/exp_avg has shape (2,)"),
+    ("trainer_state/state.json", _drop_user, "damaged: its training position has no 'data'"),
+])
+def test_resume_from_a_damaged_checkpoint_names_the_file_and_what_to_do(stopped_run, tiny_tokenizer_dir, tmp_path,
+                                                                        capsys, name, damage, says):
+    """Each was a traceback (safetensors' "incomplete metadata", a KeyError) or a JSON error naming no file."""
+    s = stopped_run[0]
+    out = _copy_run(stopped_run, tmp_path)
+    damage(os.path.join(out, name))
+    before = _snapshot(out)
+    assert main(_args(s, tiny_tokenizer_dir, out, "--steps", "6", "--resume")) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"twotower pretrain: error: {os.path.join(out, name)}: "), err
+    assert says in err, err
+    if "pickle" not in says:  # what to do: start again, or keep the weights in a new run
+        assert f"start the run again with --overwrite, or continue from its exported weights as a new run " \
+               f"(--init-from {out} --tokenizer {out} --out NEW_DIR" in err, err
+    assert _snapshot(out) == before
+
+
+def test_overwrite_that_fails_on_bad_input_leaves_the_earlier_run(stopped_run, tiny_tokenizer_dir, tmp_path, capsys):
+    """--overwrite removed the earlier run before the corpus was read: a malformed corpus left only run.json."""
+    s = stopped_run[0]
+    out = _copy_run(stopped_run, tmp_path)
+    before = _snapshot(out)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "fine"}\n{not json\n', encoding="utf-8")
+    args = _args(s, tiny_tokenizer_dir, out, "--steps", "2", "--overwrite")
+    args[args.index("--corpus") + 1] = str(bad)
+    assert main(args) == 2
+    assert f"{bad}:2: not valid JSON" in capsys.readouterr().err
+    assert _snapshot(out) == before

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 import torch
@@ -75,3 +76,53 @@ def test_incomplete_state_names_the_missing_file(tmp_path):
     os.remove(tmp_path / "st" / "rng.safetensors")
     with pytest.raises(FileNotFoundError, match="rng.safetensors"):
         load_train_state(str(tmp_path / "st"))
+
+
+@pytest.mark.parametrize("name, content, says", [
+    ("optimizer.safetensors", None, "damaged: not a whole safetensors file ("),
+    ("model.safetensors", b"", "damaged: not a whole safetensors file (header too small)"),
+    ("state.json", b"{\"optimizer\": ", "damaged: not JSON"),
+    ("state.json", b"[]", "damaged: a JSON list, not an object"),
+    ("state.json", b"{\"user\": {}}", "damaged: it has no 'optimizer' object"),
+])
+def test_damaged_state_is_a_data_error_naming_the_file(tmp_path, name, content, says):
+    """Each was safetensors' or json's error naming no file, or a KeyError."""
+    from twotower.common.errors import DataError
+
+    model = torch.nn.Linear(2, 2)
+    opt = make_optimizer(model, 1e-3)
+    model(torch.ones(1, 2)).sum().backward()
+    opt.step()
+    save_train_state(str(tmp_path / "st"), model.state_dict(), opt, {"step": 1})
+    path = tmp_path / "st" / name
+    if content is None:
+        os.truncate(path, os.path.getsize(path) // 2)
+    else:
+        path.write_bytes(content)
+    with pytest.raises(DataError) as exc:
+        load_train_state(str(tmp_path / "st"))
+    assert str(exc.value).startswith(f"{path}: {says}"), exc.value
+
+
+def test_a_state_that_does_not_fit_the_model_names_the_file(tmp_path):
+    """A missing moment or ``step`` failed only at the first optimizer step after resuming (a KeyError)."""
+    from safetensors.torch import load_file, save_file
+
+    from twotower.common.errors import DataError
+    from twotower.encoder.training.train_state import restore_train_state
+
+    model = torch.nn.Linear(2, 2)
+    opt = make_optimizer(model, 1e-3)
+    model(torch.ones(1, 2)).sum().backward()
+    opt.step()
+    directory = str(tmp_path / "st")
+    save_train_state(directory, model.state_dict(), opt, {"step": 1})
+    path = os.path.join(directory, "optimizer.safetensors")
+    save_file({k: v for k, v in load_file(path).items() if not k.endswith("/step")}, path)
+    fresh = torch.nn.Linear(2, 2)
+    with pytest.raises(DataError, match=re.escape(f"{path}: damaged: the state of parameter 0 lacks step")):
+        restore_train_state(load_train_state(directory), directory, fresh, make_optimizer(fresh, 1e-3))
+    with pytest.raises(DataError, match=re.escape(f"{os.path.join(directory, 'model.safetensors')}: damaged: it "
+                                                  "lacks 2 of the model's tensors (0.bias, 0.weight)")):
+        restore_train_state(load_train_state(directory), directory, torch.nn.Sequential(fresh),
+                            make_optimizer(fresh, 1e-3))

@@ -480,6 +480,48 @@ def test_cli_an_out_holding_a_run_is_refused_unless_overwrite(tmp_path, capsys, 
     assert main([*args, "--seed", "7", "--overwrite"]) == 0
 
 
+@pytest.mark.parametrize("command, bad", [
+    ("dual", "data"), ("dual", "negatives"), ("reranker", "data"), ("reranker", "negatives"),
+    ("reranker", "first-stage"),
+])
+def test_cli_a_start_that_fails_on_bad_input_leaves_the_earlier_run_as_it_was(tmp_path, capsys, command, bad):
+    """--overwrite with a malformed input failed after the earlier run's train_log.jsonl had been moved to
+    train_log.jsonl.previous (and mining had replaced its negatives.jsonl): the inputs are now read and
+    checked before anything in --out is touched."""
+    from twotower.cli import main
+
+    out = tmp_path / "o"
+    args = ["train", command, "--model", tiny_model_dir(0.2), "--pairs" if command == "reranker" else "--data",
+            tiny_beir_dir(), "--out", str(out), "--dry-run", "--no-progress", "--batch-size", "4", "--no-bf16",
+            *(["--group-size", "4", "--max-length", "48", "--dev-rerank-k", "10"] if command == "reranker" else [])]
+    assert main(args) == 0
+    capsys.readouterr()
+    before = {os.path.relpath(os.path.join(d, n), out): open(os.path.join(d, n), "rb").read()
+              for d, _, names in os.walk(out) for n in names}
+    assert "negatives.jsonl" in before  # mined by BM25: the file a second run's mining would replace
+    malformed = tmp_path / "bad.jsonl"
+    malformed.write_text('{"query": "tea", "pos": ["d1"]}\n{"query": \n', encoding="utf-8")
+    if bad == "data":
+        args[args.index("--pairs" if command == "reranker" else "--data") + 1] = str(malformed)
+        args += ["--corpus", os.path.join(tiny_beir_dir(), "corpus.jsonl")]
+        message = f"{malformed}:2: "
+    elif bad == "negatives":
+        malformed.write_text('{"query_id": "q1", "neg_ids": ["d2"]}\n{"query_id": \n', encoding="utf-8")
+        args += ["--negatives", str(malformed)]
+        message = f"{malformed}:2: "
+    else:
+        run = tmp_path / "first.trec"
+        run.write_text("nobody Q0 d1 1 1.0 x\n", encoding="utf-8")
+        args += ["--first-stage", str(run)]
+        message = f"--first-stage {run}: "
+    assert main([*args, "--overwrite"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
+    after = {os.path.relpath(os.path.join(d, n), out): open(os.path.join(d, n), "rb").read()
+             for d, _, names in os.walk(out) for n in names}
+    assert after == before  # no train_log.jsonl.previous, no new negatives.jsonl
+
+
 def test_cli_head_pooling_mean_reaches_the_checkpoint(tmp_path, capsys):
     from twotower.cli import main
 
