@@ -213,6 +213,8 @@ def check_out_dir(args: PretrainArgs, config: EncoderConfig, budget: Budget, tok
                              f"{'; '.join(differ.values())}. Give the run's own settings (they are in {run_file})."
                              + budget_note)
         return
+    if os.path.lexists(out) and not os.path.isdir(out):  # it was a FileExistsError traceback
+        raise ValueError(f"--out {out}: a file; give a directory for the run (a new or empty one)")
     if os.path.isdir(out) and os.listdir(out) and not args.overwrite:
         what = "another training run" if os.path.isfile(run_file) else "other files"
         raise ValueError(f"output directory {out} holds {what}; pass --resume to continue it or --overwrite")

@@ -64,9 +64,13 @@ class Budget:
         given = [x is not None for x in (budget, tokens, steps)]
         if sum(given) != 1:
             raise ValueError("give exactly one budget: --budget (wall clock, e.g. 30m) or --tokens (e.g. 20M)")
-        kind, total, flag, text = (("seconds", parse_duration(budget), "--budget", budget) if budget is not None else
-                                   ("tokens", parse_count(tokens), "--tokens", tokens) if tokens is not None else
-                                   ("steps", float(steps), "--steps", steps))
+        flag, text = (("--budget", budget) if budget is not None else ("--tokens", tokens) if tokens is not None
+                      else ("--steps", steps))
+        try:  # the parsers' messages name no flag
+            kind, total = (("seconds", parse_duration(budget)) if budget is not None else
+                           ("tokens", parse_count(tokens)) if tokens is not None else ("steps", float(steps)))
+        except ValueError as e:
+            raise ValueError(f"{flag}: {e}") from None
         if not total > 0:  # NaN too; said "budget must be positive, got 0.0", naming no flag
             raise ValueError(f"{flag} {text}: give a budget above 0")
         return cls(kind, total)

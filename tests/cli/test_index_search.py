@@ -86,6 +86,17 @@ def test_batch_run_in_trec_format(built, tmp_path, capsys):
     assert rc == 2 and "give --json or --run, not both" in err and not (tmp_path / "r.trec").exists()
 
 
+def test_run_never_replaces_the_queries_and_a_file_on_its_path_is_named(built, tmp_path, capsys):
+    queries = tmp_path / "qs.tsv"
+    queries.write_text("q1\tgreen tea\n")
+    rc, _, err = run_cli(capsys, "search", "--index", str(built / "idx"), "--queries", str(queries), "--run",
+                         str(queries))
+    assert rc == 2 and "that is the input --queries" in err and queries.read_text() == "q1\tgreen tea\n"
+    (tmp_path / "pf").write_text("x")
+    rc, _, err = run_cli(capsys, "search", "--index", str(built / "idx"), "tea", "--run", str(tmp_path / "pf" / "x.trec"))
+    assert rc == 2 and "pf is a file, not a directory" in err  # it was a FileExistsError after the search
+
+
 def test_ctrl_c_is_one_line_saying_what_is_kept(tmp_path, capsys, monkeypatch):
     """Ctrl-C printed 60 lines of traceback from inside torch; now one line, exit 130, and what the rerun does."""
     from twotower.retrieval.dual_encoder import DualEncoder

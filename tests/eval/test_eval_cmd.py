@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import types
 
@@ -119,6 +120,45 @@ def test_out_writes_a_report(files, capsys):
     )
     assert (tmp / "rep" / "report.md").is_file() and (tmp / "rep" / "recall_at_k.png").is_file()
     assert (tmp / "rep" / "runs" / "run.trec").is_file()
+
+
+def test_out_is_new_empty_or_an_earlier_report_and_never_an_input(files, capsys):
+    """--out: a file there was a traceback; a directory of other files took the report beside them; a run under
+    OUT/runs/ was rewritten with another tag; an earlier report's other runs lingered beside the new one."""
+    tmp, _, _ = files
+    args = ["eval", "--run", str(tmp / "run.trec"), "--qrels", str(tmp / "qrels.tsv"), "--out"]
+    (tmp / "afile").write_text("mine\n")
+    for out, words in [(tmp / "afile", "a file; give a directory"), (tmp / "afile" / "rep", "is a file, not a"),
+                       (tmp, "holds the input --run")]:
+        assert main([*args, str(out)]) == 2
+        err = capsys.readouterr().err
+        assert words in err and "Traceback" not in err, err
+    (tmp / "mine").mkdir()
+    (tmp / "mine" / "notes.txt").write_text("x")
+    assert main([*args, str(tmp / "mine")]) == 2
+    assert "holding other files, not an earlier report" in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp / "mine").iterdir()) == ["notes.txt"]
+    (tmp / "rep" / "runs").mkdir(parents=True)
+    shutil.copy(tmp / "run.trec", tmp / "rep" / "runs" / "old.trec")
+    (tmp / "rep" / "report.md").write_text("an earlier report\n")
+    assert main([*args, str(tmp / "rep")]) == 0  # an earlier report is replaced whole
+    assert sorted(p.name for p in (tmp / "rep" / "runs").iterdir()) == ["run.trec"]
+    before = (tmp / "rep" / "runs" / "run.trec").read_bytes()
+    assert main(["eval", "--run", str(tmp / "rep" / "runs" / "run.trec"), "--qrels", str(tmp / "qrels.tsv"),
+                 "--out", str(tmp / "rep")]) == 2
+    assert "holds the input --run" in capsys.readouterr().err
+    assert (tmp / "rep" / "runs" / "run.trec").read_bytes() == before
+
+
+def test_out_names_a_system_after_any_run_file_name(files, capsys):
+    """The system's name comes from the run's file name; `_x.txt` and `ü.txt` were refused in internal words."""
+    tmp, _, _ = files
+    for stem, name in (("_x", "x"), ("ü", "run"), ("a b", "a_b")):
+        run = tmp / f"{stem}.txt"
+        run.write_bytes((tmp / "run.trec").read_bytes())
+        assert main(["eval", "--run", str(run), "--qrels", str(tmp / "qrels.tsv"), "--out", str(tmp / f"o{name}")]) == 0
+        assert (tmp / f"o{name}" / "runs" / f"{name}.trec").is_file()
+        capsys.readouterr()
 
 
 @pytest.mark.parametrize(
@@ -261,6 +301,16 @@ def test_index_mode_writes_a_comparison_report(tmp_path, beir_dir, monkeypatch, 
         "--no-progress",
         "--json",
     ]
+    empty = tmp_path / "beir-empty"  # a judged query with no text: "query 0 is empty", naming no file or id
+    shutil.copytree(beir_dir, empty)
+    write_beir_queries({str(i): ("" if i == 2 else f"find {i + 3}") for i in range(7)}, empty / "queries.jsonl")
+    bad = [*argv[:argv.index("--dataset") + 1], str(empty), *argv[argv.index("--dataset") + 2:]]
+    assert main(bad) == 2 and f"{empty / 'queries.jsonl'}: query '2' is empty" in capsys.readouterr().err
+    for inside in ("idx", "idx/rep"):  # the report went into the index (before the search: refused first)
+        bad = [*argv[:argv.index("--out") + 1], str(tmp_path / inside), *argv[argv.index("--out") + 2:]]
+        assert main(bad) == 2 and "inside --index" in capsys.readouterr().err and not _FakePipeline.calls
+    assert sorted(p.name for p in (tmp_path / "idx").iterdir()) == ["manifest.json"]
+    assert not _FakePipeline.calls
     assert main(argv) == 0
     means = json.loads(capsys.readouterr().out)
     assert list(means) == ["dense", "hybrid", "hybrid+rerank"]

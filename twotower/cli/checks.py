@@ -80,6 +80,7 @@ def output_file(flag: str, path: str | None, example: str,
         return path
     if os.path.isdir(path):
         raise CLIError(f"{flag} {path}: a directory; give a file name, such as {flag} {os.path.join(path, example)}")
+    parent_is_a_file(flag, path)
     if os.path.exists(path):
         for in_flag, given in inputs:
             if not given or not os.path.exists(given):
@@ -89,6 +90,16 @@ def output_file(flag: str, path: str | None, example: str,
             if any(os.path.samefile(path, f) for f in files):
                 raise CLIError(f"{flag} {path}: that is the input {in_flag} {given} reads; give another file")
     return path
+
+
+def parent_is_a_file(flag: str, path: str) -> None:
+    """A CLIError naming `flag` when a directory on the way to `path` is an ordinary file. Why: the command did its
+    work and then failed creating the directory, with a FileExistsError traceback."""
+    parent = os.path.dirname(os.path.abspath(path))
+    while parent and not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if parent and not os.path.isdir(parent):
+        raise CLIError(f"{flag} {path}: {parent} is a file, not a directory")
 
 
 def model_directory(flag: str, path: str, dual: bool = False) -> str:

@@ -61,10 +61,10 @@ def read_texts(path: str) -> list[str]:
     may be gzipped; UTF-8, a bad byte is an error naming its line."""
     input_file("--input", path)
     from twotower.common.errors import DataError
-    from twotower.common.lines import json_lines, numbered_lines
+    from twotower.common.lines import is_json_lines, json_lines, numbered_lines
 
     texts: list[str] = []
-    if path.endswith((".jsonl", ".jsonl.gz")):
+    if is_json_lines(path):  # by the shared rule: `.JSONL` and `.json` were embedded as raw JSON text
         for lineno, obj in json_lines(path):
             if not isinstance(obj.get("text"), str):
                 raise DataError(path, lineno, "expected an object with a string field 'text'")
@@ -91,10 +91,10 @@ def run(args: argparse.Namespace) -> int:
                        "give one of them")
     if args.max_length is not None and args.max_length < 2:
         raise CLIError(f"--max-length must be >= 2, got {args.max_length}")
-    output_file("--out", args.out, "vectors.npy")
+    output_file("--out", args.out, "vectors.npy", inputs=(("--input", args.input),))  # it replaced the input
     out_dir = os.path.dirname(os.path.abspath(args.out))
     if not os.path.isdir(out_dir):
-        raise FileNotFoundError(f"output directory not found: {out_dir}")
+        raise CLIError(f"--out {args.out}: directory {out_dir} does not exist")
     if args.model:
         from twotower.cli.checks import MODEL_CONFIG, encoder_directory
 

@@ -22,12 +22,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from twotower.cli import CLIError
-from twotower.cli.checks import index_directory, positive, require_bm25, reranker_directory
+from twotower.cli.checks import index_directory, parent_is_a_file, positive, require_bm25, reranker_directory
 from twotower.cli.rerank_weight import print_weight_origin
+
+if TYPE_CHECKING:
+    from twotower.eval.report import ReportResult
 
 DEFAULT_METRICS = "ndcg@10,mrr@10,recall@100,map"
 REPORT_METRICS = (
@@ -88,6 +94,51 @@ _SEARCH_FLAGS = (("dataset", "--dataset"), ("split", "--split"), ("reranker", "-
                  ("k", "-k"), ("recall_k", "--recall-k"), ("batch_size", "--batch-size"))
 
 
+REPORT_FILES = ("metrics.json", "report.md")  # what marks a directory as an earlier report
+
+
+def _report_out(args: argparse.Namespace) -> None:
+    """--out before any work: a new or empty directory, or an earlier report, which the new one replaces whole.
+
+    Why: a file there was a traceback (after the whole search in --index mode); the index directory, or a
+    directory of other files, took the report's files beside its own; an input run under ``OUT/runs/`` was
+    rewritten with another tag; and an earlier report's runs that this one does not write stayed beside it.
+    """
+    out = args.out
+    if out is None:
+        return
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise CLIError(f"--out {out}: a file; give a directory for the report (a new one, or an earlier report)")
+    parent_is_a_file("--out", out)
+    here = os.path.realpath(out)
+    for flag, given in (("--index", args.index), ("--dataset", args.dataset), ("--run", args.run),
+                        ("--qrels", args.qrels)):
+        there = os.path.realpath(given) if given else None
+        if there and flag in ("--index", "--dataset") and (here == there or here.startswith(there + os.sep)):
+            raise CLIError(f"--out {out}: inside {flag} {given}; write the report elsewhere")
+        if there and there.startswith(here + os.sep):
+            raise CLIError(f"--out {out}: holds the input {flag} {given}, which the report would replace; write "
+                           "the report elsewhere")
+    if os.path.isdir(out) and os.listdir(out) and not any(os.path.isfile(os.path.join(out, f)) for f in REPORT_FILES):
+        raise CLIError(f"--out {out}: a directory holding other files, not an earlier report; give a new or empty "
+                       "directory")
+
+
+def _write_report_into(out: str, write: Callable[[str], ReportResult]) -> ReportResult:
+    """``write(directory)`` into a staging directory beside `out`, then swapped in whole (an earlier report's
+    files that this one does not write do not linger beside it, and a failure leaves `out` as it was)."""
+    from twotower.common.atomic import atomic_replace_dir
+
+    staging = f"{os.path.abspath(out).rstrip(os.sep)}.tmp-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        result = write(staging)
+        atomic_replace_dir(staging, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return result._replace(out_dir=Path(out), files=[Path(out) / f.relative_to(staging) for f in result.files])
+
+
 def run_eval(args: argparse.Namespace) -> int:
     """Dispatch on the mode; bad combinations of flags are CLIErrors (exit 2)."""
     if args.run and args.index:
@@ -132,6 +183,7 @@ def _score_run(args: argparse.Namespace) -> int:
     from twotower.eval.report import format_metrics_table, write_report
 
     specs = _metrics(args.metrics, DEFAULT_METRICS)
+    _report_out(args)
     qrels = read_qrels(args.qrels)
     if not qrels:  # evaluate said "the qrels hold no query", naming no file
         raise CLIError(f"--qrels {args.qrels}: no judgments (a header alone, or only blank lines)")
@@ -140,15 +192,17 @@ def _score_run(args: argparse.Namespace) -> int:
         raise CLIError(f"--run {args.run}: no results (the file is empty)")
     result = evaluate(run, qrels, specs, drop_self_hits=args.drop_self_hits)
     if args.out:
-        name = "".join(ch if ch.isalnum() or ch in "_.+-" else "_" for ch in Path(args.run).stem) or "run"
-        write_report(
+        # the system's name is the run's file name as a file name may be: `_x.txt` and `ü.txt` were refused
+        name = "".join(ch if (ch.isascii() and ch.isalnum()) or ch in "_.+-" else "_" for ch in Path(args.run).stem)
+        name = name.lstrip("_.+-") or "run"
+        _write_report_into(args.out, lambda out: write_report(
             {name: run},
             qrels,
-            args.out,
+            out,
             metrics=[s.label for s in specs],
             drop_self_hits=args.drop_self_hits,
             settings={"run": args.run, "qrels": args.qrels},
-        )
+        ))
     if args.json:
         payload: dict = dict(result.means)
         payload.update(
@@ -204,7 +258,13 @@ def _search_and_report(args: argparse.Namespace) -> int:
     specs = _metrics(args.metrics, ",".join(report_metrics))
     dataset = load_beir(args.dataset, args.split, corpus=False)
     queries = dataset.split_queries()
+    from twotower.common.lines import query_problem
+
+    for qid, text in queries.items():  # the search said "query 0 is empty", naming no file and no id
+        if problem := query_problem(text, f"query {qid!r}"):
+            raise CLIError(f"--dataset {os.path.join(args.dataset, 'queries.jsonl')}: {problem}")
     index_directory("--index", args.index)
+    _report_out(args)  # before the search: a bad --out failed after it
     if args.reranker:
         reranker_directory("--reranker", args.reranker)
     if args.hybrid:
@@ -248,10 +308,10 @@ def _search_and_report(args: argparse.Namespace) -> int:
                     run[qid] = {hit.id: float(hit.score) for hit in hits}
             runs[name] = run
 
-    report = write_report(
+    report = _write_report_into(args.out, lambda out: write_report(
         runs,
         dataset.qrels,
-        args.out,
+        out,
         metrics=[s.label for s in specs],
         drop_self_hits=args.drop_self_hits,
         max_k=100,
@@ -265,7 +325,7 @@ def _search_and_report(args: argparse.Namespace) -> int:
             "recall_k": recall_k,
             **weight,
         },
-    )
+    ))
     if args.json:
         print(json.dumps({name: ev.means for name, ev in report.evaluations.items()}))
     else:

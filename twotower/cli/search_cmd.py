@@ -133,7 +133,7 @@ def run_search(args: argparse.Namespace) -> int:
         raise CLIError("--tag names the run that --run writes: add --run FILE, or leave it out")
     if args.json and args.run:
         raise CLIError("--run writes the results to a file and prints no hits: give --json or --run, not both")
-    output_file("--run", args.run, "run.trec")
+    output_file("--run", args.run, "run.trec", inputs=(("--queries", args.queries_file),))  # it replaced them
     if args.rerank and args.no_rerank:
         raise CLIError("give --rerank or --no-rerank, not both")
     refuse_reranker_with_no_rerank(args.reranker, args.no_rerank)

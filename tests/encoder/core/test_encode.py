@@ -373,3 +373,13 @@ def test_cli_embed_jsonl_and_bad_input(tiny_model_dir, tmp_path, capsys):
     assert main(["embed", "--model", str(tmp_path / "no_model"), "--input", str(good), "--out", str(out)]) == 2
     assert "no_model" in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "never.npy")
+    upper = tmp_path / "C.JSONL"  # read as JSON lines by the shared rule; it embedded the raw JSON text
+    upper.write_bytes(good.read_bytes())
+    assert main([*args, "--input", str(upper), "--pooling", "cls"]) == 0
+    np.testing.assert_allclose(np.load(out), enc.encode(["Tea is cold", "hot"], progress=False), atol=1e-6)
+    same = tmp_path / "same.npy"  # an --out that is the input replaced it
+    same.write_text("green tea\n", encoding="utf-8")
+    assert main(["embed", "--model", tiny_model_dir, "--input", str(same), "--out", str(same), "--no-progress"]) == 2
+    assert "that is the input --input" in capsys.readouterr().err and same.read_text() == "green tea\n"
+    assert main([*args, "--input", str(good), "--out", str(tmp_path / "nodir" / "v.npy")]) == 2
+    assert "--out " in capsys.readouterr().err

@@ -101,6 +101,10 @@ def test_output_dir_rules_and_config_mismatch(setup, tiny_tokenizer_dir, capsys)
     os.makedirs(setup["tmp"] / "fresh")
     assert main(_args(setup, tiny_tokenizer_dir, str(setup["tmp"] / "fresh"), "--steps", "2", "--resume")) == 2
     assert "no training state" in capsys.readouterr().err
+    (setup["tmp"] / "notes.txt").write_text("mine\n")  # a file at --out was a FileExistsError traceback
+    assert main(_args(setup, tiny_tokenizer_dir, str(setup["tmp"] / "notes.txt"), "--steps", "2")) == 2
+    assert "notes.txt: a file; give a directory" in capsys.readouterr().err
+    assert (setup["tmp"] / "notes.txt").read_text() == "mine\n"
 
 
 def test_bad_inputs(setup, tiny_tokenizer_dir, capsys, tmp_path):
@@ -127,7 +131,7 @@ def test_bad_inputs(setup, tiny_tokenizer_dir, capsys, tmp_path):
     assert main(_args(setup, str(bad), str(tmp_path / "y"), "--steps", "2")) == 2
     assert "[MASK]" in capsys.readouterr().err
     assert main(_args(setup, tiny_tokenizer_dir, str(tmp_path / "z"), "--tokens", "lots")) == 2
-    assert "cannot parse" in capsys.readouterr().err
+    assert "--tokens: cannot parse 'lots' as a count" in capsys.readouterr().err  # the flag named
     # rows longer than the config's 64 positions: named by the flag ("seq_len 65 exceeds max_position_embeddings")
     assert main(_args(setup, tiny_tokenizer_dir, str(tmp_path / "w"), "--steps", "2", "--seq-len", "65")) == 2
     assert "seq_len=65: the model reads at most 64 positions (--seq-len)" in capsys.readouterr().err
