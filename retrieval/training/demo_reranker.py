@@ -99,6 +99,10 @@ def truncated_encoder(model_dir: str, layers: int, out_dir: str) -> str:
     return out_dir
 
 
+class NoCheckpointError(RuntimeError):
+    """Training ended without a checkpoint to keep (the collapse guard stopped it): an outcome, not a bug."""
+
+
 def out_state(out: str) -> str:
     """What is at a demo run's `out`: "free" (nothing, or an empty directory), "demo" (an earlier demo run: it
     holds `MARKER`, written when a run starts and completed when it ends), "file", or "other" (a directory
@@ -253,7 +257,8 @@ def train_demo_reranker(
     )
     result = train_reranker(cfg)
     if result.best_dir is None:
-        raise RuntimeError(f"demo reranker training produced no checkpoint ({result.stopped_by})")
+        raise NoCheckpointError(f"training kept no checkpoint ({result.stopped_by}); the log is in "
+                                f"{os.path.join(out, 'train_log.jsonl')}: try another --seed, or a lower --lr")
     from twotower.retrieval.interpolation import read_alpha
 
     atomic_write_text(marker, json.dumps({"settings": settings, "best_dev_ndcg@10": result.best_score,

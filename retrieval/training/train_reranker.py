@@ -569,6 +569,9 @@ def train_reranker(cfg: RerankerTrainConfig) -> RerankerTrainResult:
                                                     or default_stride(cfg.passage_window), cfg.max_windows),
                                       model.max_length)
     data, labeled = load_reranker_data(cfg)
+    if labeled is not None and cfg.loss == "pointwise" and cfg.negatives:  # they were read, and never used
+        raise ValueError(f"--negatives {cfg.negatives}: --loss pointwise trains on the labeled pairs of --pairs "
+                         f"{cfg.pairs} alone; add the negatives to that file as pairs labeled 0, or use --loss listwise")
     train, dev = carve_dev(data, cfg)
     if cfg.loss == "listwise":  # one group per (query, positive): known before any mining or teacher work
         check_batch_fits(data.source, sum(len(e.positives) for e in train), cfg.batch_size, "(query, positive) pairs")

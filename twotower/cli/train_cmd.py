@@ -20,6 +20,7 @@ import json
 import math
 import os
 import re
+import sys
 
 from twotower.cli.checks import (
     encoder_directory,
@@ -603,7 +604,13 @@ def run_demo(args) -> int:
     elif args.distill_weight is not None:
         _distill_weight(args)  # refused without a teacher
     claims = None if args.claims.lower() == "none" else args.claims
-    path = train_demo_reranker(args.out, model=args.model, corpus=args.corpus, claims=claims, seed=args.seed,
-                               progress=not args.no_progress, **kw)
+    from twotower.retrieval.training.demo_reranker import NoCheckpointError
+
+    try:
+        path = train_demo_reranker(args.out, model=args.model, corpus=args.corpus, claims=claims, seed=args.seed,
+                                   progress=not args.no_progress, **kw)
+    except NoCheckpointError as e:  # as `train reranker` ends a collapsed run: status 1, no traceback
+        print(f"twotower train demo-reranker: {e}", file=sys.stderr)
+        return 1
     print(json.dumps({"reranker": path}))
     return 0

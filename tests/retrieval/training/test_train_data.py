@@ -151,6 +151,19 @@ def test_cli_reranker_refuses_an_out_of_range_label_by_line(tmp_path, capsys):
     assert rc == 2 and f"{pairs}:1: label '1e308' is out of range" in capsys.readouterr().err
 
 
+def test_cli_pointwise_on_labeled_pairs_refuses_negatives_it_would_not_use(tmp_path, capsys):
+    from tests.retrieval.training_fixtures import tiny_model_dir
+    from twotower.cli import main
+
+    pairs = _write(tmp_path / "pairs.tsv", ["what is tea\ttea is a drink\t1\n", "what is tea\tcars\t0\n"])
+    neg = _write(tmp_path / "neg.jsonl", ['{"query_id": "q", "neg_ids": ["d"]}\n'])
+    rc = main(["train", "reranker", "--model", tiny_model_dir(), "--pairs", pairs, "--loss", "pointwise",
+               "--negatives", neg, "--out", str(tmp_path / "o"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"--negatives {neg}: --loss pointwise trains on the labeled pairs" in err, err
+    assert not (tmp_path / "o").exists()
+
+
 def test_labeled_pairs_tsv_is_read_as_every_text_file_is(tmp_path):
     """A spreadsheet's byte-order mark is not part of the first query (which used to split it from its own
     later lines and lose its positive); a bad byte names its line; a document-sized field is read whole."""

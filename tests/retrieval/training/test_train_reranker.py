@@ -271,6 +271,24 @@ def test_demo_reranker_out_holding_a_soup_or_another_run_is_refused(tmp_path, ca
     assert (tmp_path / "notes.txt").read_text() == "keep"
 
 
+def test_a_demo_run_that_keeps_no_checkpoint_ends_in_one_line(tmp_path, monkeypatch, capsys):
+    """A collapse that left no checkpoint was a RuntimeError traceback; `train reranker` ends such a run with
+    status 1 and says so, and the demo command now does the same."""
+    import types
+
+    from twotower.cli import main
+    from twotower.retrieval.training import train_reranker as trainer
+
+    monkeypatch.setattr(trainer, "train_reranker", lambda cfg: types.SimpleNamespace(
+        best_dir=None, stopped_by="collapse: dev scores constant"))
+    out = tmp_path / "demo"
+    rc = main(["train", "demo-reranker", "--out", str(out), "--model", tiny_model_dir(0.2), "--corpus",
+               _titled_corpus(tmp_path), "--claims", "none", "--titles", "20", "--steps", "1", "--layers", "1",
+               "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 1 and "training kept no checkpoint (collapse: dev scores constant)" in err and "Traceback" not in err
+
+
 def test_an_interrupted_demo_run_is_its_own_and_trained_again(tmp_path, monkeypatch):
     """The marker is written when a run starts, so an interrupted run's directory is known as the demo's own
     (not refused as foreign) and, unfinished, is trained again rather than reused."""
