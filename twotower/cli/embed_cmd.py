@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from twotower.cli.checks import input_file, max_length_fits, output_file, positive
 from twotower.cli.help_format import DefaultsHelpFormatter
@@ -124,6 +125,10 @@ def run(args: argparse.Namespace) -> int:
     enc = SentenceEncoder.from_pretrained(model_dir, pooling=args.pooling, normalize=args.normalize,
                                           max_length=args.max_length, bf16=False if args.no_bf16 else "auto",
                                           device=args.device)
+    long_texts = int((enc.tokenizer.lengths(texts, max_length=1 << 30) > enc.max_length).sum())
+    if long_texts:  # as `index build` says: their vectors read only the first max_length tokens
+        print(f"twotower embed: note: {long_texts} of {len(texts)} texts are longer than {enc.max_length} tokens "
+              "(--max-length) and were truncated at it", file=sys.stderr)
     vecs = enc.encode(texts, batch_size=args.batch_size, batch_tokens=args.batch_tokens,
                       progress=not args.no_progress)
     with atomic_path(args.out) as tmp, open(tmp, "wb") as f:

@@ -150,6 +150,9 @@ def run_search(args: argparse.Namespace) -> int:
         problem = query_problem(text, f"query {qid}")
         if problem:
             raise CLIError(f"{args.queries_file}: {problem}" if args.queries_file else problem)
+        if args.run and (not qid or any(ch.isspace() for ch in qid)):  # found only when the run was written
+            raise CLIError(f"--queries {args.queries_file}: query id {qid!r} contains whitespace, which a TREC run "
+                           "(--run) cannot hold; rename it")
     index_directory("--index", args.index)
     if args.model:
         model_directory("--model", args.model, dual=True)

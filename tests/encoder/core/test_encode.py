@@ -383,3 +383,7 @@ def test_cli_embed_jsonl_and_bad_input(tiny_model_dir, tmp_path, capsys):
     assert "that is the input --input" in capsys.readouterr().err and same.read_text() == "green tea\n"
     assert main([*args, "--input", str(good), "--out", str(tmp_path / "nodir" / "v.npy")]) == 2
     assert "--out " in capsys.readouterr().err
+    long = tmp_path / "long.txt"  # truncated without a word; `index build` says so
+    long.write_text("tea\n" + "word " * 100 + "\n", encoding="utf-8")
+    assert main([*args, "--input", str(long), "--max-length", "16"]) == 0
+    assert "1 of 2 texts are longer than 16 tokens (--max-length) and were truncated" in capsys.readouterr().err
