@@ -86,6 +86,5 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress, cache_dir=args.cache_dir, dump_replicas=args.dump_replicas,
     )
     summary = pretrain(pargs)
-    if not args.no_progress:
-        print(json.dumps(summary, indent=2))
+    print(json.dumps(summary, indent=2))  # the result, as `train` prints it: --no-progress turns off bars, not this
     return 0

@@ -78,6 +78,7 @@ def test_cli_trains_and_transformers_loads_the_checkpoint(setup, tiny_tokenizer_
 def test_output_dir_rules_and_config_mismatch(setup, tiny_tokenizer_dir, capsys):
     out = str(setup["tmp"] / "run")
     assert main(_args(setup, tiny_tokenizer_dir, out, "--steps", "2")) == 0
+    assert json.loads(capsys.readouterr().out)["steps"] == 2  # the result is printed with --no-progress too
     assert main(_args(setup, tiny_tokenizer_dir, out, "--steps", "2")) == 2
     assert "holds another training run" in capsys.readouterr().err
     # resuming with another config names the differing fields
