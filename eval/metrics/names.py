@@ -72,6 +72,9 @@ def parse_metric(name: str) -> MetricSpec:
     label = name.strip()
     match = _PATTERN.match(label.lower())
     if not match or match.group(1) not in _FAMILIES:
+        head = re.match(r"^\s*([a-z_\-]+?)\s*@", label.lower())
+        if head and head.group(1) in _FAMILIES:  # `ndcg@-1`, `recall@1e9`: the family is right, the cutoff not
+            raise ValueError(f"metric {name!r}: the cutoff must be a positive integer, e.g. {head.group(1)}@10")
         raise ValueError(f"unknown metric {name!r}; known: {KNOWN_METRICS}")
     family, allows_k, needs_k = _FAMILIES[match.group(1)]
     k = int(match.group(2)) if match.group(2) is not None else None
@@ -85,7 +88,8 @@ def parse_metric(name: str) -> MetricSpec:
 
 
 def parse_metrics(names: str | list[str] | tuple[str, ...]) -> list[MetricSpec]:
-    """Parse a comma-separated string or a list of names; duplicate labels are kept once, in order."""
+    """Parse a comma-separated string or a list of names; a metric named twice (``ndcg@10,NDCG@010``) is kept
+    once, under its first spelling, in order."""
     items = names.split(",") if isinstance(names, str) else list(names)
     specs: list[MetricSpec] = []
     seen: set[str] = set()
@@ -93,8 +97,8 @@ def parse_metrics(names: str | list[str] | tuple[str, ...]) -> list[MetricSpec]:
         if not item.strip():
             continue
         spec = parse_metric(item)
-        if spec.label not in seen:
-            seen.add(spec.label)
+        if spec.canonical not in seen:
+            seen.add(spec.canonical)
             specs.append(spec)
     if not specs:
         raise ValueError(f"no metric given; known: {KNOWN_METRICS}")

@@ -113,6 +113,11 @@ def test_parse_metric_rejects(bad):
 
 def test_parse_metrics_dedupes_and_needs_one():
     assert [s.label for s in parse_metrics("map,map,ndcg@10")] == ["map", "ndcg@10"]
+    # one metric spelled two ways was two keys with one value
+    assert [s.label for s in parse_metrics("ndcg@10,NDCG@010,AP,map")] == ["ndcg@10", "AP"]
+    for bad in ("ndcg@-1", "recall@1e9", "map@"):  # the family is right, the cutoff is not ("unknown metric")
+        with pytest.raises(ValueError, match=f"metric '{bad}': the cutoff must be a positive integer"):
+            parse_metric(bad)
     with pytest.raises(ValueError, match="no metric"):
         parse_metrics(" , ")
 
