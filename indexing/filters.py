@@ -225,7 +225,8 @@ def _read_field(text: str, i: int) -> tuple[str, list[str], int]:
             i = end + 1
         elif m := _IDENT.match(text, i):
             key = m.group(0)
-            if key.lower() in _KEYWORDS and key in (key.lower(), key.upper()) and (parts or text[m.end():m.end() + 1] == "."):
+            dotted = bool(parts) or text[m.end():m.end() + 1] == "."  # a keyword alone is the keyword
+            if key.lower() in _KEYWORDS and key in (key.lower(), key.upper()) and dotted:
                 raise FilterError(f"{key!r} is a keyword and cannot be part of a field name (quote it: `{key}`)",
                                   text, col)
             parts.append(key)

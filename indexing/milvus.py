@@ -132,7 +132,8 @@ def resolve_uri(uri: str, flag: str = FLAG) -> str:
         raise ValueError(f"{flag} {uri}: directory {os.path.dirname(path)} does not exist")
     problem = _lite_path_problem(path)
     if problem:
-        raise ValueError(f"{flag} {uri}: {problem}; give a new name (e.g. ./vectors.db) or an existing Milvus Lite store")
+        raise ValueError(f"{flag} {uri}: {problem}; give a new name (e.g. ./vectors.db) or an existing Milvus Lite "
+                         "store")
     return path
 
 

@@ -25,7 +25,8 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("embed", help="encode texts into vectors (.npy)", description=__doc__.splitlines()[0],
                               formatter_class=DefaultsHelpFormatter)
     p.add_argument("--model", default=None, metavar="DIR",
-                   help=f'HF BERT-family directory, or "default": all-MiniLM-L6-v2 from {DEFAULT_MODEL_PACKAGE} (the default)')
+                   help=f'HF BERT-family directory, or "default": all-MiniLM-L6-v2 from {DEFAULT_MODEL_PACKAGE} '
+                        "(the default)")
     p.add_argument("--input", required=True, metavar="FILE",
                    help="UTF-8 text, one text a line, or .jsonl with 'text' (and optional 'title'); either may be .gz")
     p.add_argument("--out", required=True, metavar="FILE.npy")

@@ -393,7 +393,8 @@ def create_app(config: ServeConfig) -> FastAPI:
     @app.head("/health", include_in_schema=False)  # uptime probes (one operation in the API reference)
     async def health() -> JSONResponse:
         status, body = service.health()
-        retry = {"Retry-After": "2"} if body["status"] == "loading" else None  # as searches say; a failed load won't mend
+        # loading: as searches say; a failed load does not mend by retrying
+        retry = {"Retry-After": "2"} if body["status"] == "loading" else None
         return JSONResponse(body, status_code=status, headers=retry)
 
     @app.get("/stats", dependencies=[reader], summary="Documents, fingerprints, request counts and latency")
