@@ -114,7 +114,7 @@ def _report_out(args: argparse.Namespace) -> None:
     for flag, given in (("--index", args.index), ("--dataset", args.dataset), ("--run", args.run),
                         ("--qrels", args.qrels)):
         there = os.path.realpath(given) if given else None
-        if there and flag in ("--index", "--dataset") and (here == there or here.startswith(there + os.sep)):
+        if there and flag == "--index" and (here == there or here.startswith(there + os.sep)):  # the index's files
             raise CLIError(f"--out {out}: inside {flag} {given}; write the report elsewhere")
         if there and there.startswith(here + os.sep):
             raise CLIError(f"--out {out}: holds the input {flag} {given}, which the report would replace; write "
