@@ -171,6 +171,7 @@ def test_out_names_a_system_after_any_run_file_name(files, capsys):
         (["eval", "--run", "RUN", "--qrels", "QRELS", "--metrics", "ndcg@10,bleu"], "--metrics: unknown metric 'bleu'"),
         (["eval", "--run", "RUN", "--qrels", "QRELS", "--metrics", ""], "--metrics: no metric given"),  # was the default
         (["eval", "--run", "missing.trec", "--qrels", "QRELS"], "missing.trec"),
+        (["eval", "--run", "TMP", "--qrels", "QRELS"], "--run TMP: a directory, not a file"),  # was "no such file"
         # the --index mode's flags with --run were ignored: the numbers looked like a reranked/hybrid run's
         (["eval", "--run", "RUN", "--qrels", "QRELS", "--hybrid"], "--hybrid sets how --index searches"),
         (["eval", "--run", "RUN", "--qrels", "QRELS", "--reranker", "default", "-k", "5", "--split", "test"],
@@ -183,10 +184,11 @@ def test_out_names_a_system_after_any_run_file_name(files, capsys):
 )
 def test_bad_input_exits_2_with_a_message(files, capsys, argv, message):
     tmp, _, _ = files
-    argv = [a.replace("RUN", str(tmp / "run.trec")).replace("QRELS", str(tmp / "qrels.tsv")) for a in argv]
+    argv = [a.replace("RUN", str(tmp / "run.trec")).replace("QRELS", str(tmp / "qrels.tsv")).replace("TMP", str(tmp))
+            for a in argv]
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert err.startswith("twotower eval: error: ") and message in err
+    assert err.startswith("twotower eval: error: ") and message.replace("TMP", str(tmp)) in err, err
 
 
 def test_malformed_run_names_file_and_line(tmp_path, files, capsys):

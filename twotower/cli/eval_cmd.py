@@ -29,7 +29,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from twotower.cli import CLIError
-from twotower.cli.checks import index_directory, parent_is_a_file, positive, require_bm25, reranker_directory
+from twotower.cli.checks import (
+    index_directory,
+    input_file,
+    parent_is_a_file,
+    positive,
+    require_bm25,
+    reranker_directory,
+)
 from twotower.cli.rerank_weight import print_weight_origin
 
 if TYPE_CHECKING:
@@ -183,6 +190,8 @@ def _score_run(args: argparse.Namespace) -> int:
     from twotower.eval.report import format_metrics_table, write_report
 
     specs = _metrics(args.metrics, DEFAULT_METRICS)
+    input_file("--run", args.run)  # a directory was "no such file"
+    input_file("--qrels", args.qrels, inside=os.path.join("qrels", "test.tsv"))
     _report_out(args)
     qrels = read_qrels(args.qrels)
     if not qrels:  # evaluate said "the qrels hold no query", naming no file
