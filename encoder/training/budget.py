@@ -73,6 +73,8 @@ class Budget:
             raise ValueError(f"{flag}: {e}") from None
         if not total > 0:  # NaN too; said "budget must be positive, got 0.0", naming no flag
             raise ValueError(f"{flag} {text}: give a budget above 0")
+        if kind == "tokens" and total < 1:  # `--tokens 0.5` ran one step
+            raise ValueError(f"{flag} {text}: give at least 1 token (e.g. 20M)")
         return cls(kind, total)
 
     def progress(self, tokens: float = 0.0, steps: int = 0, seconds: float = 0.0) -> float:

@@ -218,6 +218,9 @@ def test_info_and_check_say_when_the_bm25_cache_is_missing(built, tmp_path, caps
          "`twotower index build --model {model} --corpus CORPUS --out DIR`"),
         (["index", "info", "--index", "{root}/nope"], "twotower index info: error: --index {root}/nope: no such directory"),
         (["answer", "--index", "{root}/nope", "--reader", "{model}", "tea"], "--index {root}/nope: no such directory"),
+        # an encoder without a task head: the message named the path alone
+        (["answer", "--index", "{idx}", "--reader", "{model}", "tea"], "error: --reader: {model} is not a fine-tuned "
+         "task model"),
         (["index", "build", "--corpus", "{root}/missing.jsonl", "--out", "{root}/x"],
          "--corpus {root}/missing.jsonl: file not found"),
         # a BEIR directory where its file is wanted: said "corpus file not found"; now names the file inside

@@ -74,10 +74,16 @@ def run_answer(args: argparse.Namespace) -> int:
     from twotower.indexing.filters import FilterError
     from twotower.retrieval.pipeline import SearchPipeline
 
-    reader = TaskModel.from_pretrained(args.reader, device=args.device)
+    def task_model(flag: str, path: str) -> TaskModel:
+        try:
+            return TaskModel.from_pretrained(path, device=args.device)
+        except ValueError as e:  # an encoder without a task head: the message named the path, not the flag
+            raise CLIError(f"{flag}: {e}") from None
+
+    reader = task_model("--reader", args.reader)
     if reader.info.head != "qa":
         raise CLIError(f"{args.reader} holds a {reader.info.head!r} head; --reader needs a QA model")
-    classifier = TaskModel.from_pretrained(args.classifier, device=args.device) if args.classifier else None
+    classifier = task_model("--classifier", args.classifier) if args.classifier else None
     if classifier is not None and classifier.info.head != "classify":
         raise CLIError(f"{args.classifier} holds a {classifier.info.head!r} head; --classifier needs 'classify'")
     with SearchPipeline.load(args.index, reranker=args.reranker, use_default_reranker=not args.no_rerank,

@@ -126,6 +126,10 @@ def run(args: argparse.Namespace) -> int:
     enc = SentenceEncoder.from_pretrained(model_dir, pooling=args.pooling, normalize=args.normalize,
                                           max_length=args.max_length, bf16=False if args.no_bf16 else "auto",
                                           device=args.device)
+    blank = sum(1 for t in texts if not t.strip())
+    if blank:  # kept, so that row i is line i; say so, since their vectors carry nothing
+        print(f"twotower embed: note: {blank} of {len(texts)} texts are blank; their rows are the vector of an "
+              "empty text", file=sys.stderr)
     long_texts = int((enc.tokenizer.lengths(texts, max_length=1 << 30) > enc.max_length).sum())
     if long_texts:  # as `index build` says: their vectors read only the first max_length tokens
         print(f"twotower embed: note: {long_texts} of {len(texts)} texts are longer than {enc.max_length} tokens "

@@ -387,3 +387,7 @@ def test_cli_embed_jsonl_and_bad_input(tiny_model_dir, tmp_path, capsys):
     long.write_text("tea\n" + "word " * 100 + "\n", encoding="utf-8")
     assert main([*args, "--input", str(long), "--max-length", "16"]) == 0
     assert "1 of 2 texts are longer than 16 tokens (--max-length) and were truncated" in capsys.readouterr().err
+    gaps = tmp_path / "gaps.txt"  # a blank line keeps its row (row i is line i) and is said to be blank
+    gaps.write_text("tea\n\ncoffee\n", encoding="utf-8")
+    assert main([*args, "--input", str(gaps)]) == 0 and np.load(out).shape[0] == 3
+    assert "1 of 3 texts are blank" in capsys.readouterr().err

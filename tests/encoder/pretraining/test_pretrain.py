@@ -133,6 +133,8 @@ def test_bad_inputs(setup, tiny_tokenizer_dir, capsys, tmp_path):
     assert "[MASK]" in capsys.readouterr().err
     assert main(_args(setup, tiny_tokenizer_dir, str(tmp_path / "z"), "--tokens", "lots")) == 2
     assert "--tokens: cannot parse 'lots' as a count" in capsys.readouterr().err  # the flag named
+    assert main(_args(setup, tiny_tokenizer_dir, str(tmp_path / "z"), "--tokens", "0.5")) == 2  # it ran a step
+    assert "--tokens 0.5: give at least 1 token" in capsys.readouterr().err
     # rows longer than the config's 64 positions: named by the flag ("seq_len 65 exceeds max_position_embeddings")
     assert main(_args(setup, tiny_tokenizer_dir, str(tmp_path / "w"), "--steps", "2", "--seq-len", "65")) == 2
     assert "seq_len=65: the model reads at most 64 positions (--seq-len)" in capsys.readouterr().err
