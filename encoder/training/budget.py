@@ -64,12 +64,12 @@ class Budget:
         given = [x is not None for x in (budget, tokens, steps)]
         if sum(given) != 1:
             raise ValueError("give exactly one budget: --budget (wall clock, e.g. 30m) or --tokens (e.g. 20M)")
-        flag, text = (("--budget", budget) if budget is not None else ("--tokens", tokens) if tokens is not None
-                      else ("--steps", steps))
-        try:  # the parsers' messages name no flag
-            kind, total = (("seconds", parse_duration(budget)) if budget is not None else
-                           ("tokens", parse_count(tokens)) if tokens is not None else ("steps", float(steps)))
-        except ValueError as e:
+        kind, flag, text, read = (("seconds", "--budget", budget, parse_duration) if budget is not None else
+                                  ("tokens", "--tokens", tokens, parse_count) if tokens is not None else
+                                  ("steps", "--steps", steps, float))
+        try:
+            total = read(text)
+        except ValueError as e:  # the parsers' messages name no flag
             raise ValueError(f"{flag}: {e}") from None
         if not total > 0:  # NaN too; said "budget must be positive, got 0.0", naming no flag
             raise ValueError(f"{flag} {text}: give a budget above 0")

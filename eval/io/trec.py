@@ -70,7 +70,8 @@ def read_trec_run(path: str | os.PathLike[str]) -> Run:
     return run
 
 
-def _check_token(kind: str, value: str) -> None:
+def check_trec_token(kind: str, value: str) -> None:
+    """A ValueError when `value` (a query id, document id or run tag) cannot stand as one column of a TREC file."""
     if not value or any(ch.isspace() for ch in value):
         raise ValueError(f"{kind} {value!r} is empty or contains whitespace; TREC files cannot hold it")
 
@@ -89,15 +90,15 @@ def write_trec_run(
         tag: the run name in the last column (no whitespace).
         max_rank: keep only the top ``max_rank`` documents of each query.
     """
-    _check_token("run tag", tag)
+    check_trec_token("run tag", tag)
     with atomic_open(path) as handle:
         for qid, scores in run.items():
-            _check_token("query id", qid)
+            check_trec_token("query id", qid)
             ranked = rank_documents(scores)
             if max_rank is not None:
                 ranked = ranked[:max_rank]
             for rank, docid in enumerate(ranked, start=1):
-                _check_token("document id", docid)
+                check_trec_token("document id", docid)
                 handle.write(f"{qid} Q0 {docid} {rank} {float(scores[docid])!r} {tag}\n")
 
 
@@ -122,7 +123,7 @@ def write_trec_qrels(qrels: Mapping[str, Mapping[str, int]], path: str | os.Path
     """Write ``{qid: {docid: relevance}}`` as TREC qrels (``qid 0 docid rel``), atomically."""
     with atomic_open(path) as handle:
         for qid, judgments in qrels.items():
-            _check_token("query id", qid)
+            check_trec_token("query id", qid)
             for docid, rel in judgments.items():
-                _check_token("document id", docid)
+                check_trec_token("document id", docid)
                 handle.write(f"{qid} 0 {docid} {int(rel)}\n")

