@@ -12,7 +12,8 @@ Hostile or damaged files become a `DataError` naming the file (and line), never 
 traceback from deep inside gzip or json: a truncated or non-gzip ``.gz``, a JSON
 value nested deeper than the parser can recurse, a number too long to convert,
 and a lone UTF-16 surrogate (``"\\ud800"``, valid JSON but not Unicode text, which
-no tokenizer or UTF-8 writer accepts).
+no tokenizer or UTF-8 writer accepts).  A key given twice in one object is refused too:
+Python's parser keeps the last value silently, so ``{"id": "a", "id": "b"}`` would index "b".
 """
 
 from __future__ import annotations
@@ -142,21 +143,44 @@ def json_problem(
     return None
 
 
+class RepeatedKeyError(ValueError):
+    """A JSON object that gives one key twice; `key` is the key."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"key {key!r} is given twice in one JSON object; give it once")
+        self.key = key
+
+
+def no_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A ``json.loads`` ``object_pairs_hook`` that raises `RepeatedKeyError` for a key given twice."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise RepeatedKeyError(key)
+            seen.add(key)
+    return out
+
+
 def json_lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yield ``(line number, object)`` for every non-blank line of a JSON-lines file; each must be an object.
 
     Raises:
         FileNotFoundError: the file does not exist.
         DataError: a line that is not valid JSON, not a JSON object, nested too deeply for the
-            parser, holding a number too long to read or a lone surrogate (message names the line).
+            parser, holding a number too long to read, a lone surrogate or a key given twice
+            (message names the line).
     """
     for number, line in numbered_lines(path):
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
+            obj = json.loads(line, object_pairs_hook=no_repeated_keys)
         except json.JSONDecodeError as exc:
             raise DataError(path, number, f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+        except RepeatedKeyError as exc:
+            raise DataError(path, number, str(exc)) from None
         except RecursionError:
             raise DataError(path, number, "JSON nested too deeply to read") from None
         except ValueError as exc:  # e.g. "Exceeds the limit (4300 digits) for integer string conversion"

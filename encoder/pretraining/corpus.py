@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from twotower.common.atomic import atomic_replace_dir, atomic_write_text
+from twotower.common.lines import RepeatedKeyError, no_repeated_keys
 
 logger = logging.getLogger(__name__)
 
@@ -74,9 +75,11 @@ def read_documents(path: str) -> Iterator[list[str]]:
                 if not line.strip():
                     continue
                 try:
-                    obj = json.loads(line)
+                    obj = json.loads(line, object_pairs_hook=no_repeated_keys)
                 except json.JSONDecodeError as exc:
                     raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
+                except RepeatedKeyError as exc:
+                    raise ValueError(f"{path}:{lineno}: {exc}") from None
                 text = obj.get("text") if isinstance(obj, dict) else None
                 if not isinstance(text, str):
                     raise ValueError(f"{path}:{lineno}: missing string field 'text'")

@@ -181,12 +181,14 @@ def resolve_config(args: PretrainArgs, tokenizer: Tokenizer) -> EncoderConfig:
 
 
 def check_out_dir(args: PretrainArgs, config: EncoderConfig, budget: Budget, tokenizer: Tokenizer,
-                  corpus_paths: list[str], valid_paths: list[str], info: DistInfo) -> None:
+                  corpus_paths: list[str], valid_paths: list[str], info: DistInfo, compute: dict) -> None:
     """Refuse to write into another run unless resuming it or told to overwrite; reads, never writes.
 
     A resume must be the same run: the same settings (`_RUN_SHAPE`, the budget, the config), the same
     number of processes, the same text (the files' SHA-256) and tokenizer. Anything else is refused naming
     each flag, since continuing would silently train another run under the first one's log and schedule.
+    Another precision or device (`compute`, from `_compute_record`) is allowed, with a warning: a run may
+    move to another machine, but its later steps will not equal those of an uninterrupted run.
     """
     out = args.out
     run_file = os.path.join(out, RUN_FILE)
@@ -203,6 +205,11 @@ def check_out_dir(args: PretrainArgs, config: EncoderConfig, budget: Budget, tok
         else:  # a run.json written before text fingerprints were recorded
             logger.warning("%s has no fingerprint of the run's text: resuming without checking --corpus, --valid "
                            "and --tokenizer", run_file)
+        ran = saved.get("compute")
+        if ran is not None and ran != compute:
+            logger.warning("resuming %s %s; the run trained %s (--no-bf16 / --device): the steps from here are "
+                           "computed differently, so the result will not equal an uninterrupted run",
+                           out, _compute_shown(compute), _compute_shown(ran))
         if differ:
             budget_note = ""
             if "budget" in differ:
@@ -310,7 +317,16 @@ def _data_differs(saved: dict, now: dict, args: PretrainArgs) -> dict[str, str]:
     return differ
 
 
-def start_out_dir(args: PretrainArgs, config: EncoderConfig, data: dict, info: DistInfo) -> None:
+def _compute_record(bf16: bool, device: torch.device) -> dict:
+    """How a run computes its steps, as ``run.json`` keeps it: the precision and the kind of device."""
+    return {"bf16": bool(bf16), "device": device.type}
+
+
+def _compute_shown(compute: dict) -> str:
+    return f"in {'bf16' if compute.get('bf16') else 'fp32'} on {compute.get('device')}"
+
+
+def start_out_dir(args: PretrainArgs, config: EncoderConfig, data: dict, info: DistInfo, compute: dict) -> None:
     """Write a new run's ``run.json`` into `args.out`, replacing what it held (`check_out_dir` allowed it).
 
     Called once every input has been read and checked: an earlier run is removed only when this one starts.
@@ -323,7 +339,8 @@ def start_out_dir(args: PretrainArgs, config: EncoderConfig, data: dict, info: D
         os.makedirs(out, exist_ok=True)
         from twotower.common.atomic import atomic_write_text
 
-        record = {"args": asdict(args), "config": config.to_dict(), "world_size": info.world_size, "data": data}
+        record = {"args": asdict(args), "config": config.to_dict(), "world_size": info.world_size, "data": data,
+                  "compute": compute}
         atomic_write_text(os.path.join(out, RUN_FILE), json.dumps(record, indent=2) + "\n")
     barrier(info)
 
@@ -439,7 +456,8 @@ def _pretrain(args: PretrainArgs, info: DistInfo) -> dict:
     retain_freed_memory_for(device)  # reuse freed activation memory across steps (common/malloc.py)
     tokenizer = load_tokenizer(args.tokenizer)
     config = resolve_config(args, tokenizer)
-    check_out_dir(args, config, budget, tokenizer, corpus_paths, valid_paths, info)
+    compute = _compute_record(bf16, device)
+    check_out_dir(args, config, budget, tokenizer, corpus_paths, valid_paths, info, compute)
 
     # every input is read and checked before --out is written (start_out_dir, below)
     rows = build_rows(corpus_paths, tokenizer, args, info, seed=args.seed)
@@ -466,7 +484,8 @@ def _pretrain(args: PretrainArgs, info: DistInfo) -> dict:
         logger.info("resumed %s at step %d (%d tokens)", args.out, counters["step"], counters["tokens"])
     else:
         start_out_dir(args, config, _data_record(rows.corpus.meta["files"],
-                                                 vrows.corpus.meta["files"] if vrows else [], tokenizer), info)
+                                                 vrows.corpus.meta["files"] if vrows else [], tokenizer), info,
+                      compute)
     ddp = model
     if info.enabled:
         from torch.nn.parallel import DistributedDataParallel

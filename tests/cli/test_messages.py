@@ -266,3 +266,31 @@ def test_an_output_file_that_is_a_directory_is_refused_before_the_work(tmp_path,
 def test_predict_names_a_missing_input_by_its_flag(tmp_path, capsys):
     rc, _, err = run_cli(capsys, "predict", "classify", "--model", str(tmp_path), "--input", str(tmp_path / "nope"))
     assert rc == 2 and err.endswith(f"error: --input {tmp_path}/nope: file not found\n")  # was "X: no such file"
+
+
+@pytest.mark.parametrize("argv", [
+    ["embed", "--input", "{corpus}", "--out", "{tmp}/e.npy"],
+    ["index", "build", "--corpus", "{corpus}", "--out", "{tmp}/idx"],
+    ["train", "dual", "--data", "{tmp}", "--out", "{tmp}/dual"],
+])
+def test_a_reranker_given_as_the_embedding_model_is_refused(tmp_path, capsys, argv):
+    """A cross-encoder loads as an encoder and embeds into vectors its training never shaped (an index built
+    with it ranks by noise); the shipped reranker's data directory said only "no tokenizer"."""
+    from twotower.retrieval.cross_encoder import CrossEncoder
+    from twotower.retrieval.default_reranker import DIRECTORY
+
+    ce = str(tmp_path / "ce")
+    CrossEncoder.from_encoder(tiny_model_dir(), bf16=False, device="cpu").save_pretrained(ce)
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"_id": "d1", "text": "tea"}\n')
+    args = [a.format(corpus=corpus, tmp=tmp_path) for a in argv]
+    for model, what in [(ce, "a reranker (cross-encoder)"),
+                        (DIRECTORY, "the reranker twotower ships (--reranker default)")]:
+        rc, out, err = run_cli(capsys, *args, "--model", model)
+        assert rc == 2 and out == "", err
+        assert err.strip().endswith(f"--model {model}: {what}, which scores query-document pairs; --model takes a "
+                                    "model that embeds text: a dual-encoder or encoder directory, or --model default")
+        assert sorted(os.listdir(tmp_path)) == ["ce", "corpus.jsonl"]
+    if argv[0] == "embed":  # the control: an encoder is taken
+        rc, _, err = run_cli(capsys, *args, "--model", tiny_model_dir())
+        assert rc == 0, err

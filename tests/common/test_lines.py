@@ -106,3 +106,17 @@ def test_plain_corpus_lines_still_read(tmp_path):
     path.write_bytes("\ufeff".encode() + (json.dumps({"_id": "q1", "text": "café ☕"}, ensure_ascii=False)
                                             + "\r\n").encode())
     assert read_beir_queries(path) == {"q1": "café ☕"}
+
+
+def test_a_key_given_twice_is_refused_by_line_at_any_depth(tmp_path):
+    """Python's parser keeps the last of two equal keys; a corpus line {"_id": "a", "_id": "b"} would index "b"."""
+    path = tmp_path / "corpus.jsonl"
+    path.write_text('{"_id": "a", "text": "tea"}\n{"_id": "b", "text": "x", "_id": "c"}\n')
+    with pytest.raises(DataError, match=r"corpus\.jsonl:2: key '_id' is given twice in one JSON object"):
+        list(json_lines(path))
+    path.write_text('{"_id": "a", "text": "t", "metadata": {"year": 1, "tags": [{"k": 1, "k": 2}]}}\n')
+    with pytest.raises(DataError, match=r"corpus\.jsonl:1: key 'k' is given twice"):
+        list(json_lines(path))
+    # equal keys in *different* objects, and keys equal only up to case, are fine
+    path.write_text('{"_id": "a", "m": {"_id": 1}, "Text": "T", "text": "t"}\n')
+    assert [obj for _, obj in json_lines(path)] == [{"_id": "a", "m": {"_id": 1}, "Text": "T", "text": "t"}]

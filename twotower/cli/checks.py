@@ -106,7 +106,10 @@ def model_directory(flag: str, path: str, dual: bool = False) -> str:
     """``path`` if it is a model directory (one holding ``config.json``), else a CLIError naming ``flag``.
 
     dual: a dual encoder is wanted, so a directory of separate towers (``dual_encoder.json`` naming its
-    query and document sub-directories, as ``train dual --separate-towers`` writes) is one too.
+    query and document sub-directories, as ``train dual --separate-towers`` writes) is one too, and a
+    reranker is refused. Why: a cross-encoder loads as an encoder without complaint and embeds text into
+    vectors its training never shaped, so an index built with it ranks by noise; the shipped reranker's data
+    directory said only "no tokenizer".
     """
     if not os.path.isdir(path):
         raise CLIError(f"{flag} {path}: no such directory")
@@ -120,6 +123,15 @@ def model_directory(flag: str, path: str, dual: bool = False) -> str:
         if any(os.path.isfile(os.path.join(best, n)) for n in names):  # a training run's --out, not its checkpoint
             raise CLIError(f"{flag} {path}: a training run's directory, not a model; its best checkpoint is {best}")
         raise CLIError(f"{flag} {path}: not a model directory (it has no {' or '.join(names)})")
+    if dual:
+        from twotower.retrieval.default_reranker import DIRECTORY as SHIPPED_DIR
+        from twotower.retrieval.default_reranker import NAME as SHIPPED
+
+        shipped = os.path.realpath(path) == os.path.realpath(SHIPPED_DIR)
+        if shipped or is_reranker(path):
+            what = f"the reranker twotower ships (--reranker {SHIPPED})" if shipped else "a reranker (cross-encoder)"
+            raise CLIError(f"{flag} {path}: {what}, which scores query-document pairs; {flag} takes a model that "
+                           f"embeds text: a dual-encoder or encoder directory, or {flag} default")
     return path
 
 

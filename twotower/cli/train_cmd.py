@@ -25,7 +25,6 @@ import sys
 from twotower.cli.checks import (
     encoder_directory,
     input_file,
-    is_reranker,
     max_length_fits,
     model_directory,
     output_file,
@@ -384,9 +383,6 @@ def _teacher(flag: str | None, args) -> str | None:
         raise ValueError(f"--teacher {flag}: not a directory (give a dual-encoder directory or 'default')")
     if flag not in (None, "embedded") and not os.path.isfile(os.path.join(flag, "manifest.json")):  # not an index
         model_directory("--teacher", flag, dual=True)
-    if flag not in (None, "embedded") and is_reranker(flag):
-        raise ValueError(f"--teacher {flag}: a reranker (cross-encoder) directory; the teacher is a dual encoder: "
-                         "give its directory, an index built from the training corpus, or 'default'")
     return teacher_dir(flag)
 
 

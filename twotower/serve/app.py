@@ -32,7 +32,7 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from twotower import __version__
-from twotower.common.lines import json_problem, query_problem
+from twotower.common.lines import RepeatedKeyError, json_problem, no_repeated_keys, query_problem
 from twotower.indexing.filters import FilterError, parse_filter
 from twotower.retrieval.hit import Hit
 from twotower.retrieval.rerank import DEFAULT_RERANK_K
@@ -246,22 +246,15 @@ def _reject_unknown(request: Request, allowed: tuple[str, ...]) -> None:
         raise ApiError(400, f"parameter {twice!r} is given {names.count(twice)} times; give it once", twice)
 
 
-def _no_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """An object hook that refuses a key given twice: Python's parser keeps the last one, silently."""
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise ApiError(400, f"key {key!r} is given twice in one JSON object; give it once", key)
-        out[key] = value
-    return out
-
-
 class _StrictJSONRequest(Request):
     """A request whose JSON body refuses repeated keys, as the query string refuses repeated parameters."""
 
     async def json(self) -> Any:
         if not hasattr(self, "_json"):
-            self._json = json.loads(await self.body(), object_pairs_hook=_no_repeated_keys)
+            try:
+                self._json = json.loads(await self.body(), object_pairs_hook=no_repeated_keys)
+            except RepeatedKeyError as exc:
+                raise ApiError(400, str(exc), exc.key) from None
         return self._json
 
 

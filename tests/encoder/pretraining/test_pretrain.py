@@ -397,6 +397,33 @@ def test_resume_with_the_same_text_at_another_path_continues(stopped_run, tiny_t
     assert max(_train_losses(out)) == 3
 
 
+def test_resume_in_another_precision_or_on_another_device_continues_with_a_warning(stopped_run, tiny_tokenizer_dir,
+                                                                                  tmp_path, caplog):
+    """A run may move to another machine, but its later steps are computed otherwise: said, not refused, and
+    said only then (the same precision and device resume without a word)."""
+    import logging
+
+    s = stopped_run[0]
+    out = _copy_run(stopped_run, tmp_path)
+    run_file = os.path.join(out, "run.json")
+    with open(run_file, encoding="utf-8") as f:
+        record = json.load(f)
+    assert record["compute"] == {"bf16": False, "device": "cpu"}
+    with caplog.at_level(logging.WARNING, logger="twotower"):
+        assert main(_args(s, tiny_tokenizer_dir, out, "--steps", "6", "--resume", "--max-steps", "3")) == 0
+    assert not [r for r in caplog.records if "computed differently" in r.getMessage()]
+    record["compute"] = {"bf16": True, "device": "cuda"}
+    with open(run_file, "w", encoding="utf-8") as f:
+        json.dump(record, f)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="twotower"):
+        assert main(_args(s, tiny_tokenizer_dir, out, "--steps", "6", "--resume", "--max-steps", "4")) == 0
+    said = [r.getMessage() for r in caplog.records if "computed differently" in r.getMessage()]
+    assert said == [f"resuming {out} in fp32 on cpu; the run trained in bf16 on cuda (--no-bf16 / --device): the "
+                    "steps from here are computed differently, so the result will not equal an uninterrupted run"]
+    assert max(_train_losses(out)) == 4
+
+
 def _truncate(path) -> None:
     os.truncate(path, os.path.getsize(path) // 2)
 
@@ -459,4 +486,8 @@ def test_overwrite_that_fails_on_bad_input_leaves_the_earlier_run(stopped_run, t
     args[args.index("--corpus") + 1] = str(bad)
     assert main(args) == 2
     assert f"{bad}:2: not valid JSON" in capsys.readouterr().err
+    assert _snapshot(out) == before
+    bad.write_text('{"text": "fine"}\n{"text": "one", "title": "t", "text": "two"}\n', encoding="utf-8")
+    assert main(args) == 2
+    assert f"{bad}:2: key 'text' is given twice in one JSON object" in capsys.readouterr().err
     assert _snapshot(out) == before

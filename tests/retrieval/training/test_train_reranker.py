@@ -601,7 +601,7 @@ def test_cli_refuses_a_reranker_as_teacher_and_takes_an_encoder_as_model(tmp_pat
     for sub in ("reranker", "demo-reranker"):
         data = ["--pairs", tiny_beir_dir(), "--model", tiny_model_dir()] if sub == "reranker" else []
         rc = main(["train", sub, *data, "--teacher", ce, "--out", str(tmp_path / sub)])
-        assert rc == 2 and f"--teacher {ce}: a reranker (cross-encoder) directory" in capsys.readouterr().err
+        assert rc == 2 and f"--teacher {ce}: a reranker (cross-encoder), which scores" in capsys.readouterr().err
     rc = main(["train", "reranker", "--model", tiny_model_dir(0.2), "--pairs", tiny_beir_dir(), "--out",
                str(tmp_path / "o"), "--group-size", "4", "--max-length", "48", "--max-steps", "1", "--eval-every", "1",
                "--dev-fraction", "0.25", "--dev-rerank-k", "10", "--no-bf16", "--no-progress"])
