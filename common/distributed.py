@@ -2,7 +2,8 @@
 
 `torchrun --nproc_per_node N` sets WORLD_SIZE / RANK / LOCAL_RANK; we then join
 a process group (NCCL on GPU, gloo on CPU).  Without those variables everything
-here is a no-op, so the same loop runs alone or replicated.
+here is a no-op, so the same loop runs alone or replicated.  torch is imported only when a group is
+joined or used: the command line reads `launched_as` before it knows whether the command needs torch.
 """
 
 from __future__ import annotations
@@ -10,9 +11,10 @@ from __future__ import annotations
 import gc
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-import torch.distributed as dist
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -30,12 +32,26 @@ class DistInfo:
         return self.rank == 0
 
 
-def init_distributed(device_type: str | None = None) -> DistInfo:
-    """Join the process group torchrun describes (or return a world of one)."""
+class PeerStopped(Exception):
+    """Another rank stopped the collective work and reported why; this rank has nothing of its own to say."""
+
+
+def launched_as() -> DistInfo:
+    """The world torchrun started this process in (WORLD_SIZE / RANK / LOCAL_RANK), without joining any group."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return DistInfo()
-    info = DistInfo(world, int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0")))
+    return DistInfo(world, int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def init_distributed(device_type: str | None = None) -> DistInfo:
+    """Join the process group torchrun describes (or return a world of one)."""
+    info = launched_as()
+    if not info.enabled:
+        return info
+    import torch
+    import torch.distributed as dist
+
     if not dist.is_initialized():
         dev = device_type or ("cuda" if torch.cuda.is_available() else "cpu")
         if dev == "cuda":
@@ -46,6 +62,8 @@ def init_distributed(device_type: str | None = None) -> DistInfo:
 
 def barrier(info: DistInfo) -> None:
     if info.enabled:
+        import torch.distributed as dist
+
         dist.barrier()
 
 
@@ -53,6 +71,9 @@ def all_reduce_sum(values: list[float], info: DistInfo, device: torch.device | s
     """Sum a few scalars over all ranks (float64, so token counts stay exact)."""
     if not info.enabled:
         return list(values)
+    import torch
+    import torch.distributed as dist
+
     t = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t.tolist()
@@ -67,7 +88,11 @@ def cleanup(info: DistInfo) -> None:
     succeeded. Autograd graphs that went through a differentiable all_gather keep the group alive, so they are
     collected first; the barrier lets every rank finish its last collective before anyone tears down.
     """
-    if info.enabled and dist.is_initialized():
+    if not info.enabled:
+        return
+    import torch.distributed as dist
+
+    if dist.is_initialized():
         gc.collect()
         dist.barrier()
         dist.destroy_process_group()

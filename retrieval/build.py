@@ -48,7 +48,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from twotower.common.atomic import atomic_path, atomic_write_text, fsync_dir
-from twotower.common.distributed import all_reduce_sum
+from twotower.common.distributed import PeerStopped, all_reduce_sum
 from twotower.common.file_lock import lock_note, try_lock
 from twotower.indexing import IndexFormatError, IndexLockedError, IndexStore, document_text
 from twotower.indexing.integrity import file_sha256
@@ -572,7 +572,7 @@ def _refuse_existing(out: str) -> None:
 def _on_main(info: DistInfo, step: Callable[[], Any]) -> None:
     """Run `step` on rank 0 only; every rank learns whether it failed (so none waits at a barrier forever).
 
-    Rank 0 re-raises its own error; the other ranks raise a RuntimeError pointing at it.
+    Rank 0 re-raises its own error; the other ranks raise `PeerStopped` (rank 0's message says why).
     """
     error: BaseException | None = None
     if info.is_main:
@@ -581,6 +581,6 @@ def _on_main(info: DistInfo, step: Callable[[], Any]) -> None:
         except Exception as exc:  # noqa: BLE001 - re-raised below, after the other ranks heard of it
             error = exc
     if info.enabled and all_reduce_sum([1.0 if error is not None else 0.0], info)[0] > 0 and error is None:
-        raise RuntimeError("rank 0 stopped the build; its error message says why")
+        raise PeerStopped("rank 0 stopped the build; its error message says why")
     if error is not None:
         raise error

@@ -15,11 +15,10 @@ at the barrier for as long as another takes to encode its share.
 from __future__ import annotations
 
 import datetime
-import os
 
 import torch.distributed as dist
 
-from twotower.common.distributed import DistInfo, barrier, cleanup
+from twotower.common.distributed import DistInfo, barrier, cleanup, launched_as
 
 BARRIER_TIMEOUT = datetime.timedelta(hours=12)
 
@@ -28,10 +27,9 @@ __all__ = ["DistInfo", "barrier", "cleanup", "init_build_group", "owns_shard"]
 
 def init_build_group() -> DistInfo:
     """Join the torchrun process group for a build (gloo, long timeout), or a world of one without torchrun."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
-        return DistInfo()
-    info = DistInfo(world, int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0")))
+    info = launched_as()
+    if not info.enabled:
+        return info
     if not dist.is_initialized():
         dist.init_process_group(backend="gloo", timeout=BARRIER_TIMEOUT)
     return info

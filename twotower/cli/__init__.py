@@ -30,6 +30,11 @@ _COMMAND_MODULES = [
 ]
 
 
+# The commands that spread their work over torchrun's processes (each sets `torchrun=True` in its defaults);
+# any other command under torchrun is refused.
+TORCHRUN_COMMANDS = ("index build", "train dual", "pretrain")
+
+
 class CLIError(Exception):
     """Bad input from the user: printed as one line, exit status 2."""
 
@@ -62,6 +67,20 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    from twotower.common.distributed import PeerStopped, launched_as
+
+    launch = launched_as()
+    say = launch.is_main  # under torchrun rank 0 speaks: every rank runs the same checks on the same input
+
+    def error(message: str) -> None:
+        if say:
+            print(f"{_prog(args)}: error: {message}", file=sys.stderr)
+
+    if launch.enabled and not getattr(args, "torchrun", False):
+        # every rank would run the whole command: duplicated work, and writers racing on the same --out
+        error(f"runs in one process; run it without torchrun ({', '.join(TORCHRUN_COMMANDS)} spread their work "
+              "over torchrun's processes)")
+        return 2
     try:
         if getattr(args, "device", None) is not None:  # every command's --device, one check
             from twotower.cli.checks import device_option
@@ -75,19 +94,23 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
     except (CLIError, FileNotFoundError, ValueError) as exc:
-        print(f"{_prog(args)}: error: {exc}", file=sys.stderr)
+        error(str(exc))
         return 2
+    except PeerStopped:
+        return 1  # rank 0 said why
     except OSError as exc:
         if exc.errno != errno.ENOSPC:
             raise
-        # a full disk is the user's to fix, not a bug: the stores raise it with the directory named
+        # a full disk is the user's to fix, not a bug: the stores raise it with the directory named; it may be
+        # one rank's alone (its shards), so every rank says it
         print(f"{_prog(args)}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         # Ctrl-C is the user's, not a bug: one line (it was a traceback from inside torch), saying what is kept
         # when the command says (`set_defaults(interrupted=...)`, formatted with the arguments)
         kept = getattr(args, "interrupted", None)
-        print(f"\n{_prog(args)}: interrupted{': ' + kept.format(**vars(args)) if kept else ''}", file=sys.stderr)
+        if say:
+            print(f"\n{_prog(args)}: interrupted{': ' + kept.format(**vars(args)) if kept else ''}", file=sys.stderr)
         return 130
     return int(rc or 0)
 

@@ -57,7 +57,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="with --backend milvus: a Milvus Lite file (./vectors.db) or a server (http://host:19530)")
     b.add_argument("--collection", metavar="NAME",
                    help="with --backend milvus: the collection to create (default: twotower_<OUT name>)")
-    b.set_defaults(func=run_build, interrupted="the finished shards are kept in {out}.build/; run the same "
+    b.set_defaults(func=run_build, torchrun=True, interrupted="the finished shards are kept in {out}.build/; run the same "
                                                 "command again to resume")
 
     a = sub.add_parser("add", help="encode and add documents to an index")

@@ -65,7 +65,7 @@ def register(subparsers) -> None:
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--cache-dir", default=None, help="tokenized-corpus cache (default ~/.cache/twotower/tokens)")
     p.add_argument("--dump-replicas", default=None, help=argparse.SUPPRESS)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, torchrun=True)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -138,7 +138,7 @@ def register(subparsers) -> None:
     p.add_argument("--learn-temperature", action="store_true")
     p.add_argument("--symmetric", action="store_true", help="add the document->query loss")
     p.add_argument("--dev-pool", type=int, default=None, help="evaluate over dev positives + N documents")
-    p.set_defaults(func=run_dual)
+    p.set_defaults(func=run_dual, torchrun=True)
 
     p = sub.add_parser("reranker", help="cross-encoder reranker training (listwise or pointwise)",
                        formatter_class=DefaultsHelpFormatter)
@@ -365,6 +365,8 @@ def run_dual(args) -> int:
     _inputs(args)
     res = train_dual(cfg)
     cleanup(info)  # success path only: a barrier after one rank failed would just hang
+    if not info.is_main:  # the result is rank 0's: the other ranks neither evaluate nor save
+        return 0
     print(json.dumps({"best": res.best_dir, "best_step": res.best_step, "best_dev_ndcg@10": round(res.best_score, 4),
                       "initial_dev_ndcg@10": res.initial_score, "steps": res.steps, "skipped": res.skipped}))
     return 0

@@ -1,0 +1,86 @@
+"""The command line under torchrun: only the commands that spread their work run, and rank 0 alone speaks.
+
+Every rank runs the same command on the same input, so a refusal, an input error or a result printed by every
+rank said the same thing once per rank; commands that do not split their work ran it whole on every rank,
+racing on the same --out (`index add` committed on one rank and failed on the other).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.cli.cli_run import run_cli
+from tests.retrieval.pipeline_fixtures import tiny_model_dir, toy_docs, write_corpus
+from tests.retrieval.training_fixtures import tiny_beir_dir
+from tests.retrieval.training_fixtures import tiny_model_dir as tiny_trainable_dir
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+
+
+def _torchrun(*argv: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TWOTOWER_BF16": "0", "PYTHONPATH": REPO}
+    return subprocess.run([*TORCHRUN, "-m", "twotower", *argv], env=env, cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_a_command_that_does_not_split_its_work_is_refused_by_rank_0_alone(tmp_path, capsys, monkeypatch, rank):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", rank)
+    corpus = write_corpus(str(tmp_path / "c.jsonl"), toy_docs(3))
+    rc, out, err = run_cli(capsys, "embed", "--model", tiny_model_dir(), "--input", corpus, "--out",
+                           str(tmp_path / "e.npy"))
+    assert rc == 2 and out == ""
+    if rank == "0":
+        assert err == ("twotower embed: error: runs in one process; run it without torchrun (index build, train "
+                       "dual, pretrain spread their work over torchrun's processes)\n")
+    else:
+        assert err == ""
+    assert sorted(os.listdir(tmp_path)) == ["c.jsonl"]
+
+
+def test_an_input_error_is_said_once_and_a_peer_stopped_by_rank_0_exits_quietly(tmp_path, capsys, monkeypatch):
+    """Rank 1 printed the same error line as rank 0, and a traceback ("rank 0 stopped the build") where only
+    rank 0 had checked something."""
+    from twotower.common.distributed import PeerStopped
+
+    bad = tmp_path / "missing.jsonl"
+    for rank, says in (("0", f"twotower index build: error: --corpus {bad}: file not found"), ("1", None)):
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        monkeypatch.setenv("RANK", rank)
+        rc, out, err = run_cli(capsys, "index", "build", "--corpus", str(bad), "--out", str(tmp_path / "idx"),
+                               "--model", tiny_model_dir(), "--no-progress")
+        assert rc == 2 and out == ""
+        assert err.startswith(says) if says else err == ""
+
+    def stopped(args):
+        raise PeerStopped("rank 0 stopped the build; its error message says why")
+
+    import twotower.cli.index_cmd as index_cmd
+    from twotower.cli import main
+
+    monkeypatch.setattr(index_cmd, "run_build", stopped)  # the parser is built in main: it takes this one
+    monkeypatch.setenv("RANK", "1")
+    rc = main(["index", "build", "--corpus", str(bad), "--out", str(tmp_path / "idx")])
+    assert rc == 1 and capsys.readouterr() == ("", "")
+
+
+def test_under_torchrun_train_dual_prints_one_result_and_embed_is_refused_once(tmp_path):
+    res = _torchrun("train", "dual", "--model", tiny_trainable_dir(), "--data", tiny_beir_dir(), "--out",
+                    str(tmp_path / "dual"), "--max-steps", "1", "--batch-size", "2", "--doc-max-length", "48",
+                    "--dev-fraction", "0.25", "--no-progress", "--no-bf16")
+    assert res.returncode == 0, res.stderr[-3000:]
+    lines = res.stdout.splitlines()
+    assert len(lines) == 1, res.stdout  # rank 1 printed {"best": null, ..., "initial_dev_ndcg@10": NaN} too
+    assert json.loads(lines[0])["best"] == str(tmp_path / "dual" / "best")
+    corpus = write_corpus(str(tmp_path / "c.jsonl"), toy_docs(3))
+    res = _torchrun("embed", "--model", tiny_model_dir(), "--input", corpus, "--out", str(tmp_path / "e.npy"))
+    assert res.returncode != 0 and res.stdout == ""
+    assert res.stderr.count("twotower embed: error: runs in one process; run it without torchrun") == 1, res.stderr
+    assert not os.path.exists(tmp_path / "e.npy")
