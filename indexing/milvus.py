@@ -41,7 +41,8 @@ commit point, and Milvus rows are made harmless on both sides of it:
 
 The collection records what it holds as properties (``twotower.dim``, ``twotower.metric``,
 ``twotower.fingerprint`` — the encoder fingerprint the caller passes —, ``twotower.index_id``,
-the manifest's random id, and ``twotower.owner``, the index directory): creating an index refuses
+the manifest's random id, and ``twotower.owner``, the index directory), given in the request that
+creates it, so that no crash leaves a collection of ours without them: creating an index refuses
 a collection of another dimension, another encoder or another index; opening one refuses a
 collection that is not the one its manifest names.
 
@@ -318,11 +319,21 @@ def _create_collection(client: Any, spec: MilvusSpec, dim: int, metric: str, ind
     params = client.prepare_index_params()
     params.add_index(field_name="vector", index_type=index_type, metric_type=METRICS[metric],
                      params=_build_params(index_type))
-    client.create_collection(spec.collection, schema=schema, index_params=params, consistency_level="Strong")
-    client.alter_collection_properties(spec.collection, properties={
-        PROP + "format": "1", PROP + "dim": str(dim), PROP + "metric": metric,
-        PROP + "fingerprint": spec.fingerprint, PROP + "index_id": spec.index_id, PROP + "owner": spec.owner,
-    })
+    props = _properties(spec, dim, metric)
+    client.create_collection(spec.collection, schema=schema, index_params=params, consistency_level="Strong",
+                             properties=props)
+    if describe(client, spec.collection) != {k[len(PROP):]: v for k, v in props.items()}:
+        client.alter_collection_properties(spec.collection, properties=props)  # a server that ignored them
+
+
+def _properties(spec: MilvusSpec, dim: int, metric: str) -> dict[str, str]:
+    """What the collection records about itself, given with ``create_collection`` in the same request.
+
+    Why in that request: set afterwards (``alter_collection_properties``), a build killed between the two
+    calls left an empty collection with no properties, which every rerun refused as not twotower's.
+    """
+    return {PROP + "format": "1", PROP + "dim": str(dim), PROP + "metric": metric,
+            PROP + "fingerprint": spec.fingerprint, PROP + "index_id": spec.index_id, PROP + "owner": spec.owner}
 
 
 def _build_params(index_type: str) -> dict[str, Any]:

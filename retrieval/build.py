@@ -23,7 +23,9 @@ The story of a build (``build_index``):
    work directory, add the shards in order with their documents, commit, and
    rename it to the output path.  The output path therefore either does not
    exist or holds a complete index; a crash leaves only the work directory
-   (``<out>.build``), which the next run resumes from.
+   (``<out>.build``), which the next run resumes from.  A directory someone
+   put at the output path while the build ran is never touched: the rename
+   fails rather than replace it, and `OutAppearedError` says so, keeping the shards.
 
 A disk that fills up during steps 3-4 stops the build with `DiskFullError`
 naming the directory; the half-assembled index is removed, and the finished
@@ -80,6 +82,24 @@ class DiskFullError(OSError):
 
     def __init__(self, message: str) -> None:
         super().__init__(errno.ENOSPC, message)
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
+class OutAppearedError(FileExistsError):
+    """The output path was created by someone else while the build ran; it is left as it is.
+
+    The message says so, and that the encoded shards are kept in the work directory for the rerun.
+    Attributes: `out`, `work_dir`.
+    """
+
+    def __init__(self, out: str, work_dir: str) -> None:
+        super().__init__(errno.EEXIST, f"{out}: appeared while the index was being built; nothing in it was "
+                                       f"touched, and the encoded shards are kept in {work_dir}: remove or move "
+                                       f"{out} away, or choose another output, and build again (the rerun "
+                                       f"resumes from {work_dir} when it is named after the output)")
+        self.out, self.work_dir = out, work_dir
 
     def __str__(self) -> str:
         return self.strerror
@@ -323,8 +343,47 @@ def assemble(
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)  # a half-assembled index is cheap to redo: free its space now
         raise
-    os.rename(staging, out)  # `out` is absent or an empty directory: atomic on POSIX
+    _move_into_place(staging, out, work_dir, milvus)
+
+
+def _move_into_place(staging: str, out: str, work_dir: str, milvus: MilvusSpec | None) -> None:
+    """Rename the assembled index to `out`, which must still be absent or an empty directory.
+
+    Why a rename and nothing else: it is atomic, and it fails (ENOTEMPTY, EEXIST, ENOTDIR) rather than
+    touch a directory or file that appeared at `out` while the build ran; that failure becomes
+    `OutAppearedError`, with the encoded shards kept for the rerun.
+    """
+    try:
+        os.rename(staging, out)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR) or not os.path.lexists(out):
+            raise
+        _discard_assembly(staging, milvus)
+        raise OutAppearedError(out, work_dir) from exc
     fsync_dir(os.path.dirname(os.path.abspath(out)))
+
+
+def _discard_assembly(staging: str, milvus: MilvusSpec | None) -> None:
+    """Remove an assembled index that cannot be moved into place, and the Milvus collection it filled.
+
+    Why: the rerun assembles again from the shards (cheap next to encoding); the collection was created by
+    this assembly, and a rerun into another ``--out`` would otherwise find it full and refuse it.
+    """
+    shutil.rmtree(staging, ignore_errors=True)
+    if milvus is None:
+        return
+    from twotower.indexing.milvus import connect
+
+    try:
+        connect(milvus.uri).drop_collection(milvus.collection)
+    except Exception as exc:  # noqa: BLE001 - the error to report is OutAppearedError; a rerun of this --out drops it
+        logger.warning("could not drop the Milvus collection %r at %s: %s", milvus.collection, milvus.uri, exc)
+
+
+def _check_out_still_free(out: str, work_dir: str) -> None:
+    """Raise `OutAppearedError` if something was put at `out` since the build checked it (before assembling)."""
+    if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
+        raise OutAppearedError(out, work_dir)
 
 
 def _existing_dir(path: str) -> str:
@@ -452,6 +511,8 @@ def build_index(
     Raises:
         BuildLockedError: another build into `out` is running.
         FileExistsError: `out` exists and is not an empty directory.
+        OutAppearedError: `out` was created (not empty) while the build ran; it is left untouched and the
+            shards are kept in the work directory.
         FactoryError: FAISS cannot build `factory`, or the corpus has too few vectors to train it (before encoding).
         DataError: a bad corpus line (file and line named), before anything is encoded.
         DiskFullError: the estimated size does not fit (before encoding), or the disk filled up.
@@ -521,6 +582,7 @@ def build_index(
                 run = {"world_size": info.world_size, "shard_size": plan.shard_size, "batch_size": batch_size,
                        "encode_seconds": round(time.perf_counter() - started, 1), "long_documents": long_docs}
                 meta = extra(corpus, plan, run) if extra is not None else {}
+                _check_out_still_free(out, work_dir)  # appeared during the encoding: say so before assembling
                 stage = f"assembling the index in {os.path.join(work_dir, 'index')}"
                 assemble(plan, corpus, work_dir, out, factory=factory, metric=metric or encoder.metric, bm25=bm25,
                          extra=meta, progress=progress, splitter=splitter, milvus=milvus)
@@ -528,7 +590,7 @@ def build_index(
                     shutil.rmtree(work_dir, ignore_errors=True)
             barrier(info)
         except Exception as exc:
-            if _out_of_space(exc, work_dir):
+            if not isinstance(exc, OutAppearedError) and _out_of_space(exc, work_dir):
                 kept = _clean_up_after_disk_full(work_dir, plan, info)
                 raise DiskFullError(f"no space left on device while {stage}; {kept}") from exc
             raise

@@ -51,6 +51,35 @@ def test_a_milvus_lite_build_prints_no_grpc_traceback(tmp_path, capsys, caplog):
     assert not [r for r in caplog.records if r.name.startswith("grpc") and r.levelno >= 30], caplog.text
 
 
+class Killed(BaseException):
+    """A process dying at that point (`kill -9`): no `except Exception` handler runs."""
+
+
+def test_a_build_killed_right_after_creating_its_collection_reruns(tmp_path, capsys, monkeypatch):
+    """Killed between `create_collection` and the call that marked the collection as twotower's, every rerun
+    said "exists and was not created by twotower; choose another --collection" (2 of 5 timed kills)."""
+    from pymilvus import MilvusClient
+
+    corpus = write_corpus(str(tmp_path / "corpus.jsonl"), toy_docs(6))
+    argv = ["index", "build", "--corpus", corpus, "--model", tiny_model_dir(), "--no-progress", "--shard-size", "4",
+            "--out", str(tmp_path / "idxm2"), "--backend", "milvus", "--milvus-uri", str(tmp_path / "m2.db")]
+    create = MilvusClient.create_collection
+
+    def dies_after(self, *a, **k):
+        create(self, *a, **k)
+        raise Killed
+
+    monkeypatch.setattr(MilvusClient, "create_collection", dies_after)
+    with pytest.raises(Killed):
+        run_cli(capsys, *argv)
+    monkeypatch.undo()
+    assert not (tmp_path / "idxm2").exists() and (tmp_path / "idxm2.build").is_dir()
+    rc, out, err = run_cli(capsys, *argv)
+    assert rc == 0 and "built" in out and "6 documents" in out, err
+    with IndexStore.open(tmp_path / "idxm2", readonly=True) as store:
+        assert len(store) == 6 and sorted(store.vectors.ids()) == [f"d{i}" for i in range(6)]
+
+
 def test_info_shows_the_backend_and_the_absolute_uri(built, capsys):
     rc, out, _ = run_cli(capsys, "index", "info", "--index", str(built / "milvus"))
     assert rc == 0

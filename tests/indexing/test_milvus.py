@@ -241,6 +241,40 @@ def test_existing_collection_of_another_dimension_encoder_or_index_is_refused(tm
         assert len(a) == 1 and a.search(np.ones((1, 8), np.float32), 1).ids == [["x"]]
 
 
+class Killed(BaseException):
+    """A process dying at that point: no `except Exception` handler runs."""
+
+
+def test_a_create_killed_right_after_the_collection_is_made_is_taken_over_by_the_rerun(tmp_path, uri, monkeypatch):
+    """The properties were set by a second call: killed between the two, the empty collection was refused
+    on every rerun as "not created by twotower", although it was this directory's."""
+    s, client = spec(uri), mv.connect(uri)
+    create = client.create_collection
+
+    def dies_after(*a, **k):
+        create(*a, **k)
+        raise Killed
+
+    monkeypatch.setattr(client, "create_collection", dies_after)
+    with pytest.raises(Killed):
+        IndexStore.create(tmp_path / "idx", 8, None, "cosine", milvus=s)
+    monkeypatch.undo()
+    assert client.has_collection(s.collection) and not (tmp_path / "idx").exists()
+    with IndexStore.create(tmp_path / "idx", 8, None, "cosine", milvus=mv.MilvusSpec(uri, s.collection)) as store:
+        store.add(docs(["x"]), np.ones((1, 8), np.float32))
+        store.commit()
+        assert store.search(np.ones((1, 8), np.float32), 1).ids == [["x"]]
+
+
+def test_a_collection_twotower_did_not_create_is_refused_and_kept(tmp_path, uri):
+    s, client = spec(uri), mv.connect(uri)
+    client.create_collection(s.collection, dimension=8)  # someone else's, empty
+    with pytest.raises(ValueError, match="was not created by twotower; choose another --collection"):
+        IndexStore.create(tmp_path / "idx", 8, None, "cosine", milvus=s)
+    assert client.has_collection(s.collection) and mv.describe(client, s.collection) == {}
+    assert not (tmp_path / "idx").exists()
+
+
 def test_unreachable_uri_is_a_clear_error_and_writes_nothing(tmp_path):
     with pytest.raises(mv.MilvusUnavailableError, match=r"127\.0\.0\.1:1 \(--milvus-uri\)"):
         IndexStore.create(tmp_path / "idx", 8, None, "cosine", milvus=mv.MilvusSpec("http://127.0.0.1:1", "c"))

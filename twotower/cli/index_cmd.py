@@ -14,9 +14,13 @@ import argparse
 import json
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from twotower.cli import CLIError
 from twotower.cli.checks import encoder_directory, index_directory, input_file, positive, reranker_directory
+
+if TYPE_CHECKING:
+    from twotower.retrieval.build import OutAppearedError
 
 BATCH_HELP = ("texts per forward pass (default: length-sorted batches of about 4,096 tokens on a CPU, 65,536 on a "
               "GPU; faster than a fixed count)")
@@ -105,6 +109,18 @@ def _new_index_directory(out: str, corpus: str) -> None:
     raise CLIError(f"--out {out}: a directory that is not empty; give a new or empty directory for the index")
 
 
+def _out_appeared(exc: OutAppearedError) -> str:
+    """The message for an ``--out`` someone created while the build ran, with the two ways on.
+
+    Why spelled out: the build found ``--out`` free, spent its time encoding, and only the final rename
+    found the directory; the user needs to hear that their files are intact and the encoding is not lost.
+    """
+    return (f"--out {exc.out}: appeared while the index was being built; nothing in it was touched, and the "
+            f"encoded shards are kept in {exc.work_dir}: remove {exc.out} (or move it away) and rerun the same "
+            f"command, which resumes from them; or choose another --out and rename {exc.work_dir} to that name "
+            "plus .build before rerunning, to resume there")
+
+
 def run_build(args: argparse.Namespace) -> int:
     positive("--batch-size", args.batch_size)
     positive("--shard-size", args.shard_size)
@@ -130,7 +146,7 @@ def run_build(args: argparse.Namespace) -> int:
         reranker_directory("--reranker", args.reranker)
     from twotower.indexing import IndexLockedError
     from twotower.indexing.vector_index import FactoryError
-    from twotower.retrieval.build import DiskFullError
+    from twotower.retrieval.build import DiskFullError, OutAppearedError
     from twotower.retrieval.pipeline import SearchPipeline
 
     try:
@@ -141,6 +157,8 @@ def run_build(args: argparse.Namespace) -> int:
             backend=args.backend, milvus_uri=args.milvus_uri, collection=args.collection,
             passages=args.passages, passage_window=args.passage_window, passage_stride=args.passage_stride,
         )
+    except OutAppearedError as exc:
+        raise CLIError(_out_appeared(exc)) from None
     except (FileExistsError, IndexLockedError, DiskFullError) as exc:  # another build, no room: one line, exit 2
         raise CLIError(str(exc)) from None
     except FactoryError as exc:  # found before the encoding
