@@ -382,7 +382,7 @@ def _discard_assembly(staging: str, milvus: MilvusSpec | None) -> None:
 
 def _check_out_still_free(out: str, work_dir: str) -> None:
     """Raise `OutAppearedError` if something was put at `out` since the build checked it (before assembling)."""
-    if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
+    if _occupied(out):
         raise OutAppearedError(out, work_dir)
 
 
@@ -626,8 +626,13 @@ def count_rows(corpus: CorpusPlan, shard_size: int, encoder: DualEncoder,
     return (rows if splitter is not None else None), long_docs
 
 
+def _occupied(out: str) -> bool:
+    """Whether something is at `out` that a build must not replace: a file, or a directory that is not empty."""
+    return os.path.exists(out) and (not os.path.isdir(out) or bool(os.listdir(out)))
+
+
 def _refuse_existing(out: str) -> None:
-    if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
+    if _occupied(out):
         raise FileExistsError(f"{out}: already exists; add documents with `twotower index add` or remove it first")
 
 
