@@ -59,7 +59,7 @@ from twotower.indexing.store import is_disk_full
 from twotower.indexing.vector_index import VECTOR_METRICS, check_factory
 from twotower.retrieval.corpus import CorpusPlan, duplicates_note, iter_chunks, validate_corpus
 from twotower.retrieval.dual_encoder import DualEncoder
-from twotower.retrieval.passages import PassageSplitter, longer_than_model, truncation_warning
+from twotower.retrieval.passages import PassageSplitter, longer_than_model, title_warning, truncation_warning
 from twotower.retrieval.sharding import DistInfo, barrier, init_build_group, owns_shard
 
 logger = logging.getLogger(__name__)
@@ -548,7 +548,7 @@ def build_index(
             raise ValueError(f"{corpus_path}: no documents to index")
         if corpus.skip_lines and info.is_main:
             logger.warning("%s", duplicates_note(len(corpus.skip_lines), on_duplicate))
-        rows, long_docs = count_rows(corpus, int(shard_size), encoder, splitter)
+        rows, long_docs, cut_rows = count_rows(corpus, int(shard_size), encoder, splitter)
         plan = BuildPlan(
             corpus_sha256=file_sha256(corpus_path),
             on_duplicate=on_duplicate,
@@ -564,6 +564,8 @@ def build_index(
             check_factory(factory, encoder.dim, metric or encoder.metric, plan.num_rows)
         if long_docs and splitter is None and info.is_main:
             logger.warning("%s", truncation_warning(long_docs, corpus.num_documents, encoder))
+        if cut_rows and info.is_main:
+            logger.warning("%s", title_warning(cut_rows, encoder))
         _on_main(info, lambda: check_disk_space(out, work_dir, plan, corpus))
         encoding = True
         stage = f"preparing the work directory {work_dir}"
@@ -608,14 +610,15 @@ def build_index(
 
 
 def count_rows(corpus: CorpusPlan, shard_size: int, encoder: DualEncoder,
-               splitter: PassageSplitter | None) -> tuple[list[int] | None, int]:
-    """(rows of each shard, or None without passages; documents longer than the model reads).
+               splitter: PassageSplitter | None) -> tuple[list[int] | None, int, int]:
+    """(rows of each shard, or None without passages; documents longer than the model reads; passages the
+    encoder will cut all the same, `title_warning`).
 
     One tokenizer pass over the corpus (no model): a few seconds per 10,000 documents, next to
     minutes of encoding; splitting is deterministic, so every rank and every resume counts alike.
     """
     rows: list[int] = []
-    long_docs = 0
+    long_docs = cut_rows = 0
     for chunk in iter_chunks(corpus.path, shard_size, corpus.skip_lines):
         if splitter is None:
             long_docs += longer_than_model(encoder, chunk)
@@ -623,7 +626,8 @@ def count_rows(corpus: CorpusPlan, shard_size: int, encoder: DualEncoder,
         spans = splitter.spans(chunk)
         rows.append(sum(len(s) for s in spans))
         long_docs += sum(len(s) > 1 for s in spans)
-    return (rows if splitter is not None else None), long_docs
+        cut_rows += longer_than_model(encoder, splitter.rows(chunk, spans))
+    return (rows if splitter is not None else None), long_docs, cut_rows
 
 
 def _occupied(out: str) -> bool:

@@ -18,7 +18,9 @@ overlap), cut at word boundaries (a window never starts or ends inside a word un
 longer than the window).  The character spans cover the whole text: the first starts at 0, the
 last ends at ``len(text)`` and each starts at or before the previous one's end.  The title (when
 there is one) is encoded with every passage (``title + " " + passage``, `indexing.document_text`),
-so a document's window shrinks by its title's tokens: a passage is never truncated by the encoder.
+so a document's window shrinks by its title's tokens and the encoder reads each passage whole, unless
+the title leaves fewer than ``MIN_WINDOW`` tokens: those passages are cut by the encoder, and the
+build or add warns (`title_warning`), since their vectors then encode little but the title.
 
 The parent's text is not stored a second time: it is the union of its passages' spans, so
 `get_documents` rebuilds it exactly (``assemble_parent``) from its passage rows (the docs table
@@ -136,14 +138,14 @@ def max_window(encoder: Any) -> int:
 def check_settings(encoder: Any, window: int, stride: int) -> PassageSettings:
     """Refuse a window the encoder cannot read whole, or a stride outside 1..window (errors name the flags)."""
     cap = max_window(encoder)
-    if not isinstance(window, int) or window < 1:
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:  # True is an int to Python
         raise ValueError(f"--passage-window (passage_window) must be a positive number of tokens, got {window!r}")
     if window > cap:
         raise ValueError(
             f"--passage-window (passage_window) {window} is larger than the model's maximum of {cap} tokens per "
             f"passage ({encoder.document_max_length} tokens less [CLS], [SEP] and the document prefix); "
             f"choose at most {cap}")
-    if not isinstance(stride, int) or not 1 <= stride <= window:
+    if isinstance(stride, bool) or not isinstance(stride, int) or not 1 <= stride <= window:
         raise ValueError(f"--passage-stride (passage_stride) must be between 1 and --passage-window ({window}), "
                          f"got {stride!r}")
     return PassageSettings(window, stride)
@@ -173,14 +175,16 @@ class PassageSplitter:
             out.append(passage_spans(offsets, words, len(d["text"]), win, stride))
         return out
 
-    def rows(self, docs: Sequence[Mapping[str, Any]]) -> list[Document]:
-        """The index rows of `docs`, in order (a document's passages are consecutive)."""
+    def rows(self, docs: Sequence[Mapping[str, Any]],
+             spans: Sequence[Sequence[tuple[int, int]]] | None = None) -> list[Document]:
+        """The index rows of `docs`, in order (a document's passages are consecutive); `spans`: theirs, when
+        already computed (`spans`)."""
         out: list[Document] = []
-        for d, spans in zip(docs, self.spans(docs)):
-            if len(spans) == 1:
+        for d, doc_spans in zip(docs, self.spans(docs) if spans is None else spans):
+            if len(doc_spans) == 1:
                 out.append(d)  # type: ignore[arg-type]
                 continue
-            for n, (start, end) in enumerate(spans):
+            for n, (start, end) in enumerate(doc_spans):
                 out.append(Document(id=passage_id(d["id"], n), title=d.get("title") or "", text=d["text"][start:end],
                                     metadata=dict(d.get("metadata") or {}), parent=d["id"], start=start, end=end))
         return out
@@ -204,6 +208,13 @@ def truncation_warning(long_docs: int, total: int, encoder: Any) -> str:
     return (f"{long_docs} of {total} documents are longer than the model's maximum of {encoder.document_max_length} "
             "tokens and were truncated at it (text past that cannot be found); build with --passages "
             "(passages=True) to split them into overlapping passages")
+
+
+def title_warning(cut_rows: int, encoder: Any) -> str:
+    """The warning for passages the encoder truncates: their document's title leaves too little of its room."""
+    return (f"{cut_rows} passages are longer than the model's maximum of {encoder.document_max_length} tokens with "
+            f"their document's title in front (a title leaving fewer than {MIN_WINDOW} tokens for the passage), so "
+            "the encoder cut them and their vectors hold little but the title; shorten those titles")
 
 
 # ---------------------------------------------------------------------- documents back from rows

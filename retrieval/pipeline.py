@@ -75,6 +75,7 @@ from twotower.retrieval.passages import (
     get_documents,
     longer_than_model,
     passage_number,
+    title_warning,
     truncation_warning,
 )
 from twotower.retrieval.reader import AnswerResult, label_hits, read_answers
@@ -363,8 +364,7 @@ class SearchPipeline:
         try:
             for chunk in chunks:
                 rows = splitter.rows(chunk) if splitter is not None else chunk
-                if splitter is None:
-                    long_docs += longer_than_model(self.encoder, chunk)
+                long_docs += longer_than_model(self.encoder, rows)  # with passages: those their title leaves cut
                 if on_duplicate == "replace":  # rows of the old versions that the new ones do not overwrite
                     old, _ = expand_ids(self.store.docstore, [d["id"] for d in chunk])
                     stale = set(old) - {r["id"] for r in rows}
@@ -380,7 +380,8 @@ class SearchPipeline:
                 self.store.rollback()
             raise
         if long_docs:
-            logger.warning("%s", truncation_warning(long_docs, added, self.encoder))
+            logger.warning("%s", truncation_warning(long_docs, added, self.encoder) if splitter is None else
+                           title_warning(long_docs, self.encoder))
         return added
 
     @property
@@ -459,9 +460,11 @@ class SearchPipeline:
                 `encoder.TaskModel`): each returned hit gets ``label`` / ``label_score`` from
                 its text; run only on the k returned hits, never on the recall candidates.
             aggregate: how an index with passages scores a document from its passages' first-stage
-                scores: "max" (its best passage, MaxP), "sum" or "first" (its first passage only).
-                The reranker scores each candidate's best passage; ``Hit.passage`` holds its
-                character offsets in ``Hit.text`` (None for a document stored whole).
+                scores: "max" (its best passage, MaxP), "sum" (of its passages among the rows fetched,
+                so it grows with recall_k) or "first" (its first passage only). The reranker scores each
+                candidate's best passage, or reads the whole document when it has windows of its own;
+                ``Hit.passage`` holds the best passage's character offsets in ``Hit.text`` (None for a
+                document stored whole).
             filter: a metadata filter (text or ``twotower.indexing.filters.Filter``, e.g.
                 ``'lang == "en" and year >= 2010'``): dense, BM25 and hybrid recall, and so the
                 reranker, see only matching documents; k hits whenever k match. ``FilterError``

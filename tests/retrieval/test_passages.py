@@ -102,6 +102,11 @@ def test_window_larger_than_the_model_is_refused_naming_the_flag(encoder, tmp_pa
         check_settings(encoder, 39, 10)  # 40 positions - [CLS] - [SEP] = 38
     with pytest.raises(ValueError, match="--passage-stride"):
         check_settings(encoder, 20, 21)
+    with pytest.raises(ValueError, match=r"--passage-window \(passage_window\) must be a positive number of tokens, "
+                                         "got True"):
+        check_settings(encoder, True, 1)  # a bool is an int to Python: it built windows of 1 token
+    with pytest.raises(ValueError, match="--passage-stride"):
+        check_settings(encoder, 20, True)
     corpus = write_corpus(str(tmp_path / "c.jsonl"), corpus_docs())
     with pytest.raises(ValueError, match="--passage-window"):
         SearchPipeline.build(corpus, tmp_path / "idx", encoder, passages=True, passage_window=500, progress=False)
@@ -246,6 +251,36 @@ def test_build_without_passages_says_how_many_documents_are_truncated(tmp_path, 
         SearchPipeline.build(corpus, tmp_path / "idx", encoder, progress=False).close()
     assert sum("longer than the model" in r.getMessage() for r in caplog.records) == 1
     assert "2 of 14 documents" in caplog.text and "--passages" in caplog.text
+
+
+def test_passages_a_long_title_leaves_cut_are_counted_in_a_warning_on_build_and_add(tmp_path, encoder, caplog):
+    """A title leaving fewer than MIN_WINDOW tokens: the window stops shrinking at MIN_WINDOW, the encoder cuts
+    title + passage at its maximum, and the passages' vectors hold little but the title. It was silent."""
+    from twotower.indexing import document_text
+
+    splitter = PassageSplitter(encoder, PassageSettings(38, 30))
+
+    def cut(doc: dict) -> int:  # the reference: passages of `doc` whose title + text the encoder truncates
+        rows = splitter.rows([doc])
+        lengths = encoder.document_tower.tokenizer.lengths([document_text(r) for r in rows], max_length=1 << 30)
+        return int((lengths > encoder.document_max_length).sum())
+
+    long_title = " ".join(["tea"] * 30)  # 30 tokens of the 38 the tiny model reads: 8 left, below MIN_WINDOW
+    doc, doc2 = ({"id": i, "title": long_title, "text": long_text(60, seed)} for i, seed in (("lt", 5), ("lt2", 6)))
+    assert cut(doc) >= 10 and cut(doc2) >= 10  # nearly every passage: the last may be short enough
+    corpus = write_corpus(str(tmp_path / "c.jsonl"), [*corpus_docs(), {"_id": "lt", "title": long_title,
+                                                                        "text": doc["text"]}])
+    with caplog.at_level("WARNING"):
+        pipe = SearchPipeline.build(corpus, tmp_path / "idx", encoder, passages=True, passage_window=38,
+                                    passage_stride=30, progress=False)
+    said = [r.getMessage() for r in caplog.records if "with their document's title in front" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith(f"{cut(doc)} passages are longer than the model's maximum"), said
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        pipe.add([doc2, {"id": "ok", "title": "tea", "text": long_text(60)}])
+    said = [r.getMessage() for r in caplog.records if "with their document's title in front" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith(f"{cut(doc2)} passages are longer"), said
+    pipe.close()
 
 
 # ---------------------------------------------------------------------- the worked example: a needle
