@@ -47,7 +47,7 @@ def test_queued_searches_share_a_batch_and_match_single_searches(index_template,
         batch = owner.search(QUERIES[:3], SearchParams(k=5, recall_k=12, hybrid=True, rerank=True))
         release.set()
         answers = [f.result(30) for f in futures]
-        groups = {p.group for _, p in asks} | {(12, True, True, None, None)}
+        groups = {p.group for _, p in asks} | {SearchParams(k=5, recall_k=12, hybrid=True, rerank=True).group}
         assert owner.batches == len(groups)  # one pipeline search per (recall_k, hybrid, rerank), not per request
         assert owner.max_batch_seen >= 2
         with _loader(index_template, reranker_dir)() as ref:

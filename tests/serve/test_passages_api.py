@@ -43,3 +43,31 @@ def test_documents_and_hits_over_http(passage_index):
         assert r.status_code == 200, r.text
         assert r.json()["documents"] == before - 1
         assert c.get("/documents/long2", headers=AUTH).status_code == 404
+
+
+def test_aggregate_over_http_equals_the_python_api_and_is_refused_where_it_would_be_ignored(passage_index, tmp_path,
+                                                                                               encoder):
+    """`aggregate` was CLI and Python only ("unknown parameter 'aggregate'" here)."""
+    from twotower.retrieval import SearchPipeline
+
+    with SearchPipeline.load(passage_index, readonly=True) as pipe:
+        want = {how: [(h.id, round(h.score, 5)) for h in pipe.search("zorbania tea", k=5, recall_k=8, aggregate=how)]
+                for how in ("max", "sum", "first")}
+    assert want["sum"] != want["max"]  # the check below can tell them apart
+    with client(passage_index, token=TOKEN) as c:
+        for how in ("max", "sum", "first"):
+            got = c.get("/search", params={"q": "zorbania tea", "k": 5, "recall_k": 8, "aggregate": how},
+                        headers=AUTH).json()["hits"]
+            assert [(h["id"], round(h["score"], 5)) for h in got] == want[how], how
+            got = c.post("/search", json={"queries": ["zorbania tea"], "k": 5, "recall_k": 8, "aggregate": how},
+                         headers=AUTH).json()["results"][0]["hits"]
+            assert [(h["id"], round(h["score"], 5)) for h in got] == want[how], how
+        r = c.get("/search", params={"q": "tea", "aggregate": "mean"}, headers=AUTH)
+        assert r.status_code == 400 and "aggregate must be one of max, sum, first, got 'mean'" in r.text
+    whole = str(tmp_path / "whole")
+    SearchPipeline.build(write_corpus(str(tmp_path / "w.jsonl"), corpus_docs()), whole, encoder,
+                         progress=False).close()
+    with client(whole, token=TOKEN) as c:
+        r = c.get("/search", params={"q": "tea", "aggregate": "sum"}, headers=AUTH)
+        assert r.status_code == 400 and "stores documents whole" in r.text
+        assert c.get("/search", params={"q": "tea"}, headers=AUTH).status_code == 200

@@ -1,7 +1,8 @@
 """The HTTP routes of ``twotower serve`` (FastAPI): search, documents, health, stats, and the page.
 
-    GET    /search?q=&k=&recall_k=&hybrid=&rerank=&rerank_k=&filter=   one query
-    POST   /search            {"queries": [...], "k", "recall_k", "hybrid", "rerank", "rerank_k", "filter"}
+    GET    /search?q=&k=&recall_k=&hybrid=&rerank=&rerank_k=&filter=&aggregate=   one query
+    POST   /search            {"queries": [...], "k", "recall_k", "hybrid", "rerank", "rerank_k", "filter",
+                               "aggregate"}
     POST   /documents         {"documents": [{"_id", "title", "text", "metadata"}], "replace": false}
     DELETE /documents         {"ids": [...]}
     GET    /documents/{id}
@@ -35,6 +36,7 @@ from twotower import __version__
 from twotower.common.lines import RepeatedKeyError, json_problem, no_repeated_keys, query_problem
 from twotower.indexing.filters import FilterError, parse_filter
 from twotower.retrieval.hit import Hit
+from twotower.retrieval.passages import AGGREGATIONS
 from twotower.retrieval.rerank import DEFAULT_RERANK_K
 from twotower.serve.auth import Access
 from twotower.serve.batcher import ModelOwner, SearchParams
@@ -44,8 +46,10 @@ from twotower.serve.stats import RequestStats, StatsMiddleware
 from twotower.serve.writer import IndexWriter
 
 STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
-SEARCH_PARAMS = ("q", "k", "recall_k", "hybrid", "rerank", "rerank_k", "filter")
+SEARCH_PARAMS = ("q", "k", "recall_k", "hybrid", "rerank", "rerank_k", "filter", "aggregate")
 FILTER_HELP = 'metadata filter, e.g. lang == "en" and year >= 2010 (the filter language of the docs)'
+AGGREGATE_HELP = ("an index built with --passages: a document's score from its passages' first-stage scores: max "
+                  "(its best passage), sum (of its passages among the fetched rows) or first (its first passage)")
 RERANK_K_HELP = ("candidates the cross-encoder scores, the first stage's top rerank_k (1..recall_k); "
                  f"default min({DEFAULT_RERANK_K}, recall_k)")
 
@@ -96,6 +100,7 @@ class BatchSearchBody(_Strict):
                                 strict=True)
     rerank_k: int | None = Field(None, description=RERANK_K_HELP, strict=True)
     filter: str | None = Field(None, description=FILTER_HELP)
+    aggregate: str | None = Field(None, description=AGGREGATE_HELP)
 
 
 class AddDocumentsBody(_Strict):
@@ -157,7 +162,7 @@ class SearchService:
         return q
 
     def params(self, k: int, recall_k: int | None, hybrid: bool, rerank: bool | None,
-               rerank_k: int | None = None, filter: str | None = None) -> SearchParams:
+               rerank_k: int | None = None, filter: str | None = None, aggregate: str | None = None) -> SearchParams:
         lim, owner = self.limits, self.owner
         flt = None
         if filter is not None and filter.strip():  # blank (an empty form field): no filter
@@ -186,7 +191,15 @@ class SearchService:
             why = ("rerank=false turns reranking off" if owner.reranker_loaded else
                    "no reranker is loaded (start the server with --reranker DIR)")
             raise ApiError(400, f"rerank_k sets how many candidates the reranker scores, but {why}", "rerank_k")
-        return SearchParams(k=k, recall_k=recall_k, hybrid=hybrid, rerank=rerank, rerank_k=rerank_k, filter=flt)
+        if aggregate is not None:
+            if aggregate not in AGGREGATIONS:
+                raise ApiError(400, f"aggregate must be one of {', '.join(AGGREGATIONS)}, got {aggregate!r}",
+                               "aggregate")
+            if not owner.has_passages:  # it would be ignored without a word
+                raise ApiError(400, "aggregate: this index stores documents whole (built without --passages); "
+                                    "leave aggregate out", "aggregate")
+        return SearchParams(k=k, recall_k=recall_k, hybrid=hybrid, rerank=rerank, rerank_k=rerank_k, filter=flt,
+                            aggregate=aggregate or "max")
 
     async def search(self, queries: list[str], params: SearchParams) -> tuple[list[list[dict]], int]:
         try:
@@ -302,11 +315,12 @@ def create_app(config: ServeConfig) -> FastAPI:
         rerank: bool | None = Query(None, description="rerank with the cross-encoder; default: when loaded"),
         rerank_k: int | None = Query(None, description=RERANK_K_HELP),
         filter: str | None = Query(None, description=FILTER_HELP),
+        aggregate: str | None = Query(None, description=AGGREGATE_HELP),
     ) -> JSONResponse:
         start = time.perf_counter()
         _reject_unknown(request, SEARCH_PARAMS)
         q = service.query(q, "q")
-        params = service.params(k, recall_k, hybrid, rerank, rerank_k, filter)
+        params = service.params(k, recall_k, hybrid, rerank, rerank_k, filter, aggregate)
         rows, generation = await service.search([q], params)
         return JSONResponse({"query": q, "hits": rows[0], "generation": generation, "reranked": _cross_encoder_ran(rows),
                              "hybrid": params.hybrid, "took_ms": round((time.perf_counter() - start) * 1000, 3)})
@@ -321,7 +335,8 @@ def create_app(config: ServeConfig) -> FastAPI:
             raise ApiError(413, f"queries: {len(body.queries)} queries; the limit is "
                                 f"{service.limits.max_batch_queries} per request", "queries")
         queries = [service.query(q, f"queries[{i}]") for i, q in enumerate(body.queries)]
-        params = service.params(body.k, body.recall_k, body.hybrid, body.rerank, body.rerank_k, body.filter)
+        params = service.params(body.k, body.recall_k, body.hybrid, body.rerank, body.rerank_k, body.filter,
+                                body.aggregate)
         rows, generation = await service.search(queries, params)
         return JSONResponse({"results": [{"query": q, "hits": r} for q, r in zip(queries, rows)],
                              "generation": generation, "reranked": _cross_encoder_ran(rows), "hybrid": params.hybrid,

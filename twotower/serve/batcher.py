@@ -8,7 +8,7 @@ every request that needs a model or the index is a job for this thread:
   (up to ``max_batch`` queries); when fewer are waiting than the last batch held, it
   waits up to ``max_wait_ms`` for the rest to arrive, so a steady load of N clients is
   served N queries per forward instead of one.  A single client never waits (its last
-  batch held one query).  Queries asking for the same (recall_k, hybrid, rerank, rerank_k) are
+  batch held one query).  Queries asking for the same (recall_k, hybrid, rerank, rerank_k, ...) are
   encoded together and their candidates reranked in one cross-encoder call; ``k``
   differs freely (the batch searches for the largest and cuts each list).
 * **other jobs** (a document lookup, encoding a chunk of documents for a write,
@@ -66,7 +66,8 @@ def default_threads(bf16: bool | None = None) -> int:
 
 @dataclass(frozen=True)
 class SearchParams:
-    """What a search asks for; queries with equal (recall_k, hybrid, rerank, rerank_k, filter) share one batch."""
+    """What a search asks for; queries with equal (recall_k, hybrid, rerank, rerank_k, filter, aggregate) share
+    one batch."""
 
     k: int = 10
     recall_k: int = 100
@@ -74,10 +75,12 @@ class SearchParams:
     rerank: bool = False
     rerank_k: int | None = None  # candidates the cross-encoder scores (None: the pipeline's default)
     filter: Any = None  # a parsed metadata filter (twotower.indexing.filters.Filter), or None
+    aggregate: str = "max"  # an index with passages: a document's score from its passages' (SearchPipeline.search)
 
     @property
-    def group(self) -> tuple[int, bool, bool, int | None, Any]:
-        return (self.recall_k, self.hybrid, self.rerank, self.rerank_k if self.rerank else None, self.filter)
+    def group(self) -> tuple[int, bool, bool, int | None, Any, str]:
+        return (self.recall_k, self.hybrid, self.rerank, self.rerank_k if self.rerank else None, self.filter,
+                self.aggregate)
 
 
 @dataclass(frozen=True)
@@ -149,6 +152,7 @@ class ModelOwner:
         self.reranker_loaded = False
         self.rerank_weights: dict[str, dict[str, Any]] = {}  # {"dense"|"hybrid": {"alpha", "chosen_over"}}
         self.has_bm25 = False
+        self.has_passages = False
         self._cond = threading.Condition()
         self._searches: deque[_SearchJob] = deque()
         self._queued_queries = 0
@@ -232,6 +236,7 @@ class ModelOwner:
                                               "chosen_over": self._pipe.rerank_alpha_chosen_over(hybrid)}
                                        for name, hybrid in (("dense", False), ("hybrid", True))}
             self.has_bm25 = self._pipe.store.manifest.bm25 is not None
+            self.has_passages = self._pipe.passages is not None
             self._set_view()
             self.state = "ready"
         except Exception as exc:  # reported by /health, every 503 and the CLI
@@ -366,7 +371,8 @@ class ModelOwner:
         start = time.perf_counter()
         try:
             hits = self._pipe.search(queries, k=k, recall_k=params.recall_k, rerank=params.rerank,
-                                     hybrid=params.hybrid, rerank_k=params.rerank_k, filter=params.filter)
+                                     hybrid=params.hybrid, rerank_k=params.rerank_k, filter=params.filter,
+                                     aggregate=params.aggregate)
         except Exception as exc:
             if len(jobs) == 1:
                 jobs[0].future.set_exception(exc)
