@@ -483,6 +483,7 @@ class SearchPipeline:
             raise ValueError(f"fusion={fusion!r}; choose one of {FUSIONS}")
         if aggregate not in AGGREGATIONS:
             raise ValueError(f"aggregate={aggregate!r}; choose one of {AGGREGATIONS}")
+        self._refuse_ignored(rerank, rerank_k, rerank_alpha, aggregate)
         clf = self._task_model(classifier, "classify", "classifier") if classifier is not None else None
         if clf is not None and not fetch_documents:
             raise ValueError("labelling hits needs their text: search with fetch_documents=True")
@@ -514,6 +515,17 @@ class SearchPipeline:
         if clf is not None:
             self._label(hits, clf, batch_size)
         return hits[0] if single else hits
+
+    def _refuse_ignored(self, rerank: bool, rerank_k: int | None, rerank_alpha: float | None, aggregate: str) -> None:
+        """Arguments this search would ignore without a word, refused as the command line and the service do."""
+        given = [name for name, value in (("rerank_k", rerank_k), ("rerank_alpha", rerank_alpha)) if value is not None]
+        if given and not (rerank and self.reranker is not None):
+            why = ("rerank=False turns reranking off" if self.reranker is not None else
+                   "the pipeline has no reranker (load it with reranker=DIR, or reranker='default')")
+            raise ValueError(f"{' and '.join(given)} set how the reranker reranks, but {why}")
+        if aggregate != "max" and self.passages is None:
+            raise ValueError(f"aggregate={aggregate!r}: the index stores documents whole (built without "
+                             "passages=True), so there are no passage scores to combine")
 
     def answer(
         self,

@@ -117,6 +117,27 @@ def test_rerank_k_out_of_range_is_refused(index, bad):
             pipe.search("tea", k=5, recall_k=30, rerank_k=bad)
 
 
+def test_arguments_a_search_would_ignore_are_refused_as_the_cli_and_the_service_refuse_them(index):
+    """rerank_k / rerank_alpha with no reranker to run, and aggregate on an index of whole documents, were
+    ignored without a word in Python (the command line and the service refused them)."""
+    with _open(index, None) as pipe:
+        assert len(pipe.search("tea", k=5, recall_k=30)) == 5  # the defaults never count as given
+        with pytest.raises(ValueError, match=r"^rerank_k set how the reranker reranks, but the pipeline has no "
+                                             "reranker"):
+            pipe.search("tea", k=5, recall_k=30, rerank_k=10)
+        with pytest.raises(ValueError, match=r"^rerank_k and rerank_alpha set how"):
+            pipe.search("tea", k=5, recall_k=30, rerank_k=10, rerank_alpha=0.5)
+        with pytest.raises(ValueError, match=r"^aggregate='sum': the index stores documents whole"):
+            pipe.search("tea", k=5, aggregate="sum")
+    stub = RecordingReranker(1.0)
+    with _open(index, stub) as pipe:
+        with pytest.raises(ValueError, match=r"^rerank_alpha set how the reranker reranks, but rerank=False turns"):
+            pipe.search("tea", k=5, rerank=False, rerank_alpha=0.3)
+        assert stub.calls == 0
+        pipe.search("tea", k=5, recall_k=30, rerank_k=10, rerank_alpha=0.3)  # with a reranker to run: taken
+        assert stub.calls == 1
+
+
 def test_cli_rerank_k_and_the_skipped_reranker_note(index, tmp_path, capsys):
     import json
     import shutil
