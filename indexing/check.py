@@ -7,7 +7,8 @@ problem it finds rather than stopping at the first:
 * ``manifest.json`` parses and describes the vectors;
 * ``docs.sqlite`` passes SQLite's ``PRAGMA integrity_check``, and the digests of its ids and of
   its rows equal the ones recorded at the last write (a row replaced, renamed or edited outside
-  twotower changes them);
+  twotower changes them); every document split into passages can be rebuilt from them (one
+  removed alone by an earlier version's delete could not);
 * each segment file named by the commit record exists, has the recorded size and SHA-256, and
   its id map holds the recorded ids; each tombstone names an id its segment holds;
 * the ids of the vectors (segments minus tombstones) are exactly the ids of the documents;
@@ -31,6 +32,7 @@ from twotower.indexing.docstore import DocStore
 from twotower.indexing.errors import IndexFormatError
 from twotower.indexing.integrity import combine, file_sha256, set_digest
 from twotower.indexing.manifest import MANIFEST_NAME, Manifest
+from twotower.indexing.passage_rows import in_passage_order, passages_problem
 from twotower.indexing.segments import CHECK_HINT, SegmentVanished, load_segment
 
 
@@ -81,6 +83,7 @@ def check_index(directory: str | os.PathLike) -> CheckReport:
     try:
         docs.begin(write=False)
         _check_docs(docs, report)
+        _check_passages(docs, report)
         gen = docs.get_meta("generation")
         report.generation = int(gen) if gen and gen.isdigit() else None
         if report.generation is None:
@@ -131,6 +134,25 @@ def _check_docs(docs: DocStore, report: CheckReport) -> None:
                                   "outside twotower)")
 
 
+def _check_passages(docs: DocStore, report: CheckReport) -> None:
+    """Every document split into passages can be rebuilt from them (`passage_rows.passages_problem`).
+
+    Why: earlier versions let a delete remove one passage row alone; the digests were updated with it, so
+    nothing else here notices, and every search or get of that document failed.
+    """
+    broken: list[tuple[str, str]] = []
+    for parent, rows in docs.iter_passage_groups():
+        problem = passages_problem(in_passage_order(rows))
+        if problem:
+            broken.append((parent, problem))
+    if broken:
+        parent, problem = broken[0]
+        more = f" (and {len(broken) - 1} more: {', '.join(repr(p) for p, _ in broken[1:4])}" \
+               f"{', ...' if len(broken) > 4 else ''})" if len(broken) > 1 else ""
+        report.problem(docs.path, f"document {parent!r} cannot be rebuilt from its passages: {problem}{more}; "
+                                  "delete each such document (twotower index delete ID) and add it again")
+
+
 def _check_segment(d: Path, rec: dict[str, Any], hidden: list[str], manifest: Manifest, report: CheckReport) -> int:
     """Check one segment file against its record; returns the digest of its live ids (0 if unreadable)."""
     path = d / rec["name"]
@@ -154,7 +176,22 @@ def _check_segment(d: Path, rec: dict[str, Any], hidden: list[str], manifest: Ma
 
 
 def _check_milvus(d: Path, docs: DocStore, manifest: Manifest, generation: int, report: CheckReport) -> None:
-    """A Milvus-backed index: the key table names exactly the documents, and the collection holds every key."""
+    """A Milvus-backed index, its client held for the check only: a Milvus Lite file is unlocked after it
+    (`check_index` in a long-lived process left it locked for every other process)."""
+    from twotower.indexing import milvus as mv
+
+    uri = (manifest.milvus or {}).get("uri")
+    if uri:
+        mv.hold(uri)
+    try:
+        _check_collection(d, docs, manifest, generation, report)
+    finally:
+        if uri:
+            mv.release(uri)
+
+
+def _check_collection(d: Path, docs: DocStore, manifest: Manifest, generation: int, report: CheckReport) -> None:
+    """The key table names exactly the documents, and the collection holds every key."""
     from twotower.indexing import milvus as mv
 
     db = d / "docs.sqlite"

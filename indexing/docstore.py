@@ -499,6 +499,31 @@ class DocStore:
                 out.setdefault(parent, []).append(i)
         return out
 
+    def iter_passage_groups(self, batch_size: int = _CHUNK) -> Iterator[tuple[str, list[dict[str, Any]]]]:
+        """Each split document's passage rows (``id``, ``start``, ``end``; no text), one document at a time.
+
+        Pages by document id (`batch_size` documents a query), so memory stays bounded and no lock is
+        held between pages; ``twotower index check`` rebuilds nothing, it only needs the spans.
+        """
+        if "parent" not in self._columns:
+            return
+        last = ""  # every id sorts after "" (ids are not empty)
+        while True:
+            with self._lock:
+                parents = [r[0] for r in self._conn.execute(
+                    "SELECT DISTINCT parent FROM docs WHERE parent > ? ORDER BY parent LIMIT ?", (last, batch_size))]
+                if not parents:
+                    return
+                marks = ",".join("?" * len(parents))
+                rows = self._conn.execute(
+                    f"SELECT parent, id, char_start, char_end FROM docs WHERE parent IN ({marks}) ORDER BY parent",
+                    parents).fetchall()
+            groups: dict[str, list[dict[str, Any]]] = {}
+            for parent, i, start, end in rows:
+                groups.setdefault(parent, []).append({"id": i, "start": start, "end": end})
+            yield from groups.items()
+            last = parents[-1]
+
     @_locked
     def count_documents(self) -> tuple[int, int]:
         """(documents, passage rows): a split document counts once, however many passages it has."""

@@ -229,6 +229,7 @@ class _Rejected(Exception):
 
 
 _clients: dict[str, Any] = {}
+_holders: dict[str, int] = {}  # open stores using each URI's client (`hold`, `release`)
 _clients_lock = threading.Lock()
 
 
@@ -254,6 +255,46 @@ def connect(uri: str, flag: str = FLAG) -> Any:
             raise MilvusUnavailableError(f"cannot reach Milvus at {uri} ({flag}): {why}") from None
         _clients[uri] = client
         return client
+
+
+def hold(uri: str) -> None:
+    """Count one more user (an open store) of the client of `uri`; `release` gives it back.
+
+    Why: the process's stores share one client per URI (the service's reader and writer do), and a
+    Milvus Lite client keeps its file locked while it is open; the last user to let go must close it,
+    or no other process can open the index until this one exits.
+    """
+    with _clients_lock:
+        _holders[uri] = _holders.get(uri, 0) + 1
+
+
+def release(uri: str) -> None:
+    """One user of `uri` fewer: the last one closes the client, and for a Milvus Lite file stops the
+    in-process server that holds the file's lock (the next `connect` starts it again)."""
+    with _clients_lock:
+        users = _holders.pop(uri, 0) - 1
+        if users > 0:
+            _holders[uri] = users
+            return
+        client = _clients.pop(uri, None)
+    if client is not None:
+        _close_client(uri, client)
+
+
+def _close_client(uri: str, client: Any) -> None:
+    """Close a client and, for a Milvus Lite file, its server: closing the client alone leaves the server
+    (and the file's lock) running until the process exits."""
+    try:
+        client.close()
+    except Exception as e:  # noqa: BLE001 - a broken connection is closed enough; the lock matters more
+        logger.debug("closing the Milvus client of %s: %s", uri, e)
+    if not is_local(uri):
+        return
+    try:
+        from milvus_lite.server_manager import server_manager_instance
+    except ImportError:
+        return
+    server_manager_instance.release_server(uri)
 
 
 def describe(client: Any, name: str) -> dict[str, str] | None:

@@ -331,6 +331,7 @@ class IndexStore:
         self._writer_docs: DocStore | None = None
         self._snap: Snapshot | None = None
         self._retired: dict[str, float] = {}  # writer: segment files merged away -> when (see _sweep)
+        self._milvus_uri: str | None = None  # the Milvus client this store holds (released by close)
         self.manifest = Manifest.read(directory / MANIFEST_NAME)  # before locking: is it an index dir?
         if not readonly:
             self._lock()
@@ -527,6 +528,9 @@ class IndexStore:
             raise IndexFormatError(where, f"manifest says backend={m.backend} milvus={m.milvus}, but {DOCS_NAME} "
                                           f"records milvus={record} (the manifest was edited or belongs to "
                                           "another index)")
+        if self._milvus_uri is None:  # once per store: each refresh loads the collection again
+            mv.hold(record["uri"])
+            self._milvus_uri = record["uri"]
         client = mv.open_collection(record, m.dim, m.metric, where)
         return mv.MilvusVectors(client, record, m.dim, m.metric, m.factory, options, docs, gen,
                                 writer=not self.readonly)
@@ -1027,7 +1031,8 @@ class IndexStore:
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
-        """Release the lock and the database; uncommitted changes are discarded."""
+        """Release the lock, the database and the Milvus client (the last store of a Milvus Lite file unlocks it);
+        uncommitted changes are discarded."""
         if self._retired and self._snap is not None and not self.readonly:
             with contextlib.suppress(OSError):
                 self._sweep()  # leave no merged-away file behind (a reader still opening one retries)
@@ -1043,6 +1048,11 @@ class IndexStore:
         if self._probe is not None:
             self._probe.close()
             self._probe = None
+        if self._milvus_uri is not None:
+            from twotower.indexing import milvus as mv
+
+            uri, self._milvus_uri = self._milvus_uri, None
+            mv.release(uri)  # the last store of the process closes the client (Milvus Lite: unlocks its file)
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # releases the flock
             self._lock_fd = None

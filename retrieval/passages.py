@@ -11,7 +11,10 @@ several *rows* of the index, one per token window, each with its own vector and 
 
 A document that fits in one window stays one row under its own id, so an index of short
 documents is byte-for-byte what it was without passages.  ``\\x1f`` cannot occur in a user's id
-(`twotower.retrieval.corpus` refuses control characters), so a row id names its document.
+(`twotower.retrieval.corpus` refuses control characters), so a row id names its document; and no
+reader of document ids (get, delete, contains: the Python API, the CLI and the service) takes a row's
+id for a document's (`is_passage_row`). The id format and the rule that a document's rows give its
+text back are `twotower.indexing.passage_rows`, which ``twotower index check`` applies too.
 
 Windows (`passage_spans`): ``W`` tokens starting every ``S`` tokens (``S <= W``; ``W - S`` tokens
 overlap), cut at word boundaries (a window never starts or ends inside a word unless one word is
@@ -43,11 +46,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from twotower.indexing import Document
+from twotower.indexing.passage_rows import SEPARATOR, in_passage_order, passage_number, passages_problem
 from twotower.retrieval.candidates import Candidate
 
 logger = logging.getLogger(__name__)
 
-SEPARATOR = "\x1f"  # between a document id and its passage number in a row id
 AGGREGATIONS = ("max", "sum", "first")
 # Chosen on SciFact train claims with all-MiniLM-L6-v2 (docs/results.md, "Long documents").
 DEFAULT_WINDOW = 128
@@ -62,11 +65,6 @@ def passage_id(doc_id: str, n: int) -> str:
 def parent_of(row_id: str) -> str:
     """The document id a row belongs to (the row id itself for a document stored whole)."""
     return row_id.split(SEPARATOR, 1)[0]
-
-
-def passage_number(row_id: str) -> int | None:
-    head, sep, n = row_id.partition(SEPARATOR)
-    return int(n) if sep else None
 
 
 def passage_spans(
@@ -223,12 +221,12 @@ def assemble_parent(rows: Sequence[Mapping[str, Any]]) -> Document:
 
     The result carries ``passages``: the ``[start, end]`` of each passage, by passage number.
     """
-    rows = sorted(rows, key=lambda r: passage_number(r["id"]) or 0)
+    rows = in_passage_order(rows)
+    problem = passages_problem(rows)
+    if problem:
+        raise ValueError(f"document {rows[0]['parent']!r}: {problem}; delete the document and add it again")
     text, end = "", 0
     for r in rows:
-        if r["start"] > end:
-            raise ValueError(f"document {r['parent']!r}: passage {r['id']!r} starts at {r['start']}, after the "
-                             f"previous passages end ({end}): the stored passages do not cover the text")
         text += r["text"][end - r["start"]:]
         end = max(end, r["end"])
     first = rows[0]
@@ -236,9 +234,35 @@ def assemble_parent(rows: Sequence[Mapping[str, Any]]) -> Document:
                     passages=[[r["start"], r["end"]] for r in rows])
 
 
+def is_passage_row(row: Mapping[str, Any]) -> bool:
+    """Whether a stored row is a passage of a split document, which no id of a document names.
+
+    Why: a passage row's id (``<doc id>\x1f<n>``) is internal. Taken as a document's, it let a
+    delete remove one passage alone (the document's text could no longer be rebuilt, and every search
+    that found it failed) and a get return a passage as a document. Every reader of document ids asks
+    this: `get_documents`, and `expand_ids` / `contains_documents` through `_stored_whole`.
+    """
+    return row.get("parent") is not None
+
+
+def _stored_whole(docstore: Any, ids: Sequence[str]) -> list[bool]:
+    """Whether each id is a document stored as one row under that id (a passage row's id is not one).
+
+    Only an id holding `SEPARATOR` can name a passage row (a user's id cannot hold it), so the ids
+    of documents cost no second query.
+    """
+    present = docstore.contains_many(ids)
+    suspects = [i for i, p in zip(ids, present) if p and SEPARATOR in i]
+    if not suspects:
+        return present
+    passages = {i for i, d in zip(suspects, docstore.get(suspects)) if d is not None and is_passage_row(d)}
+    return [p and i not in passages for i, p in zip(ids, present)]
+
+
 def get_documents(docstore: Any, ids: Sequence[str]) -> list[Document | None]:
-    """Documents by id in order (None where unknown): a split document is rebuilt from its passages."""
-    docs = docstore.get(ids)
+    """Documents by id in order (None where unknown, or the id of a passage row): a split document is rebuilt
+    from its passages."""
+    docs = [None if d is not None and is_passage_row(d) else d for d in docstore.get(ids)]
     missing = [i for i, d in zip(ids, docs) if d is None and i]
     if not missing:
         return docs
@@ -247,9 +271,9 @@ def get_documents(docstore: Any, ids: Sequence[str]) -> list[Document | None]:
 
 
 def expand_ids(docstore: Any, ids: Iterable[str]) -> tuple[list[str], list[str]]:
-    """(row ids to delete, ids that are neither a stored row nor a split document) for document ids."""
+    """(row ids to delete, ids that are no document: neither stored whole nor split) for document ids."""
     ids = list(dict.fromkeys(ids))
-    present = docstore.contains_many(ids)
+    present = _stored_whole(docstore, ids)
     rows = [i for i, p in zip(ids, present) if p]
     absent = [i for i, p in zip(ids, present) if not p]
     groups = docstore.passage_ids(absent) if absent else {}
@@ -259,8 +283,9 @@ def expand_ids(docstore: Any, ids: Iterable[str]) -> tuple[list[str], list[str]]
 
 
 def contains_documents(docstore: Any, ids: Sequence[str]) -> list[bool]:
-    """Whether each id is a document of the index: stored whole, or split into passages."""
-    present = docstore.contains_many(ids)
+    """Whether each id is a document of the index: stored whole, or split into passages (a passage row's
+    id is not one)."""
+    present = _stored_whole(docstore, ids)
     absent = [i for i, p in zip(ids, present) if not p]
     split = docstore.passage_ids(absent) if absent else {}
     return [p or i in split for i, p in zip(ids, present)]

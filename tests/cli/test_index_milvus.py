@@ -131,6 +131,24 @@ def test_http_service_searches_a_milvus_index(built):
     assert [h["id"] for h in got] == [h["id"] for h in want]
 
 
+def test_close_lets_another_process_open_the_milvus_lite_file(built):
+    """`SearchPipeline.close()` left the process's Milvus Lite client, and the in-process server that locks the
+    file, open: `twotower search` in another process failed with "cannot reach Milvus ... used by one process at
+    a time" until this one exited, even after `gc.collect()`."""
+    from twotower.retrieval import SearchPipeline
+
+    pipe = SearchPipeline.load(built / "milvus", tiny_model_dir(), bf16=False)
+    assert len(pipe.search("tea coffee", k=3)) == 3
+    pipe.close()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TWOTOWER_BF16": "0", "PYTHONPATH": REPO}
+    res = subprocess.run([sys.executable, "-m", "twotower", "search", "--index", str(built / "milvus"), "-k", "3",
+                          "--json", "tea coffee"], env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert len(json.loads(res.stdout)[0]["hits"]) == 3
+    with SearchPipeline.load(built / "milvus", tiny_model_dir(), bf16=False) as again:  # and this one again
+        assert len(again.search("tea coffee", k=3)) == 3
+
+
 def test_dimension_mismatch_is_refused_before_encoding(built, tmp_path, capsys):
     corpus = write_corpus(str(tmp_path / "c.jsonl"), toy_docs(3))
     rc, _, err = run_cli(capsys, "index", "build", "--corpus", corpus, "--out", str(tmp_path / "other"),

@@ -329,6 +329,24 @@ def test_an_existing_lite_store_is_accepted(uri):
     assert mv.resolve_uri(uri) == uri
 
 
+def test_the_last_store_to_close_unlocks_a_lite_file_for_other_processes(tmp_path):
+    """Stores of one process share a client (a service's reader and writer): closing one leaves the other
+    working, and closing the last one closes the client and the Milvus Lite server, which locked the file
+    until the process exited."""
+    db = mv.resolve_uri(str(tmp_path / "own.db"))
+    x = np.eye(8, dtype=np.float32)
+    with IndexStore.create(tmp_path / "idx", 8, None, "cosine", milvus=mv.MilvusSpec(db, "own")) as w:
+        w.add(docs([f"d{i}" for i in range(8)]), x)
+    reader, writer = IndexStore.open(tmp_path / "idx", readonly=True), IndexStore.open(tmp_path / "idx")
+    writer.close()
+    assert reader.search(x[:2], 1).ids == [["d0"], ["d1"]]
+    reader.close()
+    probe = f"from twotower.indexing import milvus as mv; print(mv.connect({db!r}).has_collection('own'))"
+    res = subprocess.run([sys.executable, "-c", probe], env={**os.environ, "PYTHONPATH": str(REPO)},
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and res.stdout.strip() == "True", res.stderr[-2000:]
+
+
 def test_relative_lite_path_resolves_against_the_working_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert mv.resolve_uri("./v.db") == str(tmp_path / "v.db")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 
 import numpy as np
 import pytest
@@ -210,6 +211,35 @@ def test_delete_and_replace_of_a_long_document_touch_all_its_passages(built, enc
         assert len(pipe.get(["long3"])[0]["passages"]) > 1
     with IndexStore.open(built) as store:  # what was committed is consistent (ids, digests)
         assert len(store) == store.docstore.count()
+
+
+def test_a_passage_row_id_is_no_document_id(built, encoder):
+    """`delete(["long1\x1f1"])` removed that one passage row and answered [] (nothing missing); `get(["long1"])`
+    and every search finding long1 then failed. `contains` and `get` took the row for a document too."""
+    row = "long1\x1f1"
+    with SearchPipeline.load(built, encoder, readonly=False) as pipe:
+        whole = pipe.get(["long1"])[0]
+        assert pipe.contains([row, "long1"]) == [False, True]
+        assert pipe.get([row, "long1"]) == [None, whole]
+        assert pipe.delete([row]) == [row]  # not in the index: nothing deleted
+        assert row in pipe.store.vectors.ids() and pipe.get(["long1"]) == [whole]
+        assert len(pipe.search("zorbania", k=14, recall_k=14)) == 14
+    with SearchPipeline.load(built, encoder) as pipe:  # what was committed: long1 whole
+        assert pipe.get(["long1"]) == [whole]
+
+
+def test_passage_rows_that_do_not_rebuild_their_document_are_named():
+    rows = [{"id": f"x\x1f{n}", "parent": "x", "title": "", "metadata": {}, "start": s, "end": e,
+             "text": "abcdefghijkl"[s:e]} for n, (s, e) in enumerate([(0, 6), (3, 9), (6, 12)])]
+    assert assemble_parent(rows)["text"] == "abcdefghijkl"
+    # a middle passage gone without a gap (the two beside it meet), all but the first, the first
+    for kept, why in [([0, 2], r"passage 1 is missing \(the stored ones are numbered 0, 2\)"),
+                      ([0], "only passage 0 is stored"), ([1, 2], "passage 0 is missing")]:
+        with pytest.raises(ValueError, match=f"document 'x': {why}.*add it again"):
+            assemble_parent([rows[n] for n in kept])
+    with pytest.raises(ValueError, match=re.escape("passage 'x\\x1f1' starts at 7, after the previous passages "
+                                                   "end (6)")):
+        assemble_parent([rows[0], {**rows[1], "start": 7, "text": "hi"}])  # a gap between two passages
 
 
 def test_resume_of_an_interrupted_passage_build_continues_exactly(tmp_path, encoder, monkeypatch):

@@ -71,3 +71,14 @@ def test_aggregate_over_http_equals_the_python_api_and_is_refused_where_it_would
         r = c.get("/search", params={"q": "tea", "aggregate": "sum"}, headers=AUTH)
         assert r.status_code == 400 and "stores documents whole" in r.text
         assert c.get("/search", params={"q": "tea"}, headers=AUTH).status_code == 200
+
+
+def test_a_passage_row_id_is_no_document_over_http(passage_index):
+    """GET /documents/long1%1F1 answered the passage row as a document, and DELETE /documents removed that one
+    row (200), after which GET /documents/long1 and every search finding long1 failed."""
+    with client(passage_index, token=TOKEN) as c:
+        whole = c.get("/documents/long1", headers=AUTH).json()
+        assert c.get("/documents/long1%1F1", headers=AUTH).status_code == 404
+        r = c.request("DELETE", "/documents", json={"ids": ["long1\x1f1"]}, headers=AUTH)
+        assert r.status_code == 404 and r.json()["details"] == {"long1\x1f1": "not found"}, r.text
+        assert c.get("/documents/long1", headers=AUTH).json() == whole
