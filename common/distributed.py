@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import gc
 import os
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -77,6 +81,82 @@ def all_reduce_sum(values: list[float], info: DistInfo, device: torch.device | s
     t = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t.tolist()
+
+
+def average_gradients(params: Iterable[torch.nn.Parameter]) -> None:
+    """Replace each gradient by its mean over the ranks (a no-op alone).
+
+    Why: each rank back-propagates the mean loss of its own slice of a global batch whose slices are equally
+    large, so the mean of their gradients is the gradient of the whole batch's mean loss: N ranks then step
+    like one process with an N times larger batch (`train_dual`, `train_reranker`). Every rank must pass the
+    same parameters in the same order, with a gradient on all ranks or on none.
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return
+    n = dist.get_world_size()
+    for p in params:
+        if p.grad is not None:
+            dist.all_reduce(p.grad)
+            p.grad /= n
+
+
+def from_main(info: DistInfo, compute: Callable[[], T], share: bool = True) -> T | None:
+    """`compute()` on rank 0 alone; with `share` every rank gets its result (pickled and broadcast), else the
+    other ranks get None. Alone: just `compute()`.
+
+    Why: work whose result every rank needs the same (mined negatives) or that only rank 0 uses (the dev first
+    stage) is done once instead of once per rank. If it fails on rank 0, rank 0 re-raises its error and the
+    other ranks raise `PeerStopped`, so none waits in a collective for ever.
+    """
+    if not info.enabled:
+        return compute()
+    import torch.distributed as dist
+
+    result, error = None, None
+    if info.is_main:
+        try:
+            result = compute()
+        except Exception as exc:  # noqa: BLE001 - re-raised below, after the other ranks heard of it
+            error = exc
+    box: list[Any] = [(error is not None, result if share and error is None else None)]
+    dist.broadcast_object_list(box, src=0)
+    if error is not None:
+        raise error
+    failed, value = box[0]
+    if failed:
+        raise PeerStopped("rank 0 stopped; its error message says why")
+    return result if info.is_main else value
+
+
+def gather_shards(items: Sequence[Any], compute: Callable[[list], np.ndarray], info: DistInfo) -> np.ndarray:
+    """`compute` over this rank's contiguous share of `items`, the rows of every rank concatenated in order:
+    every rank gets ``compute(items)`` (up to floating point: the shares are computed in other batches).
+
+    Why: embedding a corpus is split over the ranks instead of repeated on each (`Teacher`). A failure on
+    one rank is re-raised there; the others raise `PeerStopped`.
+    """
+    if not info.enabled:
+        return compute(list(items))
+    import numpy as np
+    import torch.distributed as dist
+
+    per = -(-len(items) // info.world_size)
+    mine = list(items[info.rank * per:(info.rank + 1) * per])
+    part, error = None, None
+    try:
+        part = compute(mine) if mine else None
+    except Exception as exc:  # noqa: BLE001 - re-raised below, after the other ranks heard of it
+        error = exc
+    parts: list[Any] = [None] * info.world_size
+    dist.all_gather_object(parts, (error is not None, part))
+    if error is not None:
+        raise error
+    if any(failed for failed, _ in parts):
+        raise PeerStopped("another rank stopped; its error message says why")
+    rows = [p for _, p in parts if p is not None]
+    return np.concatenate(rows) if rows else compute([])
 
 
 def cleanup(info: DistInfo) -> None:

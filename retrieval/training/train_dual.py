@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from twotower.common.device import autocast
+from twotower.common.distributed import average_gradients
 from twotower.common.errors import check_at_least, check_setting
 from twotower.encoder.training.optim import make_optimizer
 from twotower.retrieval.export import write_training_args
@@ -293,16 +294,6 @@ def _save_document_vectors(out: str, ids: Sequence[str], matrix: torch.Tensor) -
     atomic_write_text(os.path.join(out, "document_ids.json"), json.dumps(list(ids)) + "\n")
 
 
-def _average_gradients(params: Sequence[torch.nn.Parameter]) -> None:
-    import torch.distributed as dist
-
-    n = world_size()
-    for p in params:
-        if p.grad is not None:
-            dist.all_reduce(p.grad)
-            p.grad /= n
-
-
 # ---- the loop ----------------------------------------------------------------------------------------
 def load_training_data(cfg: DualTrainConfig) -> TrainingSet:
     data = read_training(cfg.data, split=cfg.split, corpus_path=cfg.corpus)
@@ -406,7 +397,7 @@ def train_dual(cfg: DualTrainConfig) -> DualTrainResult:
             loss = _batch_step(cfg, batch, me, q_in, data.corpus, d_tok, dual.document_prefix, enc_q, enc_d,
                                temperature, device)
         if R > 1:
-            _average_gradients(params + list(temperature.parameters()))
+            average_gradients(params + list(temperature.parameters()))
         return loss, {"random_negatives": filled}
 
     result = TrainingLoop(

@@ -19,6 +19,17 @@ constant ranks at random while its loss can still look fine (pointwise BCE can b
 minimised by predicting the base rate).  When the spread of dev scores, or of the
 training logits over a window of steps, falls below `collapse_std`, training stops
 and the summary says why.
+
+Under torchrun (``torchrun --nproc-per-node N -m twotower train reranker ...``) every rank draws the
+same global batch of N x `batch_size` groups (or pairs) from the same seeded stream and computes the
+loss of its own slice (its windows chosen, its teacher logits read); the gradients are averaged over
+the ranks (`twotower.common.distributed.average_gradients`), so N ranks train like one process with
+an N times larger batch (tests/retrieval/training/test_train_reranker_ranks.py), up to floating point
+and dropout (each rank draws its own masks). Rank 0 alone builds the dev first stage, mines the
+negatives (the other ranks receive them), evaluates, chooses the checkpoint and the interpolation
+weights, and writes ``out``; the others wait at a barrier. A teacher's corpus and training queries
+are embedded a share per rank and gathered. Still done on every rank: reading the data, loading the
+model, a teacher index's vectors, and the BM25 index of `teacher_bm25`.
 """
 
 from __future__ import annotations
@@ -36,6 +47,14 @@ import numpy as np
 import torch
 
 from twotower.common.device import autocast
+from twotower.common.distributed import (
+    DistInfo,
+    all_reduce_sum,
+    average_gradients,
+    barrier,
+    from_main,
+    gather_shards,
+)
 from twotower.common.errors import check_at_least, check_setting
 from twotower.common.lines import json_lines
 from twotower.encoder.training.optim import param_groups
@@ -53,6 +72,7 @@ from twotower.retrieval.rerank import DEFAULT_RERANK_K
 from twotower.retrieval.training.alpha import choose_alpha
 from twotower.retrieval.training.loop import Schedule, StopTraining, TrainingLoop, TrainSettings, start_run
 from twotower.retrieval.training.losses import listwise_ce, listwise_kl, pointwise_bce
+from twotower.retrieval.training.losses.gather import rank, world_size
 from twotower.retrieval.training.mining import DenseRetriever
 from twotower.retrieval.training.negatives import (
     add_mined_negatives,
@@ -451,15 +471,23 @@ class Teacher:
     BM25's scores of the same documents (a sparse lookup per group, no model).
     """
 
-    def __init__(self, cfg: RerankerTrainConfig, corpus: dict[str, str], device: torch.device) -> None:
+    def __init__(self, cfg: RerankerTrainConfig, corpus: dict[str, str], device: torch.device,
+                 dist: DistInfo | None = None) -> None:
+        """dist: under torchrun, every rank builds the teacher together (each embeds its share of the corpus,
+        then of the training queries); None: this process alone."""
         from twotower.indexing.manifest import MANIFEST_NAME
         from twotower.retrieval.dual_encoder import DualEncoder
 
+        self.dist = dist or DistInfo()
         if os.path.isfile(os.path.join(cfg.teacher, MANIFEST_NAME)):  # an index: its vectors, its query encoder
             self.dense = DenseRetriever.from_index(cfg.teacher, corpus, bf16=cfg.bf16, device=str(device))
         else:
             dual = DualEncoder.from_pretrained(cfg.teacher, bf16=cfg.bf16, device=device)
-            self.dense = DenseRetriever(dual, corpus, progress=cfg.progress)
+            ids = list(corpus)
+            progress = cfg.progress and self.dist.is_main
+            vectors = gather_shards([corpus[d] for d in ids],
+                                    lambda texts: dual.encode_documents(texts, progress=progress), self.dist)  # (N, H)
+            self.dense = DenseRetriever.from_vectors(dual, ids, vectors)
         self.scale = cfg.teacher_scale
         self.bm25_weight = cfg.teacher_bm25
         self.bm25 = None
@@ -474,7 +502,7 @@ class Teacher:
 
     def embed_queries(self, train: Sequence[TrainExample]) -> None:
         self.queries = [e.query for e in train]
-        self.query_vectors = self.dense.dual.encode_queries(self.queries)  # (Q, H)
+        self.query_vectors = gather_shards(self.queries, self.dense.dual.encode_queries, self.dist)  # (Q, H)
         if self.bm25 is not None:
             self.bm25_scale = self.calibrate(train)
 
@@ -556,12 +584,32 @@ def hybrid_alpha(cfg: RerankerTrainConfig, best_dir: str, device: torch.device, 
     return alpha
 
 
+def _step_over_ranks(loss: torch.Tensor, logits: torch.Tensor, extra: dict, world: DistInfo,
+                     device: torch.device) -> tuple[torch.Tensor, dict]:
+    """The step record of the whole global batch under torchrun: the loss terms are the means of the ranks'
+    (their slices are equally large, so that is the batch's mean), the logits' spread is over every rank's
+    logits (what the collapse guard reads). One all-reduce of a few numbers."""
+    values = [float(loss.detach()), *extra.values(), float(logits.numel()), float(logits.double().sum()),
+              float(logits.double().pow(2).sum())]
+    total = all_reduce_sum(values, world, device)
+    R, k = world.world_size, len(extra)
+    n, s, sq = total[1 + k:]
+    std = math.sqrt(max(0.0, (sq - s * s / n) / (n - 1))) if n > 1 else float("nan")
+    return (torch.tensor(total[0] / R),
+            {"logit_std": std, **{key: v / R for key, v in zip(extra, total[1:1 + k])}})
+
+
 def train_reranker(cfg: RerankerTrainConfig) -> RerankerTrainResult:
-    """Train, evaluate on the dev split by reranking its first stage, keep the best. See the module docstring."""
+    """Train, evaluate on the dev split by reranking its first stage, keep the best. See the module docstring
+    (and its "Under torchrun" for what each rank does)."""
     from twotower.retrieval.training.dev_eval import dev_metrics, rerank_run
 
-    run, rng, device, _ = start_run(cfg, cfg.out)
+    R, me = world_size(), rank()
+    world = DistInfo(R, me)
+    run, rng, device, _ = start_run(cfg, cfg.out, enabled=me == 0, world_size=R)
     model = load_reranker(cfg, device)  # first: a bad model directory fails before any data work
+    if R > 1:  # every rank loaded the same weights (a fresh head is drawn with a fixed seed); dropout is its own
+        torch.manual_seed(cfg.seed + me)
     if cfg.trainable_layers is not None:
         freeze_below_top(model, cfg.trainable_layers)
     if cfg.passage_window is not None:
@@ -574,17 +622,20 @@ def train_reranker(cfg: RerankerTrainConfig) -> RerankerTrainResult:
                          f"{cfg.pairs} alone; add the negatives to that file as pairs labeled 0, or use --loss listwise")
     train, dev = carve_dev(data, cfg)
     if cfg.loss == "listwise":  # one group per (query, positive): known before any mining or teacher work
-        check_batch_fits(data.source, sum(len(e.positives) for e in train), cfg.batch_size, "(query, positive) pairs")
+        check_batch_fits(data.source, sum(len(e.positives) for e in train), cfg.batch_size, "(query, positive) pairs",
+                         ranks=R)
     corpus = data.corpus
     docs = reranker_documents(cfg, corpus, model)
-    teacher = Teacher(cfg, corpus, device) if cfg.teacher else None
+    teacher = Teacher(cfg, corpus, device, world) if cfg.teacher else None
     if cfg.negatives:
         # dev queries are the data's too: their lines are held out with them, not unknown
         train = add_mined_negatives(train, cfg.negatives, corpus, data.skipped,
                                     known={e.query_id for e in data.examples})
     if cfg.loss == "listwise":  # mining adds negatives, never positives: checked before it
         check_negatives_fit(train, len(corpus), cfg.group_size - 1, "--group-size", cfg.group_size)
-    first = first_stage_run(cfg, dev, corpus, cfg.dev_rerank_k, dense=teacher.dense if teacher else None)
+    # what dev reranks: only rank 0 evaluates (None on the others)
+    first = from_main(world, lambda: first_stage_run(cfg, dev, corpus, cfg.dev_rerank_k,
+                                                    dense=teacher.dense if teacher else None), share=False)
     dev_ids = {e.query_id for e in dev}
     if labeled is not None and cfg.loss == "pointwise":
         train_pairs = [p for p in labeled.pairs if p.query_id not in dev_ids]
@@ -593,46 +644,54 @@ def train_reranker(cfg: RerankerTrainConfig) -> RerankerTrainResult:
         train_pairs = pairs_from_training(TrainingSet(train, corpus, data.skipped, data.source)).pairs
         scale = 1.0
     if cfg.loss == "pointwise":
-        check_batch_fits(data.source, len(train_pairs), cfg.batch_size, "labeled pairs")
+        check_batch_fits(data.source, len(train_pairs), cfg.batch_size, "labeled pairs", ranks=R)
     run.open()  # the inputs are read and checked: only now is an earlier run's log set aside
     if not cfg.negatives and cfg.mine and cfg.loss == "listwise":
-        train = mine_negatives(train, corpus, run, method=cfg.mine, ranks=cfg.mine_ranks,
-                               num_negatives=max(4 * (cfg.group_size - 1), 16), seed=cfg.seed,
-                               progress=cfg.progress, dense=teacher.dense if teacher else None)
+        # mined once, on rank 0 (which writes OUT/negatives.jsonl); every rank trains on its result
+        train = from_main(world, lambda: mine_negatives(train, corpus, run, method=cfg.mine, ranks=cfg.mine_ranks,
+                                                       num_negatives=max(4 * (cfg.group_size - 1), 16),
+                                                       seed=cfg.seed, progress=cfg.progress,
+                                                       dense=teacher.dense if teacher else None))
         train_pairs = pairs_from_training(TrainingSet(train, corpus, data.skipped, data.source)).pairs
-    if data.skipped:
+    if data.skipped and world.is_main:
         logger.warning("training data: skipped %s", data.skipped.summary())
     run.log("data", source=data.source, train_queries=len(train), dev_queries=len(dev), corpus=len(corpus),
             train_pairs=len(train_pairs), skipped=data.skipped.as_dict(), skipped_where=data.skipped.where)
 
     dev_queries, dev_qrels = queries_of(dev), qrels_of(dev)
-    first_score = dev_metrics(first, dev_qrels)["ndcg@10"]
-    run.log("first_stage", source=cfg.first_stage, dev_ndcg10=first_score)
+    first_score = dev_metrics(first, dev_qrels)["ndcg@10"] if first is not None else float("nan")
+    if first is not None:
+        run.log("first_stage", source=cfg.first_stage, dev_ndcg10=first_score)
 
     opt = make_head_optimizer(model, cfg.lr, cfg.weight_decay, cfg.head_lr_scale)
     params = [p for p in model.parameters() if p.requires_grad]
+    # Every rank draws the same global batch of batch_size x R from the same seeded stream and trains on its
+    # slice; the averaged gradients are then the global batch's.
+    b, global_batch = cfg.batch_size, cfg.batch_size * R
+    own = slice(me * b, (me + 1) * b)
     if cfg.loss == "listwise":
-        per_epoch = max(1, sum(len(e.positives) for e in train) // cfg.batch_size)
-        batches = listwise_batches(train, list(corpus), cfg.group_size, cfg.batch_size, rng)
+        per_epoch = max(1, sum(len(e.positives) for e in train) // global_batch)
+        batches = listwise_batches(train, list(corpus), cfg.group_size, global_batch, rng)
         if teacher is not None and (cfg.distill_weight > 0 or cfg.residual):
             teacher.embed_queries(train)
             if teacher.bm25 is not None:
                 run.log("teacher_bm25", weight=cfg.teacher_bm25, bm25_scale=teacher.bm25_scale)
     else:
-        per_epoch = max(1, len(train_pairs) // cfg.batch_size)
-        batches = pointwise_batches(train_pairs, cfg.batch_size, rng)
+        per_epoch = max(1, len(train_pairs) // global_batch)
+        batches = pointwise_batches(train_pairs, global_batch, rng)
     filled_total = 0
 
     def step(done: int) -> tuple[torch.Tensor, dict]:
         nonlocal filled_total
         if cfg.loss == "listwise":
             groups, filled = next(batches)
-            filled_total += filled
+            filled_total += filled  # the global batch's fill-ins: every rank drew them alike
+            groups = groups[own]
             queries = [train[i].query for i, ids in groups for _ in ids]
             texts = [docs[d] for _, ids in groups for d in ids]
             labels = None
         else:
-            chunk = next(batches)
+            chunk = next(batches)[own]
             queries = [p.query for p in chunk]
             texts = [docs[p.doc_id] for p in chunk]
             labels = torch.tensor([p.label / scale for p in chunk], device=device)
@@ -655,17 +714,24 @@ def train_reranker(cfg: RerankerTrainConfig) -> RerankerTrainResult:
         else:
             loss = pointwise_bce(logits, labels)
         loss.backward()
-        return loss, {"logit_std": float(logits.detach().std()), **extra}
+        if R == 1:
+            return loss, {"logit_std": float(logits.detach().std()), **extra}
+        average_gradients(params)
+        return _step_over_ranks(loss, logits.detach(), extra, world, device)
 
     last_alpha: dict = {}
     best_scores: dict = {}  # the best checkpoint's dev scores, reused by hybrid_alpha
 
     def evaluate(step: int) -> dict:
+        if not world.is_main:  # rank 0 evaluates; the others wait for it
+            barrier(world)
+            return {}
         reranked, scores = rerank_run(model, dev_queries, first, docs, k=cfg.dev_rerank_k,
                                       batch_size=cfg.eval_batch_size, progress=cfg.progress)
         metrics = dev_metrics(reranked, dev_qrels)
         alpha, curve = choose_alpha(reranked, first, dev_qrels)
         last_alpha.update(alpha=alpha, curve=curve, run=reranked)
+        barrier(world)
         # one score has no spread to lose: None, which the guard passes over (a dev query whose first stage
         # found a single candidate used to read as a collapse at step 1)
         return {"score_std": float(np.std(scores)) if len(scores) > 1 else None, "rerank_k": cfg.dev_rerank_k,
@@ -682,12 +748,14 @@ def train_reranker(cfg: RerankerTrainConfig) -> RerankerTrainResult:
         run, Schedule.of(cfg, per_epoch, cfg.lr, eval_at_start=cfg.eval_at_start), opt, params, cfg.max_grad_norm, [model],
         step, evaluate, save, guard=CollapseGuard(cfg.collapse_std, cfg.collapse_window),
         save_last=(lambda directory, steps: model.save_pretrained(directory)) if cfg.save_last else None,
-        progress=cfg.progress, desc=f"train reranker ({cfg.loss})",
+        main_process=world.is_main, progress=cfg.progress, desc=f"train reranker ({cfg.loss})",
         metric="interpolated_ndcg10" if cfg.residual else "ndcg@10",
         plot_title=f"reranker: dev nDCG@10 of first-stage top-{cfg.dev_rerank_k} ({len(dev)} queries)",
     ).train()
-    if teacher is not None and cfg.first_stage == "dense" and result.best_dir:
-        hybrid_alpha(cfg, result.best_dir, device, dev, corpus, teacher.dense, run, known=best_scores, docs=docs)
+    if teacher is not None and cfg.first_stage == "dense":  # on every rank alike: from_main is a collective
+        from_main(world, lambda: result.best_dir and hybrid_alpha(cfg, result.best_dir, device, dev, corpus,
+                                                                  teacher.dense, run, known=best_scores, docs=docs),
+                  share=False)
     run.finish({**result.summary(), "first_stage_dev_ndcg@10": first_score,
                 "random_negative_fill_ins": filled_total, "skipped": data.skipped.as_dict(), "dev_queries": len(dev)})
     return RerankerTrainResult(result.best_dir, result.best_step, result.best_score, result.initial_score,

@@ -39,7 +39,7 @@ def test_a_command_that_does_not_split_its_work_is_refused_by_rank_0_alone(tmp_p
     assert rc == 2 and out == ""
     if rank == "0":
         assert err == ("twotower embed: error: runs in one process; run it without torchrun (index build, train "
-                       "dual, pretrain spread their work over torchrun's processes)\n")
+                       "dual, train reranker, pretrain spread their work over torchrun's processes)\n")
     else:
         assert err == ""
     assert sorted(os.listdir(tmp_path)) == ["c.jsonl"]
@@ -84,3 +84,24 @@ def test_under_torchrun_train_dual_prints_one_result_and_embed_is_refused_once(t
     assert res.returncode != 0 and res.stdout == ""
     assert res.stderr.count("twotower embed: error: runs in one process; run it without torchrun") == 1, res.stderr
     assert not os.path.exists(tmp_path / "e.npy")
+
+
+def test_under_torchrun_train_reranker_runs_one_training_that_rank_0_alone_writes(tmp_path):
+    """It was refused; before that, each rank ran the whole training, both writing the same --out."""
+    out = tmp_path / "rr"
+    res = _torchrun("train", "reranker", "--model", tiny_trainable_dir(0.2), "--pairs", tiny_beir_dir(), "--out",
+                    str(out), "--max-steps", "2", "--eval-every", "1", "--batch-size", "2", "--group-size", "4",
+                    "--max-length", "48", "--passage-window", "8", "--dev-fraction", "0.25", "--dev-rerank-k", "10",
+                    "--no-progress", "--no-bf16")
+    assert res.returncode == 0, res.stderr[-3000:]
+    lines = res.stdout.splitlines()
+    assert len(lines) == 1, res.stdout
+    result = json.loads(lines[0])
+    assert result["best"] == str(out / "best") and result["steps"] == 2
+    with open(out / "train_log.jsonl") as f:
+        log = [json.loads(line) for line in f]
+    assert [r["world_size"] for r in log if r["event"] == "config"] == [2]
+    assert [r["step"] for r in log if r["event"] == "step"] == [1, 2]  # each step once: rank 0's record
+    assert [r["step"] for r in log if r["event"] == "eval"] == [0, 1, 2]
+    assert os.path.isfile(out / "best" / "model.safetensors") and os.path.isfile(out / "negatives.jsonl")
+    assert not [name for name in os.listdir(out) if name.startswith(".")]  # no checkpoint left half-swapped

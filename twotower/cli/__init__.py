@@ -32,7 +32,7 @@ _COMMAND_MODULES = [
 
 # The commands that spread their work over torchrun's processes (each sets `torchrun=True` in its defaults);
 # any other command under torchrun is refused.
-TORCHRUN_COMMANDS = ("index build", "train dual", "pretrain")
+TORCHRUN_COMMANDS = ("index build", "train dual", "train reranker", "pretrain")
 
 
 class CLIError(Exception):

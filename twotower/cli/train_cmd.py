@@ -7,6 +7,7 @@ Examples:
     twotower train reranker --model MINILM_DIR --pairs pairs.tsv --loss pointwise --out runs/reranker
     twotower train pairs --corpus corpus.jsonl --method crop --out crops.jsonl      # self-supervised pairs
     torchrun --nproc-per-node 2 -m twotower train dual ...                          # negatives from all ranks
+    torchrun --nproc-per-node 2 -m twotower train reranker ...                      # each rank its share of a batch
 
 Each run writes ``OUT/train_log.jsonl``, ``OUT/dev_ndcg.png``, ``OUT/summary.json`` and the
 checkpoint chosen on the dev split (carved from train) as ``OUT/best``.
@@ -153,7 +154,8 @@ def register(subparsers) -> None:
                         "dense index's), or a TREC run of the dev queries (default: dense with --teacher, else bm25)")
     p.add_argument("--loss", choices=["listwise", "pointwise"], default="listwise")
     p.add_argument("--group-size", type=int, default=8, help="listwise: 1 positive + N-1 negatives")
-    p.add_argument("--batch-size", type=int, default=4, help="groups (listwise) or pairs (pointwise) per step")
+    p.add_argument("--batch-size", type=int, default=4,
+                   help="groups (listwise) or pairs (pointwise) per step (per rank under torchrun)")
     p.add_argument("--max-length", type=int, help="tokens per query-document pair (default 256, or the model's "
                                                  "maximum if less)")
     p.add_argument("--dev-rerank-k", type=int, default=None,
@@ -174,7 +176,7 @@ def register(subparsers) -> None:
     p.add_argument("--teacher-bm25", type=float, default=0.0, metavar="W", help=TEACHER_BM25_HELP)
     p.add_argument("--residual", action="store_true", help=RESIDUAL_HELP)
     _window_flags(p)
-    p.set_defaults(func=run_reranker)
+    p.set_defaults(func=run_reranker, torchrun=True)
 
     p = sub.add_parser("mine", help="mine hard negatives from BM25 or a dense model into JSONL",
                        formatter_class=DefaultsHelpFormatter)
@@ -451,6 +453,7 @@ def _distill_weight(args) -> float:
 
 def run_reranker(args) -> int:
     _check_run_out(args)
+    from twotower.common.distributed import cleanup, init_distributed
     from twotower.retrieval.rerank import DEFAULT_RERANK_K
     from twotower.retrieval.training.train_reranker import RerankerTrainConfig, train_reranker
 
@@ -471,7 +474,11 @@ def run_reranker(args) -> int:
     reranker_directory("--model", args.model, head=False)  # an encoder gets a fresh head
     max_length_fits("--max-length", args.max_length, _base_dir(args.model))
     _inputs(args)
+    info = init_distributed()  # joins torchrun's group when WORLD_SIZE > 1
     res = train_reranker(cfg)
+    cleanup(info)  # success path only: a barrier after one rank failed would just hang
+    if not info.is_main:  # the result is rank 0's: the other ranks neither evaluate nor save
+        return 0
     print(json.dumps({"best": res.best_dir, "best_step": res.best_step, "best_dev_ndcg@10": round(res.best_score, 4),
                       "first_stage": cfg.first_stage, "first_stage_dev_ndcg@10": round(res.first_stage_score, 4),
                       "steps": res.steps, "stopped_by": res.stopped_by, "skipped": res.skipped}))
