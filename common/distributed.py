@@ -102,61 +102,103 @@ def average_gradients(params: Iterable[torch.nn.Parameter]) -> None:
             p.grad /= n
 
 
-def from_main(info: DistInfo, compute: Callable[[], T], share: bool = True) -> T | None:
-    """`compute()` on rank 0 alone; with `share` every rank gets its result (pickled and broadcast), else the
-    other ranks get None. Alone: just `compute()`.
+def _comm_device() -> torch.device:
+    """Where this group's collectives take their tensors: the current GPU under NCCL, else the CPU (gloo)."""
+    import torch
+    import torch.distributed as dist
+
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _stopped_anywhere(error: BaseException | None, info: DistInfo, who: str) -> None:
+    """Every rank learns whether any failed (one all-reduce): the failed rank re-raises its error, the others
+    raise `PeerStopped`, so none waits in a later collective for ever."""
+    failed = all_reduce_sum([1.0 if error is not None else 0.0], info, _comm_device())[0]
+    if error is not None:
+        raise error
+    if failed:
+        raise PeerStopped(f"{who} stopped; its error message says why")
+
+
+def from_main(info: DistInfo, compute: Callable[[], T], share: Callable[[T], Any] | None = None,
+              unshare: Callable[[Any], T] | None = None) -> T | None:
+    """`compute()` on rank 0 alone; the other ranks get None, or with `share` / `unshare` rank 0's result:
+    ``unshare(share(result))``, where `share` makes it a JSON value. Alone: just `compute()`.
 
     Why: work whose result every rank needs the same (mined negatives) or that only rank 0 uses (the dev first
-    stage) is done once instead of once per rank. If it fails on rank 0, rank 0 re-raises its error and the
-    other ranks raise `PeerStopped`, so none waits in a collective for ever.
+    stage, a build's checks) is done once instead of once per rank. JSON, not pickle: nothing a rank receives
+    is unpickled. If `compute` fails on rank 0, rank 0 re-raises its error and the others raise `PeerStopped`.
     """
     if not info.enabled:
         return compute()
-    import torch.distributed as dist
-
     result, error = None, None
     if info.is_main:
         try:
             result = compute()
         except Exception as exc:  # noqa: BLE001 - re-raised below, after the other ranks heard of it
             error = exc
-    box: list[Any] = [(error is not None, result if share and error is None else None)]
-    dist.broadcast_object_list(box, src=0)
-    if error is not None:
-        raise error
-    failed, value = box[0]
-    if failed:
-        raise PeerStopped("rank 0 stopped; its error message says why")
-    return result if info.is_main else value
+    _stopped_anywhere(error, info, "rank 0")
+    if share is None:
+        return result
+    value = _broadcast_json(share(result) if info.is_main else None)
+    return result if info.is_main else unshare(value) if unshare is not None else value
+
+
+def _broadcast_json(value: Any) -> Any:
+    """Rank 0's JSON value on every rank: its UTF-8 bytes in a uint8 tensor, the length sent first."""
+    import json
+
+    import torch
+    import torch.distributed as dist
+
+    device = _comm_device()
+    data = json.dumps(value).encode("utf-8") if dist.get_rank() == 0 else b""
+    size = torch.tensor([len(data)], dtype=torch.int64, device=device)
+    dist.broadcast(size, src=0)
+    buf = (torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device) if data else
+           torch.empty(int(size.item()), dtype=torch.uint8, device=device))
+    dist.broadcast(buf, src=0)
+    return json.loads(bytes(buf.cpu().tolist()).decode("utf-8")) if dist.get_rank() != 0 else value
 
 
 def gather_shards(items: Sequence[Any], compute: Callable[[list], np.ndarray], info: DistInfo) -> np.ndarray:
     """`compute` over this rank's contiguous share of `items`, the rows of every rank concatenated in order:
     every rank gets ``compute(items)`` (up to floating point: the shares are computed in other batches).
+    `compute` returns a float32 array of one row per item.
 
     Why: embedding a corpus is split over the ranks instead of repeated on each (`Teacher`). A failure on
-    one rank is re-raised there; the others raise `PeerStopped`.
+    one rank is re-raised there; the others raise `PeerStopped`. Tensors, not pickled objects, cross ranks.
     """
     if not info.enabled:
         return compute(list(items))
     import numpy as np
+    import torch
     import torch.distributed as dist
 
     per = -(-len(items) // info.world_size)
     mine = list(items[info.rank * per:(info.rank + 1) * per])
     part, error = None, None
     try:
-        part = compute(mine) if mine else None
+        part = np.asarray(compute(mine), dtype=np.float32) if mine else None  # (n_r, H)
     except Exception as exc:  # noqa: BLE001 - re-raised below, after the other ranks heard of it
         error = exc
-    parts: list[Any] = [None] * info.world_size
-    dist.all_gather_object(parts, (error is not None, part))
-    if error is not None:
-        raise error
-    if any(failed for failed, _ in parts):
-        raise PeerStopped("another rank stopped; its error message says why")
-    rows = [p for _, p in parts if p is not None]
-    return np.concatenate(rows) if rows else compute([])
+    _stopped_anywhere(error, info, "another rank")
+    device = _comm_device()
+    shape = torch.tensor(part.shape if part is not None else (0, -1), dtype=torch.int64, device=device)
+    shapes = [torch.empty_like(shape) for _ in range(info.world_size)]
+    dist.all_gather(shapes, shape)
+    rows = [int(t[0]) for t in shapes]
+    width = max(int(t[1]) for t in shapes)
+    if width < 0:  # no rank had items
+        return compute([])
+    padded = torch.zeros(max(rows), width, dtype=torch.float32, device=device)
+    if part is not None:
+        padded[:rows[info.rank]] = torch.from_numpy(part)
+    parts = [torch.empty_like(padded) for _ in range(info.world_size)]
+    dist.all_gather(parts, padded)
+    return np.concatenate([t[:n].cpu().numpy() for t, n in zip(parts, rows)])  # (N, H)
 
 
 def cleanup(info: DistInfo) -> None:

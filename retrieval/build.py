@@ -50,7 +50,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from twotower.common.atomic import atomic_path, atomic_write_text, fsync_dir
-from twotower.common.distributed import PeerStopped, all_reduce_sum
+from twotower.common.distributed import from_main
 from twotower.common.file_lock import lock_note, try_lock
 from twotower.indexing import IndexFormatError, IndexLockedError, IndexStore, document_text
 from twotower.indexing.integrity import file_sha256
@@ -541,8 +541,8 @@ def build_index(
     encoding = False
     try:
         if milvus is not None:  # before the work directory or anything else is written (see `Raises`)
-            _on_main(info, lambda: check_target(milvus, encoder.dim, metric or encoder.metric))
-        _on_main(info, lambda: (lock.acquire(), _refuse_existing(out)))  # the check again: `out` may be new now
+            from_main(info, lambda: check_target(milvus, encoder.dim, metric or encoder.metric))
+        from_main(info, lambda: (lock.acquire(), _refuse_existing(out)))  # the check again: `out` may be new now
         corpus = validate_corpus(corpus_path, on_duplicate)
         if corpus.num_documents == 0:
             raise ValueError(f"{corpus_path}: no documents to index")
@@ -566,7 +566,7 @@ def build_index(
             logger.warning("%s", truncation_warning(long_docs, corpus.num_documents, encoder))
         if cut_rows and info.is_main:
             logger.warning("%s", title_warning(cut_rows, encoder))
-        _on_main(info, lambda: check_disk_space(out, work_dir, plan, corpus))
+        from_main(info, lambda: check_disk_space(out, work_dir, plan, corpus))
         encoding = True
         stage = f"preparing the work directory {work_dir}"
         try:
@@ -639,19 +639,3 @@ def _refuse_existing(out: str) -> None:
     if _occupied(out):
         raise FileExistsError(f"{out}: already exists; add documents with `twotower index add` or remove it first")
 
-
-def _on_main(info: DistInfo, step: Callable[[], Any]) -> None:
-    """Run `step` on rank 0 only; every rank learns whether it failed (so none waits at a barrier forever).
-
-    Rank 0 re-raises its own error; the other ranks raise `PeerStopped` (rank 0's message says why).
-    """
-    error: BaseException | None = None
-    if info.is_main:
-        try:
-            step()
-        except Exception as exc:  # noqa: BLE001 - re-raised below, after the other ranks heard of it
-            error = exc
-    if info.enabled and all_reduce_sum([1.0 if error is not None else 0.0], info)[0] > 0 and error is None:
-        raise PeerStopped("rank 0 stopped the build; its error message says why")
-    if error is not None:
-        raise error

@@ -18,8 +18,8 @@ Under torchrun each rank takes its slice of a global batch, the embeddings of
 all ranks are gathered (differentiably) into the single-batch layout, and the
 gradients are averaged, so N ranks train like one process with an N times larger
 batch: the gathered loss and its gradients equal one process's on the concatenated
-batch (tests/retrieval/training/test_losses.py). Not bit for bit: each rank draws its
-own dropout masks and sums in another order.
+batch (tests/retrieval/training/test_losses.py). Not bit for bit: dropout draws its
+masks per rank, not as one process would for the whole batch, and sums run in another order.
 
 Example:
     >>> cfg = DualTrainConfig(model=minilm_dir, data="data/beir-scifact", out="runs/dual")  # doctest: +SKIP

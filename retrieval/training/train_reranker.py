@@ -41,7 +41,7 @@ import os
 import random
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, astuple, dataclass, field
 
 import numpy as np
 import torch
@@ -635,7 +635,7 @@ def train_reranker(cfg: RerankerTrainConfig) -> RerankerTrainResult:
         check_negatives_fit(train, len(corpus), cfg.group_size - 1, "--group-size", cfg.group_size)
     # what dev reranks: only rank 0 evaluates (None on the others)
     first = from_main(world, lambda: first_stage_run(cfg, dev, corpus, cfg.dev_rerank_k,
-                                                    dense=teacher.dense if teacher else None), share=False)
+                                                    dense=teacher.dense if teacher else None))
     dev_ids = {e.query_id for e in dev}
     if labeled is not None and cfg.loss == "pointwise":
         train_pairs = [p for p in labeled.pairs if p.query_id not in dev_ids]
@@ -651,7 +651,9 @@ def train_reranker(cfg: RerankerTrainConfig) -> RerankerTrainResult:
         train = from_main(world, lambda: mine_negatives(train, corpus, run, method=cfg.mine, ranks=cfg.mine_ranks,
                                                        num_negatives=max(4 * (cfg.group_size - 1), 16),
                                                        seed=cfg.seed, progress=cfg.progress,
-                                                       dense=teacher.dense if teacher else None))
+                                                       dense=teacher.dense if teacher else None),
+                          share=lambda mined: [astuple(e) for e in mined],
+                          unshare=lambda rows: [TrainExample(q, t, tuple(p), tuple(n)) for q, t, p, n in rows])
         train_pairs = pairs_from_training(TrainingSet(train, corpus, data.skipped, data.source)).pairs
     if data.skipped and world.is_main:
         logger.warning("training data: skipped %s", data.skipped.summary())
@@ -754,8 +756,7 @@ def train_reranker(cfg: RerankerTrainConfig) -> RerankerTrainResult:
     ).train()
     if teacher is not None and cfg.first_stage == "dense":  # on every rank alike: from_main is a collective
         from_main(world, lambda: result.best_dir and hybrid_alpha(cfg, result.best_dir, device, dev, corpus,
-                                                                  teacher.dense, run, known=best_scores, docs=docs),
-                  share=False)
+                                                                  teacher.dense, run, known=best_scores, docs=docs))
     run.finish({**result.summary(), "first_stage_dev_ndcg@10": first_score,
                 "random_negative_fill_ins": filled_total, "skipped": data.skipped.as_dict(), "dev_queries": len(dev)})
     return RerankerTrainResult(result.best_dir, result.best_step, result.best_score, result.initial_score,
