@@ -43,7 +43,8 @@ class CheckReport:
     directory: str
     ok: bool = True
     generation: int | None = None
-    documents: int | None = None
+    documents: int | None = None  # a document split into passages counts once
+    passages: int = 0  # rows that are passages of split documents
     segments: int = 0
     bytes_checked: int = 0
     problems: list[str] = field(default_factory=list)
@@ -120,7 +121,7 @@ def _check_docs(docs: DocStore, report: CheckReport) -> None:
         return
     if status != "ok":
         report.problem(docs.path, f"SQLite integrity check failed: {status}")
-    report.documents = docs.count()
+    report.documents, report.passages = docs.count_documents()
     recorded_ids, recorded_rows = docs.recorded_digests()
     ids_now, rows_now = docs.compute_digests()
     report.bytes_checked += docs.path.stat().st_size

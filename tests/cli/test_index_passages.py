@@ -23,6 +23,9 @@ def test_build_info_search_delete_with_passages(tmp_path, capsys):
     assert rc == 0 and "built" in out and "14 documents (" in out and "passages)" in out
     rc, out, _ = run_cli(capsys, "index", "info", "--index", idx)
     assert rc == 0 and "documents   14" in out and "window 16, stride 12 tokens" in out
+    rc, out, _ = run_cli(capsys, "index", "check", idx)
+    passages = out.split("14 documents (")[1].split(" passages)")[0]  # it counted each passage as a document
+    assert rc == 0 and int(passages) > 14 and f"({passages} passages)" in out
     rc, out, _ = run_cli(capsys, "search", "--index", idx, "--json", "--hybrid", "-k", "14", "zorbania")
     hits = json.loads(out)[0]["hits"]
     long1 = next(h for h in hits if h["id"] == "long1")

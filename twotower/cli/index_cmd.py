@@ -288,7 +288,8 @@ def run_check(args: argparse.Namespace) -> int:
         for line in getattr(report, "notes", []):
             print(f"twotower index check: note: {line}", file=sys.stderr)
         if report.ok:
-            print(f"{args.index}: ok (generation {report.generation}, {report.documents} documents, "
+            passages = f" ({report.passages} passages)" if report.passages else ""
+            print(f"{args.index}: ok (generation {report.generation}, {report.documents} documents{passages}, "
                   f"{report.segments} vector segment(s), {report.bytes_checked:,} bytes checked)")
     if not report.ok and args.json:
         for line in report.problems:
