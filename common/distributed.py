@@ -8,6 +8,7 @@ joined or used: the command line reads `launched_as` before it knows whether the
 
 from __future__ import annotations
 
+import datetime
 import gc
 import os
 from collections.abc import Callable, Iterable, Sequence
@@ -48,6 +49,12 @@ def launched_as() -> DistInfo:
     return DistInfo(world, int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0")))
 
 
+# How long a rank waits in a collective: work that one rank does for all (mining, a dev evaluation, encoding its
+# shards) can take hours on a large corpus, while torch's defaults (10 min NCCL, 30 min gloo) would kill the
+# waiting ranks. A rank that fails exits, and torchrun stops the others, so a long wait never hides a failure.
+COLLECTIVE_TIMEOUT_HOURS = 12
+
+
 def init_distributed(device_type: str | None = None) -> DistInfo:
     """Join the process group torchrun describes (or return a world of one)."""
     info = launched_as()
@@ -60,7 +67,8 @@ def init_distributed(device_type: str | None = None) -> DistInfo:
         dev = device_type or ("cuda" if torch.cuda.is_available() else "cpu")
         if dev == "cuda":
             torch.cuda.set_device(info.local_rank)
-        dist.init_process_group(backend="nccl" if dev == "cuda" else "gloo")
+        dist.init_process_group(backend="nccl" if dev == "cuda" else "gloo",
+                                timeout=datetime.timedelta(hours=COLLECTIVE_TIMEOUT_HOURS))
     return info
 
 
@@ -160,7 +168,7 @@ def _broadcast_json(value: Any) -> Any:
     buf = (torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device) if data else
            torch.empty(int(size.item()), dtype=torch.uint8, device=device))
     dist.broadcast(buf, src=0)
-    return json.loads(bytes(buf.cpu().tolist()).decode("utf-8")) if dist.get_rank() != 0 else value
+    return json.loads(buf.cpu().numpy().tobytes().decode("utf-8")) if dist.get_rank() != 0 else value
 
 
 def gather_shards(items: Sequence[Any], compute: Callable[[list], np.ndarray], info: DistInfo) -> np.ndarray:

@@ -14,25 +14,15 @@ at the barrier for as long as another takes to encode its share.
 
 from __future__ import annotations
 
-import datetime
-
-import torch.distributed as dist
-
-from twotower.common.distributed import DistInfo, barrier, cleanup, launched_as
-
-BARRIER_TIMEOUT = datetime.timedelta(hours=12)
+from twotower.common.distributed import DistInfo, barrier, cleanup, init_distributed
 
 __all__ = ["DistInfo", "barrier", "cleanup", "init_build_group", "owns_shard"]
 
 
 def init_build_group() -> DistInfo:
-    """Join the torchrun process group for a build (gloo, long timeout), or a world of one without torchrun."""
-    info = launched_as()
-    if not info.enabled:
-        return info
-    if not dist.is_initialized():
-        dist.init_process_group(backend="gloo", timeout=BARRIER_TIMEOUT)
-    return info
+    """Join the torchrun process group for a build (gloo even beside a GPU: only barriers and a few numbers cross
+    processes; the long timeout of `init_distributed`), or a world of one without torchrun."""
+    return init_distributed("cpu")
 
 
 def owns_shard(shard: int, info: DistInfo) -> bool:
