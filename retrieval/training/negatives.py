@@ -19,8 +19,9 @@ from __future__ import annotations
 import os
 import random
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, astuple
 
+from twotower.common.distributed import DistInfo, from_main
 from twotower.common.errors import DataError
 from twotower.retrieval.training.mining import (
     DenseRetriever,
@@ -82,14 +83,21 @@ def add_mined_negatives(examples: Sequence[TrainExample], path: str, corpus: Map
 
 def mine_negatives(train: Sequence[TrainExample], corpus: Mapping[str, str], run: TrainingRun, *,
                    method: str, ranks: tuple[int, int], num_negatives: int, seed: int,
-                   progress: bool, dense: DenseRetriever | None = None) -> list[TrainExample]:
+                   progress: bool, dense: DenseRetriever | None = None,
+                   info: DistInfo | None = None) -> list[TrainExample]:
     """Negatives from `ranks` (1-based, inclusive) of BM25 or `dense`, written to ``run.out/negatives.jsonl``
-    and merged in.
+    and merged in. Under torchrun (`info`), rank 0 mines once and the other ranks receive its result.
 
     method: the trainer's ``mine`` setting: "bm25", or "dense" with `dense` (a retriever over `corpus`;
     the reranker trainer builds one from its teacher; other dense models: ``twotower train mine
     --retriever dense``, then pass the file as negatives).
     """
+    if info is not None and info.enabled:  # as JSON (nothing a rank receives is unpickled)
+        return from_main(info, lambda: mine_negatives(train, corpus, run, method=method, ranks=ranks,
+                                                      num_negatives=num_negatives, seed=seed, progress=progress,
+                                                      dense=dense),
+                         share=lambda mined: [astuple(e) for e in mined],
+                         unshare=lambda rows: [TrainExample(q, t, tuple(p), tuple(n)) for q, t, p, n in rows])
     if method == "dense" and dense is None:
         raise ValueError("mine='dense' needs a dense retriever over the corpus (the reranker's --teacher)")
     if method not in ("bm25", "dense"):

@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from twotower.common.device import autocast
-from twotower.common.distributed import average_gradients
+from twotower.common.distributed import DistInfo, average_gradients
 from twotower.common.errors import check_at_least, check_setting
 from twotower.encoder.training.optim import make_optimizer
 from twotower.retrieval.export import write_training_args
@@ -335,7 +335,8 @@ def train_dual(cfg: DualTrainConfig) -> DualTrainResult:
     run.open()  # the inputs are read and checked: only now is an earlier run's log set aside
     if cfg.mine and not cfg.freeze_documents:  # with a frozen corpus every document is a negative already
         train = mine_negatives(train, data.corpus, run, method=cfg.mine, ranks=cfg.mine_ranks,
-                               num_negatives=max(cfg.hard_negatives * 4, 8), seed=cfg.seed, progress=cfg.progress)
+                               num_negatives=max(cfg.hard_negatives * 4, 8), seed=cfg.seed, progress=cfg.progress,
+                               info=DistInfo(R, me))  # under torchrun: mined once, on rank 0
     if data.skipped:
         logger.warning("training data: skipped %s", data.skipped.summary())
     run.log("data", source=data.source, train_queries=len(train), dev_queries=len(dev),

@@ -41,7 +41,7 @@ import os
 import random
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, astuple, dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import torch
@@ -648,12 +648,9 @@ def train_reranker(cfg: RerankerTrainConfig) -> RerankerTrainResult:
     run.open()  # the inputs are read and checked: only now is an earlier run's log set aside
     if not cfg.negatives and cfg.mine and cfg.loss == "listwise":
         # mined once, on rank 0 (which writes OUT/negatives.jsonl); every rank trains on its result
-        train = from_main(world, lambda: mine_negatives(train, corpus, run, method=cfg.mine, ranks=cfg.mine_ranks,
-                                                       num_negatives=max(4 * (cfg.group_size - 1), 16),
-                                                       seed=cfg.seed, progress=cfg.progress,
-                                                       dense=teacher.dense if teacher else None),
-                          share=lambda mined: [astuple(e) for e in mined],
-                          unshare=lambda rows: [TrainExample(q, t, tuple(p), tuple(n)) for q, t, p, n in rows])
+        train = mine_negatives(train, corpus, run, method=cfg.mine, ranks=cfg.mine_ranks,
+                               num_negatives=max(4 * (cfg.group_size - 1), 16), seed=cfg.seed,
+                               progress=cfg.progress, dense=teacher.dense if teacher else None, info=world)
         train_pairs = pairs_from_training(TrainingSet(train, corpus, data.skipped, data.source)).pairs
     if data.skipped and world.is_main:
         logger.warning("training data: skipped %s", data.skipped.summary())
