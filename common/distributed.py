@@ -55,8 +55,13 @@ def launched_as() -> DistInfo:
 COLLECTIVE_TIMEOUT_HOURS = 12
 
 
-def init_distributed(device_type: str | None = None) -> DistInfo:
-    """Join the process group torchrun describes (or return a world of one)."""
+def init_distributed(device: str | None = None) -> DistInfo:
+    """Join the process group torchrun describes (or return a world of one).
+
+    device: the device the command computes on (its ``--device``: "cpu", "cuda", "cuda:1"; None: a GPU when
+    there is one). NCCL for a GPU, gloo for the CPU: ``--device cpu`` on a machine with a GPU joined NCCL,
+    whose collectives refuse CPU tensors.
+    """
     info = launched_as()
     if not info.enabled:
         return info
@@ -64,7 +69,7 @@ def init_distributed(device_type: str | None = None) -> DistInfo:
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        dev = device_type or ("cuda" if torch.cuda.is_available() else "cpu")
+        dev = device.split(":")[0] if device else ("cuda" if torch.cuda.is_available() else "cpu")
         if dev == "cuda":
             torch.cuda.set_device(info.local_rank)
         dist.init_process_group(backend="nccl" if dev == "cuda" else "gloo",

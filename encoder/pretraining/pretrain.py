@@ -438,7 +438,7 @@ def write_checkpoint(args: PretrainArgs, model: BertForPreTraining, optimizer, t
 
 def pretrain(args: PretrainArgs) -> dict:
     """Run (or resume) pretraining; returns the final summary (also written to out/summary.json)."""
-    info = init_distributed()
+    info = init_distributed(args.device)
     try:
         return _pretrain(args, info)
     finally:

@@ -347,7 +347,7 @@ def run_dual(args) -> int:
     from twotower.common.distributed import cleanup, init_distributed
     from twotower.retrieval.training.train_dual import DualTrainConfig, train_dual
 
-    info = init_distributed()  # joins torchrun's group when WORLD_SIZE > 1
+    info = init_distributed(args.device)  # joins torchrun's group when WORLD_SIZE > 1 (gloo for --device cpu)
     cfg = DualTrainConfig(
         model=args.model, data=args.data, shared=not args.separate_towers, pooling=args.pooling,
         normalize=args.normalize, query_prefix=args.query_prefix, document_prefix=args.document_prefix,
@@ -474,7 +474,7 @@ def run_reranker(args) -> int:
     reranker_directory("--model", args.model, head=False)  # an encoder gets a fresh head
     max_length_fits("--max-length", args.max_length, _base_dir(args.model))
     _inputs(args)
-    info = init_distributed()  # joins torchrun's group when WORLD_SIZE > 1
+    info = init_distributed(args.device)  # joins torchrun's group when WORLD_SIZE > 1 (gloo for --device cpu)
     res = train_reranker(cfg)
     cleanup(info)  # success path only: a barrier after one rank failed would just hang
     if not info.is_main:  # the result is rank 0's: the other ranks neither evaluate nor save
