@@ -626,7 +626,7 @@ def count_rows(corpus: CorpusPlan, shard_size: int, encoder: DualEncoder,
         spans = splitter.spans(chunk)
         rows.append(sum(len(s) for s in spans))
         long_docs += sum(len(s) > 1 for s in spans)
-        cut_rows += longer_than_model(encoder, splitter.rows(chunk, spans))
+        cut_rows += splitter.cut_rows(chunk)
     return (rows if splitter is not None else None), long_docs, cut_rows
 
 

@@ -158,37 +158,52 @@ class PassageSplitter:
 
     def __init__(self, encoder: Any, settings: PassageSettings) -> None:
         self.settings = check_settings(encoder, settings.window, settings.stride)
+        self.encoder = encoder
         self.tokenizer = encoder.document_tower.tokenizer
         self.cap = max_window(encoder)
+
+    def _title_tokens(self, docs: Sequence[Mapping[str, Any]]) -> list[int]:
+        titles = [d.get("title") or "" for d in docs]
+        return [len(o) for o, _ in self.tokenizer.token_spans(titles)] if any(titles) else [0] * len(docs)
+
+    def _window(self, title_tokens: int) -> int:
+        """A document's window: the title is encoded with every passage, so it shrinks by the title's tokens,
+        down to MIN_WINDOW."""
+        w = self.settings.window
+        return max(min(w, self.cap - title_tokens), min(w, MIN_WINDOW))
 
     def spans(self, docs: Sequence[Mapping[str, Any]]) -> list[list[tuple[int, int]]]:
         """Character spans of each document's passages (one span covering the text when it fits)."""
         w, s = self.settings.window, self.settings.stride
-        titles = [d.get("title") or "" for d in docs]
-        title_tokens = [len(o) for o, _ in self.tokenizer.token_spans(titles)] if any(titles) else [0] * len(docs)
         out = []
-        for d, (offsets, words), t in zip(docs, self.tokenizer.token_spans([d["text"] for d in docs]), title_tokens):
-            win = max(min(w, self.cap - t), min(w, MIN_WINDOW))  # the title is encoded with every passage
+        for d, (offsets, words), t in zip(docs, self.tokenizer.token_spans([d["text"] for d in docs]),
+                                          self._title_tokens(docs)):
+            win = self._window(t)
             stride = s if win == w else max(1, round(s * win / w))  # the same overlap, in proportion
             out.append(passage_spans(offsets, words, len(d["text"]), win, stride))
         return out
 
-    def rows(self, docs: Sequence[Mapping[str, Any]],
-             spans: Sequence[Sequence[tuple[int, int]]] | None = None) -> list[Document]:
-        """The index rows of `docs`, in order (a document's passages are consecutive); `spans`: theirs, when
-        already computed (`spans`)."""
+    def rows(self, docs: Sequence[Mapping[str, Any]]) -> list[Document]:
+        """The index rows of `docs`, in order (a document's passages are consecutive)."""
         out: list[Document] = []
-        for d, doc_spans in zip(docs, self.spans(docs) if spans is None else spans):
-            if len(doc_spans) == 1:
+        for d, spans in zip(docs, self.spans(docs)):
+            if len(spans) == 1:
                 out.append(d)  # type: ignore[arg-type]
                 continue
-            for n, (start, end) in enumerate(doc_spans):
+            for n, (start, end) in enumerate(spans):
                 out.append(Document(id=passage_id(d["id"], n), title=d.get("title") or "", text=d["text"][start:end],
                                     metadata=dict(d.get("metadata") or {}), parent=d["id"], start=start, end=end))
         return out
 
-    def count_rows(self, docs: Sequence[Mapping[str, Any]]) -> int:
-        return sum(len(s) for s in self.spans(docs))
+    def cut_rows(self, docs: Sequence[Mapping[str, Any]]) -> int:
+        """How many rows of `docs` the encoder will truncate (`title_warning`).
+
+        Only a document whose window stopped shrinking at MIN_WINDOW can have any: elsewhere the window
+        leaves room for the title (test_passages checks that property). So only those documents' rows are
+        tokenized again, not every passage of the corpus (which doubled the build's counting pass).
+        """
+        crowded = [d for d, t in zip(docs, self._title_tokens(docs)) if self._window(t) > self.cap - t]
+        return longer_than_model(self.encoder, self.rows(crowded)) if crowded else 0
 
 
 def longer_than_model(encoder: Any, docs: Sequence[Mapping[str, Any]]) -> int:

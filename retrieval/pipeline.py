@@ -364,7 +364,7 @@ class SearchPipeline:
         try:
             for chunk in chunks:
                 rows = splitter.rows(chunk) if splitter is not None else chunk
-                long_docs += longer_than_model(self.encoder, rows)  # with passages: those their title leaves cut
+                long_docs += longer_than_model(self.encoder, chunk) if splitter is None else splitter.cut_rows(chunk)
                 if on_duplicate == "replace":  # rows of the old versions that the new ones do not overwrite
                     old, _ = expand_ids(self.store.docstore, [d["id"] for d in chunk])
                     stale = set(old) - {r["id"] for r in rows}
