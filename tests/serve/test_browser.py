@@ -60,11 +60,16 @@ def page_index(tmp_path_factory, encoder) -> str:
 
 @pytest.fixture()
 def server(page_index, reranker_dir, tmp_path):
+    yield from _serve(page_index, tmp_path, "--reranker", reranker_dir)
+
+
+def _serve(index: str, tmp_path, *flags: str):
+    """`twotower serve` on `index` with the tiny model, in a subprocess; yields its URL once ready."""
     port = free_port()
     log = open(tmp_path / "serve.log", "w+")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "twotower", "serve", "--index", page_index, "--model", tiny_model_dir(),
-         "--reranker", reranker_dir, "--port", str(port)],
+        [sys.executable, "-m", "twotower", "serve", "--index", index, "--model", tiny_model_dir(), *flags,
+         "--port", str(port)],
         stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "TWOTOWER_TOKEN": ""})
     url = f"http://127.0.0.1:{port}"
     try:
@@ -117,6 +122,7 @@ def test_the_page_searches_and_shows_the_ranks(server, tmp_path):
         wait.until(lambda d: "documents" in d.find_element(By.ID, "status").text)
         assert "120 documents" in driver.find_element(By.ID, "status").text
         assert driver.find_element(By.ID, "rerank").is_selected()  # a reranker is loaded: on by default
+        assert not driver.find_element(By.ID, "aggregate-row").is_displayed()  # documents stored whole
         driver.find_element(By.CSS_SELECTOR, "label.switch:has(#hybrid)").click()
         assert driver.find_element(By.ID, "hybrid").is_selected()
         Select(driver.find_element(By.ID, "recall_k")).select_by_visible_text("20")
@@ -180,5 +186,65 @@ def test_the_page_searches_and_shows_the_ranks(server, tmp_path):
         severe = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"
                   and not ("hlaf" in e["message"] and "status of 400" in e["message"])]  # the bad filter, on purpose
         assert not severe, severe
+    finally:
+        driver.quit()
+
+
+@pytest.fixture()
+def passage_server(tmp_path, encoder):
+    from tests.retrieval.test_passages import corpus_docs
+    from twotower.retrieval import SearchPipeline
+
+    out = str(tmp_path / "idx")
+    SearchPipeline.build(write_corpus(str(tmp_path / "c.jsonl"), corpus_docs()), out, encoder, passages=True,
+                         passage_window=16, passage_stride=12, bm25=True, progress=False).close()
+    yield from _serve(out, tmp_path)
+
+
+def test_the_page_over_passages_shows_the_passage_that_ranked_each_document_and_sends_aggregate(passage_server,
+                                                                                                tmp_path):
+    """The page had no aggregate control, and its snippet began at the first query word of the whole document,
+    which in a long document need not be in the passage that ranked it."""
+    _need_browser()
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    query = "zorbania tea"
+    driver = _browser(tmp_path)
+    try:
+        driver.get(passage_server + "/")
+        wait = WebDriverWait(driver, 60)
+        wait.until(lambda d: "documents" in d.find_element(By.ID, "status").text)
+        assert driver.find_element(By.ID, "aggregate-row").is_displayed()
+        driver.find_element(By.CSS_SELECTOR, "label.switch:has(#hybrid)").click()
+        Select(driver.find_element(By.ID, "k")).select_by_visible_text("5")
+        Select(driver.find_element(By.ID, "recall_k")).select_by_visible_text("20")
+        for how, label in (("max", "best"), ("sum", "sum"), ("first", "first")):
+            Select(driver.find_element(By.ID, "aggregate")).select_by_visible_text(label)
+            want = httpx.get(passage_server + "/search", params={"q": query, "k": 5, "recall_k": 20, "hybrid": True,
+                                                                 "aggregate": how}).json()["hits"]
+            driver.execute_script("document.getElementById('results').innerHTML = ''")
+            box = driver.find_element(By.ID, "q")
+            box.clear()
+            box.send_keys(query)
+            driver.find_element(By.ID, "go").click()
+            wait.until(lambda d, n=len(want): len(d.find_elements(By.CSS_SELECTOR, "#results .hit")) == n)
+            shown = driver.find_elements(By.CSS_SELECTOR, "#results .hit")
+            assert [h.get_attribute("data-id") for h in shown] == [h["id"] for h in want], how
+            for el, hit in zip(shown, want):
+                chips = el.find_element(By.CLASS_NAME, "scores").text
+                snippet = el.find_element(By.CLASS_NAME, "snippet").text
+                if hit["passage"] is None:
+                    assert "passage at" not in chips
+                    continue
+                start, end = hit["passage"]["start"], hit["passage"]["end"]
+                assert f"passage at character {start}" in chips
+                piece = hit["text"][start:end].strip()
+                assert snippet.removeprefix("… ").startswith(piece[:40]), (how, snippet, piece)
+        sums = [h["score"] for h in httpx.get(passage_server + "/search", params={
+            "q": query, "k": 5, "recall_k": 20, "hybrid": True, "aggregate": "sum"}).json()["hits"]]
+        assert sums != [h["score"] for h in httpx.get(passage_server + "/search", params={
+            "q": query, "k": 5, "recall_k": 20, "hybrid": True}).json()["hits"]]  # the loop could tell them apart
+        assert not [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
     finally:
         driver.quit()

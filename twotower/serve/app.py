@@ -214,7 +214,8 @@ class SearchService:
                                 "auth_required": self.access.auth_required, "read_only": self.access.read_only,
                                 "writable": self.access.writable}
         if o.state == "ready":
-            body.update(reranker=o.reranker_loaded, hybrid=o.has_bm25, limits=asdict(self.limits))
+            body.update(reranker=o.reranker_loaded, hybrid=o.has_bm25, passages=o.has_passages,
+                        limits=asdict(self.limits))
         if o.error:
             body["error"] = o.error
         return (200 if o.state == "ready" else 503), body

@@ -37,11 +37,14 @@ function queryTerms(q) {
     .map((t) => t.replace(/[.*+?^${}()|[\]\\]/g, "\\$&"));
 }
 
-// About 300 characters of the text, starting a little before the first query word, words marked.
-function snippet(text, terms, width = 300) {
+// About 300 characters of the text, words marked: from `from` (the start of the passage that ranked a document
+// split into passages), else starting a little before the first query word.
+function snippet(text, terms, width = 300, from = null) {
   text = text || "";
   let start = 0;
-  if (terms.length) {
+  if (from !== null && from !== undefined) {
+    start = from;
+  } else if (terms.length) {
     const m = new RegExp("(" + terms.join("|") + ")", "iu").exec(text);
     if (m && m.index > 80) start = text.lastIndexOf(" ", m.index - 60) + 1;
   }
@@ -80,11 +83,12 @@ function renderHits(data, q) {
       chips.push(`<span class="chip ${cls}">reranked #${h.rank}${arrow}</span>`);
       chips.push(`<span class="chip plain">cross-encoder ${fmt(h.rerank_score)}</span>`);
     }
+    if (h.passage) chips.push(`<span class="chip plain">passage at character ${h.passage.start}</span>`);
     if (data.hybrid) chips.push(`<span class="chip plain">dense ${fmt(h.dense_score)} · BM25 ${fmt(h.bm25_score)}</span>`);
     li.innerHTML =
       `<div class="rank">${h.rank}</div><div class="body">` +
       `<p class="title">${escapeHtml(h.title || "(untitled)")}<span class="doc-id">${escapeHtml(h.id)}</span></p>` +
-      `<p class="snippet">${snippet(h.text, terms)}</p><div class="scores">${chips.join("")}</div></div>`;
+      `<p class="snippet">${snippet(h.text, terms, 300, h.passage ? h.passage.start : null)}</p><div class="scores">${chips.join("")}</div></div>`;
     list.appendChild(li);
   }
   const how = (data.hybrid ? "hybrid (dense + BM25)" : "dense") + " recall" + (data.reranked ? ", reranked" : "");
@@ -100,6 +104,7 @@ async function search(event) {
   const params = new URLSearchParams({ q, k: $("k").value, recall_k: $("recall_k").value,
                                        hybrid: $("hybrid").checked, rerank: $("rerank").checked });
   if ($("filter").value.trim()) params.set("filter", $("filter").value);
+  if (state.health && state.health.passages) params.set("aggregate", $("aggregate").value);
   if (Number($("recall_k").value) < Number($("k").value)) params.set("recall_k", $("k").value);
   if ($("rerank").checked) params.set("rerank_k", Math.min(Number($("rerank_k").value), Number(params.get("recall_k"))));
   $("go").disabled = true;
@@ -143,6 +148,7 @@ async function init() {
   $("token-row").hidden = !r.body.auth_required;
   setSwitch("hybrid", r.body.hybrid, "this index has no BM25");
   setSwitch("rerank", r.body.reranker, "no reranker is loaded");
+  $("aggregate-row").hidden = !r.body.passages;
   $("rerank").checked = r.body.reranker;
   $("status").textContent = "ready";
   describeIndex();
