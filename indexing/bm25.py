@@ -6,9 +6,12 @@ tf-part = tf / (tf + k1·(1 - b + b·|d|/avgdl)). Defaults k1=0.9, b=0.4 are the
 Anserini/Pyserini BEIR defaults. Scoring and the sparse index are bm25s's
 (Lù 2024, "BM25S: Orders of magnitude faster lexical search via eager sparse scoring").
 
-Tokenizer (bm25s ``Tokenizer``): lowercase, split on the regex ``\\b\\w\\w+\\b`` (words of
+Tokenizer (bm25s ``Tokenizer``): Unicode NFC, lowercase, split on the regex ``\\b\\w\\w+\\b`` (words of
 two or more word characters), drop bm25s's English stopword list, then stem with the
 Snowball English stemmer (PyStemmer). A document is indexed as ``title + " " + text``.
+NFC because the same word typed in its decomposed form ("e" + U+0301) is otherwise split at
+the accent, which the regex does not count as a word character, and matches nothing. A document
+with no word left (only stopwords or punctuation) has length 0 in ``avgdl``.
 
 Updates: bm25s indexes are static (idf and avgdl are global), so this class keeps every
 live document's token ids and marks the index stale on ``add``/``delete``; the next
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import io
 import json
+import unicodedata
 import weakref
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -94,12 +98,16 @@ class BM25:
         method: str = "lucene",
         stopwords: str | list[str] | None = "en",
         stemmer: str | None = "english",
+        normalization: str | None = "NFC",
     ) -> None:
+        if normalization not in ("NFC", None):
+            raise ValueError(f"BM25: normalization must be 'NFC' or None, got {normalization!r}")
         self.k1 = float(k1)
         self.b = float(b)
         self.method = method
         self.stopwords = stopwords
         self.stemmer = stemmer
+        self.normalization = normalization
         self._tokenizer = self._make_tokenizer()
         self._ids: list[str] = []  # document ids, aligned with _tokens
         self._tokens: list[np.ndarray | None] = []  # token ids per document; None once deleted
@@ -115,6 +123,12 @@ class BM25:
 
         stem = Stemmer.Stemmer(self.stemmer) if self.stemmer else None
         return bm25s.tokenization.Tokenizer(lower=True, stopwords=self.stopwords or [], stemmer=stem)
+
+    def _tokenize(self, texts: Sequence[str], update_vocab: bool) -> list[list[int]]:
+        """Token ids of each text, after the index's Unicode normalization (documents and queries alike)."""
+        if self.normalization:
+            texts = [unicodedata.normalize(self.normalization, t) for t in texts]
+        return self._tokenizer.tokenize(list(texts), update_vocab=update_vocab, return_as="ids", show_progress=False)
 
     @classmethod
     def from_documents(cls, docs: Iterable[Mapping[str, Any]], **kwargs: Any) -> BM25:
@@ -146,9 +160,7 @@ class BM25:
         for j, t in enumerate(texts):
             if not isinstance(t, str):
                 raise ValueError(f"BM25.add: text for id {ids[j]!r} must be a string, got {type(t).__name__}")
-        token_ids = self._tokenizer.tokenize(
-            list(texts), update_vocab=True, return_as="ids", show_progress=False
-        )
+        token_ids = self._tokenize(texts, update_vocab=True)
         for i, toks in zip(ids, token_ids):
             self._pos[i] = len(self._ids)
             self._ids.append(i)
@@ -181,7 +193,9 @@ class BM25:
             self._compact()
             retriever = bm25s.BM25(k1=self.k1, b=self.b, method=self.method)
             vocab = dict(self._tokenizer.get_vocab_dict())  # token -> id, ids 0..V-1
-            corpus = [t.tolist() for t in self._tokens]
+            # bm25s's tokenizer gives a document with no word the one token "": length 0, not 1, in avgdl
+            empty = vocab.get("")
+            corpus = [(t if empty is None else t[t != empty]).tolist() for t in self._tokens]
             retriever.index((corpus, vocab), create_empty_token=False, show_progress=False)
             self._retriever = retriever
             self._built_ids = list(self._ids)
@@ -243,7 +257,7 @@ class BM25:
         """Token ids of each query that the built index knows (unknown and empty tokens dropped)."""
         vocab_size = len(self._ensure_built().vocab_dict)
         empty_id = self._tokenizer.get_vocab_dict().get("")
-        query_ids = self._tokenizer.tokenize(list(queries), update_vocab=False, return_as="ids", show_progress=False)
+        query_ids = self._tokenize(queries, update_vocab=False)
         return [[t for t in toks if t != empty_id and t < vocab_size] for toks in query_ids]
 
     def _allowed_mask(self, allowed: Collection[str]) -> np.ndarray:
@@ -275,6 +289,7 @@ class BM25:
             "method": self.method,
             "stopwords": self.stopwords,
             "stemmer": self.stemmer,
+            "normalization": self.normalization,
         }
         tok = self._tokenizer
         vocab = {
@@ -314,7 +329,9 @@ class BM25:
             raise IndexFormatError(path, f"format_version {params.get('format_version')!r} is not supported")
         if len(ids) != len(lengths) or int(lengths.sum()) != len(tokens):
             raise IndexFormatError(path, "ids, lengths and tokens disagree")
-        bm = cls(params["k1"], params["b"], params["method"], params["stopwords"], params["stemmer"])
+        # a file written before normalization was recorded holds tokens of the text as given: search it so
+        bm = cls(params["k1"], params["b"], params["method"], params["stopwords"], params["stemmer"],
+                 params.get("normalization"))
         bm._tokenizer.word_to_stem = vocab["word_to_stem"]
         bm._tokenizer.stem_to_sid = vocab["stem_to_sid"]
         bm._tokenizer.word_to_id = vocab["word_to_id"]

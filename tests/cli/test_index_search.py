@@ -34,7 +34,8 @@ def test_build_prints_a_summary_and_info(built, capsys):
     assert info["documents"] == 40 and info["extra"]["pipeline"]["encoder"]["dim"] == 36
     with IndexStore.open(built / "idx", readonly=True) as store:  # the parameters the index searches with
         bm = store.bm25
-        used = {"k1": bm.k1, "b": bm.b, "method": bm.method, "stopwords": bm.stopwords, "stemmer": bm.stemmer}
+        used = {"k1": bm.k1, "b": bm.b, "method": bm.method, "stopwords": bm.stopwords, "stemmer": bm.stemmer,
+                "normalization": bm.normalization}
     assert info["bm25"] is True and info["bm25_params"] == used
 
 

@@ -76,6 +76,60 @@ def test_scores_equal_the_lucene_formula():
     np.testing.assert_allclose(res.scores[0], [s for s, _ in want], rtol=1e-5)
 
 
+def test_a_document_with_no_word_has_length_zero_in_avgdl():
+    """bm25s's tokenizer gives a document of stopwords or punctuation the one token "", which counted 1 in avgdl;
+    the Lucene formula (and the reference here) counts its words: 0."""
+    k1, b = 0.9, 0.4
+    docs = {"a": "kiwi kiwi banana", "b": "banana melon", "c": "the and of", "d": "...!", "e": "kiwi"}
+    bm = BM25(k1=k1, b=b)
+    bm.add(list(docs), list(docs.values()))
+    words = {i: [w for w in t.split() if w.isalpha() and w not in ("the", "and", "of")] for i, t in docs.items()}
+    n, avgdl = len(words), np.mean([len(w) for w in words.values()])
+
+    def ref(doc, term="kiwi"):
+        df = sum(term in w for w in words.values())
+        tf = doc.count(term)
+        return math.log(1 + (n - df + 0.5) / (df + 0.5)) * tf / (tf + k1 * (1 - b + b * len(doc) / avgdl))
+
+    np.testing.assert_allclose(bm.score("kiwi", list(docs)), [ref(w) for w in words.values()], rtol=1e-5)
+
+
+@pytest.mark.parametrize("form", ["NFC", "NFD"])
+def test_a_word_matches_in_either_unicode_form(form, tmp_path):
+    """"Montréal" typed decomposed (e + U+0301) was split at the accent ("montre", "al"), so a query in one form
+    missed a document in the other."""
+    import unicodedata
+
+    other = "NFD" if form == "NFC" else "NFC"
+    bm = BM25()
+    bm.add(["doc", "noise"], [unicodedata.normalize(form, "Festival de Montréal"), "Toronto festival"])
+    for q in (unicodedata.normalize(form, "Montréal"), unicodedata.normalize(other, "Montréal")):
+        assert bm.search([q], k=2).ids == [["doc", ""]], ascii(q)
+    bm.save(tmp_path / "bm25.npz")
+    back = BM25.load(tmp_path / "bm25.npz")
+    assert back.normalization == "NFC"
+    assert back.search([unicodedata.normalize(other, "Montréal")], k=2).ids == [["doc", ""]]
+
+
+def test_a_file_from_before_normalization_searches_as_it_was_built(tmp_path):
+    """Its stored tokens are of the text as given: its queries are tokenized the same way, not normalized."""
+    import unicodedata
+
+    nfd = unicodedata.normalize("NFD", "Montréal")
+    old = BM25(normalization=None)
+    old.add(["doc"], [nfd])
+    old.save(tmp_path / "bm25.npz")
+    with np.load(tmp_path / "bm25.npz") as z:
+        arrays = dict(z)
+    params = json.loads(arrays["params"].tobytes())
+    del params["normalization"]
+    arrays["params"] = np.frombuffer(json.dumps(params).encode(), dtype=np.uint8)
+    np.savez(tmp_path / "old.npz", **arrays)
+    back = BM25.load(tmp_path / "old.npz")
+    assert back.normalization is None
+    assert back.search([nfd], k=1).ids == [["doc"]]
+
+
 def test_ties_break_by_document_id():
     bm = BM25()
     bm.add(["b", "c", "a"], ["same words here", "other text", "same words here"])
