@@ -81,12 +81,21 @@ def reciprocal_rank_fusion(
     return _ordered(fused, limit)
 
 
+# A spread at most this fraction of the largest magnitude (and at most this, below 1) is float32 rounding
+# (2**-24 ~ 6e-8 relative, with room for a few operations), not a difference between documents.
+ROUNDING_SPREAD = 1e-6
+
+
 def normalize_scores(scores: np.ndarray, method: str = "minmax") -> np.ndarray:
     """Normalise one list's scores so that lists from different retrievers are comparable.
 
     minmax: (s - min) / (max - min), in [0, 1]; a list whose scores are all equal maps to 1.0
             (every document is as good as the best).
     zscore: (s - mean) / std (population std); a constant list maps to 0.0.
+
+    "Equal" allows float rounding (`ROUNDING_SPREAD`): a cross-encoder gives the same text at two
+    positions of a batch logits ~1e-7 apart, and dividing by that spread turned the noise into a
+    ranking (final scores from +1.9 to -1.2 among identical documents).
     """
     s = np.asarray(scores, dtype=np.float64)
     if method not in NORMALIZATIONS:
@@ -95,11 +104,12 @@ def normalize_scores(scores: np.ndarray, method: str = "minmax") -> np.ndarray:
         return s
     if not np.all(np.isfinite(s)):
         raise ValueError("scores to normalise contain NaN or infinity")
+    rounding = ROUNDING_SPREAD * max(1.0, float(np.abs(s).max()))
     if method == "minmax":
         lo, hi = s.min(), s.max()
-        return np.ones_like(s) if hi == lo else (s - lo) / (hi - lo)
+        return np.ones_like(s) if hi - lo <= rounding else (s - lo) / (hi - lo)
     sd = s.std()
-    return np.zeros_like(s) if sd == 0 else (s - s.mean()) / sd
+    return np.zeros_like(s) if sd <= rounding else (s - s.mean()) / sd
 
 
 def score_fusion(

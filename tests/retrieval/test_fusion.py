@@ -96,6 +96,25 @@ def test_score_fusion_minmax_worked_example():
     assert order == ["a", "b", "c", "d"]
 
 
+def test_a_spread_of_float_rounding_is_no_spread():
+    """A cross-encoder scores one text at two batch positions ~1e-7 apart; z-scoring that blew it up to a ranking."""
+    noise = np.array([1.078672171, 1.078671932, 1.078672051], dtype=np.float32)
+    np.testing.assert_array_equal(normalize_scores(noise, "zscore"), [0.0, 0.0, 0.0])
+    np.testing.assert_array_equal(normalize_scores(noise, "minmax"), [1.0, 1.0, 1.0])
+    np.testing.assert_array_equal(normalize_scores(noise * 1e4, "zscore"), [0.0, 0.0, 0.0])  # relative to the size
+    small = np.array([0.002, 0.001, 0.0015])  # a real spread, however small the scores: still normalised
+    np.testing.assert_allclose(normalize_scores(small, "minmax"), [1.0, 0.0, 0.5])
+    np.testing.assert_allclose(normalize_scores(small * 1e3, "zscore"), normalize_scores(small, "zscore"), atol=1e-12)
+
+
+def test_interpolation_keeps_the_first_stage_order_among_documents_the_reranker_cannot_tell_apart():
+    from twotower.retrieval.interpolation import interpolate
+
+    rerank = np.array([1.078672171, 1.078671932, 1.078672051])  # one text, three batch positions
+    first = np.array([0.52, 0.51, 0.50])
+    assert interpolate(rerank, first, 0.7).argsort(kind="stable")[::-1].tolist() == [0, 1, 2]
+
+
 def test_score_fusion_zscore_missing_gets_list_minimum():
     dense = {"a": 1.0, "b": 3.0}  # z: a -1, b +1
     bm25 = {"b": 2.0, "c": 4.0, "d": 0.0}  # mean 2, std sqrt(8/3): b 0, c +1.2247, d -1.2247

@@ -151,6 +151,14 @@ def test_bad_search_input_is_a_4xx_naming_the_field(shared, case):
     _check(_send(shared, method, path, params, body), status, field, words)
 
 
+@pytest.mark.parametrize("query, field", [("q=caf%E9", "q"), ("q=%ED%A0%80", "q"),  # Latin-1; a lone surrogate
+                                          ("q=tea&filter=lang+%3D%3D+%22%FF%22", "filter")])
+def test_query_parameters_that_are_not_utf8_are_refused(shared, query, field):
+    """Starlette reads them with errors="replace": `q=caf%E9` searched "caf\ufffd" and answered 200."""
+    _check(shared.get("/search?" + query, headers=AUTH), 400, field, "not UTF-8")
+    assert shared.get("/search?q=caf%C3%A9", headers=AUTH).status_code == 200
+
+
 def test_writes_with_bad_input_leave_the_index_unchanged(index_dir):
     before_files = _fingerprint(index_dir)
     with client(index_dir, token=TOKEN, limits=LIMITS) as c:

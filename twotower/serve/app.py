@@ -25,6 +25,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
+from urllib.parse import unquote_to_bytes
 
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.responses import FileResponse, JSONResponse
@@ -249,7 +250,17 @@ class SearchService:
 
 
 def _reject_unknown(request: Request, allowed: tuple[str, ...]) -> None:
-    """Refuse a query parameter the endpoint does not read, and one given twice (the last one won, silently)."""
+    """Refuse a query parameter the endpoint does not read, one given twice (the last one won, silently), and
+    one whose bytes are not UTF-8 (Starlette replaces them with U+FFFD: `q=caf%E9` searched "caf\ufffd")."""
+    for part in request.scope.get("query_string", b"").split(b"&"):
+        name, _, value = part.partition(b"=")
+        try:
+            unquote_to_bytes(name.replace(b"+", b" ")).decode("utf-8")
+            unquote_to_bytes(value.replace(b"+", b" ")).decode("utf-8")
+        except UnicodeDecodeError:
+            field = unquote_to_bytes(name).decode("utf-8", "replace")
+            raise ApiError(400, f"{field}: not UTF-8 text; percent-encode the UTF-8 bytes of the text "
+                                "(caf%C3%A9 for café)", field) from None
     names = [p for p, _ in request.query_params.multi_items()]
     unknown = [p for p in names if p not in allowed]
     if unknown:
