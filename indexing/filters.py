@@ -17,11 +17,11 @@ Grammar (``not`` binds tighter than ``and``, which binds tighter than ``or``)::
     not_expr   := "not" not_expr | "(" expr ")" | comparison
     comparison := field ("==" | "!=" | "<" | "<=" | ">" | ">=") literal
                 | field ["not"] "in" "[" [literal ("," literal)* [","]] "]"
-    field      := key ("." key)*            key := [A-Za-z_][A-Za-z0-9_]* | "`" any text but ` . " \\ "`"
+    field      := key ("." key)*            key := a letter (any script) or "_", then letters, digits, "_" | "`" any text but ` . " \\ "`"
     literal    := number | string | "true" | "false"
 
 Keywords are lower- or upper-case (``and``/``AND``); strings are double- or single-quoted with
-backslash escapes (``\\" \\' \\\\ \\n \\t \\r``); numbers are integers or decimals (``-3``, ``2.5e3``).
+backslash escapes (``\\" \\' \\\\ \\n \\t \\r``); numbers are integers or decimals in ASCII digits (``-3``, ``2.5e3``).
 A dotted field names nested metadata (``source.name`` is ``metadata["source"]["name"]``). A key that is
 not a name, or is a keyword, is back-quoted: `` `pub-date` >= "2020" ``, `` source.`in` == 1 ``.
 
@@ -133,11 +133,13 @@ class _Tok:
     raw: str
 
 
-_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# A name: letters of any script, digits and '_', not starting with a digit (`城市`, `année` need no quotes,
+# as in Python); numbers are ASCII digits only, so a full-width "２００６" is no number.
+_IDENT = re.compile(r"[^\W\d]\w*")
 # Characters a quoted key cannot hold: the JSON paths of SQLite and Milvus cannot name them ('"', '\\',
 # control characters, which JSON stores escaped), the quote itself, and '.', which no stored key holds.
 _UNQUOTABLE = re.compile(r'[`."\\\x00-\x1f\x7f]')
-_NUMBER = re.compile(r"-?\d+(\.\d+)?([eE][+-]?\d+)?")
+_NUMBER = re.compile(r"-?[0-9]+(\.[0-9]+)?([eE][+-]?[0-9]+)?")
 _ESCAPES = {'"': '"', "'": "'", "\\": "\\", "n": "\n", "t": "\t", "r": "\r"}
 
 

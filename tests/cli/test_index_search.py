@@ -193,12 +193,15 @@ def test_info_and_check_say_when_the_bm25_cache_is_missing(built, tmp_path, caps
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["search", "--index", "{idx}", "   "], "query q1 is empty"),
-        # an undecodable byte in argv arrives as a lone surrogate (surrogateescape): the tokenizer raised
-        (["search", "--index", "{idx}", "tea", "caf\udce9"], "query q2 holds a lone surrogate '\\udce9'"),
-        (["search", "--index", "{idx}", "\u200b"], "query q1 holds only control or invisible characters"),
+        (["search", "--index", "{idx}", "   "], "error: QUERY is empty"),  # said "query q1": an id nobody gave
+        # an undecodable byte in argv arrives as a lone surrogate (surrogateescape): the tokenizer raised, then the
+        # message spoke of "an unpaired \u escape", which nobody typed
+        (["search", "--index", "{idx}", "tea", "caf\udce9"],
+         "error: QUERY 2 holds the byte 0xE9, which is not UTF-8 text (is the terminal's encoding UTF-8?)"),
+        (["search", "--index", "{idx}", "\u200b"], "error: QUERY holds only control or invisible characters"),
         (["answer", "--index", "{idx}", "--reader", "{model}", "tea", "\x00"],
          "question 2 holds only control or invisible characters"),
+        (["answer", "--index", "{idx}", "--reader", "{model}", "caf\udce9"], "question 1 holds the byte 0xE9"),
         (["search", "--index", "{idx}"], "give at least one QUERY"),
         # named both flags whichever was wrong ("-k and --batch-size must be positive")
         (["search", "--index", "{idx}", "-k", "0", "tea"], "error: -k must be >= 1, got 0\n"),

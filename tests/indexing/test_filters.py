@@ -134,6 +134,19 @@ def test_quoted_keys_name_what_a_name_cannot():
     assert parse_filter("`year` == 1") == parse_filter("year == 1")
 
 
+def test_names_in_any_script_need_no_quotes():
+    """`城市 == "北京"` said "unexpected character '城'" (names were ASCII), with no word of back-quotes."""
+    docs = [{"城市": "北京", "année": 2001, "ключ": {"под": 1}}, {"城市": "上海", "année": 1999}, {}]
+    for text, expected in [('城市 == "北京"', [1, 0, 0]), ("année > 2000 or 城市 == '上海'", [1, 1, 0]),
+                           ("ключ.под == 1", [1, 0, 0]), ("_x1 == 1", [0, 0, 0])]:
+        flt = parse_filter(text)
+        assert [flt.matches(d) for d in docs] == [bool(e) for e in expected], text
+        assert sql_matches(flt, docs) == [bool(e) for e in expected], text
+    assert parse_filter("城市 == 1") == parse_filter("`城市` == 1")
+    assert parse_filter("ключ.под == 1").to_milvus() == 'metadata["ключ"]["под"] == 1'
+    assert parse_filter("année == 1").fields() == {"année"}
+
+
 def test_metadata_fields_are_leaf_paths():
     assert metadata_fields({"a": 1, "b": {"c": "x", "d": {"e": [1]}}, "f": {}}) == {"a", "b.c", "b.d.e", "f"}
 
@@ -162,6 +175,8 @@ def test_metadata_fields_are_leaf_paths():
         ("x == 'a\\q'", "unknown escape", 8),
         ("src.in == 1", "'in' is a keyword and cannot be part of a field name (quote it: `in`)", 5),
         ("pub-date == 1", "unexpected character '-'", 4),
+        ("year >= ２００６", "unexpected character '２'", 9),  # numbers are ASCII digits; it read 2006
+        ("1abc == 1", "malformed number '1a'", 1),
         ("`pub-date == 1", "unterminated `quoted` field name", 1),
         ("`` == 1", "empty `quoted` field name", 1),
         ('`a"b` == 1', "a filter cannot name a key holding '\"'", 3),

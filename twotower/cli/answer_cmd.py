@@ -14,6 +14,7 @@ import sys
 
 from twotower.cli import CLIError
 from twotower.cli.checks import (
+    argument_text_problem,
     error_prefix,
     filter_option,
     index_directory,
@@ -23,7 +24,6 @@ from twotower.cli.checks import (
     require_bm25,
     reranker_directory,
 )
-from twotower.common.lines import query_problem
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -58,7 +58,7 @@ def run_answer(args: argparse.Namespace) -> int:
         raise CLIError(f"--retrieval-weight must be a number >= 0, got {args.retrieval_weight}")
     refuse_reranker_with_no_rerank(args.reranker, args.no_rerank)
     for i, q in enumerate(args.questions, 1):
-        problem = query_problem(q, f"question {i}")
+        problem = argument_text_problem(q, f"question {i}")
         if problem:
             raise CLIError(problem)
     for flag, path in (("--reader", args.reader), ("--classifier", args.classifier)):

@@ -278,3 +278,18 @@ def filter_option(text: str | None, command: str):
 def error_prefix(command: str) -> str:
     """How twotower.cli.main prints a CLIError of `command` (``twotower search: error: ``)."""
     return f"twotower {command}: error: "
+
+
+def argument_text_problem(text: str, name: str) -> str | None:
+    """Why a query typed on the command line cannot be searched, or None (`query_problem`'s rules, in shell words).
+
+    Python reads a command-line byte that is not UTF-8 as a lone surrogate U+DC80-U+DCFF (surrogateescape):
+    `query_problem` called that "an unpaired \\u escape", which nobody typed. Here it is the byte it was.
+    """
+    from twotower.common.lines import query_problem
+
+    bad = next((ch for ch in text if "\udc80" <= ch <= "\udcff"), None)
+    if bad is not None:
+        return (f"{name} holds the byte 0x{ord(bad) - 0xDC00:02X}, which is not UTF-8 text "
+                "(is the terminal's encoding UTF-8?)")
+    return query_problem(text, name)

@@ -16,6 +16,7 @@ import textwrap
 
 from twotower.cli import CLIError
 from twotower.cli.checks import (
+    argument_text_problem,
     error_prefix,
     filter_option,
     index_directory,
@@ -146,8 +147,11 @@ def run_search(args: argparse.Namespace) -> int:
         items = [(f"q{i}", q) for i, q in enumerate(args.queries, 1)]
     else:
         raise CLIError("give at least one QUERY, or --queries FILE")
-    for qid, text in items:
-        problem = query_problem(text, f"query {qid}")
+    for i, (qid, text) in enumerate(items, 1):
+        if args.queries_file:
+            problem = query_problem(text, f"query {qid}")
+        else:  # "query q1 is empty" named an id nobody gave: the QUERY arguments are numbered
+            problem = argument_text_problem(text, f"QUERY {i}" if len(items) > 1 else "QUERY")
         if problem:
             raise CLIError(f"{args.queries_file}: {problem}" if args.queries_file else problem)
         if args.run:  # found only when the run was written, naming no file
