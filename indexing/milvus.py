@@ -426,6 +426,7 @@ class MilvusVectors:
     """
 
     native_filters = True
+    max_k = MAX_LIMIT
     segments: tuple = ()  # no local vector files
 
     def __init__(self, client: Any, record: Mapping[str, Any], dim: int, metric: str, index_type: str,

@@ -28,3 +28,33 @@ def empty_result(num_queries: int, k: int) -> SearchResult:
         ids=[[MISSING_ID] * k for _ in range(num_queries)],
         scores=np.full((num_queries, k), MISSING_SCORE, dtype=np.float32),
     )
+
+
+def ties_by_id(result: SearchResult, k: int) -> SearchResult:
+    """Each row ordered by score, equal scores by document id descending, cut to ``k`` (padding last).
+
+    Why: trec_eval orders equal scores that way, so a search's hits, its TREC run and its HTTP answer
+    show tied documents (a corpus's duplicates) in one order; backends return them in their own.
+    """
+    s = np.asarray(result.scores, dtype=np.float32)  # (Q, n)
+    scores = np.full((len(result.ids), k), MISSING_SCORE, dtype=np.float32)
+    scores[:, : min(k, s.shape[1])] = s[:, :k]
+    ids = [row[:k] + [MISSING_ID] * (k - len(row[:k])) for row in result.ids]
+    # only a row out of order or holding a tie is sorted again (a per-row Python sort cost ~7 us a query)
+    redo = ~(s[:, :-1] >= s[:, 1:]).all(1) | ((s[:, :-1] == s[:, 1:]) & np.isfinite(s[:, 1:])).any(1)  # (Q,)
+    for q in np.flatnonzero(redo).tolist():
+        hits = sorted(((v, i) for i, v in zip(result.ids[q], s[q].tolist()) if i != MISSING_ID), reverse=True)[:k]
+        ids[q] = [i for _, i in hits] + [MISSING_ID] * (k - len(hits))
+        scores[q] = MISSING_SCORE
+        scores[q, : len(hits)] = [v for v, _ in hits]
+    return SearchResult(ids=ids, scores=scores)
+
+
+def tie_at_cut(result: SearchResult, k: int) -> bool:
+    """Whether some row's last fetched hit still ties its k-th (a deeper fetch may hold more tied documents).
+
+    `result` holds more than ``k`` columns; a tie that reaches its last one may go on past it.
+    """
+    last = result.scores[:, -1]  # (Q,)
+    kth = result.scores[:, k - 1]
+    return bool(np.any(np.isfinite(last) & (last == kth)))

@@ -199,6 +199,7 @@ class Segments:
                 self._where[i] = pos
 
     native_filters = False  # a filter reaches search() as the allowed ids (twotower.indexing.vectors)
+    max_k = None
 
     # ------------------------------------------------------------------ configuration
     def __getattr__(self, name: str) -> Any:  # ef_search, nprobe, ... as stored

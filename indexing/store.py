@@ -83,7 +83,7 @@ from twotower.indexing.filters import Filter, as_filter
 from twotower.indexing.integrity import file_sha256, hex64, set_digest
 from twotower.indexing.manifest import MANIFEST_NAME, Manifest
 from twotower.indexing.milvus import MilvusSpec
-from twotower.indexing.search_result import SearchResult
+from twotower.indexing.search_result import SearchResult, tie_at_cut, ties_by_id
 from twotower.indexing.segments import (
     HASH_ON_OPEN_MAX,
     VECTOR_OPTIONS,
@@ -238,14 +238,32 @@ class Snapshot:
         ``filter`` (``twotower.indexing.filters``): only rows whose metadata passes it are hits,
         k of them whenever k exist. A backend that filters natively (Milvus) gets the ``Filter``;
         FAISS gets the allowed ids, resolved from this snapshot's documents (``allowed_ids``).
+
+        Equal scores are ordered by document id, descending (trec_eval's order), and the hits of a
+        smaller ``k`` are the first hits of a larger one: the backend is asked for one hit more, and
+        deeper while documents tie across the cut, since which of them it keeps is its own choice.
         """
+        if not isinstance(k, int | np.integer) or k < 1:
+            raise ValueError(f"search: k must be a positive int, got {k!r}")
         flt = as_filter(filter)
-        if flt is None:
-            return self.vectors.search(queries, k, **params)
-        if getattr(self.vectors, "native_filters", False):
+        native = self.vectors.native_filters
+        if flt is not None and native:
             flt.check_fields(self.docstore.metadata_fields())
-            return self.vectors.search(queries, k, filter=flt, **params)
-        return self.vectors.search(queries, k, allowed=self.allowed_ids(flt), filter=flt, **params)
+        allowed = self.allowed_ids(flt) if flt is not None and not native else None
+        most = max(k + 1, len(self.vectors))  # no deeper fetch can find more
+        if self.vectors.max_k is not None:
+            most = min(most, self.vectors.max_k)
+        fetch = min(k + 1, most)
+        while True:
+            if flt is None:
+                res = self.vectors.search(queries, fetch, **params)
+            elif allowed is None:
+                res = self.vectors.search(queries, fetch, filter=flt, **params)
+            else:
+                res = self.vectors.search(queries, fetch, allowed=allowed, filter=flt, **params)
+            if fetch <= k or fetch >= most or not tie_at_cut(res, k):
+                return ties_by_id(res, k)
+            fetch = min(fetch * 2, most)
 
     def allowed_ids(self, flt: Filter) -> frozenset[str]:
         """Ids of the rows passing ``flt`` (FilterError for an unknown field).

@@ -35,6 +35,7 @@ class VectorBackend(Protocol):
     factory: str  # FAISS factory string, or the Milvus index type
     metric: str  # "cosine" | "ip" | "l2"; scores are higher-is-better for all three
     native_filters: bool  # search(filter=Filter) is evaluated by the backend itself (Milvus)
+    max_k: int | None  # the most hits one search may ask for (Milvus's topk bound), None: no bound
 
     # membership (staged changes included for the writer)
     def __len__(self) -> int: ...

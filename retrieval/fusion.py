@@ -44,7 +44,8 @@ def _check_weights(weights: Sequence[float] | None, n: int) -> list[float]:
 
 
 def _ordered(scores: Mapping[str, float], limit: int | None) -> list[tuple[str, float]]:
-    out = sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))
+    """By score; equal scores by id descending, as trec_eval, dense and BM25 search order them."""
+    out = sorted(scores.items(), key=lambda kv: (kv[1], kv[0]), reverse=True)
     return out[:limit] if limit is not None else out
 
 
@@ -131,7 +132,7 @@ def score_fusion(
 
     Example:
         >>> score_fusion([{"a": 2.0, "b": 1.0}, {"b": 10.0, "c": 0.0}])
-        [('a', 1.0), ('b', 1.0), ('c', 0.0)]
+        [('b', 1.0), ('a', 1.0), ('c', 0.0)]
     """
     w = _check_weights(weights, len(results))
     normed: list[dict[str, float]] = []

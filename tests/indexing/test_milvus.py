@@ -435,3 +435,17 @@ def test_writer_killed_around_the_commit_point_reopens_consistent(tmp_path, stag
         assert store.search(x[:20], 5).ids == truth
         assert store.search_bm25(["w150"], 1).ids[0] == (["d150"] if committed else [""])
     assert check_index(directory).ok
+
+
+def test_tied_documents_come_in_id_order_as_in_faiss(tmp_path, uri):
+    """Milvus returns equal scores in an order of its own; the store orders them by id descending, as for FAISS."""
+    from tests.indexing.test_store import _tied_store
+
+    q = np.array([[1.0, 0.0, 0.0, 0.0]], dtype=np.float32)
+    faiss_store = _tied_store(tmp_path / "faiss")
+    milvus_store = _tied_store(tmp_path / "milvus", factory=None, milvus=spec(uri))
+    for k in (1, 2, 3, 7, 8):
+        assert same_search(faiss_store, milvus_store, q, k) == [sorted(
+            ["d5", "d12", "d3", "d40", "d1", "d100", "d7"], reverse=True)[:k] + ["other"][: max(0, k - 7)]]
+    faiss_store.close()
+    milvus_store.close()

@@ -318,3 +318,32 @@ def test_directory_of_the_one_file_layout_opens_and_upgrades(tmp_path, vecs):
     with IndexStore.open(d, readonly=True, verify="full") as ro:
         assert ro.generation == 4 and len(ro) == 39 and ro.search(vecs[35:36], 1).ids == [["d35"]]
         assert {s.name for s in ro.vectors.segments} >= {vectors_name(3)}
+
+
+def _tied_store(path, **kw) -> IndexStore:
+    """Seven documents with one vector, added over two commits (two segments), and one other document."""
+    order = ["d5", "d12", "d3", "d40", "d1", "d100", "d7"]
+    v = np.zeros((len(order) + 1, 4), dtype=np.float32)
+    v[:, 0] = 1.0
+    v[-1] = [0.0, 1.0, 0.0, 0.0]
+    rows = [{"id": i, "text": "same", "metadata": {"n": int(i[1:])}} for i in order] + [{"id": "other", "text": "x"}]
+    store = IndexStore.create(path, 4, kw.pop("factory", "Flat"), "ip", **kw)
+    store.add(rows[:3], v[:3])
+    store.commit()
+    store.add(rows[3:], v[3:])
+    store.commit()
+    return store
+
+
+def test_tied_documents_come_in_id_order_and_a_smaller_k_is_a_prefix(tmp_path):
+    """FAISS kept the earliest-added of tied documents at the cut and listed them newest first, so top-1 was d5 and
+    top-2 "d12, d5"; a run file lists them by id descending (trec_eval), fusion listed them ascending."""
+    store = _tied_store(tmp_path / "idx")
+    tied = sorted(["d5", "d12", "d3", "d40", "d1", "d100", "d7"], reverse=True)  # trec_eval's order
+    q = np.array([[1.0, 0.0, 0.0, 0.0]], dtype=np.float32)
+    for k in range(1, 9):
+        assert store.search(q, k).ids == [(tied + ["other"])[:k]], k
+    assert store.search(q, 3, filter="n < 40").ids == [[i for i in tied if int(i[1:]) < 40][:3]]
+    with pytest.raises(ValueError, match="k must be a positive int"):
+        store.search(q, 0)
+    store.close()

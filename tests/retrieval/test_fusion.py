@@ -64,8 +64,9 @@ def test_rrf_single_list_keeps_its_order_and_ties_break_by_id():
     ids = [f"d{i}" for i in range(50)]
     rng.shuffle(ids)
     assert [d for d, _ in reciprocal_rank_fusion([ids])] == ids
-    # two lists that mirror each other give every document the same score: order by id
-    assert [d for d, _ in reciprocal_rank_fusion([["b", "a"], ["a", "b"]])] == ["a", "b"]
+    # two lists that mirror each other give every document the same score: by id descending, as trec_eval, dense
+    # and BM25 search order equal scores (fusion alone ordered them ascending)
+    assert [d for d, _ in reciprocal_rank_fusion([["b", "a"], ["a", "b"]])] == ["b", "a"]
 
 
 def test_rrf_empty_inputs():
