@@ -52,6 +52,7 @@ must share a process (the HTTP service does). A Milvus server has no such limit.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -291,7 +292,9 @@ def connect(uri: str, flag: str = FLAG) -> Any:
             why = getattr(e, "message", None) or str(e)
             if cause is not None:
                 why += f" ({type(cause).__name__}: {cause})"
-            if "lock" in str(e).lower() or "Open local milvus failed" in str(e):
+                if getattr(cause, "errno", None) in (errno.EROFS, errno.EACCES):
+                    why += "; Milvus Lite writes its file even to search it, so it cannot be read from read-only storage"
+            elif "lock" in str(e).lower() or "Open local milvus failed" in str(e):
                 why += " (a Milvus Lite file is used by one process at a time: is another one using it?)"
             raise MilvusUnavailableError(f"cannot reach Milvus at {uri} ({flag}): {why}") from None
         _clients[uri] = client
