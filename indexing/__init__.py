@@ -18,7 +18,7 @@ from twotower.indexing.factory import auto_factory, index_kind
 from twotower.indexing.manifest import Manifest
 from twotower.indexing.search_result import MISSING_ID, SearchResult
 from twotower.indexing.segments import MergePolicy, Segments
-from twotower.indexing.store import IndexLockedError, IndexStore, Snapshot
+from twotower.indexing.store import IndexLockedError, IndexNotWritableError, IndexStore, Snapshot
 from twotower.indexing.vector_index import FactoryError, VectorIndex, check_factory
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "IndexDiskFullError",
     "IndexFormatError",
     "IndexLockedError",
+    "IndexNotWritableError",
     "IndexStore",
     "MISSING_ID",
     "Manifest",

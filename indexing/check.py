@@ -14,7 +14,8 @@ problem it finds rather than stopping at the first:
 * the ids of the vectors (segments minus tombstones) are exactly the ids of the documents;
 * for a Milvus-backed index: the collection is the one the manifest names (dimension, metric,
   encoder, index id), its key table names exactly the documents, and the collection holds the
-  vector of every live document (rows of an interrupted commit are noted, not a problem);
+  vector of every live document (rows of an interrupted commit are noted, not a problem; a Milvus
+  Lite file another process holds is reported as ``busy``: unchecked, not damaged);
 * the BM25 cache of the generation, when present, has the SHA-256 recorded when it was saved
   and loads (a damaged cache is harmless to delete: it is rebuilt).
 """
@@ -49,6 +50,8 @@ class CheckReport:
     bytes_checked: int = 0
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # harmless findings (repaired by the next writable open)
+    # Why the vectors could not be checked now (a Milvus Lite file another process holds): contention, not damage.
+    busy: str | None = None
 
     def problem(self, path: str | os.PathLike, message: str) -> None:
         self.ok = False
@@ -198,6 +201,9 @@ def _check_collection(d: Path, docs: DocStore, manifest: Manifest, generation: i
     db = d / "docs.sqlite"
     try:
         client = mv.open_collection(manifest.milvus or {}, manifest.dim, manifest.metric, d / MANIFEST_NAME)
+    except mv.MilvusBusyError as e:
+        report.busy = str(e)
+        return
     except (IndexFormatError, mv.MilvusUnavailableError) as e:
         report.problem(getattr(e, "path", d / MANIFEST_NAME), str(e).removeprefix(str(getattr(e, "path", "")) + ": "))
         return

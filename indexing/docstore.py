@@ -132,12 +132,29 @@ def _locked(method):
     return wrapper
 
 
+def readonly_uri(path: Path) -> str:
+    """The URI that opens `path` read-only: ``mode=ro``, plus ``immutable=1`` where its directory cannot be written.
+
+    Why: a WAL database read with ``mode=ro`` needs its ``-shm`` file, which SQLite creates beside it; after a
+    clean close there is none, so on read-only storage (or for a user without write permission) the open
+    failed with "unable to open database file". ``immutable=1`` (SQLite's answer for read-only media) reads
+    the file without that index or any lock, which is safe only while nobody writes it: it is used only
+    when this process cannot write the directory and no write-ahead log is waiting (``immutable`` would
+    ignore one, and a log means a writer with write access is, or was, at work: its ``-shm`` is there too).
+    """
+    uri = path.resolve().as_uri() + "?mode=ro"
+    wal = path.with_name(path.name + "-wal")
+    if not os.access(path.parent, os.W_OK) and not (wal.exists() and wal.stat().st_size > 0):
+        uri += "&immutable=1"
+    return uri
+
+
 class DocStore:
     """SQLite document store (one ``.sqlite`` file).
 
     Args:
         path: database file; created (with parents) unless ``readonly``.
-        readonly: open with ``mode=ro`` (the file must exist).
+        readonly: open with ``mode=ro`` (the file must exist; see ``readonly_uri``).
 
     Shareable across threads (calls are serialised by a lock; see the module docstring).
     """
@@ -151,10 +168,8 @@ class DocStore:
             if readonly:
                 if not self.path.is_file():
                     raise FileNotFoundError(f"{self.path}: document store not found")
-                self._conn = sqlite3.connect(
-                    self.path.resolve().as_uri() + "?mode=ro", uri=True, isolation_level=None,
-                    check_same_thread=False,
-                )
+                self._conn = sqlite3.connect(readonly_uri(self.path), uri=True, isolation_level=None,
+                                             check_same_thread=False)
             else:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)

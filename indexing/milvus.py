@@ -52,6 +52,7 @@ must share a process (the HTTP service does). A Milvus server has no such limit.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -89,6 +90,33 @@ class _UnimplementedCallNoise(logging.Filter):
 
 logging.getLogger("grpc._server").addFilter(_UnimplementedCallNoise())
 
+
+class _LiteStartFailures(logging.Filter):
+    """Keep Milvus Lite's report of a server that did not start (its exception, by path) for `connect` to say in
+    one line, instead of letting it print.
+
+    Why: Milvus Lite logs ~20 lines of traceback (``DataDirLockedError`` while another process, e.g.
+    ``twotower serve``, holds the file) before twotower's own one-line message, on every command.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failures: dict[str, BaseException] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not (str(record.msg).startswith("Failed to start MilvusLite server") and record.exc_info and record.args):
+            return True
+        self.failures[str(record.args[0])] = record.exc_info[1]  # type: ignore[index]
+        return False
+
+    def pop(self, uri: str) -> BaseException | None:
+        """The failure recorded for the Milvus Lite file `uri`, forgotten once asked for."""
+        return self.failures.pop(os.path.abspath(uri), None) if is_local(uri) else None
+
+
+_LITE_FAILURES = _LiteStartFailures()
+logging.getLogger("milvus_lite.server_manager").addFilter(_LITE_FAILURES)
+
 LAYOUT = "milvus-1"  # meta 'vector_layout' of a Milvus-backed store
 INDEX_TYPES = ("FLAT", "IVF_FLAT", "HNSW")  # Milvus index types accepted as the "factory"
 DEFAULT_INDEX_TYPE = "FLAT"  # exact search, comparable with FAISS Flat
@@ -114,6 +142,13 @@ class MilvusUnavailableError(ValueError, ConnectionError):
     """Milvus cannot be reached at the URI given (the message names the URI and ``--milvus-uri``).
 
     A ``ValueError`` too: it is the user's input (the URI) that is wrong, and the CLI prints it as one line.
+    """
+
+
+class MilvusBusyError(MilvusUnavailableError):
+    """The Milvus Lite file is held by another process (Milvus Lite opens a file in one process at a time).
+
+    Its own type because it is contention, not damage: ``twotower index check`` reports it as busy.
     """
 
 
@@ -249,8 +284,17 @@ def connect(uri: str, flag: str = FLAG) -> Any:
             client = MilvusClient(uri=uri, timeout=10)
             client.list_collections()
         except Exception as e:  # noqa: BLE001 - pymilvus raises MilvusException and others; one message for all
+            cause = _LITE_FAILURES.pop(uri)
+            if type(cause).__name__ == "DataDirLockedError":
+                raise MilvusBusyError(f"cannot open Milvus at {uri} ({flag}): the Milvus Lite file is in use by another "
+                                      "process (one process at a time: stop the other, e.g. `twotower serve`, or "
+                                      "use a Milvus server)") from None
             why = getattr(e, "message", None) or str(e)
-            if "lock" in str(e).lower() or "Open local milvus failed" in str(e):
+            if cause is not None:
+                why += f" ({type(cause).__name__}: {cause})"
+                if getattr(cause, "errno", None) in (errno.EROFS, errno.EACCES):
+                    why += "; Milvus Lite writes its file even to search it, so it cannot be read from read-only storage"
+            elif "lock" in str(e).lower() or "Open local milvus failed" in str(e):
                 why += " (a Milvus Lite file is used by one process at a time: is another one using it?)"
             raise MilvusUnavailableError(f"cannot reach Milvus at {uri} ({flag}): {why}") from None
         _clients[uri] = client
@@ -391,11 +435,14 @@ def check_index_type(index_type: str | None) -> str:
 def open_collection(record: Mapping[str, Any], dim: int, metric: str, where: str | os.PathLike) -> Any:
     """Connect to the collection a manifest names and check it is that index's; returns the client."""
     uri, name = record["uri"], record["collection"]
+    if is_local(uri) and not os.path.exists(uri):  # MilvusClient would create an empty one there
+        raise IndexFormatError(where, f"field 'milvus.uri': the Milvus Lite file {uri} is missing; an index records "
+                                      "its Milvus Lite file's absolute path and nothing repoints it: move the file "
+                                      "back to that path, or rebuild the index")
     try:
         client = connect(uri, flag=f"{os.fspath(where)}: field 'milvus.uri'")
     except MilvusUnavailableError as e:
-        raise MilvusUnavailableError(f"{e}; the index {os.path.dirname(os.fspath(where))} keeps its vectors there") \
-            from None
+        raise type(e)(f"{e}; the index {os.path.dirname(os.fspath(where))} keeps its vectors there") from None
     props = describe(client, name)
     label = f"Milvus collection {name!r} at {uri}"
     if props is None:

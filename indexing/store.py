@@ -159,6 +159,25 @@ class IndexLockedError(RuntimeError):
     """Another process holds the directory open for writing."""
 
 
+_NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+class IndexNotWritableError(OSError):
+    """The directory cannot be written (read-only storage, or no permission): it can be searched, not changed.
+
+    Why its own type: the writer's first write is its lock file, and the bare OSError of that open was a
+    traceback; callers name their own flag (``--index DIR``) in front of this message.
+    """
+
+    def __init__(self, directory: Path, cause: OSError) -> None:
+        why = cause.strerror.lower() if cause.strerror else str(cause)
+        super().__init__(cause.errno, f"{directory}: not writable ({why}); it can be searched but not changed "
+                                      "here: copy it to writable storage to change it")
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
 @contextlib.contextmanager
 def _built_aside(directory: Path) -> Iterator[Path]:
     """A temporary sibling of `directory` to fill; on success it is fsynced and renamed to `directory`.
@@ -350,6 +369,9 @@ class IndexStore:
         self._snap: Snapshot | None = None
         self._retired: dict[str, float] = {}  # writer: segment files merged away -> when (see _sweep)
         self._milvus_uri: str | None = None  # the Milvus client this store holds (released by close)
+        # The generation this store last committed (None: nothing since it opened), set at the commit point itself,
+        # so that whoever is interrupted later can say whether the change is in (the CLI's Ctrl-C message).
+        self.last_commit: int | None = None
         self.manifest = Manifest.read(directory / MANIFEST_NAME)  # before locking: is it an index dir?
         if not readonly:
             self._lock()
@@ -477,7 +499,12 @@ class IndexStore:
         return cls(directory, readonly=readonly, mmap=mmap, verify=verify)
 
     def _lock(self) -> None:
-        fd = try_lock(self.directory / LOCK_NAME)
+        try:
+            fd = try_lock(self.directory / LOCK_NAME)
+        except OSError as e:
+            if e.errno not in _NOT_WRITABLE:
+                raise
+            raise IndexNotWritableError(self.directory, e) from None
         if fd is None:
             raise IndexLockedError(f"{self.directory}: open for writing by another process")
         self._lock_fd = fd
@@ -884,8 +911,10 @@ class IndexStore:
                 self._begin()
                 self.docstore.set_meta("generation", str(new_gen))
                 self.docstore.commit()  # <- the commit point
+                self.last_commit = new_gen
             except BaseException as e:
                 if self._committed(new_gen):  # an interrupt that landed just after the commit point
+                    self.last_commit = new_gen
                     raise
                 for p in written:
                     p.unlink(missing_ok=True)
@@ -905,25 +934,34 @@ class IndexStore:
             self._sweep(grace=True)
             _crash_point("old_files_removed")
         try:
-            self._refresh_manifest()
-        except OSError as e:  # descriptive only: the commit stands, the next open rewrites it
-            if not is_disk_full(e):
-                raise
-            logger.warning("%s: no space left to update manifest.json; it is repaired at the next open",
-                           self.directory)
-        _crash_point("manifest_written")
-        bm = snap._bm25
-        path = self.directory / bm25_name(snap.generation)
-        if bm is not None and not path.exists():
             try:
-                bm.save(path)
-                self.docstore.set_meta("bm25_sha256", f"{snap.generation}:{file_sha256(path)}")
-            except (OSError, sqlite3.OperationalError) as e:  # a derived cache: the commit stands without it
-                path.unlink(missing_ok=True)
+                self._refresh_manifest()
+            except OSError as e:  # descriptive only: the commit stands, the next open rewrites it
                 if not is_disk_full(e):
                     raise
-                logger.warning("%s: no space left for the BM25 cache; it is rebuilt when needed", self.directory)
+                logger.warning("%s: no space left to update manifest.json; it is repaired at the next open",
+                               self.directory)
+            _crash_point("manifest_written")
+        finally:
+            # Even when Ctrl-C cut the manifest short: the commit stands, and without its cache every process
+            # rebuilt BM25 from all the documents at its first BM25 search until the next commit.
+            self._save_bm25(snap)
         return snap.generation
+
+    def _save_bm25(self, snap: Snapshot) -> None:
+        """Save the BM25 cache of the writer's generation when it is loaded and not saved yet (after a commit)."""
+        bm = snap._bm25
+        path = self.directory / bm25_name(snap.generation)
+        if bm is None or path.exists():
+            return
+        try:
+            bm.save(path)
+            self.docstore.set_meta("bm25_sha256", f"{snap.generation}:{file_sha256(path)}")
+        except (OSError, sqlite3.OperationalError) as e:  # a derived cache: the commit stands without it
+            path.unlink(missing_ok=True)
+            if not is_disk_full(e):
+                raise
+            logger.warning("%s: no space left for the BM25 cache; it is rebuilt when needed", self.directory)
 
     def _committed(self, generation: int) -> bool:
         """Whether the database holds `generation` as committed (after a failure around the commit point)."""

@@ -195,3 +195,21 @@ def test_an_empty_collection_name_is_refused_by_its_flag(tmp_path, capsys, backe
             else "--milvus-uri and --collection need --backend milvus")
     assert rc == 2 and want in err
     assert not (tmp_path / "idx").exists()
+
+
+def test_a_lite_file_held_by_another_process_is_one_line_and_check_says_busy(built):
+    """While another process (`twotower serve`) holds the Milvus Lite file, every command printed Milvus Lite's
+    20-line DataDirLockedError traceback before its own line, and `index check` exited 2 ("damaged")."""
+    from twotower.indexing import IndexStore
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": REPO}
+    tw = [sys.executable, "-m", "twotower", "index"]
+    with IndexStore.open(built / "milvus", readonly=True):  # this process holds the file
+        check = subprocess.run([*tw, "check", str(built / "milvus")], env=env, capture_output=True, text=True,
+                               timeout=120)
+        info = subprocess.run([*tw, "info", "--index", str(built / "milvus")], env=env, capture_output=True,
+                              text=True, timeout=120)
+    assert check.returncode == 3 and check.stderr.startswith("twotower index check: busy: "), check.stderr
+    assert "in use by another process" in check.stderr and len(check.stderr.strip().splitlines()) == 1
+    assert info.returncode == 2 and len(info.stderr.strip().splitlines()) == 1, info.stderr
+    assert "in use by another process" in info.stderr

@@ -33,3 +33,27 @@ def brute_force(
 def recall_at_k(found: list[list[str]], truth: list[list[str]]) -> float:
     hits = sum(len(set(f) & set(t)) for f, t in zip(found, truth))
     return hits / sum(len(t) for t in truth)
+
+
+def run_read_only(directory, script: str, **kwargs):
+    """Run the shell `script` where `directory` is mounted read-only (EROFS for every user, root included).
+
+    Why a mount namespace: chmod does not stop root, and tests must not need root; an unprivileged user
+    namespace (``unshare -rm``) may bind-mount a directory read-only for its own processes. Skips the test
+    where ``unshare`` is missing or user namespaces are disabled.
+    """
+    import shlex
+    import shutil
+    import subprocess
+
+    import pytest
+
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        pytest.skip("needs unshare(1) to mount a directory read-only")
+    d = shlex.quote(str(directory))
+    mount = f"mount --bind {d} {d} && mount -o remount,ro,bind {d} {d} && ! touch {d}/.probe 2>/dev/null"
+    if subprocess.run([unshare, "-rm", "sh", "-c", mount], capture_output=True).returncode:
+        pytest.skip("cannot mount a directory read-only here (user namespaces disabled?)")
+    return subprocess.run([unshare, "-rm", "sh", "-c", f"{mount} && {script}"], capture_output=True, text=True,
+                          **kwargs)

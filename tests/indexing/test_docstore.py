@@ -142,3 +142,26 @@ def test_meta_and_errors(tmp_path):
         s.set_meta("docstore_schema", "99")
     with pytest.raises(IndexFormatError, match="future.sqlite.*schema '99'"):
         DocStore(tmp_path / "future.sqlite")
+
+
+def test_readonly_open_works_on_read_only_storage(tmp_path):
+    """A cleanly closed WAL database has no -shm file, which ``mode=ro`` alone needed to create ("unable to
+    open database file"); a write-ahead log still waiting must be read, not skipped as ``immutable`` would."""
+    import sys
+
+    from .helpers import run_read_only
+
+    with DocStore(tmp_path / "docs.sqlite") as s:
+        s.add(make(3))
+    read = (f"{sys.executable} -c \"from twotower.indexing import DocStore; "
+            f"print(DocStore('{tmp_path / 'docs.sqlite'}', readonly=True).count())\"")
+    res = run_read_only(tmp_path, read)
+    assert (res.returncode, res.stdout.strip()) == (0, "3"), res.stderr
+    writer = sqlite3.connect(tmp_path / "docs.sqlite", isolation_level=None)
+    try:  # a writer's log, not checkpointed into the file yet
+        writer.execute("PRAGMA wal_autocheckpoint=0")
+        writer.execute("INSERT INTO docs (id, title, text, metadata) VALUES ('late', '', 'x', '{}')")
+        res = run_read_only(tmp_path, read)
+    finally:
+        writer.close()
+    assert (res.returncode, res.stdout.strip()) == (0, "4"), res.stderr

@@ -449,3 +449,17 @@ def test_tied_documents_come_in_id_order_as_in_faiss(tmp_path, uri):
             ["d5", "d12", "d3", "d40", "d1", "d100", "d7"], reverse=True)[:k] + ["other"][: max(0, k - 7)]]
     faiss_store.close()
     milvus_store.close()
+
+
+def test_a_moved_lite_file_is_reported_missing_and_not_created_again(tmp_path):
+    """Moving the index with its .db said "collection ... does not exist (dropped?); rebuild the index", and
+    that read created a new, empty Milvus Lite store at the recorded path."""
+    db = mv.resolve_uri(str(tmp_path / "own.db"))
+    with IndexStore.create(tmp_path / "idx", 8, None, "cosine", milvus=mv.MilvusSpec(db, "own")) as w:
+        w.add(docs(["a"]), np.eye(1, 8, dtype=np.float32))
+    os.rename(db, tmp_path / "moved.db")
+    with pytest.raises(IndexFormatError, match=f"the Milvus Lite file {db} is missing; .*move the file back"):
+        IndexStore.open(tmp_path / "idx", readonly=True)
+    report = check_index(tmp_path / "idx")
+    assert not report.ok and any("is missing" in p for p in report.problems)
+    assert not os.path.exists(db)

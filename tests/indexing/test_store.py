@@ -347,3 +347,44 @@ def test_tied_documents_come_in_id_order_and_a_smaller_k_is_a_prefix(tmp_path):
     with pytest.raises(ValueError, match="k must be a positive int"):
         store.search(q, 0)
     store.close()
+
+
+def test_a_writer_on_a_directory_it_cannot_write_is_told_so(tmp_path, monkeypatch):
+    """The writer's first write is its lock file: a read-only mount or a missing permission was a bare OSError."""
+    import errno
+
+    from twotower.indexing import IndexNotWritableError
+    from twotower.indexing import store as store_module
+
+    d = tmp_path / "idx"
+    IndexStore.create(d, DIM, "Flat").close()
+
+    def refused(path):
+        raise PermissionError(errno.EACCES, "Permission denied", str(path))
+
+    monkeypatch.setattr(store_module, "try_lock", refused)
+    with pytest.raises(IndexNotWritableError, match=r"idx: not writable \(permission denied\); it can be searched"):
+        IndexStore.open(d)
+    with IndexStore.open(d, readonly=True) as reader:  # searching it still works
+        assert reader.generation == 0
+
+
+def test_an_interrupt_after_the_commit_point_keeps_the_change_and_says_so(tmp_path, vecs, monkeypatch):
+    """Ctrl-C while the manifest is written: the commit stands, `last_commit` says so, and the BM25 cache is
+    still saved (it was left missing, rebuilt by every process at its first BM25 search until the next commit)."""
+    d = tmp_path / "idx"
+    store = IndexStore.create(d, DIM, "Flat", bm25=True)
+    assert store.last_commit is None
+    store.add(docs(0, 5), vecs[:5])
+
+    def interrupted(self, force=False):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(IndexStore, "_refresh_manifest", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        store.commit()
+    assert store.last_commit == 1
+    store.close()
+    monkeypatch.undo()
+    with IndexStore.open(d, readonly=True) as reader:
+        assert reader.generation == 1 and len(reader) == 5 and reader.info()["bm25_cache"]

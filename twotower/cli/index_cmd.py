@@ -11,16 +11,21 @@ split across the N processes.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from twotower.cli import CLIError
 from twotower.cli.checks import encoder_directory, index_directory, input_file, positive, reranker_directory
 
 if TYPE_CHECKING:
+    from twotower.indexing import IndexStore
     from twotower.retrieval.build import OutAppearedError
+
+NOTHING_COMMITTED = "nothing was committed; {index} is as it was"  # what Ctrl-C leaves, unless the commit was made
 
 BATCH_HELP = ("texts per forward pass (default: length-sorted batches of about 4,096 tokens on a CPU, 65,536 on a "
               "GPU; faster than a fixed count)")
@@ -72,20 +77,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="id already in the index or repeated: error (default), skip, or replace")
     a.add_argument("--batch-size", type=int, help=BATCH_HELP)
     a.add_argument("--no-progress", action="store_true")
-    a.set_defaults(func=run_add, interrupted="nothing was committed; {index} is as it was")
+    a.set_defaults(func=run_add, interrupted=NOTHING_COMMITTED)
 
     d = sub.add_parser("delete", help="delete documents by id (unknown ids are reported, exit status 1)")
     d.add_argument("--index", required=True, help="index directory")
     d.add_argument("ids", nargs="*", metavar="ID", help="document ids")
     d.add_argument("--ids-file", help="file with one id per line")
-    d.set_defaults(func=run_delete, interrupted="nothing was committed; {index} is as it was")
+    d.set_defaults(func=run_delete, interrupted=NOTHING_COMMITTED)
 
     i = sub.add_parser("info", help="describe an index: size, model, FAISS type, versions")
     i.add_argument("--index", required=True, help="index directory")
     i.add_argument("--json", action="store_true", help="print the full description as JSON")
     i.set_defaults(func=run_info)
 
-    c = sub.add_parser("check", help="verify every file of an index against its checksums (exit 2 if damaged)")
+    c = sub.add_parser("check", help="verify every file of an index against its checksums (exit 2 if damaged, 3 if "
+                                     "its Milvus Lite file is in use by another process)")
     c.add_argument("index", metavar="DIR", help="index directory")
     c.add_argument("--json", action="store_true", help="print the report as JSON")
     c.set_defaults(func=run_check)
@@ -119,6 +125,21 @@ def _out_appeared(exc: OutAppearedError) -> str:
             f"encoded shards are kept in {exc.work_dir}: remove {exc.out} (or move it away) and rerun the same "
             f"command, which resumes from them; or choose another --out and rename {exc.work_dir} to that name "
             "plus .build before rerunning, to resume there")
+
+
+@contextlib.contextmanager
+def _interrupt_tells_the_commit(args: argparse.Namespace, store: IndexStore) -> Iterator[None]:
+    """On Ctrl-C, make the interrupt message (``args.interrupted``) say whether `store` committed the change.
+
+    Why: a Ctrl-C just after the commit point (while the manifest or BM25 cache was being written, or the
+    summary printed) said "nothing was committed" of an index that was at the new generation with the change.
+    """
+    try:
+        yield
+    except KeyboardInterrupt:
+        if store.last_commit is not None:
+            args.interrupted = f"the change was committed: {{index}} is at generation {store.last_commit} with it"
+        raise
 
 
 def run_build(args: argparse.Namespace) -> int:
@@ -183,14 +204,14 @@ def run_add(args: argparse.Namespace) -> int:
     input_file("--corpus", args.corpus, inside="corpus.jsonl")
     if args.model:
         args.model = encoder_directory("--model", args.model, dual=True)
-    from twotower.indexing import IndexLockedError
+    from twotower.indexing import IndexLockedError, IndexNotWritableError
     from twotower.retrieval.pipeline import SearchPipeline
 
     try:
         pipe = SearchPipeline.load(args.index, args.model, readonly=False, use_default_reranker=False)
-    except IndexLockedError as exc:
-        raise CLIError(str(exc)) from None
-    with pipe:
+    except (IndexLockedError, IndexNotWritableError) as exc:
+        raise CLIError(f"--index {exc}") from None
+    with _interrupt_tells_the_commit(args, pipe.store), pipe:
         before = len(pipe)
         n = pipe.add(args.corpus, on_duplicate=args.on_duplicate, batch_size=args.batch_size,
                      progress=not args.no_progress)
@@ -210,24 +231,25 @@ def run_delete(args: argparse.Namespace) -> int:
         ids += [line.strip() for _, line in numbered_lines(args.ids_file) if line.strip()]
     if not ids:
         raise CLIError("give document ids to delete (arguments or --ids-file)")
-    from twotower.indexing import IndexLockedError, IndexStore
+    from twotower.indexing import IndexLockedError, IndexNotWritableError, IndexStore
     from twotower.retrieval.manifest import pipeline_block
     from twotower.retrieval.passages import document_counts, expand_ids
 
     # Deleting needs no model: the documents and vectors are removed by id (all passages of a split one).
     try:
         store = IndexStore.open(args.index)
-    except IndexLockedError as exc:
-        raise CLIError(str(exc)) from None
-    with store:
-        pipeline_block(store.manifest.extra, os.path.join(args.index, "manifest.json"))
-        rows, missing = expand_ids(store.docstore, ids)
-        if rows:
-            store.delete(rows)
-        store.commit()
-        left = document_counts(store.docstore)[0]
-    deleted = len(set(ids)) - len(missing)
-    print(f"deleted {deleted} documents from {args.index} (now {left})")
+    except (IndexLockedError, IndexNotWritableError) as exc:
+        raise CLIError(f"--index {exc}") from None
+    with _interrupt_tells_the_commit(args, store):
+        with store:
+            pipeline_block(store.manifest.extra, os.path.join(args.index, "manifest.json"))
+            rows, missing = expand_ids(store.docstore, ids)
+            if rows:
+                store.delete(rows)
+            store.commit()
+            left = document_counts(store.docstore)[0]
+        deleted = len(set(ids)) - len(missing)
+        print(f"deleted {deleted} documents from {args.index} (now {left})")
     if missing:
         shown = ", ".join(missing[:20]) + (" ..." if len(missing) > 20 else "")
         print(f"twotower index delete: {len(missing)} id(s) not in the index: {shown}", file=sys.stderr)
@@ -275,23 +297,29 @@ def run_info(args: argparse.Namespace) -> int:
     return 0
 
 
+CHECK_BUSY = 3  # `index check`: the vectors could not be checked now (contention, not damage; docs/cli.md)
+
+
 def run_check(args: argparse.Namespace) -> int:
-    """Exit 0 when every committed file matches its record, 2 (one line per problem, naming the file) if not."""
+    """Exit 0 when every committed file matches its record, 2 (one line per problem, naming the file) if not,
+    3 when the vectors could not be checked because another process holds the Milvus Lite file."""
     from twotower.indexing import check_index
 
     report = check_index(args.index)
+    busy = [f"busy: {report.busy}; not checked, not damaged: run it again when that process has stopped"] \
+        if report.busy else []
     if args.json:
         print(json.dumps(report.as_dict(), indent=2))
     else:
-        for line in report.problems:
+        for line in report.problems + busy:
             print(f"twotower index check: {line}", file=sys.stderr)
         for line in getattr(report, "notes", []):
             print(f"twotower index check: note: {line}", file=sys.stderr)
-        if report.ok:
+        if report.ok and not busy:
             passages = f" ({report.passages} passages)" if report.passages else ""
             print(f"{args.index}: ok (generation {report.generation}, {report.documents} documents{passages}, "
                   f"{report.segments} vector segment(s), {report.bytes_checked:,} bytes checked)")
-    if not report.ok and args.json:
-        for line in report.problems:
+    if args.json:
+        for line in (report.problems if not report.ok else []) + busy:
             print(f"twotower index check: {line}", file=sys.stderr)
-    return 0 if report.ok else 2
+    return 2 if not report.ok else CHECK_BUSY if busy else 0

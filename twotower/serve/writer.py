@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from twotower.indexing.docstore import Document
-from twotower.indexing.store import IndexLockedError, IndexStore
+from twotower.indexing.store import IndexLockedError, IndexNotWritableError, IndexStore
 from twotower.retrieval.passages import contains_documents
 from twotower.serve.batcher import ModelOwner
 from twotower.serve.errors import ApiError
@@ -94,6 +94,8 @@ class IndexWriter:
         while True:
             try:
                 store = IndexStore.open(self.directory, readonly=False)
+            except IndexNotWritableError as e:  # storage or permissions, not this request: refused like --read-only
+                raise ApiError(403, f"writes are refused: {e}") from None
             except IndexLockedError:
                 if time.monotonic() >= deadline:
                     raise ApiError(503, f"the index is being written by another process (waited "
