@@ -8,20 +8,28 @@ the rename and the directory *after* it makes the new content survive a power
 loss, not just a killed process.
 
 Every temporary name contains ``TMP_MARKER``, so a directory's owner (the index
-store, for one) can sweep the ones an interrupted write left behind.
+store, for one) can sweep the ones an interrupted write left behind
+(`sweep_temporaries`).  Whole directories are swapped by `atomic_replace_dir`,
+which never leaves a moment without the target where Linux can exchange two
+names at once, and whose leftovers elsewhere `recover_replaced_dir` undoes.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import json
 import os
 import shutil
+import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 TMP_MARKER = ".tmp-"  # in every temporary name, so stray ones can be found and swept
+OLD_MARKER = ".old-"  # TARGET.old-PID: the directory `atomic_replace_dir`'s fallback moves aside
+STAGING_SUFFIX = ".unfinished"  # OUT.unfinished: where a run that replaces an earlier one is built
 
 
 def _file_mode() -> int:
@@ -115,16 +123,115 @@ def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
 
 
 def atomic_replace_dir(build_dir: str, target: str) -> None:
-    """Swap a fully written directory into place: the old one is renamed away, then removed.
+    """Swap a fully written directory into place, so that `target` always names a complete directory.
 
-    Between the two renames a reader may find no `target`; it never finds a half-written one.
+    Where the kernel and file system can (Linux ``renameat2(RENAME_EXCHANGE)``) the two names are exchanged
+    in one step and the old content, now under `build_dir`'s temporary name, is removed. Elsewhere the old
+    directory is renamed to ``TARGET.old-PID`` first; a kill between that rename and the next leaves no
+    `target`, which `recover_replaced_dir` (called here, and by the readers of such directories) undoes.
+    A reader never finds a half-written `target`.
     """
     fsync_dir(build_dir)
+    recover_replaced_dir(target)
+    parent = os.path.dirname(os.path.abspath(target))
+    if os.path.lexists(target) and _exchange(build_dir, target):
+        fsync_dir(parent)
+        _remove(build_dir)  # the old content; a kill before this leaves a temporary name that is swept
+        return
     old = None
-    if os.path.exists(target):
-        old = f"{target}.old-{os.getpid()}"
+    if os.path.lexists(target):
+        old = f"{target}{OLD_MARKER}{os.getpid()}"
         os.replace(target, old)
     os.replace(build_dir, target)
-    fsync_dir(os.path.dirname(os.path.abspath(target)))
+    fsync_dir(parent)
     if old:
-        shutil.rmtree(old, ignore_errors=True)
+        _remove(old)
+
+
+def recover_replaced_dir(target: str) -> None:
+    """Undo what a kill inside `atomic_replace_dir`'s fallback left: restore ``TARGET.old-PID`` when `target`
+    is missing, remove such leftovers when it is there.
+
+    Why: between its two renames `target` does not exist, so a kill there lost the last complete directory
+    (a resume found no training state, a search no ``best/``). Best effort: a read-only file system is left
+    as it is, and the caller finds what it finds.
+    """
+    parent = os.path.dirname(os.path.abspath(target))
+    prefix = os.path.basename(os.path.abspath(target)) + OLD_MARKER
+    try:
+        leftovers = sorted((os.path.join(parent, n) for n in os.listdir(parent)
+                            if n.startswith(prefix) and n[len(prefix):].isdigit()), key=os.path.getmtime)
+        if leftovers and not os.path.lexists(target):
+            os.replace(leftovers.pop(), target)  # the newest: the last one that was complete
+            fsync_dir(parent)
+        for path in leftovers:
+            _remove(path)
+    except OSError:
+        pass
+
+
+def sweep_temporaries(directory: str) -> list[str]:
+    """Remove what interrupted atomic writes left in `directory`: entries named ``.NAME.tmp-*`` (files and
+    directories). Returns the names removed.
+
+    Why: a kill during a save leaves its temporary copy (a checkpoint's full weights, a half-drawn PNG)
+    that nothing else removes. Only this module's temporary names are touched (a leading dot and
+    ``TMP_MARKER``), never a user's file; the directory's owner calls this when it starts writing there
+    again, when no other save of its own is under way.
+    """
+    try:
+        names = [n for n in os.listdir(directory) if n.startswith(".") and TMP_MARKER in n]
+    except OSError:
+        return []
+    for name in names:
+        _remove(os.path.join(directory, name))
+    return names
+
+
+def staging_dir(out_dir: str) -> str:
+    """Where a run that replaces the earlier run in `out_dir` is built until it is complete (then swapped in
+    with `atomic_replace_dir`), so that a stopped run never costs the earlier one."""
+    return out_dir.rstrip(os.sep) + STAGING_SUFFIX
+
+
+def _remove(path: str) -> None:
+    """Remove a file or a directory tree, whichever `path` is; what cannot be removed stays."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+_RENAME_EXCHANGE = 2  # linux/fs.h
+_AT_FDCWD = -100
+_NO_EXCHANGE = {errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EPERM}
+
+
+def _renameat2() -> Callable[..., int] | None:
+    """libc's ``renameat2`` (glibc 2.28+, Linux), or None where there is none."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_RENAMEAT2 = _renameat2()
+
+
+def _exchange(a: str, b: str) -> bool:
+    """Swap the names `a` and `b` atomically; False where the system or file system cannot (nothing moved)."""
+    if _RENAMEAT2 is None:
+        return False
+    if _RENAMEAT2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in _NO_EXCHANGE:
+        return False
+    raise OSError(err, os.strerror(err), a, None, b)

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from twotower.common.atomic import atomic_replace_dir, atomic_write_text
+from twotower.common.atomic import atomic_replace_dir, atomic_write_text, staging_dir
 from twotower.common.device import autocast, default_device, resolve_bf16
 from twotower.common.errors import check_at_least, check_setting
 from twotower.common.malloc import retain_freed_memory_for
@@ -51,7 +51,6 @@ from twotower.encoder.training.optim import check_optimizer_settings, lr_factor,
 logger = logging.getLogger(__name__)
 
 REPORT_NAME = "finetune_report.json"
-STAGING_SUFFIX = ".unfinished"  # <out_dir>.unfinished: where a run that replaces an earlier one is built
 MetricFn = Callable[[Sequence[Any], Sequence[Any]], dict[str, float]]
 
 
@@ -218,11 +217,6 @@ def run_finished(out_dir: str) -> bool | None:
     except (OSError, ValueError, AttributeError):
         return None
     return finished if isinstance(finished, bool) else None
-
-
-def staging_dir(out_dir: str) -> str:
-    """Where a run that replaces the earlier run in `out_dir` is built until it is complete."""
-    return out_dir.rstrip(os.sep) + STAGING_SUFFIX
 
 
 def _work_dir(out_dir: str, model_dir: str, overwrite: bool) -> str:

@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from twotower.common.atomic import recover_replaced_dir, sweep_temporaries
 from twotower.common.device import autocast, default_device, resolve_bf16
 from twotower.common.distributed import DistInfo, all_reduce_sum, barrier, cleanup, init_distributed
 from twotower.common.errors import DataError, check_at_least, check_setting
@@ -182,7 +183,8 @@ def resolve_config(args: PretrainArgs, tokenizer: Tokenizer) -> EncoderConfig:
 
 def check_out_dir(args: PretrainArgs, config: EncoderConfig, budget: Budget, tokenizer: Tokenizer,
                   corpus_paths: list[str], valid_paths: list[str], info: DistInfo, compute: dict) -> None:
-    """Refuse to write into another run unless resuming it or told to overwrite; reads, never writes.
+    """Refuse to write into another run unless resuming it or told to overwrite; writes nothing (a resume
+    only puts back a training state that a kill left moved aside, `recover_replaced_dir`).
 
     A resume must be the same run: the same settings (`_RUN_SHAPE`, the budget, the config), the same
     number of processes, the same text (the files' SHA-256) and tokenizer. Anything else is refused naming
@@ -193,6 +195,7 @@ def check_out_dir(args: PretrainArgs, config: EncoderConfig, budget: Budget, tok
     out = args.out
     run_file = os.path.join(out, RUN_FILE)
     if args.resume:
+        recover_replaced_dir(os.path.join(out, STATE_DIR))  # a save killed mid-swap: put the last state back
         if not os.path.isfile(os.path.join(out, STATE_DIR, "state.json")):
             raise FileNotFoundError(f"--resume: no training state in {out} ({STATE_DIR}/ missing)")
         saved = read_run_record(run_file, out)
@@ -479,6 +482,8 @@ def _pretrain(args: PretrainArgs, info: DistInfo) -> dict:
     counters = {"step": 0, "tokens": 0, "elapsed": 0.0, "next_eval": 1}
     log = RunLog(os.path.join(args.out, "log.jsonl"), enabled=info.is_main)
     if args.resume:
+        if info.is_main:  # what saves killed mid-write left: a full state copy, a half-drawn curve
+            sweep_temporaries(args.out)
         resume_state(args, model, optimizer, order, counters, device)
         log.truncate_after(counters["step"])
         logger.info("resumed %s at step %d (%d tokens)", args.out, counters["step"], counters["tokens"])

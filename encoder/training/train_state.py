@@ -8,7 +8,8 @@ optimizer's ``state_dict`` is split: its per-parameter tensors (AdamW's
 
 The whole directory is built beside the target and swapped in with
 `atomic_replace_dir`, so model weights, optimizer moments, RNG and data
-position always belong to the same step.  A state damaged afterwards (a file
+position always belong to the same step, and a kill at any moment of a save
+leaves the last complete state readable.  A state damaged afterwards (a file
 cut short by a copy, a disk error, an edit) is a `DataError` naming the file,
 from `load_train_state` or `restore_train_state`, never a traceback from
 safetensors or torch halfway into a resumed run.
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 import torch
 from safetensors.torch import save_file
 
-from twotower.common.atomic import atomic_replace_dir, atomic_write_text
+from twotower.common.atomic import TMP_MARKER, atomic_replace_dir, atomic_write_text, recover_replaced_dir
 from twotower.common.errors import DataError
 from twotower.encoder.core.checkpoint import load_safetensors
 
@@ -92,7 +93,9 @@ def save_train_state(directory: str, model_state: dict[str, torch.Tensor], optim
     """Write model + optimizer + RNG + `user` scalars to `directory`, atomically as a whole."""
     parent = os.path.dirname(os.path.abspath(directory))
     os.makedirs(parent, exist_ok=True)
-    build = tempfile.mkdtemp(prefix=f".{os.path.basename(directory)}.", dir=parent)
+    # a temporary name (`TMP_MARKER`): a kill mid-save leaves a full model + optimizer copy that the run's
+    # next start sweeps (`twotower.common.atomic.sweep_temporaries`)
+    build = tempfile.mkdtemp(prefix=f".{os.path.basename(directory)}{TMP_MARKER}", dir=parent)
     try:
         save_file({k: v.detach().cpu().contiguous().clone() for k, v in model_state.items()},
                   os.path.join(build, "model.safetensors"))
@@ -114,7 +117,9 @@ def save_train_state(directory: str, model_state: dict[str, torch.Tensor], optim
 
 def load_train_state(directory: str, map_location: str | torch.device = "cpu") -> TrainState:
     """Read what `save_train_state` wrote; a missing file is named in the error, a damaged one is a
-    `DataError` naming it (the caller adds what the user can do about it)."""
+    `DataError` naming it (the caller adds what the user can do about it). A state a kill left moved aside
+    mid-save is put back first (`recover_replaced_dir`)."""
+    recover_replaced_dir(directory)
     for name in ("model.safetensors", "optimizer.safetensors", "rng.safetensors", "state.json"):
         if not os.path.isfile(os.path.join(directory, name)):
             raise FileNotFoundError(f"training state incomplete: {os.path.join(directory, name)} is missing")

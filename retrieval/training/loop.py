@@ -99,6 +99,8 @@ class TrainSettings:
     eval_every: steps between dev evaluations (None = once per epoch); eval_interval_s: also evaluate
         when this many seconds passed since the last evaluation.
     save_last: also keep the final weights in ``out/last``; dry_run: one step and one evaluation.
+    overwrite: an `out` that holds an earlier run is replaced only once this run is complete (built in
+        ``out.unfinished`` meanwhile, `TrainingRun`), so a stopped run leaves the earlier one whole.
     """
 
     split: str = "train"
@@ -122,6 +124,7 @@ class TrainSettings:
     progress: bool = True
     device: str | None = None
     dry_run: bool = False
+    overwrite: bool = False
 
     def __post_init__(self) -> None:
         """Refuse settings that would train something other than what was asked, naming the field and its flag.
@@ -162,7 +165,7 @@ def start_run(cfg: TrainSettings, out: str, enabled: bool = True,
     device = torch.device(cfg.device) if cfg.device else default_device()
     bf16 = resolve_bf16(cfg.bf16, device)
     retain_freed_memory_for(device)  # reuse freed activation memory across steps (common/malloc.py)
-    run = TrainingRun(out, enabled=enabled)
+    run = TrainingRun(out, enabled=enabled, replace=cfg.overwrite)
     run.log("config", **asdict(cfg), **config_fields, bf16_resolved=bf16)
     return run, random.Random(cfg.seed), device, bf16
 

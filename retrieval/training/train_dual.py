@@ -362,7 +362,7 @@ def train_dual(cfg: DualTrainConfig) -> DualTrainResult:
         doc_row = {d: i for i, d in enumerate(corpus_ids)}  # (N, H) rows in corpus order
         run.log("documents_embedded", documents=len(corpus_ids))
         if me == 0 and run.enabled:
-            _save_document_vectors(cfg.out, corpus_ids, doc_matrix)
+            _save_document_vectors(run.out, corpus_ids, doc_matrix)
     n_docs = len(corpus_ids) if doc_matrix is not None else len(pool)
 
     def save(directory: str, step: int, score: float | None = None) -> None:
@@ -409,5 +409,5 @@ def train_dual(cfg: DualTrainConfig) -> DualTrainResult:
     ).train()
     run.finish({**result.summary(), "random_negative_fill_ins": filled_total, "skipped": data.skipped.as_dict(),
                 "dev_queries": len(dev), "dev_pool": len(pool)})
-    return DualTrainResult(result.best_dir, result.best_step, result.best_score, result.initial_score, result.steps,
+    return DualTrainResult(run.final_path(result.best_dir), result.best_step, result.best_score, result.initial_score, result.steps,
                            result.history, data.skipped.as_dict())

@@ -756,5 +756,5 @@ def train_reranker(cfg: RerankerTrainConfig) -> RerankerTrainResult:
                                                                   teacher.dense, run, known=best_scores, docs=docs))
     run.finish({**result.summary(), "first_stage_dev_ndcg@10": first_score,
                 "random_negative_fill_ins": filled_total, "skipped": data.skipped.as_dict(), "dev_queries": len(dev)})
-    return RerankerTrainResult(result.best_dir, result.best_step, result.best_score, result.initial_score,
+    return RerankerTrainResult(run.final_path(result.best_dir), result.best_step, result.best_score, result.initial_score,
                                first_score, result.steps, result.stopped_by, result.history, data.skipped.as_dict())

@@ -10,7 +10,16 @@ Layout of ``--out DIR``:
 
 Checkpoints are written into a temporary sibling directory and swapped into
 place (`twotower.common.atomic.atomic_replace_dir`), so an interrupted save never
-leaves a half-written ``best/``.
+leaves a half-written ``best/``, and a kill at any moment leaves the last complete one.
+What saves killed mid-write left (``.best.tmp-PID/``, ``.dev_ndcg.png.tmp-*``) is
+swept when the next run opens the directory.
+
+A run told to replace an earlier one (``replace``, ``--overwrite``) whose ``--out``
+holds that run's checkpoints or summary is built in ``OUT.unfinished`` and swapped
+in by `TrainingRun.finish` (as `twotower finetune` does): a run stopped on the way
+leaves the earlier run whole, never its ``summary.json`` or ``last/`` beside the
+new run's ``best/``.  The earlier run's log then becomes the new run's
+``train_log.jsonl.previous``; its other files go with it.
 
 Nothing is written to ``--out`` until the trainer calls `TrainingRun.open` (or
 something is saved): records logged before are kept in memory and written then.
@@ -29,17 +38,34 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from twotower.common.atomic import atomic_path, atomic_replace_dir, atomic_write_text
+from twotower.common.atomic import (
+    TMP_MARKER,
+    atomic_path,
+    atomic_replace_dir,
+    atomic_write_text,
+    recover_replaced_dir,
+    staging_dir,
+    sweep_temporaries,
+)
+
+RUN_OUTPUTS = ("best", "last", "summary.json")  # what marks a directory as holding an earlier run's results
 
 
 class TrainingRun:
-    """A run's directory `out`; enabled False (the other ranks under torchrun): records are kept, nothing written."""
+    """A run's directory; enabled False (the other ranks under torchrun): records are kept, nothing written.
 
-    def __init__(self, out: str, enabled: bool = True) -> None:
-        self.out = out
+    `target` is the directory the run ends up in; `out` the one it writes into meanwhile: `target` itself, or
+    with `replace` and an earlier run there, ``target.unfinished`` (see the module docstring).
+    """
+
+    def __init__(self, out: str, enabled: bool = True, replace: bool = False) -> None:
+        self.target = out
+        self.out = staging_dir(out) if replace and holds_run(out) else out
+        if self.staged and os.path.lexists(self.out) and not _ours(self.out):
+            raise ValueError(f"{self.out} is in the way: a run replacing {out} is built there; move it away")
         self.enabled = enabled
-        self.log_path = os.path.join(out, "train_log.jsonl")
-        self.plot_path = os.path.join(out, "dev_ndcg.png")
+        self.log_path = os.path.join(self.out, "train_log.jsonl")
+        self.plot_path = os.path.join(self.out, "dev_ndcg.png")
         self.records: list[dict] = []
         self.start = time.time()
         self.opened = False
@@ -49,13 +75,27 @@ class TrainingRun:
         logged so far are written. Call it once the inputs are read and checked (saving calls it too)."""
         if self.opened or not self.enabled:
             return
+        if self.staged:  # what a stopped replacing run left: started again from nothing
+            shutil.rmtree(self.out, ignore_errors=True)
         os.makedirs(self.out, exist_ok=True)
+        sweep_temporaries(self.out)  # saves a kill interrupted: a checkpoint's temporary copy, a half-drawn PNG
         if os.path.exists(self.log_path):  # a new run starts a new log
             os.replace(self.log_path, self.log_path + ".previous")
         self.opened = True
         if self.records:
             with open(self.log_path, "a", encoding="utf-8") as f:
                 f.writelines(json.dumps(r, default=_jsonable) + "\n" for r in self.records)
+
+    @property
+    def staged(self) -> bool:
+        """Whether the run is built apart and swapped into `target` when it finishes."""
+        return self.out != self.target
+
+    def final_path(self, path: str | None) -> str | None:
+        """Where `path`, inside the directory the run writes, will be once the run is finished."""
+        if path is None or not self.staged or not path.startswith(self.out + os.sep):
+            return path
+        return os.path.join(self.target, path[len(self.out) + 1:])
 
     @property
     def elapsed(self) -> float:
@@ -73,7 +113,7 @@ class TrainingRun:
         """Call ``write(tmp_dir)`` then swap tmp_dir into ``out/name`` atomically. Returns the final path."""
         self.open()
         target = os.path.join(self.out, name)
-        tmp = os.path.join(self.out, f".{name}.tmp-{os.getpid()}")
+        tmp = os.path.join(self.out, f".{name}{TMP_MARKER}{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)
         try:
@@ -84,11 +124,23 @@ class TrainingRun:
         return target
 
     def finish(self, summary: dict) -> dict:
-        """Close the run: `summary` plus the seconds it took, as the ``done`` record and ``summary.json``."""
+        """Close the run: `summary` plus the seconds it took, as the ``done`` record and ``summary.json``; a
+        staged run then replaces the earlier one (paths in `summary` name where the files end up)."""
+        summary = {k: self.final_path(v) if isinstance(v, str) else v for k, v in summary.items()}
         summary = {**summary, "seconds": round(self.elapsed, 1)}
         self.log("done", **summary)
         self.write_summary(summary)
+        self._commit()
         return summary
+
+    def _commit(self) -> None:
+        """Swap a staged, complete run into `target`; the earlier run's log is kept as ``.previous``."""
+        if not (self.staged and self.enabled):
+            return
+        earlier_log = os.path.join(self.target, os.path.basename(self.log_path))
+        if os.path.isfile(earlier_log):
+            shutil.copyfile(earlier_log, self.log_path + ".previous")
+        atomic_replace_dir(self.out, self.target)  # the earlier run goes only now that this one is complete
 
     def write_summary(self, summary: dict) -> None:
         if self.enabled:
@@ -128,6 +180,23 @@ class TrainingRun:
         with atomic_path(self.plot_path) as tmp:
             fig.savefig(tmp, format="png", dpi=90)
         plt.close(fig)
+
+
+def holds_run(out: str) -> bool:
+    """Whether `out` holds what an earlier run saved (a checkpoint or its summary), not just a log; a
+    checkpoint a kill left moved aside mid-save is put back first."""
+    for name in RUN_OUTPUTS[:2]:
+        recover_replaced_dir(os.path.join(out, name))
+    return any(os.path.lexists(os.path.join(out, name)) for name in RUN_OUTPUTS)
+
+
+def _ours(directory: str) -> bool:
+    """Whether a staging directory is what a stopped replacing run left (a run's log, or nothing)."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return False
+    return not names or "train_log.jsonl" in names
 
 
 def _jsonable(obj: Any) -> Any:

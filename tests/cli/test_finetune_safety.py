@@ -87,7 +87,8 @@ def test_an_earlier_run_needs_overwrite_and_is_replaced_only_when_the_new_one_is
 
 
 def test_a_killed_run_keeps_the_earlier_run_and_says_it_did_not_finish(tiny_dir, tmp_path, capsys, monkeypatch):
-    from twotower.encoder.finetuning.finetune import STAGING_SUFFIX, FinetuneConfig, finetune, run_finished
+    from twotower.common.atomic import STAGING_SUFFIX
+    from twotower.encoder.finetuning.finetune import FinetuneConfig, finetune, run_finished
     from twotower.encoder.finetuning.task_examples import TextExample
     from twotower.encoder.finetuning.task_model import TaskModel
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
+import sys
 
 import pytest
 
@@ -16,6 +18,8 @@ from twotower.common.atomic import (
     atomic_write_bytes,
     atomic_write_json,
     atomic_write_text,
+    recover_replaced_dir,
+    sweep_temporaries,
 )
 
 
@@ -73,3 +77,71 @@ def test_replace_dir_swaps_a_whole_directory(tmp_path):
         atomic_replace_dir(str(build), str(target))
         assert (target / "weights").read_text() == content and not build.exists()
     assert sorted(os.listdir(tmp_path)) == ["model"]  # the old copy was removed
+
+
+# Dies (os._exit, as a kill) on the AT-th file-system step of atomic_replace_dir: a rename or a removal.
+_DIE_AT_STEP = """
+import os, shutil, sys
+from twotower.common import atomic
+if sys.argv[4] == "fallback":  # as where the kernel cannot exchange two names
+    atomic._exchange = lambda a, b: False
+count = [0]
+def dying(fn):
+    def step(*args, **kwargs):
+        count[0] += 1
+        if count[0] == int(sys.argv[3]):
+            os._exit(9)
+        return fn(*args, **kwargs)
+    return step
+os.replace, shutil.rmtree = dying(os.replace), dying(shutil.rmtree)
+atomic.atomic_replace_dir(sys.argv[1], sys.argv[2])
+"""
+
+
+def _killed_swap(tmp_path, at: int, how: str) -> tuple[str, str]:
+    """An old `model/` being replaced by a complete new one, the swap killed at step `at`: (target, build)."""
+    target, build = tmp_path / "model", tmp_path / f".model{TMP_MARKER}1"
+    for directory, content in ((target, "old"), (build, "new")):
+        directory.mkdir()
+        (directory / "weights").write_text(content)
+    done = subprocess.run([sys.executable, "-c", _DIE_AT_STEP, str(build), str(target), str(at), how],
+                          capture_output=True, text=True)
+    assert done.returncode in (0, 9), done.stderr
+    return str(target), str(build)
+
+
+@pytest.mark.parametrize("at", [1, 2, 3, 99])
+def test_a_kill_at_any_step_of_a_directory_swap_leaves_the_target_complete(tmp_path, at):
+    """Before, a kill between the two renames left no `model/` at all (a resume found no training state)."""
+    target, _ = _killed_swap(tmp_path, at, "exchange")
+    assert open(os.path.join(target, "weights")).read() in ("old", "new")
+    sweep_temporaries(str(tmp_path))
+    recover_replaced_dir(target)
+    assert os.listdir(tmp_path) == ["model"]
+
+
+@pytest.mark.parametrize("at", [1, 2, 3, 99])
+def test_without_an_exchange_a_killed_swap_is_recovered(tmp_path, at):
+    """Where the names cannot be exchanged, what a kill left (``model.old-PID``, no ``model/``) is put
+    back by the next reader, and the next swap goes through."""
+    target, _ = _killed_swap(tmp_path, at, "fallback")
+    recover_replaced_dir(target)
+    assert open(os.path.join(target, "weights")).read() in ("old", "new")
+    assert not [n for n in os.listdir(tmp_path) if ".old-" in n]
+    build = tmp_path / "build"
+    build.mkdir()
+    (build / "weights").write_text("newer")
+    atomic_replace_dir(str(build), target)
+    sweep_temporaries(str(tmp_path))
+    assert open(os.path.join(target, "weights")).read() == "newer" and os.listdir(tmp_path) == ["model"]
+
+
+def test_sweep_removes_only_temporary_names(tmp_path):
+    """What killed saves left (a checkpoint copy, a half-written PNG) goes; a user's files stay."""
+    (tmp_path / f".best{TMP_MARKER}123").mkdir()
+    (tmp_path / f".best{TMP_MARKER}123" / "model.safetensors").write_text("x")
+    (tmp_path / f".dev_ndcg.png{TMP_MARKER}ab12.tmp").write_text("x")
+    for keep in ("notes.tmp-1", ".hidden", "best"):
+        (tmp_path / keep).write_text("mine")
+    assert sorted(sweep_temporaries(str(tmp_path))) == [f".best{TMP_MARKER}123", f".dev_ndcg.png{TMP_MARKER}ab12.tmp"]
+    assert sorted(os.listdir(tmp_path)) == [".hidden", "best", "notes.tmp-1"]

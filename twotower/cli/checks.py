@@ -109,8 +109,11 @@ def model_directory(flag: str, path: str, dual: bool = False) -> str:
     query and document sub-directories, as ``train dual --separate-towers`` writes) is one too, and a
     reranker is refused. Why: a cross-encoder loads as an encoder without complaint and embeds text into
     vectors its training never shaped, so an index built with it ranks by noise; the shipped reranker's data
-    directory said only "no tokenizer".
+    directory said only "no tokenizer". A checkpoint a kill left moved aside mid-save is put back first.
     """
+    from twotower.common.atomic import recover_replaced_dir
+
+    recover_replaced_dir(path)
     if not os.path.isdir(path):
         raise CLIError(f"{flag} {path}: no such directory")
     names = [MODEL_CONFIG]

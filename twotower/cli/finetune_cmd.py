@@ -129,7 +129,8 @@ def _check_out(args: argparse.Namespace, model_dir: str) -> None:
     FILE.old-PID), the --model directory itself, an earlier run at its first evaluation.
     """
     from twotower.cli import CLIError
-    from twotower.encoder.finetuning.finetune import REPORT_NAME, out_dir_state, run_finished, staging_dir
+    from twotower.common.atomic import staging_dir
+    from twotower.encoder.finetuning.finetune import REPORT_NAME, out_dir_state, run_finished
 
     out = args.out
     state = out_dir_state(out, model_dir)

@@ -80,7 +80,8 @@ def parse_ranks(flag: str, text: str) -> tuple[int, int]:
 def _common(p: argparse.ArgumentParser, mine: tuple[str, ...] = ("bm25", "none")) -> None:
     p.add_argument("--out", required=True, metavar="DIR", help="run directory (best checkpoint in DIR/best)")
     p.add_argument("--overwrite", action="store_true",
-                   help="replace the run --out already holds (without it, such an --out is refused)")
+                   help="replace the run --out already holds, once the new run is complete (it is built in "
+                        "DIR.unfinished meanwhile; without --overwrite such an --out is refused)")
     p.add_argument("--split", help="qrels split of a BEIR directory to train on (default: train)")
     p.add_argument("--corpus", default=None, metavar="FILE", help="corpus.jsonl resolving document ids in JSONL data")
     p.add_argument("--negatives", default=None, metavar="FILE", help="mined negatives JSONL (twotower train mine)")
@@ -282,6 +283,9 @@ def _check_run_out(args) -> None:
     evaluation would replace the earlier best/ checkpoint, which a mistyped --out (or a Ctrl-C a minute
     later) then loses for good."""
     _check_out(args.out)
+    from twotower.common.atomic import recover_replaced_dir
+
+    recover_replaced_dir(os.path.join(args.out, "best"))  # a save killed mid-swap left it moved aside
     # only a checkpoint is worth keeping: a run that stopped on bad input before one leaves just its log
     if os.path.isdir(os.path.join(args.out, "best")) and not args.overwrite:
         raise ValueError(f"--out {args.out} already holds a trained checkpoint ({os.path.join(args.out, 'best')}); "
@@ -338,7 +342,7 @@ def _settings(args, default_ranks: tuple[int, int]) -> dict:
         bf16=False if args.no_bf16 else "auto", seed=args.seed, dev_fraction=args.dev_fraction,
         dev_size=args.dev_size, dev_by=args.dev_by, dev_seed=args.dev_seed, eval_every=args.eval_every,
         eval_interval_s=parse_duration("--eval-interval", args.eval_interval), save_last=args.save_last,
-        progress=not args.no_progress, device=args.device, dry_run=args.dry_run,
+        progress=not args.no_progress, device=args.device, dry_run=args.dry_run, overwrite=args.overwrite,
     )
 
 

@@ -397,6 +397,24 @@ def test_resume_with_the_same_text_at_another_path_continues(stopped_run, tiny_t
     assert max(_train_losses(out)) == 3
 
 
+def test_resume_after_a_save_killed_mid_swap_restores_the_state_and_sweeps_the_leftovers(stopped_run,
+                                                                                       tiny_tokenizer_dir, tmp_path):
+    """A kill between the two renames of a save left ``trainer_state.old-PID`` and no ``trainer_state/`` (the
+    resume said "no training state"); kills mid-save left ``.trainer_state.tmp-*/`` and ``.curve.png.tmp-*``
+    that even a successful resume kept. The user's own files stay."""
+    s = stopped_run[0]
+    out = _copy_run(stopped_run, tmp_path)
+    os.rename(os.path.join(out, "trainer_state"), os.path.join(out, "trainer_state.old-4242"))
+    os.makedirs(os.path.join(out, ".trainer_state.tmp-x1y2z3"))
+    for name in (".trainer_state.tmp-x1y2z3/model.safetensors", ".curve.png.tmp-abc.tmp", "notes.txt"):
+        with open(os.path.join(out, name), "w") as f:
+            f.write("x")
+    assert main(_args(s, tiny_tokenizer_dir, out, "--steps", "6", "--resume", "--max-steps", "3")) == 0
+    assert max(_train_losses(out)) == 3
+    left = os.listdir(out)
+    assert "notes.txt" in left and not [n for n in left if ".tmp-" in n or ".old-" in n], left
+
+
 def test_resume_in_another_precision_or_on_another_device_continues_with_a_warning(stopped_run, tiny_tokenizer_dir,
                                                                                   tmp_path, caplog):
     """A run may move to another machine, but its later steps are computed otherwise: said, not refused, and

@@ -498,6 +498,48 @@ def test_cli_an_out_holding_a_run_is_refused_unless_overwrite(tmp_path, capsys, 
     assert main([*args, "--seed", "7", "--overwrite"]) == 0
 
 
+class Killed(BaseException):
+    """Stands for a kill of the run at one point (nothing the CLI catches)."""
+
+
+def _tree(out) -> dict[str, bytes]:
+    return {os.path.relpath(os.path.join(d, n), out): open(os.path.join(d, n), "rb").read()
+            for d, _, names in os.walk(out) for n in names}
+
+
+@pytest.mark.parametrize("command", ["reranker", "dual"])
+def test_cli_an_overwrite_run_is_swapped_in_only_once_complete(tmp_path, capsys, monkeypatch, command):
+    """`--overwrite` wrote into the earlier run as it went: a kill left the new run's best/ beside the earlier
+    run's summary.json and last/. Now a stopped run leaves the earlier one as it was; a complete one replaces it
+    whole (no earlier last/), its summary naming OUT/best."""
+    from twotower.cli import main
+    from twotower.retrieval.training.training_run import TrainingRun
+
+    out = tmp_path / "o"
+    args = ["train", command, "--model", tiny_model_dir(0.2), "--pairs" if command == "reranker" else "--data",
+            tiny_beir_dir(), "--out", str(out), "--dry-run", "--no-progress", "--batch-size", "4", "--no-bf16",
+            *(["--group-size", "4", "--max-length", "48", "--dev-rerank-k", "10"] if command == "reranker" else [])]
+    assert main([*args, "--save-last"]) == 0
+    before = _tree(out)
+
+    def killed(self, summary):
+        raise Killed
+
+    with monkeypatch.context() as m:
+        m.setattr(TrainingRun, "finish", killed)
+        with pytest.raises(Killed):
+            main([*args, "--seed", "7", "--overwrite", "--save-last"])
+    assert _tree(out) == before
+    capsys.readouterr()
+    assert main([*args, "--seed", "7", "--overwrite"]) == 0
+    assert json.loads(capsys.readouterr().out)["best"] == str(out / "best")
+    after = _tree(out)
+    assert not any(name.startswith("last") for name in after) and "train_log.jsonl.previous" in after
+    assert json.loads(after["summary.json"])["best_dir"] == str(out / "best")
+    assert json.loads(after[os.path.join("best", "training_args.json")])["seed"] == 7
+    assert sorted(os.listdir(tmp_path)) == ["o"]
+
+
 @pytest.mark.parametrize("command, bad", [
     ("dual", "data"), ("dual", "negatives"), ("reranker", "data"), ("reranker", "negatives"),
     ("reranker", "first-stage"),

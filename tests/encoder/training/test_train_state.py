@@ -1,0 +1,63 @@
+"""The training state's directory under a kill: the last complete state stays readable, a save's leftovers sweepable."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+import torch
+
+from twotower.common import atomic
+from twotower.common.atomic import sweep_temporaries
+from twotower.encoder.training import train_state
+from twotower.encoder.training.optim import make_optimizer
+from twotower.encoder.training.train_state import load_train_state, save_train_state
+
+
+class Killed(BaseException):
+    """Stands for a SIGKILL at one point of a save (raised, as nothing else can stop a save there in-process)."""
+
+
+def _save(directory: str, step: int) -> None:
+    model = torch.nn.Linear(3, 2)
+    save_train_state(directory, model.state_dict(), make_optimizer(model, lr=1e-2), {"step": step})
+
+
+def test_a_state_moved_aside_by_a_killed_save_is_read_back(tmp_path, monkeypatch):
+    """Where names cannot be exchanged, a kill between the two renames of a save left ``trainer_state.old-PID``
+    and no ``trainer_state/``: a resume said there was no training state."""
+    directory = str(tmp_path / "trainer_state")
+    _save(directory, 1)
+    monkeypatch.setattr(atomic, "_exchange", lambda a, b: False, raising=False)
+    real_replace = os.replace
+
+    def replace(src, dst):
+        if dst == directory:  # the new state's rename into place
+            raise Killed
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(Killed):
+        _save(directory, 2)
+    monkeypatch.undo()
+    assert load_train_state(directory).user == {"step": 1}
+    assert sorted(os.listdir(tmp_path)) == ["trainer_state"]
+
+
+def test_a_save_killed_before_its_swap_leaves_a_copy_the_next_start_sweeps(tmp_path, monkeypatch):
+    """Its temporary copy (the whole model and optimizer) carries the project's temporary-name marker."""
+    directory = str(tmp_path / "trainer_state")
+    _save(directory, 1)
+
+    def killed(build, target):
+        raise Killed
+
+    monkeypatch.setattr(train_state, "atomic_replace_dir", killed)
+    monkeypatch.setattr(shutil, "rmtree", lambda *a, **k: None)  # a killed process cleans nothing up
+    with pytest.raises(Killed):
+        _save(directory, 2)
+    monkeypatch.undo()
+    assert len(os.listdir(tmp_path)) == 2
+    sweep_temporaries(str(tmp_path))
+    assert os.listdir(tmp_path) == ["trainer_state"] and load_train_state(directory).user == {"step": 1}
