@@ -540,7 +540,7 @@ def _pretrain(args: PretrainArgs, info: DistInfo) -> dict:
         optimizer.zero_grad(set_to_none=True)
         # --- bookkeeping agreed by all ranks (tokens and wall clock decide when the budget ends)
         loss_sum, correct, count, tokens, elapsed = all_reduce_sum(
-            [loss_sum, correct, count, tokens, clock.elapsed()], info)
+            [loss_sum, correct, count, tokens, clock.elapsed()], info, device)
         before = used()
         counters["step"] += 1
         counters["tokens"] += int(tokens)
