@@ -19,6 +19,23 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def training_device(device: str | None) -> torch.device:
+    """The device a (possibly torchrun-replicated) training process computes on.
+
+    device: ``--device`` ("cpu", "cuda", "cuda:1"; None: a GPU when there is one). Under torchrun with several
+    processes a CUDA device means this process's own GPU, ``cuda:{LOCAL_RANK}`` (the one `init_distributed`
+    made current for NCCL): the same ``cuda:N`` on every rank would put all ranks on one GPU, with NCCL
+    refusing tensors that are not on the current device.
+    """
+    from twotower.common.distributed import launched_as
+
+    dev = torch.device(device) if device else default_device()
+    info = launched_as()
+    if dev.type == "cuda" and info.enabled:
+        dev = torch.device("cuda", info.local_rank)
+    return dev
+
+
 @functools.cache
 def cpu_bf16_supported() -> bool:
     """True when this CPU has native bf16 matmul (AVX512-BF16 or AMX), as oneDNN reports it."""

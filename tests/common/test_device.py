@@ -28,3 +28,21 @@ def test_reads_model_and_the_features_that_decide_speed(tmp_path):
 def test_missing_file_gives_unknown(tmp_path):
     info = cpu_description(str(tmp_path / "absent"))
     assert info["model"] == "unknown" and not info["avx2"]
+
+
+def test_training_device_under_torchrun_is_the_ranks_own_gpu(monkeypatch):
+    """``--device cuda:0`` (or ``cuda``) on every rank of a 2-GPU torchrun: rank 1 computes on cuda:1, the GPU
+    init_distributed made current, not on rank 0's; alone, the device is as given."""
+    import torch
+
+    from twotower.common.device import training_device
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert training_device("cuda:0") == torch.device("cuda", 1)
+    assert training_device("cuda") == torch.device("cuda", 1)
+    assert training_device("cpu") == torch.device("cpu")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert training_device("cuda:1") == torch.device("cuda", 1)
+    assert training_device("cuda") == torch.device("cuda")

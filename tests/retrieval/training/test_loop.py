@@ -19,6 +19,7 @@ from twotower.retrieval.training.loop import (
     StopTraining,
     TrainingLoop,
     TrainSettings,
+    start_run,
     step_pace,
 )
 from twotower.retrieval.training.training_run import TrainingRun
@@ -282,3 +283,13 @@ def test_cli_lr_zero_is_kept_not_replaced_by_the_default(tmp_path, capsys):
         assert rc == 0, capsys.readouterr().err
         config = next(json.loads(line) for line in open(out / "train_log.jsonl") if '"config"' in line)
         assert config["lr"] == 0.0
+
+
+def test_start_run_under_torchrun_puts_each_rank_on_its_own_gpu(tmp_path, monkeypatch):
+    """``--device cuda:0`` given to every rank of a 2-GPU torchrun: rank 1 trains on cuda:1, the GPU its NCCL
+    group uses (no GPU is touched here: the run only picks the device)."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    _, _, device, _ = start_run(TrainSettings(device="cuda:0", bf16=False), str(tmp_path / "run"), enabled=False)
+    assert device == torch.device("cuda", 1)
