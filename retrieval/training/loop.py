@@ -373,10 +373,12 @@ class TrainingLoop:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        # Reading the loss waits for the device (on a GPU the step's kernels are only queued until then), so
+        # it comes before the clock: else the pace, which plans a time budget's steps, misses the GPU's time.
+        loss_value = float(loss.detach())
         self._paces.append(time.perf_counter() - t0)
         self.steps += 1
         step = self.steps
-        loss_value = float(loss.detach())
         if not math.isfinite(loss_value):
             self.run.log("stop", step=step, reason=f"loss is {loss_value}")
             fault = FloatingPointError(f"training loss became {loss_value} at step {step}; lower the learning rate")
