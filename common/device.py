@@ -78,7 +78,9 @@ def bf16_supported(device: torch.device | str) -> bool:
     if os.environ.get("TWOTOWER_BF16", "1") == "0":
         return False
     if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
+        # Native bf16 (Ampere, compute capability 8, and later) on this device, not the current one:
+        # is_bf16_supported() also says yes where bf16 is only emulated (V100, T4), slower than fp32.
+        return torch.cuda.is_available() and torch.cuda.get_device_properties(device).major >= 8
     if device.type == "cpu":
         return cpu_bf16_supported()
     return False
