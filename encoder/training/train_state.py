@@ -127,7 +127,10 @@ def load_train_state(directory: str, map_location: str | torch.device = "cpu") -
     meta = _read_meta(meta_path)
     device = str(map_location)
     opt_path = os.path.join(directory, "optimizer.safetensors")
-    opt_tensors = load_safetensors(opt_path, device=device, remedy=None)
+    # On the CPU whatever the device: Optimizer.load_state_dict moves the moments to their parameters' device
+    # itself but keeps AdamW's ``step`` tensors where they are, and a ``step`` on a GPU makes every step sync
+    # once per parameter (torch keeps it on the CPU for that reason).
+    opt_tensors = load_safetensors(opt_path, device="cpu", remedy=None)
     try:
         optimizer = optimizer_from_flat(opt_tensors, meta["optimizer"])
     except (ValueError, TypeError, KeyError, AttributeError) as exc:  # keys not "<index>/<name>", groups not a list

@@ -61,3 +61,30 @@ def test_a_save_killed_before_its_swap_leaves_a_copy_the_next_start_sweeps(tmp_p
     assert len(os.listdir(tmp_path)) == 2
     sweep_temporaries(str(tmp_path))
     assert os.listdir(tmp_path) == ["trainer_state"] and load_train_state(directory).user == {"step": 1}
+
+
+def test_a_gpu_resume_reads_the_optimizer_on_the_cpu_and_torch_moves_only_the_moments(tmp_path, monkeypatch):
+    """The model is read onto the training device, the optimizer onto the CPU: AdamW's ``step`` must stay there
+    (on a GPU each step would sync once per parameter to read it), and load_state_dict moves the moments to
+    the parameters' device itself. The meta device stands in for a GPU."""
+    directory = str(tmp_path / "trainer_state")
+    model = torch.nn.Linear(3, 2)
+    optimizer = make_optimizer(model, lr=1e-2)
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    save_train_state(directory, model.state_dict(), optimizer, {"step": 1})
+    read_on: dict[str, str] = {}
+    real = train_state.load_safetensors
+
+    def recording(path, device="cpu", **kwargs):
+        read_on[os.path.basename(path)] = device
+        return real(path, device="cpu", **kwargs)  # no GPU here: the tensors come from the CPU all the same
+
+    monkeypatch.setattr(train_state, "load_safetensors", recording)
+    state = load_train_state(directory, map_location="cuda:1")
+    assert read_on["model.safetensors"] == "cuda:1" and read_on["optimizer.safetensors"] == "cpu"
+    on_gpu = torch.nn.Linear(3, 2, device="meta")
+    moved = make_optimizer(on_gpu, lr=1e-2)
+    moved.load_state_dict(state.optimizer)
+    for s in moved.state.values():
+        assert s["step"].device.type == "cpu" and s["exp_avg"].device.type == "meta"
