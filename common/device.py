@@ -19,6 +19,23 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def training_device(device: str | None) -> torch.device:
+    """The device a (possibly torchrun-replicated) training process computes on.
+
+    device: ``--device`` ("cpu", "cuda", "cuda:1"; None: a GPU when there is one). Under torchrun with several
+    processes a CUDA device means this process's own GPU, ``cuda:{LOCAL_RANK}`` (the one `init_distributed`
+    made current for NCCL): the same ``cuda:N`` on every rank would put all ranks on one GPU, with NCCL
+    refusing tensors that are not on the current device.
+    """
+    from twotower.common.distributed import launched_as
+
+    dev = torch.device(device) if device else default_device()
+    info = launched_as()
+    if dev.type == "cuda" and info.enabled:
+        dev = torch.device("cuda", info.local_rank)
+    return dev
+
+
 @functools.cache
 def cpu_bf16_supported() -> bool:
     """True when this CPU has native bf16 matmul (AVX512-BF16 or AMX), as oneDNN reports it."""
@@ -61,7 +78,9 @@ def bf16_supported(device: torch.device | str) -> bool:
     if os.environ.get("TWOTOWER_BF16", "1") == "0":
         return False
     if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
+        # Native bf16 (Ampere, compute capability 8, and later) on this device, not the current one:
+        # is_bf16_supported() also says yes where bf16 is only emulated (V100, T4), slower than fp32.
+        return torch.cuda.is_available() and torch.cuda.get_device_properties(device).major >= 8
     if device.type == "cpu":
         return cpu_bf16_supported()
     return False

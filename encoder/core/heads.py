@@ -64,7 +64,14 @@ class _Head(nn.Module):
 
     def _init_linear(self, linear: nn.Linear, std: float, generator: torch.Generator | None = None) -> None:
         with torch.no_grad():
-            linear.weight.normal_(0.0, std, generator=generator)
+            if generator is None:
+                linear.weight.normal_(0.0, std)
+            else:
+                # Drawn where the generator lives (the CPU) and copied: an op on a CUDA weight refuses a CPU
+                # generator, and a seed then gives the same head on every device.
+                w = linear.weight
+                draw = torch.empty(w.shape, dtype=w.dtype, device=generator.device).normal_(0.0, std, generator=generator)
+                w.copy_(draw)
             linear.bias.zero_()
 
     def encode(

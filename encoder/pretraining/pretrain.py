@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from twotower.common.atomic import recover_replaced_dir, sweep_temporaries
-from twotower.common.device import autocast, default_device, resolve_bf16
+from twotower.common.device import autocast, resolve_bf16, training_device
 from twotower.common.distributed import DistInfo, all_reduce_sum, barrier, cleanup, init_distributed
 from twotower.common.errors import DataError, check_at_least, check_setting
 from twotower.common.malloc import retain_freed_memory_for
@@ -452,9 +452,7 @@ def _pretrain(args: PretrainArgs, info: DistInfo) -> dict:
     budget = Budget.parse(args.budget, args.tokens, args.steps)
     corpus_paths = check_corpus_files(args.corpus, "corpus")
     valid_paths = check_corpus_files(args.valid, "validation") if args.valid else []
-    device = torch.device(args.device) if args.device else default_device()
-    if device.type == "cuda" and info.enabled:
-        device = torch.device("cuda", info.local_rank)
+    device = training_device(args.device)
     bf16 = resolve_bf16(args.bf16, device)
     retain_freed_memory_for(device)  # reuse freed activation memory across steps (common/malloc.py)
     tokenizer = load_tokenizer(args.tokenizer)
@@ -540,7 +538,7 @@ def _pretrain(args: PretrainArgs, info: DistInfo) -> dict:
         optimizer.zero_grad(set_to_none=True)
         # --- bookkeeping agreed by all ranks (tokens and wall clock decide when the budget ends)
         loss_sum, correct, count, tokens, elapsed = all_reduce_sum(
-            [loss_sum, correct, count, tokens, clock.elapsed()], info)
+            [loss_sum, correct, count, tokens, clock.elapsed()], info, device)
         before = used()
         counters["step"] += 1
         counters["tokens"] += int(tokens)

@@ -17,7 +17,7 @@ safetensors or torch halfway into a resumed run.
 Layout of ``<dir>``:
     model.safetensors      the model's own state_dict (exactly what `load_state_dict` wants)
     optimizer.safetensors  optimizer tensors
-    rng.safetensors        torch CPU (and CUDA) generator states
+    rng.safetensors        torch CPU (and the training GPU's) generator states
     state.json             {"optimizer": {...}, "user": {...caller's scalars...}}
 """
 
@@ -70,22 +70,37 @@ def optimizer_from_flat(tensors: dict[str, torch.Tensor], meta: dict) -> dict:
     return {"state": state, "param_groups": groups}
 
 
-def capture_rng() -> dict[str, torch.Tensor]:
+def _cuda_index(device: torch.device) -> int:
+    return torch.cuda.current_device() if device.index is None else device.index
+
+
+def _device_of(state: dict[str, torch.Tensor]) -> torch.device:
+    """The device a model trains on (whose generator draws its dropout): that of its weights."""
+    return next(iter(state.values())).device if state else torch.device("cpu")
+
+
+def capture_rng(device: torch.device | str) -> dict[str, torch.Tensor]:
+    """The CPU generator's state and, training on a GPU, that GPU's (``torch_cuda``), not one per device
+    index: under torchrun only rank 0 saves, and each rank restores into its own GPU, so a state per index
+    gave rank r the state of a GPU that rank 0 never drew from."""
+    device = torch.device(device)
     rng = {"torch_cpu": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        for i in range(torch.cuda.device_count()):
-            rng[f"torch_cuda_{i}"] = torch.cuda.get_rng_state(i)
+    if device.type == "cuda":
+        rng["torch_cuda"] = torch.cuda.get_rng_state(_cuda_index(device))
     return rng
 
 
-def restore_rng(rng: dict[str, torch.Tensor]) -> None:
+def restore_rng(rng: dict[str, torch.Tensor], device: torch.device | str) -> None:
+    """Restore what `capture_rng` saved into the CPU generator and, on a GPU, into `device`'s."""
+    device = torch.device(device)
     if "torch_cpu" in rng:
         torch.set_rng_state(rng["torch_cpu"])
-    for k, v in rng.items():
-        if k.startswith("torch_cuda_") and torch.cuda.is_available():
-            i = int(k.rsplit("_", 1)[1])
-            if i < torch.cuda.device_count():
-                torch.cuda.set_rng_state(v, i)
+    if device.type == "cuda":
+        i = _cuda_index(device)
+        # states saved before ``torch_cuda`` hold ``torch_cuda_<index>`` for every GPU: this one's is read
+        state = rng.get("torch_cuda", rng.get(f"torch_cuda_{i}"))
+        if state is not None:
+            torch.cuda.set_rng_state(state, i)
 
 
 def save_train_state(directory: str, model_state: dict[str, torch.Tensor], optimizer: torch.optim.Optimizer,
@@ -101,7 +116,7 @@ def save_train_state(directory: str, model_state: dict[str, torch.Tensor], optim
                   os.path.join(build, "model.safetensors"))
         opt_tensors, opt_meta = optimizer_to_flat(optimizer)
         save_file(opt_tensors, os.path.join(build, "optimizer.safetensors"))
-        save_file(capture_rng(), os.path.join(build, "rng.safetensors"))
+        save_file(capture_rng(_device_of(model_state)), os.path.join(build, "rng.safetensors"))
         atomic_write_text(os.path.join(build, "state.json"),
                           json.dumps({"optimizer": opt_meta, "user": user}, indent=1) + "\n")
         for name in os.listdir(build):
@@ -127,7 +142,10 @@ def load_train_state(directory: str, map_location: str | torch.device = "cpu") -
     meta = _read_meta(meta_path)
     device = str(map_location)
     opt_path = os.path.join(directory, "optimizer.safetensors")
-    opt_tensors = load_safetensors(opt_path, device=device, remedy=None)
+    # On the CPU whatever the device: Optimizer.load_state_dict moves the moments to their parameters' device
+    # itself but keeps AdamW's ``step`` tensors where they are, and a ``step`` on a GPU makes every step sync
+    # once per parameter (torch keeps it on the CPU for that reason).
+    opt_tensors = load_safetensors(opt_path, device="cpu", remedy=None)
     try:
         optimizer = optimizer_from_flat(opt_tensors, meta["optimizer"])
     except (ValueError, TypeError, KeyError, AttributeError) as exc:  # keys not "<index>/<name>", groups not a list
@@ -188,7 +206,7 @@ def restore_train_state(state: TrainState, directory: str, model: torch.nn.Modul
         raise DataError(os.path.join(directory, "state.json"), None,
                         f"damaged: its optimizer does not fit the model's parameters ({_reason(exc)})") from None
     try:
-        restore_rng(state.rng)
+        restore_rng(state.rng, _device_of(own))
     except (RuntimeError, ValueError, TypeError) as exc:
         raise DataError(os.path.join(directory, "rng.safetensors"), None,
                         f"damaged: not a random-generator state ({_reason(exc)})") from None

@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from twotower.common.device import default_device, resolve_bf16
+from twotower.common.device import resolve_bf16, training_device
 from twotower.common.distributed import DistInfo, all_reduce_sum
 from twotower.common.errors import check_at_least, check_setting
 from twotower.common.malloc import retain_freed_memory_for
@@ -162,7 +162,7 @@ def start_run(cfg: TrainSettings, out: str, enabled: bool = True,
     own draws, device, bf16).
     """
     torch.manual_seed(cfg.seed)
-    device = torch.device(cfg.device) if cfg.device else default_device()
+    device = training_device(cfg.device)  # under torchrun: this rank's GPU
     bf16 = resolve_bf16(cfg.bf16, device)
     retain_freed_memory_for(device)  # reuse freed activation memory across steps (common/malloc.py)
     run = TrainingRun(out, enabled=enabled, replace=cfg.overwrite)
@@ -373,10 +373,12 @@ class TrainingLoop:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        # Reading the loss waits for the device (on a GPU the step's kernels are only queued until then), so
+        # it comes before the clock: else the pace, which plans a time budget's steps, misses the GPU's time.
+        loss_value = float(loss.detach())
         self._paces.append(time.perf_counter() - t0)
         self.steps += 1
         step = self.steps
-        loss_value = float(loss.detach())
         if not math.isfinite(loss_value):
             self.run.log("stop", step=step, reason=f"loss is {loss_value}")
             fault = FloatingPointError(f"training loss became {loss_value} at step {step}; lower the learning rate")

@@ -271,7 +271,7 @@ def _batch_step(cfg, batch, me, q_in, corpus, d_tok, document_prefix, enc_q, enc
         return contrastive_loss(q, d[:b], d[b:], temperature(), mask, cfg.symmetric)
 
     if cfg.chunk_size:
-        return cached_step([(enc_q, q_in), (enc_d, d_in)], loss_fn, cfg.chunk_size)
+        return cached_step([(enc_q, q_in), (enc_d, d_in)], loss_fn, cfg.chunk_size, device)
     loss = loss_fn([enc_q(q_in), enc_d(d_in)])
     loss.backward()
     return loss

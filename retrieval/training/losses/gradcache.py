@@ -24,11 +24,17 @@ Inputs = dict[str, torch.Tensor]
 
 
 class RngState:
-    """The CPU and CUDA generator states at one point, to replay a forward pass's dropout exactly."""
+    """The CPU and CUDA generator states at one point, to replay a forward pass's dropout exactly.
 
-    def __init__(self, tensors: Sequence[torch.Tensor]) -> None:
+    device: where the forward pass computes (the model's device), not where its inputs are: the encoders
+    take CPU batches and move them, so the inputs would leave out the CUDA generator that draws dropout.
+    """
+
+    def __init__(self, device: torch.device | str) -> None:
+        device = torch.device(device)
         self.cpu = torch.get_rng_state()
-        self.cuda_devices = sorted({t.device.index or 0 for t in tensors if t.is_cuda})
+        self.cuda_devices = ([torch.cuda.current_device() if device.index is None else device.index]
+                             if device.type == "cuda" else [])
         self.cuda = [torch.cuda.get_rng_state(i) for i in self.cuda_devices]
 
     def replay(self):
@@ -58,6 +64,7 @@ def cached_step(
     towers: Sequence[tuple[Callable[[Inputs], torch.Tensor], Inputs]],
     loss_fn: Callable[[list[torch.Tensor]], torch.Tensor],
     chunk_size: int,
+    device: torch.device | str,
 ) -> torch.Tensor:
     """Backpropagate `loss_fn` over the embeddings of several input groups, chunk by chunk.
 
@@ -67,6 +74,7 @@ def cached_step(
         loss_fn: maps the list of full (N_g, H) embedding matrices, one per group, to a scalar.
             Parameters it owns (a learned temperature) get their gradient directly.
         chunk_size: rows embedded at once; memory scales with it, the result does not.
+        device: where the encoders compute, whose generator is replayed (`RngState`).
     Returns:
         the loss value (detached). Gradients are accumulated into ``.grad`` as ``loss.backward()`` would.
     """
@@ -78,7 +86,7 @@ def cached_step(
     for encode, inputs in towers:
         chunks, outs = [], []
         for chunk in split_inputs(inputs, chunk_size):
-            state = RngState(list(chunk.values()))
+            state = RngState(device)
             with torch.no_grad():
                 outs.append(encode(chunk))
             chunks.append((chunk, state))

@@ -161,6 +161,30 @@ def test_reset_head_is_seeded(tiny_dir):
     assert m.classifier.weight.std().item() == pytest.approx(m.config.initializer_range, rel=0.5)
 
 
+@pytest.mark.parametrize("head", HEAD_TYPES)
+def test_reset_head_draws_with_its_cpu_generator_off_the_cpu(tiny_dir, monkeypatch, head):
+    """reset_head on a model that is not on the CPU (fine-tuning resets the head after moving it to the GPU):
+    CUDA's ops refuse a CPU generator, so none may be handed to an op on a tensor elsewhere. The meta device
+    stands in for CUDA, with that check added; on the CPU the seed gives the same weights as a direct draw."""
+    labels = [] if head == "qa" else ["a", "b"]
+    m = TaskModel.from_encoder(tiny_dir, TaskInfo(head, labels)).model
+    linear = m.qa_outputs if head == "qa" else m.classifier
+    m.reset_head(5)
+    g = torch.Generator().manual_seed(5)
+    expected = torch.empty_like(linear.weight).normal_(0.0, m.config.initializer_range, generator=g)
+    assert torch.equal(linear.weight, expected)  # the CPU values are those of a draw in place
+
+    normal = torch.Tensor.normal_
+
+    def checked(t, *args, generator=None, **kwargs):
+        if generator is not None and generator.device.type != t.device.type:
+            raise RuntimeError(f"a {generator.device} generator for a {t.device} tensor")
+        return normal(t, *args, generator=generator, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "normal_", checked)
+    m.to("meta").reset_head(5)
+
+
 def test_mean_pooled_classifier_reads_the_average_of_real_tokens(tiny_dir):
     """logits = W · mean(h over real tokens) + b; padding (any amount) changes nothing; no pooler is built."""
     m = TaskModel.from_encoder(tiny_dir, TaskInfo("classify", ["a", "b", "c"]), pooling="mean", seed=2).model.eval()

@@ -218,6 +218,24 @@ def test_nsp_and_whole_word_masking_train_and_load_as_bert_for_pretraining(setup
     torch.testing.assert_close(hf.cls.seq_relationship.weight.detach(), state["cls.seq_relationship.weight"])
 
 
+def test_every_all_reduce_names_the_device_it_computes_on(setup, tiny_tokenizer_dir, monkeypatch):
+    """Under NCCL a collective refuses CPU tensors: each of pretraining's sums must be made on the training
+    device, so none may fall back on all_reduce_sum's CPU default (seen here as a device left out)."""
+    from twotower.encoder.pretraining import pretrain
+
+    devices = []
+
+    def recording(values, info, device=None):
+        devices.append(device)
+        return list(values)
+
+    monkeypatch.setattr(pretrain, "all_reduce_sum", recording)
+    out = str(setup["tmp"] / "run")
+    assert main(_args(setup, tiny_tokenizer_dir, out, "--steps", "2", "--valid", setup["valid"], "--evals", "1",
+                      "--device", "cpu")) == 0
+    assert len(devices) >= 3 and all(d is not None and torch.device(d) == torch.device("cpu") for d in devices)
+
+
 def test_init_from_continues_from_a_checkpoints_weights(setup, tiny_tokenizer_dir, capsys):
     """--init-from: a new run (fresh optimizer and schedule) that starts from another run's weights."""
     from twotower.encoder.core.checkpoint import read_weights

@@ -60,7 +60,7 @@ def test_train_state_round_trip_continues_identically(tmp_path):
     st = load_train_state(str(tmp_path / "st"))
     model2.load_state_dict(st.model)
     opt2.load_state_dict(st.optimizer)
-    restore_rng(st.rng)
+    restore_rng(st.rng, "cpu")
     assert st.user == {"step": 3, "data": {"epoch": 0}}
     model, opt = model2, opt2
     assert [step() for _ in range(4)] == want

@@ -19,6 +19,7 @@ from twotower.retrieval.training.loop import (
     StopTraining,
     TrainingLoop,
     TrainSettings,
+    start_run,
     step_pace,
 )
 from twotower.retrieval.training.training_run import TrainingRun
@@ -282,3 +283,44 @@ def test_cli_lr_zero_is_kept_not_replaced_by_the_default(tmp_path, capsys):
         assert rc == 0, capsys.readouterr().err
         config = next(json.loads(line) for line in open(out / "train_log.jsonl") if '"config"' in line)
         assert config["lr"] == 0.0
+
+
+def test_start_run_under_torchrun_puts_each_rank_on_its_own_gpu(tmp_path, monkeypatch):
+    """``--device cuda:0`` given to every rank of a 2-GPU torchrun: rank 1 trains on cuda:1, the GPU its NCCL
+    group uses (no GPU is touched here: the run only picks the device)."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    _, _, device, _ = start_run(TrainSettings(device="cuda:0", bf16=False), str(tmp_path / "run"), enabled=False)
+    assert device == torch.device("cuda", 1)
+
+
+def test_step_pace_includes_the_wait_for_the_device(tmp_path, monkeypatch):
+    """On a GPU the step's kernels run asynchronously until the loss is read: its pace must be timed after
+    that read (the wait for the device), here a fake clock that moves one second while the loss is read."""
+    from twotower.retrieval.training import loop as loop_module
+
+    clock = [0.0]
+
+    class _QueuedLoss:  # a loss whose value is ready one second after the step returned
+        def __init__(self, loss):
+            self.loss = loss
+
+        def detach(self):
+            return self
+
+        def __float__(self):
+            clock[0] += 1.0
+            return float(self.loss.detach())
+
+    monkeypatch.setattr(loop_module.time, "perf_counter", lambda: clock[0])
+    loop, _ = _loop(tmp_path, [0.1, 0.2], Schedule(3, 3, 0.5, 0.0))
+    step = loop.step
+
+    def queued(done: int):
+        loss, fields = step(done)
+        return _QueuedLoss(loss), fields
+
+    loop.step = queued
+    loop.train()
+    assert list(loop._paces) == [1.0, 1.0, 1.0]

@@ -146,7 +146,7 @@ def test_gradcache_equals_uncached_without_dropout():
     loss.backward()
     ref = _grads(enc).clone()
     enc.zero_grad()
-    cached = cached_step([(lambda x: enc(**x), q_in), (lambda x: enc(**x), d_in)], _loss_fn, chunk_size=3)
+    cached = cached_step([(lambda x: enc(**x), q_in), (lambda x: enc(**x), d_in)], _loss_fn, chunk_size=3, device="cpu")
     assert float(cached) == pytest.approx(float(loss.detach()), abs=1e-6)
     torch.testing.assert_close(_grads(enc), ref, atol=1e-5, rtol=1e-4)
 
@@ -159,7 +159,7 @@ def _dropout_reference_then_cached(enc) -> torch.Tensor:
     ref = _grads(enc).clone()
     enc.zero_grad()
     torch.manual_seed(123)
-    cached_step([(lambda x: enc(**x), q_in), (lambda x: enc(**x), d_in)], _loss_fn, chunk_size=2)
+    cached_step([(lambda x: enc(**x), q_in), (lambda x: enc(**x), d_in)], _loss_fn, chunk_size=2, device="cpu")
     return ref
 
 
@@ -177,6 +177,24 @@ def test_gradcache_without_replay_would_differ(monkeypatch):
     enc = _towers(0.3)
     ref = _dropout_reference_then_cached(enc)
     assert not torch.allclose(_grads(enc), ref, atol=1e-5)
+
+
+def test_gradcache_saves_the_generator_of_the_device_the_encoders_run_on(monkeypatch):
+    """The inputs are CPU batches that the encoders move to the GPU: the CUDA generator that draws dropout is
+    that of the encoders' device, and must be saved for the replay even though no input is on it."""
+    from twotower.retrieval.training.losses import gradcache
+
+    saved: list[int] = []
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda i: saved.append(i) or torch.zeros(1, dtype=torch.uint8))
+    monkeypatch.setattr(gradcache.RngState, "replay", lambda self: contextlib.nullcontext())  # no real GPU
+    assert gradcache.RngState("cuda").cuda_devices == [1]  # the current one, where torch.device("cuda") runs
+    assert gradcache.RngState("cpu").cuda_devices == []
+    saved.clear()
+    enc = _towers(0.0)
+    q_in, d_in = _inputs(enc, QUERIES), _inputs(enc, DOCS)
+    cached_step([(lambda x: enc(**x), q_in), (lambda x: enc(**x), d_in)], _loss_fn, chunk_size=2, device="cuda:2")
+    assert saved and set(saved) == {2}
 
 
 # ---- cross-rank gather ---------------------------------------------------------------------------------
