@@ -93,6 +93,10 @@ def check_factory(factory: str, dim: int, metric: Metric, num_vectors: int) -> N
         raise _too_few_to_train(factory, need, num_vectors)
 
 
+# FAISS on a GPU selects at most this many rows (and IVF lists) per query (faiss/gpu/utils/DeviceDefs.cuh)
+GPU_MAX_K = 2048
+
+
 class VectorIndex:
     """Vectors keyed by string ids, searched with FAISS.
 
@@ -691,15 +695,14 @@ class VectorIndex:
     def _raw_search(
         self, q: np.ndarray, fetch: int, ef_search: int | None, nprobe: int | None
     ) -> tuple[np.ndarray, np.ndarray]:
-        index = self._searcher()
+        nprobe = nprobe if nprobe is not None or self.kind != "ivf" else self._nprobe_default()
+        index = self._searcher(max(fetch, nprobe or 0))
         params = None
         if self.kind == "hnsw":
             ef = ef_search if ef_search is not None else self._ef_search_default()
             params = faiss.SearchParametersHNSW(efSearch=int(max(ef, fetch)))
         elif self.kind == "ivf":
-            params = faiss.SearchParametersIVF(
-                nprobe=int(nprobe if nprobe is not None else self._nprobe_default())
-            )
+            params = faiss.SearchParametersIVF(nprobe=int(nprobe))
         return index.search(q, fetch, params=params)
 
     def _gpu_possible(self) -> bool:
@@ -707,9 +710,13 @@ class VectorIndex:
             supports_gpu(self.kind) and faiss.get_num_gpus() > 0 and hasattr(faiss, "index_cpu_to_all_gpus")
         )
 
-    def _searcher(self) -> faiss.Index:
-        """The GPU copy when one is wanted and possible, else the CPU index (the source of truth)."""
-        if self.use_gpu is False or not self._gpu_possible():
+    def _searcher(self, depth: int = 0) -> faiss.Index:
+        """The GPU copy when one is wanted and possible, else the CPU index (the source of truth).
+
+        depth: the k (or IVF nprobe) of the search. FAISS on a GPU refuses more than `GPU_MAX_K`, and a
+        search that skips tombstones asks for more rows the more there are, so a deep one runs on the CPU.
+        """
+        if self.use_gpu is False or depth > GPU_MAX_K or not self._gpu_possible():
             return self._index
         if self._gpu_index is None:  # pragma: no cover - needs faiss-gpu and a GPU
             self._gpu_index = faiss.index_cpu_to_all_gpus(self._index)

@@ -330,7 +330,7 @@ class CrossEncoder(nn.Module):
             return [[document_string(d)] for d in docs]
         parts = [d if isinstance(d, tuple) else ("", d) for d in docs]
         unique = list(dict.fromkeys(text for _, text in parts))  # a document repeats across queries
-        spans = dict(zip(unique, (passage_spans(offsets, words, len(text), self.windows.window, self.windows.stride)
+        spans = dict(zip(unique, (passage_spans(offsets, words, text, self.windows.window, self.windows.stride)
                                   for text, (offsets, words) in zip(unique, self.tokenizer.token_spans(unique)))))
         return [[f"{title} {text[a:b]}" if title else text[a:b] for a, b in spans[text]] for title, text in parts]
 

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import logging
 import math
+import unicodedata
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -68,17 +69,20 @@ def parent_of(row_id: str) -> str:
 
 
 def passage_spans(
-    offsets: Sequence[tuple[int, int]], word_ids: Sequence[int | None], text_length: int, window: int, stride: int,
+    offsets: Sequence[tuple[int, int]], word_ids: Sequence[int | None], text: str, window: int, stride: int,
 ) -> list[tuple[int, int]]:
     """Character spans of the token windows of one text (see the module docstring for the rules).
 
     Args:
         offsets: (start, end) of each token in the text, no special tokens (`Tokenizer.token_spans`).
         word_ids: the word each token belongs to (tokens of one word share it).
-        text_length: ``len(text)``.
+        text: the text the offsets index.
     Returns:
-        ``[(0, text_length)]`` when the text fits in one window, else one span per window.
+        ``[(0, len(text))]`` when the text fits in one window, else one span per window. A span ends after
+        the combining marks that follow its last character: an uncased tokenizer drops accents, so a
+        token's offsets end before a decomposed one ("e" + U+0301), which would start the next passage.
     """
+    text_length = len(text)
     if not 1 <= stride <= window:
         raise ValueError(f"passage stride must be between 1 and the window ({window}), got {stride}")
     n = len(offsets)
@@ -99,6 +103,8 @@ def passage_spans(
                 b = cut
         start = 0 if a == 0 else min(offsets[a][0], prev_end)
         end = text_length if b == n else offsets[b - 1][1]
+        while end < text_length and unicodedata.combining(text[end]):
+            end += 1
         spans.append((start, end))
         if b == n:
             return spans
@@ -180,7 +186,7 @@ class PassageSplitter:
                                           self._title_tokens(docs)):
             win = self._window(t)
             stride = s if win == w else max(1, round(s * win / w))  # the same overlap, in proportion
-            out.append(passage_spans(offsets, words, len(d["text"]), win, stride))
+            out.append(passage_spans(offsets, words, d["text"], win, stride))
         return out
 
     def rows(self, docs: Sequence[Mapping[str, Any]]) -> list[Document]:

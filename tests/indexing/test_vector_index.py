@@ -304,6 +304,34 @@ def test_use_gpu_true_without_gpu_is_an_error():
         VectorIndex(4, "Flat", use_gpu=True)
 
 
+@pytest.mark.parametrize("factory", ["Flat", "IVF4,Flat"])
+def test_a_search_deeper_than_a_gpu_selects_runs_on_the_cpu_index(monkeypatch, factory):
+    """FAISS on a GPU refuses k (and nprobe) above 2048, and skipping tombstones deepens the fetch: such a search
+    raised on the GPU copy. A stand-in GPU copy records the depths it is asked for (no GPU here)."""
+    GPU_MAX_K = 2048  # faiss/gpu/utils/DeviceDefs.cuh
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((GPU_MAX_K + 600, 8)).astype(np.float32)
+    idx = VectorIndex(8, factory, "ip")
+    idx.add([f"d{i}" for i in range(len(x))], x)
+    cpu = idx._index
+    asked: list[int] = []
+
+    class GpuCopy:
+        def search(self, q, k, params=None):
+            asked.append(k)
+            assert k <= GPU_MAX_K and (params is None or params.nprobe <= GPU_MAX_K), "the GPU would refuse"
+            return cpu.search(q, k, params=params)
+
+    monkeypatch.setattr(VectorIndex, "_gpu_possible", lambda self: True)
+    idx._gpu_index = GpuCopy()
+    q = x[:2]
+    shallow = idx.search(q, 10)
+    deep = idx.search(q, GPU_MAX_K + 100)
+    assert asked and max(asked) <= GPU_MAX_K  # the shallow search ran on the stand-in GPU copy, the deep one not
+    assert deep.ids[0][:10] == shallow.ids[0] and len(deep.ids[0]) == GPU_MAX_K + 100
+
+
 @pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs Linux /proc")
 @pytest.mark.parametrize("factory", ["Flat", "HNSW32", "IVF8,Flat"])
 def test_mmap_load_really_maps_the_file(tmp_path, data, factory):

@@ -49,7 +49,7 @@ def test_spans_cover_the_text_and_overlap_as_configured(encoder, window, stride)
     text = "  " + long_text(120, seed=window) + "  trailing "
     tok = encoder.document_tower.tokenizer
     (offsets, words), = tok.token_spans([text])
-    spans = passage_spans(offsets, words, len(text), window, stride)
+    spans = passage_spans(offsets, words, text, window, stride)
     assert len(spans) > 1
     assert spans[0][0] == 0 and spans[-1][1] == len(text)
     token_sets = []
@@ -70,8 +70,23 @@ def test_spans_cover_the_text_and_overlap_as_configured(encoder, window, stride)
     assert set().union(*token_sets) == set(range(len(offsets)))  # every token is in some passage
 
 
+def test_a_span_never_ends_between_a_letter_and_its_accent(encoder):
+    """An uncased tokenizer drops decomposed accents ("e" + U+0301), so a token ended before its accent, and the
+    passage boundary split "café" into "cafe" and an accent that began the next passage."""
+    import unicodedata
+
+    text = unicodedata.normalize("NFD", " ".join(["café crème brûlée"] * 40))
+    (offsets, words), = encoder.document_tower.tokenizer.token_spans([text])
+    spans = passage_spans(offsets, words, text, 8, 6)
+    assert len(spans) > 3
+    for start, end in spans:
+        assert end == len(text) or not unicodedata.combining(text[end]), text[end - 4:end + 1]
+        assert not unicodedata.combining(text[start])
+    assert all(s1 <= e0 for (_, e0), (s1, _) in zip(spans, spans[1:]))
+
+
 def test_short_text_is_one_span():
-    assert passage_spans([(0, 3), (4, 7)], [0, 1], 8, 4, 2) == [(0, 8)]
+    assert passage_spans([(0, 3), (4, 7)], [0, 1], "abc defg", 4, 2) == [(0, 8)]
 
 
 def test_rows_map_back_to_the_text_and_reassemble_it(encoder):
