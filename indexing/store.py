@@ -269,10 +269,8 @@ class Snapshot:
         if flt is not None and native:
             flt.check_fields(self.docstore.metadata_fields())
         allowed = self.allowed_ids(flt) if flt is not None and not native else None
-        most = max(k + 1, len(self.vectors))  # no deeper fetch can find more
-        if self.vectors.max_k is not None:
-            most = min(most, self.vectors.max_k)
-        fetch = min(k + 1, most)
+        cap = self.vectors.max_k
+        fetch, most = (k + 1 if cap is None else min(k + 1, cap)), None
         while True:
             if flt is None:
                 res = self.vectors.search(queries, fetch, **params)
@@ -280,7 +278,11 @@ class Snapshot:
                 res = self.vectors.search(queries, fetch, filter=flt, **params)
             else:
                 res = self.vectors.search(queries, fetch, allowed=allowed, filter=flt, **params)
-            if fetch <= k or fetch >= most or not tie_at_cut(res, k):
+            if fetch <= k or not tie_at_cut(res, k):
+                return ties_by_id(res, k)
+            if most is None:  # counted only when a tie crosses the cut (Milvus counts its rows in SQLite)
+                most = max(k + 1, len(self.vectors)) if cap is None else min(max(k + 1, len(self.vectors)), cap)
+            if fetch >= most:
                 return ties_by_id(res, k)
             fetch = min(fetch * 2, most)
 
