@@ -56,7 +56,7 @@ from twotower.common.distributed import (
     gather_shards,
 )
 from twotower.common.errors import check_at_least, check_setting
-from twotower.common.lines import json_lines
+from twotower.common.lines import is_json_lines, json_lines
 from twotower.encoder.training.optim import param_groups
 from twotower.retrieval.cross_encoder import (
     MIN_PAIR_TOKENS,
@@ -300,6 +300,9 @@ class CollapseGuard:
 def load_reranker_data(cfg: RerankerTrainConfig) -> tuple[TrainingSet, PairSet | None]:
     """(grouped examples, original labeled pairs or None). Labeled-pair files keep their graded labels."""
     src = cfg.pairs
+    if os.path.isfile(src) and not (src.endswith(".tsv") or is_json_lines(src)):  # said only "BEIR or .jsonl"
+        raise ValueError(f"{src}: expected labeled pairs (a .tsv of query<TAB>passage<TAB>label, or a .jsonl of "
+                         "{query, passage, label}), a .jsonl of {query, pos, neg}, or a BEIR directory")
     is_pairs = os.path.isfile(src) and (src.endswith(".tsv") or (src.endswith(".jsonl") and _looks_like_pairs(src)))
     if is_pairs:
         pairs = read_labeled_pairs(src)
@@ -311,7 +314,11 @@ def load_reranker_data(cfg: RerankerTrainConfig) -> tuple[TrainingSet, PairSet |
 def _looks_like_pairs(path: str) -> bool:
     """Whether a JSONL file holds labeled pairs (its first object has a "label"), read as every reader reads
     lines: a byte-order mark is dropped and a bad byte or bad JSON is an error naming its line."""
-    for _, obj in json_lines(path):
+    for lineno, obj in json_lines(path):
+        if "label" not in obj and "pos" not in obj and any(k in obj for k in ("passage", "text", "document", "doc")):
+            # read as {query, pos, neg}, it failed with "no usable training query (... no positive)"
+            raise ValueError(f"{path}:{lineno}: a labeled pair needs 'label' (the first record decides how the file "
+                             "is read: with 'label', labeled pairs; with 'pos', {query, pos, neg} groups)")
         return "label" in obj
     return False
 

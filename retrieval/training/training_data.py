@@ -290,6 +290,8 @@ def _label(raw: object, where: str, limit: float = MAX_GRADE) -> float:
     """A pair's label: a number from 0 to `limit`, or a ValueError naming ``file:line`` (a TSV field is shown
     quoted, a JSON value as JSON)."""
     shown = repr(raw) if isinstance(raw, str) else json.dumps(raw)
+    if len(shown) > 80:  # a passage in the label column (columns swapped) was quoted whole
+        shown = shown[:60] + "..."
     try:
         if isinstance(raw, bool):  # JSON true/false: float() made them 1 and 0
             raise TypeError
@@ -338,7 +340,15 @@ def read_labeled_pairs(path: str, max_label: float | None = None) -> PairSet:
                                  f"got {len(fields)}")
             if lineno == 1 and fields[2].strip().lower() in ("label", "score", "relevance"):
                 continue  # header
-            rows.append((fields[0], None, fields[1], None, _label(fields[2], where, limit), where))
+            try:
+                label = _label(fields[2], where, limit)
+            except ValueError as e:
+                if lineno != 1:
+                    raise
+                # a header in another order ("label query passage") was read as a pair, its error naming a label
+                raise ValueError(f"{e}; the columns are query, passage, label, and a header line ends in 'label', "
+                                 "'score' or 'relevance'") from None
+            rows.append((fields[0], None, fields[1], None, label, where))
     if not rows:
         raise ValueError(f"{path}: pairs file is empty")
     top = max(r[4] for r in rows)

@@ -152,6 +152,14 @@ def test_cli_rerank_k_and_the_skipped_reranker_note(index, tmp_path, capsys):
     assert rc == 0 and [h["rerank_score"] is not None for h in hits] == [True] * 3 + [False] * 5
     rc, out, _ = run_cli(capsys, *base, "--rerank-k", "3", "tea coffee milk")
     assert rc == 0 and out.startswith("# dense recall of 20, top 3 reranked by the cross-encoder")
+    # the weight the final score applies, and where it came from, which no column showed
+    from twotower.retrieval.pipeline import SearchPipeline
+
+    with SearchPipeline.load(str(index), reranker=str(tmp_path / "ce")) as pipe:
+        stored, over = pipe.rerank_alpha(None), pipe.rerank_alpha_chosen_over(False)
+    assert out.splitlines()[0].endswith(f", weight {stored:g} (chosen on dev over {over or 'an unrecorded first stage'})")
+    rc, out, _ = run_cli(capsys, *base, "--rerank-k", "3", "--rerank-alpha", "0.25", "tea coffee milk")
+    assert rc == 0 and out.splitlines()[0].endswith(", weight 0.25 (--rerank-alpha)")
     rc, _, err = run_cli(capsys, *base, "--rerank-k", "21", "tea")
     assert rc == 2 and "--rerank-k (21) must be between 1 and --recall-k (20)" in err
     shutil.copytree(tmp_path / "ce", tmp_path / "ce0")

@@ -166,7 +166,8 @@ def run_eval(args: argparse.Namespace) -> int:
                            "qrels/<--split>.tsv")
         missing = [flag for flag, value in (("--dataset", args.dataset), ("--out", args.out)) if not value]
         if missing:
-            raise CLIError(f"--index needs {' and '.join(missing)}")
+            raise CLIError(f"--index needs {' and '.join(missing)}: it searches --dataset's queries and writes a "
+                           "report (metrics, confidence intervals, the runs) to --out DIR")
         args.split = "test" if args.split is None else args.split
         args.k = 100 if args.k is None else args.k
         args.batch_size = 64 if args.batch_size is None else args.batch_size

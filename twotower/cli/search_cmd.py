@@ -187,6 +187,9 @@ def run_search(args: argparse.Namespace) -> int:
         reranked = pipe.reranker is not None and not args.no_rerank
         skipped = reranked and pipe.rerank_alpha(args.rerank_alpha, hybrid=args.hybrid) == 0.0  # the pipeline skips the cross-encoder
         reranked = reranked and not skipped
+        weight = pipe.rerank_alpha(args.rerank_alpha, hybrid=args.hybrid) if reranked else None
+        chosen = "--rerank-alpha" if args.rerank_alpha is not None else (
+            f"chosen on dev over {pipe.rerank_alpha_chosen_over(args.hybrid) or 'an unrecorded first stage'}")
         if pipe.reranker is not None and not args.no_rerank and args.rerank_alpha is None:
             print_weight_origin(pipe, args.hybrid)
         recall = min(args.recall_k, len(pipe))  # the first stage cannot return more than the index holds
@@ -221,7 +224,8 @@ def run_search(args: argparse.Namespace) -> int:
                 "so it was not run; --rerank-alpha overrides")
     elif reranked:
         depth = min(rerank_depth(args.rerank_k, args.recall_k), recall)
-        note = f"top {depth} reranked by the cross-encoder"
+        # the weight the final score applies, which the table's columns do not show
+        note = f"top {depth} reranked by the cross-encoder, weight {weight:g} ({chosen})"
     else:
         note = "recall only (no reranker)"
     print(f"# {mode} recall of {recall}, {note}")

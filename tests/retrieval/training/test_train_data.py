@@ -151,6 +151,32 @@ def test_cli_reranker_refuses_an_out_of_range_label_by_line(tmp_path, capsys):
     assert rc == 2 and f"{pairs}:1: label '1e308' is out of range" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("name, lines, message", [
+    # a header in another order was read as a pair: "label 'passage' is not a number", nothing about the order
+    ("h.tsv", ["label\tquery\tpassage\n", "1\ttea\ttea is a drink\n"],
+     "h.tsv:1: label 'passage' is not a number; the columns are query, passage, label, and a header line ends in "
+     "'label', 'score' or 'relevance'"),
+    # columns swapped: the passage in the label column was quoted whole
+    ("s.tsv", ["tea\t1\t" + "a passage of many words " * 20 + "\n"],
+     "s.tsv:1: label 'a passage of many words a passage of many words a passage o... is not a number"),
+    # the first record without 'label' made the file {query, pos, neg}: "no usable training query"
+    ("n.jsonl", ['{"query": "tea", "passage": "tea is a drink"}\n', '{"query": "tea", "passage": "x", "label": 0}\n'],
+     "n.jsonl:1: a labeled pair needs 'label' (the first record decides how the file is read"),
+    # a .csv was refused as "expected a BEIR directory or a .jsonl(.gz) file of {query, pos, neg}"
+    ("p.csv", ["tea,tea is a drink,1\n"],
+     "p.csv: expected labeled pairs (a .tsv of query<TAB>passage<TAB>label, or a .jsonl of {query, passage, "
+     "label}), a .jsonl of {query, pos, neg}, or a BEIR directory"),
+])
+def test_cli_reranker_says_what_a_pairs_file_got_wrong(tmp_path, capsys, name, lines, message):
+    from tests.retrieval.training_fixtures import tiny_model_dir
+    from twotower.cli import main
+
+    pairs = _write(tmp_path / name, lines)
+    rc = main(["train", "reranker", "--model", tiny_model_dir(), "--pairs", pairs, "--out", str(tmp_path / "o"),
+               "--no-progress"])
+    assert rc == 2 and message in capsys.readouterr().err
+
+
 def test_cli_pointwise_on_labeled_pairs_refuses_negatives_it_would_not_use(tmp_path, capsys):
     from tests.retrieval.training_fixtures import tiny_model_dir
     from twotower.cli import main
