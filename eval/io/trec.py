@@ -40,6 +40,14 @@ def parse_int(path: str | os.PathLike[str], line: int, field: str, value: str) -
     return int(number)
 
 
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def read_trec_run(path: str | os.PathLike[str]) -> Run:
     """Read a TREC run into ``{qid: {docid: score}}``.
 
@@ -112,10 +120,17 @@ def read_trec_qrels(path: str | os.PathLike[str]) -> Qrels:
         if len(fields) != 4:
             raise DataError(path, number, f"expected 4 columns 'qid 0 docid relevance', got {len(fields)}")
         qid, _, docid, raw = fields
+        try:
+            relevance = parse_int(path, number, "relevance", raw)
+        except DataError as e:
+            if not qrels and not _is_number(raw):  # a first line of words: "qid iter docid rel" is a header
+                raise DataError(path, number, f"{e.message} (a header line? TREC qrels have none: every line "
+                                              "is 'qid 0 docid relevance')") from None
+            raise
         judgments = qrels.setdefault(qid, {})
         if docid in judgments:
             raise DataError(path, number, f"document {docid!r} is judged twice for query {qid!r}")
-        judgments[docid] = parse_int(path, number, "relevance", raw)
+        judgments[docid] = relevance
     return qrels
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 
 import pytest
 
@@ -91,6 +92,12 @@ def test_trec_qrels_round_trip_and_errors(tmp_path):
     _raises_at(_write(tmp_path / "b1", "q1 0 a 1\nq1 0 b\n"), 2, read_trec_qrels, "expected 4 columns")
     _raises_at(_write(tmp_path / "b2", "q1 0 a 1.5\n"), 1, read_trec_qrels, "relevance must be an integer")
     _raises_at(_write(tmp_path / "b3", "q1 0 a 1\nq1 0 a 0\n"), 2, read_trec_qrels, "judged twice")
+    # a header, which TREC qrels do not have, was reported as a bad grade and nothing more
+    _raises_at(_write(tmp_path / "b4", "qid iter docid rel\nq1 0 a 1\n"), 1, read_trec_qrels,
+               re.escape("relevance must be an integer, got 'rel' (a header line? TREC qrels have none"))
+    with pytest.raises(DataError) as info:  # a number that is no integer is no header
+        read_trec_qrels(_write(tmp_path / "b5", "q1 0 a 1.5\n"))
+    assert "header" not in str(info.value)
 
 
 def test_not_utf8_names_the_line(tmp_path):
