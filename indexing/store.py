@@ -281,7 +281,8 @@ class Snapshot:
             if fetch <= k or not tie_at_cut(res, k):
                 return ties_by_id(res, k)
             if most is None:  # counted only when a tie crosses the cut (Milvus counts its rows in SQLite)
-                most = max(k + 1, len(self.vectors)) if cap is None else min(max(k + 1, len(self.vectors)), cap)
+                most = max(k + 1, len(self.vectors))
+                most = most if cap is None else min(most, cap)
             if fetch >= most:
                 return ties_by_id(res, k)
             fetch = min(fetch * 2, most)

@@ -310,16 +310,13 @@ def run_check(args: argparse.Namespace) -> int:
         if report.busy else []
     if args.json:
         print(json.dumps(report.as_dict(), indent=2))
-    else:
-        for line in report.problems + busy:
-            print(f"twotower index check: {line}", file=sys.stderr)
-        for line in getattr(report, "notes", []):
+    for line in report.problems + busy:
+        print(f"twotower index check: {line}", file=sys.stderr)
+    if not args.json:
+        for line in report.notes:
             print(f"twotower index check: note: {line}", file=sys.stderr)
         if report.ok and not busy:
             passages = f" ({report.passages} passages)" if report.passages else ""
             print(f"{args.index}: ok (generation {report.generation}, {report.documents} documents{passages}, "
                   f"{report.segments} vector segment(s), {report.bytes_checked:,} bytes checked)")
-    if args.json:
-        for line in (report.problems if not report.ok else []) + busy:
-            print(f"twotower index check: {line}", file=sys.stderr)
     return 2 if not report.ok else CHECK_BUSY if busy else 0
