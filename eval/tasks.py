@@ -192,6 +192,24 @@ def read_tag_examples(path: str, need_tags: bool = True) -> list[TagExample]:
     return [TagExample(list(s.tokens), list(s.tags), src) for s, src in zip(sentences, sources)]
 
 
+def _answer_list(path: str, number: int, obj: dict) -> list:
+    """A JSONL record's answers as ``[{"text", "answer_start"}, ...]``: that list itself, or the column form
+    ``{"text": [...], "answer_start": [...]}`` that Hugging Face datasets write (``squad``'s ``to_json``), which
+    was refused as "must be a list"."""
+    value = obj.get("answers")
+    if isinstance(value, dict) and set(value) >= {"text", "answer_start"}:
+        texts, starts = value["text"], value["answer_start"]
+        if not isinstance(texts, list) or not isinstance(starts, list) or len(texts) != len(starts):
+            raise DataError(path, number, "field 'answers' in the column form needs 'text' and 'answer_start' as "
+                            f"lists of one length, got {len(texts) if isinstance(texts, list) else 'no list'} and "
+                            f"{len(starts) if isinstance(starts, list) else 'no list'}")
+        return [{"text": t, "answer_start": a} for t, a in zip(texts, starts)]
+    if isinstance(value, dict):
+        raise DataError(path, number, "field 'answers' must be a list of {\"text\", \"answer_start\"} or "
+                        "{\"text\": [...], \"answer_start\": [...]}")
+    return _field(path, number, obj, "answers", list, required=False) or []
+
+
 def read_qa_examples(path: str) -> list[QAExample]:
     """QA examples from SQuAD JSON (answers checked against their offsets) or .jsonl."""
     _check_file(path)
@@ -204,7 +222,7 @@ def read_qa_examples(path: str) -> list[QAExample]:
                 raise DataError(path, n, f"id {qid!r} appears twice (first on line {seen[qid]})")
             seen[qid] = n
             answers = []
-            for k, a in enumerate(_field(path, n, obj, "answers", list, required=False) or [], start=1):
+            for k, a in enumerate(_answer_list(path, n, obj), start=1):
                 if not isinstance(a, dict) or not isinstance(a.get("text"), str):
                     raise DataError(path, n, f"answer {k} needs 'text' (a string) and 'answer_start'")
                 start = a.get("answer_start")
