@@ -49,6 +49,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -261,6 +262,11 @@ class CrossEncoder(nn.Module):
 
         pooling: "cls" (the [CLS] pooler: loads in transformers and sentence-transformers) or "mean"
             (the token mean: learns much sooner from a mean-pooling sentence encoder; module docstring).
+        seed: the head (and a pooler the checkpoint lacks) is drawn from torch's CPU generator seeded with it,
+            inside `torch.random.fork_rng`, so the caller's random stream is as it was (this reseeded it with
+            `seed` and advanced it); the draws are the very ones it made, so a seed gives the head it always
+            gave (the shipped reranker is rebuilt from seed 0).  None: drawn from the caller's global stream,
+            advancing it, as building any torch module does (`train_reranker.load_reranker` asks for that).
         """
         if pooling not in POOLINGS:
             raise ValueError(f"pooling={pooling!r}; choose one of {POOLINGS}")
@@ -277,9 +283,11 @@ class CrossEncoder(nn.Module):
         if pooling == "mean":
             config.extra["classifier_pooling"] = "mean"  # saved with the checkpoint, read back by from_pretrained
             enc_state = {k: v for k, v in enc_state.items() if not k.startswith("pooler.")}  # no pooler to fill
-        if seed is not None:
-            torch.manual_seed(seed)  # draws the head (and a pooler the checkpoint lacks)
-        model = BertForSequenceClassification(config, num_labels=1, pooling=pooling)
+        with contextlib.ExitStack() as draws:
+            if seed is not None:  # the CPU generator alone: the model is built on the CPU, CUDA's are not touched
+                draws.enter_context(torch.random.fork_rng(devices=[]))
+                torch.default_generator.manual_seed(seed)
+            model = BertForSequenceClassification(config, num_labels=1, pooling=pooling)
         load_into(model.bert, enc_state, source=os.path.join(directory, WEIGHTS_NAME),
                   allow_missing=() if pooling == "mean" or _has_pooler(enc_state) else ("pooler.",))
         if max_length is None:

@@ -7,7 +7,9 @@ measures; they hand those to `TrainingLoop` as functions, and everything around 
   is steps done / the steps planned: the total, or, once a time budget is projected to end the run
   first, the steps that fit in it at the median pace of the recent steps (`Schedule.planned_steps`).
   So warmup and decay end when the first of the two runs out, and a budget the steps finish within
-  leaves the schedule, and so a seeded run, exactly as without one;
+  leaves the schedule, and so a seeded run, exactly as without one.  Once the plan changes, the rate
+  goes on from where it is instead of jumping to where ``steps / planned`` would put it
+  (`Schedule.factor`, whose `LrState` the loop carries from step to step);
 * after each step: gradient clipping, the optimizer step, a ``step`` record in the run log; a
   non-finite loss writes a ``stop`` record and raises `FloatingPointError` (no later step could help);
 * dev evaluation at step 0 (unless switched off), every `Schedule.eval_every` steps, when
@@ -171,6 +173,22 @@ def start_run(cfg: TrainSettings, out: str, enabled: bool = True,
 
 
 @dataclass(frozen=True)
+class LrState:
+    """Where the learning-rate factor is once a time budget has changed the plan (`Schedule.factor`).
+
+    step: steps done when `factor` was set (it was the factor of optimizer step ``step + 1``); warming: it was
+    still rising towards the peak.  Plain numbers (``dataclasses.asdict`` writes them as JSON exactly) because
+    they are what a resumed run needs besides the step count to continue the schedule where it was: the
+    retrieval trainers do not resume today (pretraining does, ``trainer_state/``, but its schedule follows
+    its budget's progress and is never re-planned); one that did would save this with its step.
+    """
+
+    step: int
+    factor: float
+    warming: bool
+
+
+@dataclass(frozen=True)
 class Schedule:
     """How long to train, at what learning rate, and when to evaluate.
 
@@ -196,9 +214,52 @@ class Schedule:
                    eval_at_start)
 
     def lr_factor(self, step: int, planned: float | None = None) -> float:
-        """The learning-rate multiplier before optimizer step `step + 1`, of `planned` steps (default the total)."""
+        """The learning-rate multiplier before optimizer step `step + 1`, of `planned` steps (default the total),
+        on a schedule laid over `planned` from the start (`factor` is the one a run follows)."""
         planned = self.total_steps if planned is None else planned
         return lr_factor(step / planned if planned > 0 else 1.0, warmup=self.warmup)
+
+    def factor(self, step: int, planned: float, state: LrState | None) -> tuple[float, LrState | None]:
+        """The learning-rate multiplier before optimizer step `step + 1` when `planned` steps are planned now,
+        and the state the next step's call continues from (None until the plan first differs from the total).
+
+        While the plan is the total this is `lr_factor` itself, so a run whose time budget never binds takes,
+        bit for bit, the rates of a run without one.  Why more once it binds: ``step / planned`` jumps when
+        `planned` shrinks (a cut in warmup sent the rate from 40 % of the peak to the peak in one step, a cut
+        in the decay dropped it), and the plan is redrawn at every step's pace.  So from the step the plan
+        first changes, each factor goes on from the last one (`LrState`):
+
+        * warming up: up by the total's warmup slope, ``1 / (warmup * total_steps)`` a step, until it meets
+          the peak or the new plan's own decay line (the factor `lr_factor` gives there, which ends at 0 at
+          `planned`), then down that line;
+        * decaying: on the straight line from the last factor to 0 at `planned`;
+        * the budget spent (``planned <= step``): 0, the end of any schedule, as before.
+
+        A plan that changes again continues from wherever the factor is.  Every step moves the factor by at most
+        the warmup slope upwards, and downwards by at most the slope of that straight line to 0 at `planned`.
+        The state is three plain numbers, the same on every rank under torchrun (they follow from the agreed
+        plans alone); a resumed run that restores it takes the rates the uninterrupted one would have.
+        """
+        if planned <= step:
+            return 0.0, LrState(step, 0.0, False)
+        if state is None:
+            if planned == self.total_steps:
+                return self.lr_factor(step, planned), None
+            if step == 0:  # nothing set yet: every plan starts at the same factor
+                return self.lr_factor(0), LrState(0, self.lr_factor(0), self.warmup > 0)
+            # the first re-plan: go on from the factor the total's schedule set before the last step
+            before = step - 1
+            state = LrState(before, self.lr_factor(before), self.warmup > 0 and before / self.total_steps < self.warmup)
+        left = planned - state.step  # steps from the last factor to the plan's end (> 1: planned > step)
+        down = state.factor * (left - (step - state.step)) / left  # on the line to 0 at `planned`
+        if not state.warming:
+            return down, LrState(step, down, False)
+        up = state.factor + (step - state.step) / (self.warmup * self.total_steps)
+        ceiling = min(1.0, (planned - step) / ((1.0 - self.warmup) * planned))  # the peak, the new plan's decay line
+        if up < ceiling:
+            return up, LrState(step, up, True)
+        factor = max(ceiling, down)  # at the peak or on the decay line; from above that line, down to 0 at the end
+        return factor, LrState(step, factor, False)
 
     def planned_steps(self, step: int, elapsed: float, pace: float | None) -> float:
         """Steps the schedule is laid over after `step` steps and `elapsed` seconds of the run.
@@ -277,6 +338,7 @@ class TrainingLoop:
     def __post_init__(self) -> None:
         self.steps = 0  # optimizer steps done
         self._paces: deque[float] = deque(maxlen=PACE_WINDOW)  # seconds of the recent steps
+        self.lr_state: LrState | None = None  # the schedule's position once the plan has changed (`Schedule.factor`)
         self.best_score, self.best_step, self.best_dir = -1.0, -1, None
         self._dist = DistInfo(world_size(), rank())
         # Under torchrun, why this rank must end the run (a guard's stop on rank 0, a non-finite loss on any
@@ -366,7 +428,7 @@ class TrainingLoop:
         """One optimizer step, its record, the guard."""
         elapsed, pace = self._agree()
         planned = self.schedule.planned_steps(self.steps, elapsed, pace)
-        factor = self.schedule.lr_factor(self.steps, planned)
+        factor, self.lr_state = self.schedule.factor(self.steps, planned, self.lr_state)
         set_lr(self.optimizer, self.schedule.lr, factor)
         t0 = time.perf_counter()
         loss, fields = self.step(self.steps)

@@ -555,8 +555,12 @@ def load_reranker(cfg: RerankerTrainConfig, device: torch.device) -> CrossEncode
         has_head = "classifier.weight" in safetensors_names(path)
     if has_head:  # a reranker keeps the head it was trained with
         return CrossEncoder.from_pretrained(cfg.model, device=device, max_length=cfg.max_length, bf16=cfg.bf16)
+    # The run's global random stream (its dropout) goes on from where the fresh head's draw from seed 0 leaves it,
+    # as in every run before `from_encoder` stopped reseeding the caller's stream: the shipped reranker is rebuilt
+    # from seed 0 byte for byte, and starting the dropout elsewhere would change every seeded run.
+    torch.manual_seed(0)
     return CrossEncoder.from_encoder(cfg.model, device=device, max_length=cfg.max_length, bf16=cfg.bf16,
-                                     pooling=cfg.head_pooling)
+                                     pooling=cfg.head_pooling, seed=None)
 
 
 def hybrid_alpha(cfg: RerankerTrainConfig, best_dir: str, device: torch.device, dev: Sequence[TrainExample],

@@ -342,3 +342,35 @@ def test_max_length_zero_is_refused_not_read_as_the_default():
     for value in (0, 7):
         with pytest.raises(ValueError, match=f"max_length={value} is too short for a query-document pair: give 8"):
             CrossEncoder.from_encoder(tiny_model_dir(), device="cpu", bf16=False, max_length=value)
+
+
+@pytest.mark.parametrize("pooling, pooler", [("cls", True), ("cls", False), ("mean", True)])
+def test_a_fresh_head_is_the_one_the_seed_always_drew_and_the_callers_random_stream_is_left_alone(
+        tmp_path, pooling, pooler):
+    """`from_encoder` reseeded torch's global generator with `seed` (0) to draw the head, so a library call reset
+    its caller's random stream. The head must stay the one drawn so (the shipped reranker is rebuilt from seed 0),
+    here drawn the old way beside it; the caller's stream must be where it was."""
+    from safetensors.torch import load_file, save_file
+
+    from twotower.encoder.core.config import EncoderConfig
+    from twotower.encoder.core.heads import BertForSequenceClassification
+
+    source = tiny_model_dir()
+    if not pooler:  # an MLM checkpoint without pooler weights: the pooler is drawn with the head
+        source = str(tmp_path / "no-pooler")
+        shutil.copytree(tiny_model_dir(), source)
+        weights = load_file(os.path.join(source, "model.safetensors"))
+        save_file({k: v for k, v in weights.items() if "pooler" not in k}, os.path.join(source, "model.safetensors"))
+    for seed in (0, 7):
+        torch.manual_seed(seed)  # the old way: reseed the global generator, build the model from it
+        old = BertForSequenceClassification(EncoderConfig.load(os.path.join(source, "config.json")), num_labels=1,
+                                            pooling=pooling)
+        torch.manual_seed(1234)
+        torch.rand(5)  # the caller's stream, part way
+        before = torch.get_rng_state()
+        ce = CrossEncoder.from_encoder(source, device="cpu", bf16=False, seed=seed, pooling=pooling)
+        assert torch.equal(torch.get_rng_state(), before)
+        if not pooler:
+            assert torch.equal(ce.bert.pooler.dense.weight, old.bert.pooler.dense.weight)
+        assert torch.equal(ce.model.classifier.weight, old.classifier.weight), seed
+        assert torch.equal(ce.model.classifier.bias, old.classifier.bias)

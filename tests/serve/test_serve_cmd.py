@@ -6,7 +6,11 @@ import json
 import logging
 import os
 import shutil
+import signal
 import socket
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -70,3 +74,56 @@ def test_an_index_that_fails_to_load_is_one_line_not_a_traceback(index_template,
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info], caplog.text
     assert [line for line in err.splitlines() if "error" in line.lower()] == [
         next(line for line in err.splitlines() if line.startswith("twotower serve: error: IndexFormatError: "))]
+
+
+def _wait_for(path, words: str, proc, seconds: float = 120.0) -> str:
+    """The stderr written to `path` once it holds `words` (the server still running until then)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        if words in text:
+            return text
+        assert proc.poll() is None or words in text, f"twotower serve exited ({proc.returncode}): {text}"
+        assert time.monotonic() < deadline, f"no {words!r} from twotower serve: {text}"
+        time.sleep(0.05)
+
+
+def test_sigterm_answers_the_request_in_flight_says_so_and_exits_as_the_signal(index_template, tmp_path):
+    """`twotower serve` stopped by SIGTERM exited without a word. It still shuts down as uvicorn does (exit status
+    that of the signal: 143 in a shell) but says that it is stopping and that it stopped, and a request it was
+    reading when the signal came is answered. Deterministic: the request asks for ``100 Continue``, which the
+    server sends once the app reads the body, so the request is in flight before the signal; its body is sent
+    only after the server said it is stopping."""
+    from tests.retrieval.pipeline_fixtures import tiny_model_dir
+
+    err = tmp_path / "serve.err"
+    port = free_port()
+    with open(err, "w") as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", "twotower", "serve", "--index", index_template, "--model",
+                                 tiny_model_dir(), "--no-reranker", "--threads", "1", "--port", str(port)],
+                                stdout=subprocess.DEVNULL, stderr=stderr, env={**os.environ, "TWOTOWER_TOKEN": ""})
+    try:
+        _wait_for(err, "twotower serve: ready", proc)
+        body = json.dumps({"queries": ["tea"], "k": 3}).encode()
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as conn:
+            conn.sendall(f"POST /search HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                         f"Content-Length: {len(body)}\r\nExpect: 100-continue\r\n\r\n".encode())
+            assert conn.recv(1024).startswith(b"HTTP/1.1 100 ")  # the app is reading the body
+            proc.send_signal(signal.SIGTERM)
+            _wait_for(err, "stopping (SIGTERM)", proc, seconds=30)
+            conn.sendall(body)
+            response = b""
+            while chunk := conn.recv(65536):  # the server closes the connection after answering
+                response += chunk
+        head, _, payload = response.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 "), response
+        assert len(json.loads(payload)["results"][0]["hits"]) == 3
+        assert proc.wait(60) == -signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    lines = err.read_text(encoding="utf-8").splitlines()
+    assert lines[-2:] == ["twotower serve: stopping (SIGTERM): finishing requests in flight",
+                          "twotower serve: stopped"], lines

@@ -9,6 +9,10 @@ Binds 127.0.0.1 unless ``--host`` says otherwise.  Writes need a bearer token
 (``--token-file FILE`` or the ``TWOTOWER_TOKEN`` environment variable) and, with a
 token set, so do reads; ``--read-only`` refuses writes (a token then guards reads alone).
 docs/serve.md has the details.
+
+SIGTERM or Ctrl-C (SIGINT) stops it gracefully, as uvicorn does: no new connections, the requests in flight
+answered, then the model owner stopped; `_Server` says so on stderr, and uvicorn then re-raises the signal, so
+the exit status is the signal's (143 for SIGTERM), as a supervisor expects of a process it stopped.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import errno
 import ipaddress
 import logging
 import math
+import signal
 import socket
 import sys
 
@@ -94,8 +99,8 @@ def run_serve(args: argparse.Namespace) -> int:
     )
     sock = _bind(args.host, args.port)  # before anything loads: a port in use is said at once, in flag words
     app = create_app(config)
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, access_log=args.access_log,
-                                           log_level="info" if args.verbose else "warning", workers=1))
+    server = _server_class(uvicorn)(uvicorn.Config(app, host=args.host, port=args.port, access_log=args.access_log,
+                                                   log_level="info" if args.verbose else "warning", workers=1))
     owner = app.state.service.owner
     host = f"[{args.host}]" if ":" in args.host else args.host
     print(f"twotower serve: {args.index} at http://{host}:{args.port}/ (API reference at /docs); loading the "
@@ -119,6 +124,33 @@ def run_serve(args: argparse.Namespace) -> int:
     finally:
         sock.close()
     return 1 if owner.state == "failed" else 0
+
+
+def _server_class(uvicorn) -> type:
+    """uvicorn's `Server`, saying on stderr when a signal stops it and when it has stopped (it used to exit in
+    silence).  uvicorn takes the signal in `Server.handle_exit` (installed by `Server.capture_signals` for the
+    run) and shuts down gracefully in `Server.shutdown`, re-raising the signal only after it; both are extended
+    here, not replaced, so that shutdown, its wait for the requests in flight and the exit status stay uvicorn's.
+    The lines are written from `shutdown`, in the event loop, not from the signal handler, which may interrupt
+    another write to stderr.  A subclass made here because uvicorn is imported only once serving is asked for."""
+
+    class Server(uvicorn.Server):
+        stop_signal: int | None = None  # the first signal that asked it to stop
+
+        def handle_exit(self, sig: int, frame) -> None:
+            if self.stop_signal is None:
+                self.stop_signal = sig
+            super().handle_exit(sig, frame)
+
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            if self.stop_signal is None:  # not a signal: a failed load ends the run and says why itself
+                return await super().shutdown(sockets=sockets)
+            print(f"twotower serve: stopping ({signal.Signals(self.stop_signal).name}): finishing requests in "
+                  "flight", file=sys.stderr, flush=True)
+            await super().shutdown(sockets=sockets)
+            print("twotower serve: stopped", file=sys.stderr, flush=True)
+
+    return Server
 
 
 def _bind(host: str, port: int) -> socket.socket:

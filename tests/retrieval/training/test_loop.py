@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 from types import SimpleNamespace
 
@@ -162,38 +163,119 @@ def test_other_ranks_step_but_neither_log_evaluations_nor_save(tmp_path):
     assert not os.path.exists(tmp_path / "run")
 
 
+def _clocked(tmp_path, monkeypatch, schedule, seconds, before=0.0):
+    """Train `schedule` on a fake clock: `before` seconds pass before the loop, step i takes ``seconds(i)`` (its
+    pace is timed on the same clock) and the clock moves 1e-6 s between a step's start and its rate being set.
+    Returns (the step records' factors, the steps planned before each step)."""
+    from twotower.retrieval.training import loop as loop_module
+
+    clock = [before]
+    monkeypatch.setattr(TrainingRun, "elapsed", property(lambda self: clock[0]))
+    monkeypatch.setattr(loop_module.time, "perf_counter", lambda: clock[0])
+    planned, plan = [], Schedule.planned_steps
+
+    def recorded(self, step, elapsed, pace):
+        planned.append(plan(self, step, elapsed, pace))
+        return planned[-1]
+
+    monkeypatch.setattr(Schedule, "planned_steps", recorded)
+    loop, parts = _loop(tmp_path, [0.1] * (schedule.total_steps + 2), schedule)
+    step, real = loop.step, loop._step
+
+    def timed_step(done):
+        clock[0] += seconds(done)
+        return step(done)
+
+    def later_step(bar):
+        clock[0] += 1e-6
+        real(bar)
+
+    loop.step, loop._step = timed_step, later_step
+    loop.train()
+    return [r["lr"] / schedule.lr for r in _records(parts, "step")], planned
+
+
 def test_a_time_budget_that_never_binds_leaves_the_learning_rates_as_without_one(tmp_path, monkeypatch):
     # The clock leads the steps early in a run (150 s spent before the loop, the clock moving before the
     # first rate is set); when the time term could win, the rates followed the machine's speed and a seeded
     # run did not repeat itself. Steps are timed on the same fake clock, 1 s each, so the pace is judged too.
-    clock = [0.0]
-    monkeypatch.setattr(TrainingRun, "elapsed", property(lambda self: clock[0]))
-    monkeypatch.setattr("twotower.retrieval.training.loop.time.perf_counter", lambda: clock[0])
-
-    def rates(budget, sub):
-        clock[0] = 150.0  # spent before the loop starts
+    def rates(budget, sub):  # a second a step: 10 s of training against a budget of 1,000
         schedule = Schedule(total_steps=10, eval_every=100, lr=0.1, warmup=0.5, time_budget=budget)
-        loop, parts = _loop(tmp_path / sub, [0.1, 0.2], schedule)
-        step = loop.step
-
-        def timed_step(done):
-            clock[0] += 1.0  # a second a step: 10 s of training against a budget of 1,000
-            return step(done)
-
-        loop.step = timed_step
-        real = loop._step
-
-        def later_step(bar):  # the clock moves a little between the first step's start and its rate
-            clock[0] += 1e-6
-            real(bar)
-
-        loop._step = later_step
-        loop.train()
-        return [r["lr"] for r in _records(parts, "step")]
+        return _clocked(tmp_path / sub, monkeypatch, schedule, lambda done: 1.0, before=150.0)[0]
 
     free = rates(None, "free")
-    assert free[0] == 0.0 and free[4] == pytest.approx(0.08) and free[5] == pytest.approx(0.1)
+    assert free[0] == 0.0 and free[4] == pytest.approx(0.8) and free[5] == pytest.approx(1.0)
     assert rates(1000.0, "budget") == free
+
+
+@pytest.mark.parametrize("total, warmup", [(10, 0.5), (57, 0.1), (200, 0.0), (1, 0.1)])
+def test_without_a_binding_budget_the_rates_are_the_totals_schedule_bit_for_bit(tmp_path, monkeypatch, total, warmup):
+    """A re-planned schedule goes on from where its rate is (`Schedule.factor`); a plan that stays the total
+    must keep the rates of ``lr_factor(step / total)`` exactly: the shipped reranker is reproduced from a seed."""
+    from twotower.encoder.training.optim import lr_factor
+
+    old = [lr_factor(step / total, warmup=warmup) for step in range(total)]
+    for budget in (None, 10.0 * total):
+        schedule = Schedule(total_steps=total, eval_every=total, lr=1.0, warmup=warmup, time_budget=budget)
+        factors, planned = _clocked(tmp_path / str(budget), monkeypatch, schedule, lambda done: 1.0)
+        assert planned == [total] * total and factors == old
+
+
+def _jittered(seed: int):
+    rng = random.Random(seed)
+    return lambda done: rng.uniform(0.5, 1.5) * (3.0 if done >= 60 else 1.0)  # and the machine slows at step 60
+
+
+@pytest.mark.parametrize("total, warmup, budget, seconds", [
+    (200, 0.3, 60.0, lambda done: 1.0),  # the budget binds in warmup (at step 5, once the pace is known)
+    (200, 0.1, 250.0, lambda done: 1.0 if done < 100 else 3.0),  # the steps slow down in the decay: it binds there
+    (400, 0.1, 30.0, lambda done: 1.0),  # a plan cut to a tenth: the ramp meets the new plan's decay line
+    *[(300, 0.1, budget, _jittered(seed)) for seed, budget in ((0, 150.0), (1, 200.0), (2, 90.0))],
+    (300, 0.0, 150.0, _jittered(3)),  # no warmup: decaying from the first step
+], ids=["in-warmup", "in-decay", "cut-to-a-tenth", "jitter-0", "jitter-1", "jitter-2", "no-warmup"])
+def test_a_replanned_schedule_moves_the_rate_no_faster_than_its_own_slopes(tmp_path, monkeypatch, total, warmup,
+                                                                           budget, seconds):
+    """When the time budget re-plans the run, ``step / planned`` jumped: from 40 % of the peak in warmup straight
+    to the peak, or down the decay. Now each step's factor moves up by at most the warmup slope and down by at
+    most the slope of the straight line from the last factor to 0 at the end planned now, and still ends near 0."""
+    schedule = Schedule(total_steps=total, eval_every=total, lr=1.0, warmup=warmup, time_budget=budget)
+    factors, planned = _clocked(tmp_path, monkeypatch, schedule, seconds)
+    assert min(planned) < total and len(factors) < total  # the budget did bind, and ended the run
+    rise = 1 / (warmup * total) if warmup else 0.0
+    for step in range(1, len(factors)):
+        if planned[step] <= step:
+            continue  # the budget is spent: the schedule is at its end (0)
+        before, now = factors[step - 1], factors[step]
+        assert now - before <= rise + 1e-12, (step, before, now)
+        assert before - now <= before / (planned[step] - step + 1) + 1e-12, (step, before, now, planned[step])
+        assert 0.0 <= now <= 1.0
+    assert factors[-1] < 0.1 and max(factors) > 2 * factors[-1]
+
+
+def test_the_schedules_state_resumes_exactly():
+    """What a resumed run would restore (`LrState`, as JSON) continues the schedule with the very rates of the
+    uninterrupted run."""
+    from dataclasses import asdict
+
+    from twotower.retrieval.training.loop import LrState
+
+    schedule = Schedule(total_steps=300, eval_every=300, lr=1.0, warmup=0.2, time_budget=100.0)
+    rng = random.Random(4)
+    plans = [300.0] * 8 + [rng.uniform(150, 170) for _ in range(150)]  # re-planned in warmup, then at every step
+
+    def run(start, stop, state):
+        factors = []
+        for step in range(start, stop):
+            factor, state = schedule.factor(step, plans[step], state)
+            factors.append(factor)
+        return factors, state
+
+    whole, _ = run(0, len(plans), None)
+    for stop, warming in ((30, True), (80, False)):  # stopped while warming up, and while decaying
+        first, state = run(0, stop, None)
+        assert state.warming is warming
+        rest, _ = run(stop, len(plans), LrState(**json.loads(json.dumps(asdict(state)))))  # resumed from JSON
+        assert first + rest == whole
 
 
 def test_the_schedule_follows_the_budget_only_where_it_binds():

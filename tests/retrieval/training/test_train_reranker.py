@@ -972,3 +972,21 @@ def test_labeled_pairs_jsonl_with_a_byte_order_mark_is_read_as_pairs(tmp_path):
     bad.write_bytes(b'{"query": "caf\xe9", "passage": "x", "label": 1}\n')
     with pytest.raises(ValueError, match=re.escape(f"{bad}:1: not valid UTF-8")):
         load_reranker_data(_cfg(tmp_path, pairs=str(bad)))
+
+
+def test_a_fresh_heads_run_draws_its_dropout_from_where_it_always_did(tmp_path):
+    """`from_encoder` no longer reseeds the caller's random stream; the trainer's dropout must still start where
+    that left it (seed 0, after the head's draw), or every seeded run, the shipped reranker's too, would change."""
+    import torch
+
+    from twotower.encoder.core.config import EncoderConfig
+    from twotower.encoder.core.heads import BertForSequenceClassification
+
+    cfg = _cfg(tmp_path)
+    torch.manual_seed(cfg.seed + 5)
+    load_reranker(cfg, torch.device("cpu"))
+    after = torch.get_rng_state()
+    torch.manual_seed(0)  # what the old from_encoder did to the run's stream: reseed, then draw the model
+    BertForSequenceClassification(EncoderConfig.load(os.path.join(cfg.model, "config.json")), num_labels=1,
+                                  pooling=cfg.head_pooling)
+    assert torch.equal(after, torch.get_rng_state())
