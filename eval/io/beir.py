@@ -173,15 +173,24 @@ def read_beir_corpus(path: str | os.PathLike[str]) -> dict[str, BeirDocument]:
     return corpus
 
 
-def read_beir_queries(path: str | os.PathLike[str]) -> dict[str, str]:
-    """Read ``queries.jsonl`` into ``{query id: text}``; a repeated id is an error."""
-    queries: dict[str, str] = {}
+def iter_beir_queries(path: str | os.PathLike[str]) -> Iterator[tuple[int, str, str]]:
+    """Stream ``(line number, query id, text)`` of ``queries.jsonl(.gz)``; a repeated id is an error.
+
+    The line travels with each query so that a caller's own check of the text (is it searchable?)
+    can name ``file:line`` as this reader names its errors.
+    """
+    seen: set[str] = set()
     for number, obj in json_lines(path):
         qid = _record_id(obj, path, number)
-        if qid in queries:
+        if qid in seen:
             raise DataError(path, number, f"query id {qid!r} appears twice")
-        queries[qid] = _record_text(obj, path, number)
-    return queries
+        seen.add(qid)
+        yield number, qid, _record_text(obj, path, number)
+
+
+def read_beir_queries(path: str | os.PathLike[str]) -> dict[str, str]:
+    """Read ``queries.jsonl`` into ``{query id: text}``; a repeated id is an error."""
+    return {qid: text for _, qid, text in iter_beir_queries(path)}
 
 
 def read_beir_qrels(path: str | os.PathLike[str]) -> Qrels:

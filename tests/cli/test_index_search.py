@@ -97,7 +97,7 @@ def test_run_never_replaces_the_queries_and_a_file_on_its_path_is_named(built, t
     spaced.write_text("a b\tgreen tea\n")
     rc, _, err = run_cli(capsys, "search", "--index", str(built / "idx"), "--queries", str(spaced), "--run",
                          str(tmp_path / "sp.trec"))
-    assert rc == 2 and f"--queries {spaced}: query id 'a b' is empty or contains whitespace" in err
+    assert rc == 2 and f"--queries {spaced}:1: query id 'a b' is empty or contains whitespace" in err
     (tmp_path / "pf").write_text("x")
     rc, _, err = run_cli(capsys, "search", "--index", str(built / "idx"), "tea", "--run", str(tmp_path / "pf" / "x.trec"))
     assert rc == 2 and "pf is a file, not a directory" in err  # it was a FileExistsError after the search
@@ -447,3 +447,16 @@ def test_empty_documents_stop_build_and_add_naming_on_empty_and_skip_is_counted_
                           "--on-empty", "skip"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0 and "built" in res.stdout, res.stderr[-3000:]
     assert f"WARNING twotower.retrieval.build: {note}" in res.stderr
+
+
+@pytest.mark.parametrize("name, content, line, message", [
+    ("q.jsonl", '{"_id": "Q1", "text": "tea"}\n\n{"_id": "Q2", "text": "  "}\n', 3, "query 'Q2' is empty"),
+    ("q.tsv", "qid\ttext\nQ1\ttea\nQ2\t\u200b\n", 3, "query 'Q2' holds only control or invisible characters"),
+])
+def test_a_bad_query_of_a_queries_file_is_named_by_file_line_and_id(built, tmp_path, capsys, name, content, line,
+                                                                    message):
+    """It said "Q.jsonl: query Q2 is empty": the id alone, where every other file error names the line."""
+    queries = tmp_path / name
+    queries.write_text(content, encoding="utf-8")
+    rc, _, err = run_cli(capsys, "search", "--index", str(built / "idx"), "--queries", str(queries))
+    assert rc == 2 and err.strip() == f"twotower search: error: {queries}:{line}: {message}"
