@@ -7,7 +7,8 @@ The story of a build (``build_index``):
    pid, instead of deleting or mixing its shards.  The kernel drops the lock of
    a killed process, so a build killed with ``kill -9`` is taken over and resumed.
 1. **Validate** the whole corpus first (`twotower.retrieval.corpus.validate_corpus`): a bad
-   line or a duplicate id stops the build in seconds, naming file and line,
+   line, a duplicate id or an empty document (unless ``on_empty="skip"`` leaves such
+   documents out, counted in a warning) stops the build in seconds, naming file and line,
    before any model runs and before anything is written; so does a disk without
    room for the estimated size (`check_disk_space`).  A build that stops here
    leaves nothing of ``<out>`` or ``<out>.build`` it created.
@@ -57,7 +58,7 @@ from twotower.indexing.integrity import file_sha256
 from twotower.indexing.milvus import MilvusSpec, check_target
 from twotower.indexing.store import is_disk_full
 from twotower.indexing.vector_index import VECTOR_METRICS, check_factory
-from twotower.retrieval.corpus import CorpusPlan, duplicates_note, iter_chunks, validate_corpus
+from twotower.retrieval.corpus import CorpusPlan, duplicates_note, empty_note, iter_chunks, validate_corpus
 from twotower.retrieval.dual_encoder import DualEncoder
 from twotower.retrieval.passages import PassageSplitter, longer_than_model, title_warning, truncation_warning
 from twotower.retrieval.sharding import DistInfo, barrier, init_build_group, owns_shard
@@ -500,6 +501,7 @@ def build_index(
     extra: Callable[[CorpusPlan, BuildPlan, dict[str, Any]], dict[str, Any]] | None = None,
     splitter: PassageSplitter | None = None,
     milvus: MilvusSpec | None = None,
+    on_empty: str = "error",
 ) -> bool:
     """Build the index at `out` from a corpus file; returns True on the rank that assembled it (rank 0).
 
@@ -514,7 +516,8 @@ def build_index(
         OutAppearedError: `out` was created (not empty) while the build ran; it is left untouched and the
             shards are kept in the work directory.
         FactoryError: FAISS cannot build `factory`, or the corpus has too few vectors to train it (before encoding).
-        DataError: a bad corpus line (file and line named), before anything is encoded.
+        DataError: a bad corpus line (file and line named), before anything is encoded; with `on_empty`
+            "error" (the default) a document whose text and title are both blank is one.
         DiskFullError: the estimated size does not fit (before encoding), or the disk filled up.
         MilvusUnavailableError / ValueError: with `milvus`, the URI cannot be reached or the collection
             cannot take this index (another dimension or encoder, another index's vectors); checked
@@ -543,11 +546,13 @@ def build_index(
         if milvus is not None:  # before the work directory or anything else is written (see `Raises`)
             from_main(info, lambda: check_target(milvus, encoder.dim, metric or encoder.metric))
         from_main(info, lambda: (lock.acquire(), _refuse_existing(out)))  # the check again: `out` may be new now
-        corpus = validate_corpus(corpus_path, on_duplicate)
+        corpus = validate_corpus(corpus_path, on_duplicate, on_empty=on_empty)
         if corpus.num_documents == 0:
             raise ValueError(f"{corpus_path}: no documents to index")
-        if corpus.skip_lines and info.is_main:
-            logger.warning("%s", duplicates_note(len(corpus.skip_lines), on_duplicate))
+        if corpus.duplicates_dropped and info.is_main:
+            logger.warning("%s", duplicates_note(corpus.duplicates_dropped, on_duplicate))
+        if corpus.num_empty and info.is_main:
+            logger.warning("%s", empty_note(corpus.num_empty, corpus.empty_ids))
         rows, long_docs, cut_rows = count_rows(corpus, int(shard_size), encoder, splitter)
         plan = BuildPlan(
             corpus_sha256=file_sha256(corpus_path),

@@ -14,6 +14,11 @@ keys; texts go through a tokenizer and out as UTF-8 JSON.  So ids are at most
 a lone surrogate, and metadata is JSON (no NaN or Infinity, at most
 `MAX_METADATA_DEPTH` levels deep).  Both ``build`` and ``add`` apply the rules,
 to files and to in-memory documents alike.
+
+A document whose ``text`` and ``title`` are both blank has nothing to search, so it
+stops a build by default; ``on_empty="skip"`` (``--on-empty skip``) leaves such
+documents out and counts them (`empty_note`), as benchmark corpora have them
+(Cranfield has two) and a new user should not have to edit the file to index it.
 """
 
 from __future__ import annotations
@@ -23,15 +28,18 @@ import os
 import tempfile
 import unicodedata
 from collections.abc import Container, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from twotower.common.errors import DataError
 from twotower.common.lines import json_problem
-from twotower.eval.io.beir import BeirDocument, iter_beir_corpus, parse_beir_document
+from twotower.eval.io.beir import BeirDocument, empty_document, iter_beir_corpus, parse_beir_document
 from twotower.indexing import Document
 
 DUPLICATE_POLICIES = ("error", "skip", "replace")
+EMPTY_POLICIES = ("error", "skip")
+SKIP_EMPTY_HINT = "use --on-empty skip to leave such documents out"
+EMPTY_EXAMPLES = 5  # ids of skipped empty documents a note names
 MAX_ID_BYTES = 512  # UTF-8 bytes; MS MARCO / BEIR ids are < 40, URLs used as ids fit
 MAX_METADATA_DEPTH = 32  # nesting levels; deeper is a hostile or broken record, not metadata
 MAX_METADATA_INT_BITS = 64  # JSON readers elsewhere (JavaScript, SQLite) hold no wider integers
@@ -102,22 +110,33 @@ def _as_document(doc: BeirDocument) -> Document:
     return Document(id=doc.doc_id, title=doc.title, text=doc.text, metadata=dict(doc.metadata))
 
 
-def parse_document(obj: Any, where: str) -> Document:
+def parse_document(obj: Any, where: str, keep_empty: bool = False) -> Document:
     """Turn one in-memory record into an `indexing.Document`; `where` (e.g. "docs[3]") prefixes every error.
 
     The rules are BEIR's, as ``twotower.eval.io.beir.parse_beir_document`` checks them
     for every corpus line: ``_id`` (or ``id``; an integer becomes a string) and ``text``
     are required, ``title`` and ``metadata`` optional; an index also refuses a document
-    with blank ``text`` and ``title`` (nothing to search).
+    with blank ``text`` and ``title`` (nothing to search), unless `keep_empty` (the caller
+    leaves it out under ``on_empty="skip"``).
     """
-    return _as_document(check_for_index(parse_beir_document(obj, where, require_content=True), where, None))
+    doc = parse_beir_document(obj, where, require_content=not keep_empty)
+    return _as_document(check_for_index(doc, where, None))
 
 
-def iter_documents(path: str) -> Iterator[tuple[int, Document]]:
-    """Yield (line number, Document) for every non-blank line of a .jsonl(.gz) corpus, streaming."""
+def is_empty(doc: Document) -> bool:
+    """Whether a document has nothing to search: its text and title are both blank (`empty_document`)."""
+    return empty_document(doc["id"], doc["title"], doc["text"]) is not None
+
+
+def iter_documents(path: str, keep_empty: bool = False) -> Iterator[tuple[int, Document]]:
+    """Yield (line number, Document) for every non-blank line of a .jsonl(.gz) corpus, streaming.
+
+    A document with blank text and title is an error naming its line, unless `keep_empty`: then it is
+    yielded, for a caller that applies the ``--on-empty`` policy (`validate_corpus`, `iter_chunks`).
+    """
     if not os.path.isfile(path):
         raise FileNotFoundError(f"corpus file not found: {path}")
-    for lineno, doc in iter_beir_corpus(path, require_content=True):
+    for lineno, doc in iter_beir_corpus(path, require_content=not keep_empty):
         yield lineno, _as_document(check_for_index(doc, path, lineno, strings=False))
 
 
@@ -125,9 +144,10 @@ def iter_documents(path: str) -> Iterator[tuple[int, Document]]:
 class CorpusPlan:
     """What a validation pass learned: how many documents will be indexed and which lines to drop.
 
-    `skip_lines` are the line numbers whose document is superseded under the
-    duplicate policy (the later copy with "skip", the earlier with "replace"), so
-    the encoding pass sees each id exactly once.
+    `skip_lines` are the line numbers whose document is not indexed: one superseded
+    under the duplicate policy (the later copy with "skip", the earlier with "replace"),
+    so the encoding pass sees each id exactly once, or, under ``on_empty="skip"``, an
+    empty one (`num_empty` of them; `empty_ids` holds the first few, for the note).
     """
 
     path: str
@@ -135,9 +155,17 @@ class CorpusPlan:
     num_duplicates: int
     skip_lines: set[int]
     content_bytes: int = 0  # characters of id, title and text of every line: about what the document store holds
+    num_empty: int = 0
+    empty_ids: list[str] = field(default_factory=list)
+
+    @property
+    def duplicates_dropped(self) -> int:
+        """Copies of a repeated id that are not indexed (`skip_lines` less the empty documents)."""
+        return len(self.skip_lines) - self.num_empty
 
 
-def validate_corpus(path: str, on_duplicate: str = "error", existing_ids: Container[str] = frozenset()) -> CorpusPlan:
+def validate_corpus(path: str, on_duplicate: str = "error", existing_ids: Container[str] = frozenset(),
+                    on_empty: str = "error") -> CorpusPlan:
     """Check every line, count documents and resolve duplicate ids, without keeping the texts.
 
     Args:
@@ -147,18 +175,33 @@ def validate_corpus(path: str, on_duplicate: str = "error", existing_ids: Contai
         existing_ids: ids already in the index (for `add`): a collision is a duplicate too;
             with "replace" the caller must delete the old copy.  Only ``in`` is used, so a view
             that asks the index per id (`twotower.retrieval.passages.DocumentIdView`) will do.
+        on_empty: "error" (default) stops at a document whose text and title are both blank,
+            naming the flag that skips them; "skip" leaves them out (before the duplicate
+            policy: an empty copy of an id neither counts as one nor replaces one) and counts them.
     Raises:
         DataError (a ValueError) naming file and line, or the file for an empty corpus.
     """
     if on_duplicate not in DUPLICATE_POLICIES:
         raise ValueError(f"on_duplicate={on_duplicate!r}; choose one of {DUPLICATE_POLICIES}")
+    if on_empty not in EMPTY_POLICIES:
+        raise ValueError(f"on_empty={on_empty!r}; choose one of {EMPTY_POLICIES}")
     existing = existing_ids
     first_line: dict[str, int] = {}
     skip: set[int] = set()
     dups = 0
     content = 0
-    for lineno, doc in iter_documents(path):
+    empty_ids: list[str] = []
+    num_empty = 0
+    for lineno, doc in iter_documents(path, keep_empty=True):
         doc_id = doc["id"]
+        if empty := empty_document(doc_id, doc["title"], doc["text"]):
+            if on_empty == "error":
+                raise DataError(path, lineno, f"{empty}; {SKIP_EMPTY_HINT}", field="text")
+            skip.add(lineno)
+            num_empty += 1
+            if len(empty_ids) < EMPTY_EXAMPLES:
+                empty_ids.append(doc_id)
+            continue
         content += len(doc_id) + len(doc["title"]) + len(doc["text"])
         prev = first_line.get(doc_id)
         if prev is None and doc_id not in existing:
@@ -178,20 +221,27 @@ def validate_corpus(path: str, on_duplicate: str = "error", existing_ids: Contai
                 skip.add(prev)
             first_line[doc_id] = lineno
     if not first_line and dups == 0:
-        raise DataError(path, None, "corpus is empty (no documents)")
+        only = f" ({num_empty} empty documents left out by --on-empty skip)" if num_empty else ""
+        raise DataError(path, None, f"corpus is empty (no documents){only}")
     return CorpusPlan(path=path, num_documents=len(first_line), num_duplicates=dups, skip_lines=skip,
-                      content_bytes=content)
+                      content_bytes=content, num_empty=num_empty, empty_ids=empty_ids)
 
 
 def iter_chunks(path: str, chunk_size: int, skip_lines: set[int] | None = None) -> Iterator[list[Document]]:
-    """Yield lists of at most `chunk_size` documents, in file order, leaving out `skip_lines`."""
+    """Yield lists of at most `chunk_size` documents, in file order, leaving out `skip_lines`.
+
+    An empty document must be among `skip_lines` (`validate_corpus` with ``on_empty="skip"`` put it
+    there); one that is not is an error naming its line, as `iter_documents` reports it.
+    """
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     skip = skip_lines or set()
     chunk: list[Document] = []
-    for lineno, doc in iter_documents(path):
+    for lineno, doc in iter_documents(path, keep_empty=True):
         if lineno in skip:
             continue
+        if empty := empty_document(doc["id"], doc["title"], doc["text"]):
+            raise DataError(path, lineno, empty, field="text")
         chunk.append(doc)
         if len(chunk) == chunk_size:
             yield chunk
@@ -204,6 +254,14 @@ def duplicates_note(dropped: int, on_duplicate: str) -> str:
     """What a build or an add says about the copies it did not index (they were dropped without a word)."""
     kept = "the first copy (or the one in the index)" if on_duplicate == "skip" else "the last copy"
     return f"{dropped:,} duplicate document{'s' if dropped != 1 else ''} not indexed: kept {kept} (on duplicate: {on_duplicate})"
+
+
+def empty_note(num_empty: int, empty_ids: list[str]) -> str:
+    """What a build or an add says about the empty documents ``--on-empty skip`` left out: how many, and the
+    first few ids, so that a user can find them (the way `duplicates_note` counts the copies not indexed)."""
+    shown = ", ".join(repr(i) for i in empty_ids[:EMPTY_EXAMPLES]) + (", ..." if num_empty > EMPTY_EXAMPLES else "")
+    return (f"{num_empty:,} empty document{'s' if num_empty != 1 else ''} (blank 'text' and 'title') not indexed: "
+            f"{shown} (on empty: skip)")
 
 
 def resolve_duplicates(rows: list[Document], on_duplicate: str, existing: Container[str]) -> list[Document]:
@@ -231,12 +289,14 @@ def resolve_duplicates(rows: list[Document], on_duplicate: str, existing: Contai
     return [d for d in out if d is not None]
 
 
-def write_corpus_file(docs: Iterable[Mapping[str, Any]], directory: str, on_duplicate: str = "error") -> str:
+def write_corpus_file(docs: Iterable[Mapping[str, Any]], directory: str, on_duplicate: str = "error",
+                      on_empty: str = "error") -> str:
     """Validate in-memory documents (errors name ``docs[i]``) and write them to a temp JSONL in `directory`.
 
     Builds always read a file, twice (validate, then encode in chunks); this lets a
     list of dicts take the same path.  The caller deletes the file.  With `on_duplicate` "error" a
-    repeated id is refused here, naming both ``docs[i]`` (the file's check named the temp file's lines).
+    repeated id is refused here, naming both ``docs[i]`` (the file's check named the temp file's lines);
+    with `on_empty` "skip" an empty document is written, for `validate_corpus` to leave out and count.
     """
     if not isinstance(docs, Iterable) or isinstance(docs, (Mapping, bytes)):
         raise TypeError(f"corpus must be a path or an iterable of documents (mappings), got {type(docs).__name__}")
@@ -247,7 +307,7 @@ def write_corpus_file(docs: Iterable[Mapping[str, Any]], directory: str, on_dupl
         first: dict[str, int] = {}
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             for n, d in enumerate(docs, start=1):
-                doc = parse_document(d, f"docs[{n - 1}]")
+                doc = parse_document(d, f"docs[{n - 1}]", keep_empty=on_empty == "skip")
                 if on_duplicate == "error":
                     if doc["id"] in first:
                         raise DataError(f"docs[{n - 1}]", None, f"duplicate document id {doc['id']!r} (already in "

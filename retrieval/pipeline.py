@@ -41,7 +41,10 @@ from twotower.retrieval.build import DEFAULT_SHARD_SIZE, build_index
 from twotower.retrieval.candidates import Candidate, dense_candidates, fused_candidates
 from twotower.retrieval.corpus import (
     DUPLICATE_POLICIES,
+    EMPTY_POLICIES,
     duplicates_note,
+    empty_note,
+    is_empty,
     iter_chunks,
     parse_document,
     resolve_duplicates,
@@ -200,6 +203,7 @@ class SearchPipeline:
         backend: str = "faiss",
         milvus_uri: str | None = None,
         collection: str | None = None,
+        on_empty: str = "error",
     ) -> SearchPipeline | None:
         """Encode a corpus into a new index directory and open it (see `twotower.retrieval.build` for the steps).
 
@@ -225,11 +229,15 @@ class SearchPipeline:
             milvus_uri: a Milvus Lite file (``./name.db``, resolved against the working directory
                 and recorded absolute) or a server address (``http://host:19530``).
             collection: the collection to create; None = ``twotower_<directory name>``.
+            on_empty: a document whose text and title are both blank (nothing to search): "error"
+                (the default) stops the build naming it, "skip" leaves it out and counts it in a warning.
         Returns:
             The opened pipeline on rank 0; None on other torchrun ranks.
         """
         if on_duplicate not in DUPLICATE_POLICIES:
             raise ValueError(f"on_duplicate={on_duplicate!r}; choose one of {DUPLICATE_POLICIES}")
+        if on_empty not in EMPTY_POLICIES:
+            raise ValueError(f"on_empty={on_empty!r}; choose one of {EMPTY_POLICIES}")
         directory = os.fspath(directory)
         if backend == "milvus" and factory is not None:  # a Milvus index type; HNSW32 was refused after encoding
             check_index_type(factory)
@@ -251,7 +259,8 @@ class SearchPipeline:
         model_dir = encoder.source
         tmp_corpus = None
         if not isinstance(corpus, (str, os.PathLike)):  # documents in memory: validated, then spooled to disk
-            tmp_corpus = write_corpus_file(corpus, os.path.dirname(os.path.abspath(directory)), on_duplicate)
+            tmp_corpus = write_corpus_file(corpus, os.path.dirname(os.path.abspath(directory)), on_duplicate,
+                                           on_empty)
             corpus_path = tmp_corpus
         else:
             corpus_path = os.fspath(corpus)
@@ -266,7 +275,8 @@ class SearchPipeline:
                 "versions": library_versions(),
                 "corpus": {"path": None if tmp_corpus else os.path.realpath(corpus_path),
                            "sha256": build_plan.corpus_sha256, "documents": build_plan.num_documents,
-                           "duplicates": corpus_plan.num_duplicates, "on_duplicate": on_duplicate},
+                           "duplicates": corpus_plan.num_duplicates, "on_duplicate": on_duplicate,
+                           "empty": corpus_plan.num_empty, "on_empty": on_empty},
                 "build": run,
                 "passages": splitter.settings.to_json() if splitter is not None else None,
             }}
@@ -276,6 +286,7 @@ class SearchPipeline:
                 corpus_path, directory, encoder, factory=factory, metric=metric, bm25=bm25,
                 on_duplicate=on_duplicate, batch_size=batch_size, shard_size=shard_size, progress=progress,
                 keep_shards=keep_shards, work_dir=work_dir, extra=extra, splitter=splitter, milvus=milvus,
+                on_empty=on_empty,
             )
         finally:
             if tmp_corpus:
@@ -334,30 +345,40 @@ class SearchPipeline:
         on_duplicate: str = "error",
         batch_size: int | None = None,
         progress: bool = False,
+        on_empty: str = "error",
     ) -> int:
         """Encode and add documents (a corpus file or mappings with ``_id``/``text``), then commit.
 
         Duplicates (inside `docs` or against the index) follow `on_duplicate`:
         "error" (nothing is added), "skip" (keep what is there / the first copy)
         or "replace" (the last copy wins). Returns how many documents were added or replaced.
+        A document with blank text and title follows `on_empty`: "error" (nothing is added) or
+        "skip" (left out before the duplicate policy, and counted in a warning).
         An index built with passages splits long documents as its build did; replacing a document
         replaces all its passages (in the same commit).
         """
         if on_duplicate not in DUPLICATE_POLICIES:
             raise ValueError(f"on_duplicate={on_duplicate!r}; choose one of {DUPLICATE_POLICIES}")
+        if on_empty not in EMPTY_POLICIES:
+            raise ValueError(f"on_empty={on_empty!r}; choose one of {EMPTY_POLICIES}")
         existing = DocumentIdView(self.store.docstore)  # document ids (not passage rows), asked per id
         if isinstance(docs, (str, os.PathLike)):
             path = os.fspath(docs)
-            plan = validate_corpus(path, on_duplicate, existing_ids=existing)
+            plan = validate_corpus(path, on_duplicate, existing_ids=existing, on_empty=on_empty)
             chunks: Iterable[list] = iter_chunks(path, 4096, plan.skip_lines)
-            dropped = len(plan.skip_lines)
+            dropped, empty_ids, num_empty = plan.duplicates_dropped, plan.empty_ids, plan.num_empty
         else:
-            given = [parse_document(d, f"docs[{i}]") for i, d in enumerate(docs)]
+            given = [parse_document(d, f"docs[{i}]", keep_empty=on_empty == "skip") for i, d in enumerate(docs)]
+            empty_ids = [d["id"] for d in given if is_empty(d)]
+            num_empty = len(empty_ids)
+            given = [d for d in given if not is_empty(d)] if empty_ids else given
             rows = resolve_duplicates(given, on_duplicate, existing)
             chunks = [rows[s:s + 4096] for s in range(0, len(rows), 4096)]
             dropped = len(given) - len(rows)
         if dropped:
             logger.warning("%s", duplicates_note(dropped, on_duplicate))
+        if num_empty:
+            logger.warning("%s", empty_note(num_empty, empty_ids))
         added = 0
         splitter = self.splitter
         long_docs = 0

@@ -20,9 +20,11 @@ Files may be gzip-compressed (``corpus.jsonl.gz``).
 
 One rule depends on the reader's purpose, so it is an argument: an index build
 refuses a document whose ``text`` and ``title`` are both blank (nothing to
-search: ``require_content=True``), while evaluation keeps it, because benchmark
-corpora have such documents (Cranfield has two) and dropping them would change
-the collection that the qrels judge.
+search: ``require_content=True``, worded by `empty_document`), while evaluation
+keeps it, because benchmark corpora have such documents (Cranfield has two) and
+dropping them would change the collection that the qrels judge.  An index build
+asked to leave them out (``--on-empty skip``) reads with ``require_content=False``
+and drops them itself (`twotower.retrieval.corpus.validate_corpus`).
 """
 
 from __future__ import annotations
@@ -92,6 +94,17 @@ def _record_text(obj: Mapping[str, Any], path: str | os.PathLike[str], line: int
     return value
 
 
+def empty_document(doc_id: str, title: str, text: str) -> str | None:
+    """Why a document has nothing to search (its ``text`` and ``title`` are both blank), or None.
+
+    The one wording of the rule, for `parse_beir_document` and for the index build that skips such
+    documents under its ``--on-empty`` policy instead of stopping at the first.
+    """
+    if text.strip() or title.strip():
+        return None
+    return f"document {doc_id!r} has empty 'text' and 'title'"
+
+
 def parse_beir_document(
     obj: Any, path: str | os.PathLike[str], line: int | None = None, require_content: bool = False
 ) -> BeirDocument:
@@ -122,8 +135,8 @@ def parse_beir_document(
         title = ""
     if not isinstance(title, str):
         raise DataError(path, line, f"field 'title' must be a string, got {type(title).__name__}", field="title")
-    if require_content and not text.strip() and not title.strip():
-        raise DataError(path, line, f"document {doc_id!r} has empty 'text' and 'title'", field="text")
+    if require_content and (empty := empty_document(doc_id, title, text)):
+        raise DataError(path, line, empty, field="text")
     metadata = obj.get("metadata")
     if metadata is None:
         metadata = _NO_METADATA
@@ -160,15 +173,24 @@ def read_beir_corpus(path: str | os.PathLike[str]) -> dict[str, BeirDocument]:
     return corpus
 
 
-def read_beir_queries(path: str | os.PathLike[str]) -> dict[str, str]:
-    """Read ``queries.jsonl`` into ``{query id: text}``; a repeated id is an error."""
-    queries: dict[str, str] = {}
+def iter_beir_queries(path: str | os.PathLike[str]) -> Iterator[tuple[int, str, str]]:
+    """Stream ``(line number, query id, text)`` of ``queries.jsonl(.gz)``; a repeated id is an error.
+
+    The line travels with each query so that a caller's own check of the text (is it searchable?)
+    can name ``file:line`` as this reader names its errors.
+    """
+    seen: set[str] = set()
     for number, obj in json_lines(path):
         qid = _record_id(obj, path, number)
-        if qid in queries:
+        if qid in seen:
             raise DataError(path, number, f"query id {qid!r} appears twice")
-        queries[qid] = _record_text(obj, path, number)
-    return queries
+        seen.add(qid)
+        yield number, qid, _record_text(obj, path, number)
+
+
+def read_beir_queries(path: str | os.PathLike[str]) -> dict[str, str]:
+    """Read ``queries.jsonl`` into ``{query id: text}``; a repeated id is an error."""
+    return {qid: text for _, qid, text in iter_beir_queries(path)}
 
 
 def read_beir_qrels(path: str | os.PathLike[str]) -> Qrels:

@@ -19,6 +19,7 @@ from twotower.eval.io.trec import Run, parse_int, read_trec_qrels
 from twotower.eval.metrics.ranking import rank_documents
 
 __all__ = [
+    "iter_id_text_tsv",
     "read_id_text_tsv",
     "read_msmarco_qrels",
     "read_msmarco_run",
@@ -34,12 +35,18 @@ _TEXT_HEADERS = ("text", "query", "passage", "question")
 
 
 def read_id_text_tsv(path: str | os.PathLike[str]) -> dict[str, str]:
-    """Read ``id<TAB>text`` lines (collection or queries) into ``{id: text}``.
+    """Read ``id<TAB>text`` lines (collection or queries) into ``{id: text}`` (`iter_id_text_tsv`'s rules)."""
+    return {key: text for _, key, text in iter_id_text_tsv(path)}
+
+
+def iter_id_text_tsv(path: str | os.PathLike[str]) -> Iterator[tuple[int, str, str]]:
+    """Stream ``(line number, id, text)`` of ``id<TAB>text`` lines; a repeated id is an error.
 
     A first line that is a header (``qid<TAB>text``, ``id<TAB>query``, ...) is skipped, as the qrels reader
-    skips its own: it was read as a query with the id "qid", searched, and written into the run.
+    skips its own: it was read as a query with the id "qid", searched, and written into the run. The line
+    travels with each text so that a caller's own check of it can name ``file:line``.
     """
-    out: dict[str, str] = {}
+    seen: set[str] = set()
     first = True
     for number, line in numbered_lines(path):
         if not line.strip():
@@ -55,10 +62,10 @@ def read_id_text_tsv(path: str | os.PathLike[str]) -> dict[str, str]:
         key, text = fields[0].strip(), fields[1]
         if not key:
             raise DataError(path, number, "empty id")
-        if key in out:
+        if key in seen:
             raise DataError(path, number, f"id {key!r} appears twice")
-        out[key] = text
-    return out
+        seen.add(key)
+        yield number, key, text
 
 
 def read_msmarco_run(path: str | os.PathLike[str]) -> Run:

@@ -94,6 +94,7 @@ from twotower.retrieval.training.training_data import (
     read_labeled_pairs,
     read_titles,
     read_training,
+    swapped_columns,
     titled_documents,
     training_from_pairs,
 )
@@ -306,6 +307,8 @@ def load_reranker_data(cfg: RerankerTrainConfig) -> tuple[TrainingSet, PairSet |
     is_pairs = os.path.isfile(src) and (src.endswith(".tsv") or (src.endswith(".jsonl") and _looks_like_pairs(src)))
     if is_pairs:
         pairs = read_labeled_pairs(src)
+        if rank() == 0 and (swapped := swapped_columns(pairs)):  # a warning: a real file can look the same
+            logger.warning("--pairs %s: %s", src, swapped)
         return training_from_pairs(pairs), pairs
     data = read_training(src, split=cfg.split, corpus_path=cfg.corpus)
     return data, None

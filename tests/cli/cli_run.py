@@ -21,3 +21,19 @@ def build_index(root: Path, documents: int, *flags: str) -> Path:
     assert main(["index", "build", "--corpus", corpus, "--out", str(root / "idx"), "--model", tiny_model_dir(),
                  "--no-progress", *flags]) == 0
     return root
+
+
+def build_with_an_empty_document(capsys, caplog, docs: list[dict], root: Path, *flags: str) -> str:
+    """``index build FLAGS`` of `docs` plus one empty document ("blank", last): without ``--on-empty`` it
+    stops naming its line and the flag that skips it; with ``--on-empty skip`` it builds ``root/idx`` and the
+    warning names it. Returns the build's stdout."""
+    corpus = write_corpus(str(root / "corpus.jsonl"), [*docs, {"_id": "blank", "title": "", "text": "  "}])
+    argv = ["index", "build", "--corpus", corpus, "--out", str(root / "idx"), "--model", tiny_model_dir(),
+            "--no-progress", *flags]
+    rc, _, err = run_cli(capsys, *argv)
+    assert rc == 2 and f":{len(docs) + 1}: document 'blank' has empty 'text' and 'title'; use --on-empty skip" in err
+    with caplog.at_level("WARNING"):
+        rc, out, err = run_cli(capsys, *argv, "--on-empty", "skip")
+    assert rc == 0 and f"{len(docs)} documents" in out, err
+    assert "1 empty document (blank 'text' and 'title') not indexed: 'blank' (on empty: skip)" in caplog.messages
+    return out

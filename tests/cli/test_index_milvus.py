@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("pymilvus")
 pytest.importorskip("milvus_lite")
 
-from tests.cli.cli_run import run_cli  # noqa: E402
+from tests.cli.cli_run import build_with_an_empty_document, run_cli  # noqa: E402
 from tests.retrieval.pipeline_fixtures import tiny_model_dir, toy_docs, write_corpus  # noqa: E402
 from twotower.indexing import IndexStore  # noqa: E402
 
@@ -49,6 +49,13 @@ def test_a_milvus_lite_build_prints_no_grpc_traceback(tmp_path, capsys, caplog):
                            str(tmp_path / "v.db"))
     assert rc == 0 and "built" in out, err
     assert not [r for r in caplog.records if r.name.startswith("grpc") and r.levelno >= 30], caplog.text
+
+
+def test_on_empty_skip_with_milvus(tmp_path, capsys, caplog):
+    build_with_an_empty_document(capsys, caplog, toy_docs(5), tmp_path, "--backend", "milvus", "--milvus-uri",
+                                 str(tmp_path / "v.db"))
+    with IndexStore.open(tmp_path / "idx", readonly=True) as store:
+        assert len(store) == 5 and sorted(store.vectors.ids()) == [f"d{i}" for i in range(5)]
 
 
 class Killed(BaseException):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from tests.cli.cli_run import run_cli
+from tests.cli.cli_run import build_with_an_empty_document, run_cli
 from tests.retrieval.pipeline_fixtures import tiny_model_dir, write_corpus
 from tests.retrieval.test_passages import corpus_docs
 
@@ -62,3 +62,11 @@ def test_delete_takes_no_passage_row_id_and_check_finds_a_document_an_old_delete
     rc, out, _ = run_cli(capsys, "index", "delete", "--index", idx, "long1")  # the way out: delete it, add it again
     assert rc == 0 and "deleted 1 documents" in out and "(now 13)" in out
     assert run_cli(capsys, "index", "check", idx)[0] == 0
+
+
+def test_on_empty_skip_with_passages(tmp_path, capsys, caplog):
+    """An empty document is left out before any splitting: the plan's passage counts match the shards."""
+    out = build_with_an_empty_document(capsys, caplog, corpus_docs(), tmp_path, "--passages", "--passage-window",
+                                       "16", "--shard-size", "4")
+    assert "14 documents (" in out
+    assert run_cli(capsys, "index", "check", str(tmp_path / "idx"))[0] == 0

@@ -97,7 +97,7 @@ def test_run_never_replaces_the_queries_and_a_file_on_its_path_is_named(built, t
     spaced.write_text("a b\tgreen tea\n")
     rc, _, err = run_cli(capsys, "search", "--index", str(built / "idx"), "--queries", str(spaced), "--run",
                          str(tmp_path / "sp.trec"))
-    assert rc == 2 and f"--queries {spaced}: query id 'a b' is empty or contains whitespace" in err
+    assert rc == 2 and f"--queries {spaced}:1: query id 'a b' is empty or contains whitespace" in err
     (tmp_path / "pf").write_text("x")
     rc, _, err = run_cli(capsys, "search", "--index", str(built / "idx"), "tea", "--run", str(tmp_path / "pf" / "x.trec"))
     assert rc == 2 and "pf is a file, not a directory" in err  # it was a FileExistsError after the search
@@ -416,3 +416,47 @@ def test_an_index_built_with_the_shipped_reranker_records_it_by_name(tmp_path, c
     assert manifest["extra"]["pipeline"]["reranker"] == "default"
     rc, out, err = run_cli(capsys, "search", "--index", str(tmp_path / "idx"), "-k", "2", "--json", "tea")
     assert rc == 0 and all(h["rerank_score"] is not None for h in json.loads(out)[0]["hits"]), err
+
+
+def test_empty_documents_stop_build_and_add_naming_on_empty_and_skip_is_counted_on_stderr(tmp_path, capsys, caplog):
+    """`index build` stopped at "C:2: document 'b' has empty 'text' and 'title'" (Cranfield has two such documents)
+    with no way on; --on-empty skip leaves them out and the summary on stderr counts and names them."""
+    docs = [*toy_docs(4), {"_id": "b", "title": "", "text": " "}]
+    corpus = write_corpus(str(tmp_path / "c.jsonl"), docs)
+    build = ["index", "build", "--corpus", corpus, "--out", str(tmp_path / "idx"), "--model", tiny_model_dir(),
+             "--no-progress"]
+    rc, _, err = run_cli(capsys, *build)
+    assert rc == 2 and err.strip() == (f"twotower index build: error: {corpus}:5: document 'b' has empty 'text' and "
+                                       "'title'; use --on-empty skip to leave such documents out")
+    note = "1 empty document (blank 'text' and 'title') not indexed: 'b' (on empty: skip)"
+    with caplog.at_level("WARNING"):
+        rc, out, err = run_cli(capsys, *build, "--on-empty", "skip")
+    assert rc == 0 and "built" in out and "4 documents" in out, err
+    assert note in caplog.messages
+    more = write_corpus(str(tmp_path / "more.jsonl"), [{"_id": "e", "text": ""}, {"_id": "n", "text": "black tea"}])
+    add = ["index", "add", "--index", str(tmp_path / "idx"), "--corpus", more, "--no-progress"]
+    rc, _, err = run_cli(capsys, *add)
+    assert rc == 2 and f"{more}:1: document 'e' has empty 'text' and 'title'; use --on-empty skip" in err
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        rc, out, err = run_cli(capsys, *add, "--on-empty", "skip")
+    assert rc == 0 and "added 1 documents" in out and "(now 5)" in out, err
+    assert "1 empty document (blank 'text' and 'title') not indexed: 'e' (on empty: skip)" in caplog.messages
+    # in a process of its own the warning is the command's stderr (in-process, pytest holds the log)
+    res = subprocess.run([sys.executable, "-m", "twotower", *build[:5], str(tmp_path / "idx2"), *build[6:],
+                          "--on-empty", "skip"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and "built" in res.stdout, res.stderr[-3000:]
+    assert f"WARNING twotower.retrieval.build: {note}" in res.stderr
+
+
+@pytest.mark.parametrize("name, content, line, message", [
+    ("q.jsonl", '{"_id": "Q1", "text": "tea"}\n\n{"_id": "Q2", "text": "  "}\n', 3, "query 'Q2' is empty"),
+    ("q.tsv", "qid\ttext\nQ1\ttea\nQ2\t\u200b\n", 3, "query 'Q2' holds only control or invisible characters"),
+])
+def test_a_bad_query_of_a_queries_file_is_named_by_file_line_and_id(built, tmp_path, capsys, name, content, line,
+                                                                    message):
+    """It said "Q.jsonl: query Q2 is empty": the id alone, where every other file error names the line."""
+    queries = tmp_path / name
+    queries.write_text(content, encoding="utf-8")
+    rc, _, err = run_cli(capsys, "search", "--index", str(built / "idx"), "--queries", str(queries))
+    assert rc == 2 and err.strip() == f"twotower search: error: {queries}:{line}: {message}"

@@ -307,7 +307,7 @@ def test_index_mode_writes_a_comparison_report(tmp_path, beir_dir, monkeypatch, 
     shutil.copytree(beir_dir, empty)
     write_beir_queries({str(i): ("" if i == 2 else f"find {i + 3}") for i in range(7)}, empty / "queries.jsonl")
     bad = [*argv[:argv.index("--dataset") + 1], str(empty), *argv[argv.index("--dataset") + 2:]]
-    assert main(bad) == 2 and f"{empty / 'queries.jsonl'}: query '2' is empty" in capsys.readouterr().err
+    assert main(bad) == 2 and f"error: {empty / 'queries.jsonl'}:3: query '2' is empty\n" in capsys.readouterr().err
     for inside in ("idx", "idx/rep"):  # the report went into the index (before the search: refused first)
         bad = [*argv[:argv.index("--out") + 1], str(tmp_path / inside), *argv[argv.index("--out") + 2:]]
         assert main(bad) == 2 and "inside --index" in capsys.readouterr().err and not _FakePipeline.calls

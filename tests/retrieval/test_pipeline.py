@@ -292,6 +292,27 @@ def test_add_from_file_with_duplicates(tmp_path, encoder, docs, caplog):
         "1 duplicate document not indexed: kept the last copy (on duplicate: replace)"]
 
 
+def test_add_with_empty_documents(tmp_path, encoder, docs, caplog):
+    corpus = write_corpus(str(tmp_path / "c.jsonl"), docs[:5])
+    new = [{"_id": "e1", "text": " "}, {"_id": "n1", "text": "green tea"}, {"_id": "e2", "title": "", "text": ""}]
+    more = write_corpus(str(tmp_path / "more.jsonl"), new)
+    with SearchPipeline.build(corpus, tmp_path / "idx", encoder, progress=False) as pipe:
+        with pytest.raises(ValueError, match=r"more.jsonl:1: document 'e1' has empty 'text' and 'title'; use "
+                                             r"--on-empty skip to leave such documents out"):
+            pipe.add(more)
+        with pytest.raises(ValueError, match=r"docs\[0\]: document 'e1' has empty 'text' and 'title'"):
+            pipe.add(new)
+        assert len(pipe) == 5
+        assert pipe.add(more, on_empty="skip") == 1
+        assert pipe.add(new, on_empty="skip", on_duplicate="replace") == 1  # in memory too
+        assert len(pipe) == 6 and pipe.get(["e1", "e2"]) == [None, None]
+        assert pipe.add([{"_id": f"x{i}", "text": ""} for i in range(1200)], on_empty="skip") == 0
+    assert [r.getMessage() for r in caplog.records if "empty" in r.getMessage()] == [
+        "2 empty documents (blank 'text' and 'title') not indexed: 'e1', 'e2' (on empty: skip)"] * 2 + [
+        "1,200 empty documents (blank 'text' and 'title') not indexed: 'x0', 'x1', 'x2', 'x3', 'x4', ... "
+        "(on empty: skip)"]
+
+
 def test_save_copy_and_load(built, tmp_path, encoder):
     target = built.save(tmp_path / "copy")
     assert target == str(tmp_path / "copy")

@@ -233,6 +233,24 @@ def test_duplicate_policies_at_build(tmp_path, encoder, caplog):
         "1 duplicate document not indexed: kept the last copy (on duplicate: replace)"]
 
 
+def test_empty_documents_at_build(tmp_path, encoder, caplog):
+    """A document with blank text and title stopped every build (Cranfield has two); on_empty="skip" leaves
+    them out, from a file or from memory, and says how many and which."""
+    docs = [{"_id": "a", "text": "tea"}, {"_id": "b", "title": " ", "text": ""}, {"_id": "c", "text": "milk"}]
+    corpus = write_corpus(str(tmp_path / "c.jsonl"), docs)
+    with pytest.raises(ValueError, match=r"c.jsonl:2: document 'b' has empty 'text' and 'title'; use --on-empty skip"):
+        SearchPipeline.build(corpus, tmp_path / "err", encoder, progress=False)
+    assert not (tmp_path / "err").exists()
+    for name, given in (("file", corpus), ("memory", docs)):
+        with SearchPipeline.build(given, tmp_path / name, encoder, on_empty="skip", progress=False) as p:
+            assert len(p) == 2 and p.store.vectors.ids() == ["a", "c"] and p.get(["b"]) == [None]
+            assert p.block["corpus"]["empty"] == 1 and p.block["corpus"]["on_empty"] == "skip"
+    assert [r.getMessage() for r in caplog.records if "empty" in r.getMessage()] == [
+        "1 empty document (blank 'text' and 'title') not indexed: 'b' (on empty: skip)"] * 2
+    with pytest.raises(ValueError, match="on_empty='keep'"):
+        SearchPipeline.build(corpus, tmp_path / "bad", encoder, on_empty="keep", progress=False)
+
+
 def test_build_arguments_are_checked_before_anything_is_encoded(tmp_path, encoder, monkeypatch):
     """A metric typo was refused after the whole corpus was encoded, and left `idx.build/`, from which the next
     call resumed past the checks (batch_size=-1 then reached the manifest)."""

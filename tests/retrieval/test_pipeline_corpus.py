@@ -97,3 +97,40 @@ def test_duplicates_against_existing_index_ids(tmp_path):
     assert plan.num_documents == 1 and plan.skip_lines == {1}
     plan = validate_corpus(path, "replace", existing_ids={"a"})
     assert plan.num_documents == 2 and plan.skip_lines == set()
+
+
+def test_empty_documents_stop_the_build_naming_the_flag_or_are_skipped_and_counted(tmp_path):
+    """Cranfield has two documents with blank text and title: the build stopped at the first, naming no way
+    on, so a new user could not index it without editing the file."""
+    path = _write(tmp_path, [_doc("a"), _doc("b", " ", title=""), _doc("c"), _doc("d", "", title="\t")])
+    with pytest.raises(ValueError, match=r":2: document 'b' has empty 'text' and 'title'; use --on-empty skip to "
+                                         r"leave such documents out$"):
+        validate_corpus(path)
+    plan = validate_corpus(path, on_empty="skip")
+    assert (plan.num_documents, plan.num_empty, plan.empty_ids, plan.skip_lines) == (2, 2, ["b", "d"], {2, 4})
+    assert plan.duplicates_dropped == 0 and plan.num_duplicates == 0
+    assert [d["id"] for c in iter_chunks(path, 10, plan.skip_lines) for d in c] == ["a", "c"]
+    with pytest.raises(ValueError, match=r":2: document 'b' has empty 'text' and 'title'$"):
+        list(iter_chunks(path, 10))  # read without the validation's skip lines: still refused
+    with pytest.raises(ValueError, match="on_empty"):
+        validate_corpus(path, on_empty="keep")
+
+
+def test_an_empty_copy_of_an_id_is_left_out_before_the_duplicate_policy(tmp_path):
+    path = _write(tmp_path, [_doc("a", "first a"), _doc("a", ""), _doc("b")])
+    plan = validate_corpus(path, on_empty="skip")  # on_duplicate "error": the empty copy is not a duplicate
+    assert (plan.num_documents, plan.num_duplicates, plan.num_empty, plan.skip_lines) == (2, 0, 1, {2})
+    plan = validate_corpus(path, "replace", on_empty="skip")  # nor does it replace the first copy
+    assert [(d["id"], d["text"]) for c in iter_chunks(path, 10, plan.skip_lines) for d in c] == [
+        ("a", "first a"), ("b", "some text")]
+    dups = _write(tmp_path, [_doc("a"), _doc("x", ""), _doc("a")], "dups.jsonl")
+    plan = validate_corpus(dups, "skip", on_empty="skip")
+    assert (plan.duplicates_dropped, plan.num_empty, plan.skip_lines) == (1, 1, {2, 3})
+
+
+def test_a_corpus_of_empty_documents_only_is_empty(tmp_path):
+    path = _write(tmp_path, [_doc("a", ""), _doc("b", " ")])
+    with pytest.raises(ValueError, match=r"corpus is empty \(no documents\) \(2 empty documents left out by "
+                                         r"--on-empty skip\)"):
+        validate_corpus(path, on_empty="skip")
+

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 
 from twotower.cli import CLIError
 
@@ -281,6 +281,29 @@ def filter_option(text: str | None, command: str):
 def error_prefix(command: str) -> str:
     """How twotower.cli.main prints a CLIError of `command` (``twotower search: error: ``)."""
     return f"twotower {command}: error: "
+
+
+def searchable_queries(path: str, only: Container[str] | None = None) -> list[tuple[int, str, str]]:
+    """``(line, query id, text)`` of a queries file, BEIR ``queries.jsonl`` or ``qid<TAB>text`` (eval's readers),
+    every query (or every one whose id is in `only`) checked searchable (`query_problem`).
+
+    Why one function for ``search --queries`` and ``eval --dataset``: a query that cannot be searched is a
+    line of a file, so it is named the way the readers name a bad line, ``FILE:LINE: query 'q7' is empty``,
+    and by its id; it said ``FILE: query q7 is empty``, which left the user to search the file for the id.
+
+    Raises:
+        DataError (a ValueError) naming the file and line.
+    """
+    from twotower.common.errors import DataError
+    from twotower.common.lines import is_json_lines, query_problem
+    from twotower.eval.io.beir import iter_beir_queries
+    from twotower.eval.io.msmarco import iter_id_text_tsv
+
+    rows = list(iter_beir_queries(path) if is_json_lines(path) else iter_id_text_tsv(path))
+    for line, qid, text in rows:
+        if (only is None or qid in only) and (problem := query_problem(text, f"query {qid!r}")):
+            raise DataError(path, line, problem, field="text")
+    return rows
 
 
 def argument_text_problem(text: str, name: str) -> str | None:

@@ -36,6 +36,7 @@ from twotower.cli.checks import (
     positive,
     require_bm25,
     reranker_directory,
+    searchable_queries,
 )
 from twotower.cli.rerank_weight import print_weight_origin
 
@@ -268,11 +269,8 @@ def _search_and_report(args: argparse.Namespace) -> int:
     specs = _metrics(args.metrics, ",".join(report_metrics))
     dataset = load_beir(args.dataset, args.split, corpus=False)
     queries = dataset.split_queries()
-    from twotower.common.lines import query_problem
-
-    for qid, text in queries.items():  # the search said "query 0 is empty", naming no file and no id
-        if problem := query_problem(text, f"query {qid!r}"):
-            raise CLIError(f"--dataset {os.path.join(args.dataset, 'queries.jsonl')}: {problem}")
+    # the split's queries must be searchable: FILE:LINE: query '7' is empty (the search said "query 0 is empty")
+    searchable_queries(os.path.join(args.dataset, "queries.jsonl"), only=queries)
     index_directory("--index", args.index)
     _report_out(args)  # before the search: a bad --out failed after it
     if args.reranker:

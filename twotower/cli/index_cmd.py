@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 
 NOTHING_COMMITTED = "nothing was committed; {index} is as it was"  # what Ctrl-C leaves, unless the commit was made
 
+ON_EMPTY_HELP = ("document with blank text and title (nothing to search): stop with an error (default), or leave it "
+                 "out, counted in a warning")
 BATCH_HELP = ("texts per forward pass (default: length-sorted batches of about 4,096 tokens on a CPU, 65,536 on a "
               "GPU; faster than a fixed count)")
 
@@ -48,6 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                       "recorded as the index's default reranker")
     b.add_argument("--on-duplicate", choices=["error", "skip", "replace"], default="error",
                    help="repeated _id: stop with an error (default), keep the first, or keep the last")
+    b.add_argument("--on-empty", choices=["error", "skip"], default="error", help=ON_EMPTY_HELP)
     b.add_argument("--batch-size", type=int, help=BATCH_HELP)
     b.add_argument("--shard-size", type=int, default=8192,
                    help="documents per embedding shard, the unit of resume and of torchrun splitting (default 8192)")
@@ -75,6 +78,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     a.add_argument("--model", help="the index's model directory if it has moved (default: from the manifest)")
     a.add_argument("--on-duplicate", choices=["error", "skip", "replace"], default="error",
                    help="id already in the index or repeated: error (default), skip, or replace")
+    a.add_argument("--on-empty", choices=["error", "skip"], default="error", help=ON_EMPTY_HELP)
     a.add_argument("--batch-size", type=int, help=BATCH_HELP)
     a.add_argument("--no-progress", action="store_true")
     a.set_defaults(func=run_add, interrupted=NOTHING_COMMITTED)
@@ -173,7 +177,7 @@ def run_build(args: argparse.Namespace) -> int:
     try:
         pipe = SearchPipeline.build(
             args.corpus, args.out, args.model, reranker=args.reranker, factory=args.factory, metric=args.metric,
-            bm25=args.bm25, on_duplicate=args.on_duplicate, batch_size=args.batch_size,
+            bm25=args.bm25, on_duplicate=args.on_duplicate, on_empty=args.on_empty, batch_size=args.batch_size,
             shard_size=args.shard_size, progress=not args.no_progress, keep_shards=args.keep_shards,
             backend=args.backend, milvus_uri=args.milvus_uri, collection=args.collection,
             passages=args.passages, passage_window=args.passage_window, passage_stride=args.passage_stride,
@@ -213,7 +217,7 @@ def run_add(args: argparse.Namespace) -> int:
         raise CLIError(f"--index {exc}") from None
     with _interrupt_tells_the_commit(args, pipe.store), pipe:
         before = len(pipe)
-        n = pipe.add(args.corpus, on_duplicate=args.on_duplicate, batch_size=args.batch_size,
+        n = pipe.add(args.corpus, on_duplicate=args.on_duplicate, on_empty=args.on_empty, batch_size=args.batch_size,
                      progress=not args.no_progress)
         new = len(pipe) - before  # `n` counts replaced documents too
         replaced = f", replaced {n - new}" if n > new else ""

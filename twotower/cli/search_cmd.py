@@ -27,9 +27,9 @@ from twotower.cli.checks import (
     refuse_reranker_with_no_rerank,
     require_bm25,
     reranker_directory,
+    searchable_queries,
 )
 from twotower.cli.rerank_weight import print_weight_origin
-from twotower.common.lines import is_json_lines, query_problem
 
 QUERY_BATCH = 256
 
@@ -77,16 +77,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 ERROR_PREFIX = error_prefix("search")  # how twotower.cli.main prints a CLIError (the caret lines up under it)
 
 
-def read_queries(path: str) -> list[tuple[str, str]]:
-    """(qid, text) pairs from BEIR queries.jsonl or a qid<TAB>text file (eval's readers; errors name file and line)."""
+def read_queries(path: str) -> list[tuple[int, str, str]]:
+    """(line, qid, text) of BEIR queries.jsonl or a qid<TAB>text file, every query searchable
+    (`searchable_queries`: eval's readers; errors name file and line)."""
     input_file("--queries", path, inside="queries.jsonl")
     from twotower.common.errors import DataError
-    from twotower.eval.io import read_beir_queries, read_id_text_tsv
 
-    queries = read_beir_queries(path) if is_json_lines(path) else read_id_text_tsv(path)
+    queries = searchable_queries(path)
     if not queries:
         raise DataError(path, None, "no queries")
-    return list(queries.items())
+    return queries
 
 
 def _table(query: str, hits: list, reranked: bool, width: int = 100) -> str:
@@ -142,25 +142,23 @@ def run_search(args: argparse.Namespace) -> int:
     if args.queries_file and args.queries:
         raise CLIError("give queries as arguments or with --queries FILE, not both")
     if args.queries_file:
-        items = read_queries(args.queries_file)
-    elif args.queries:
-        items = [(f"q{i}", q) for i, q in enumerate(args.queries, 1)]
-    else:
-        raise CLIError("give at least one QUERY, or --queries FILE")
-    for i, (qid, text) in enumerate(items, 1):
-        if args.queries_file:
-            problem = query_problem(text, f"query {qid}")
-        else:  # "query q1 is empty" named an id nobody gave: the QUERY arguments are numbered
-            problem = argument_text_problem(text, f"QUERY {i}" if len(items) > 1 else "QUERY")
-        if problem:
-            raise CLIError(f"{args.queries_file}: {problem}" if args.queries_file else problem)
+        lines = read_queries(args.queries_file)  # a query that cannot be searched is FILE:LINE: query 'id' ...
+        items = [(qid, text) for _, qid, text in lines]
         if args.run:  # found only when the run was written, naming no file
             from twotower.eval.io.trec import check_trec_token
 
-            try:
-                check_trec_token("query id", qid)
-            except ValueError as e:
-                raise CLIError(f"--queries {args.queries_file}: {e} (--run)") from None
+            for line, qid, _ in lines:
+                try:
+                    check_trec_token("query id", qid)
+                except ValueError as e:
+                    raise CLIError(f"--queries {args.queries_file}:{line}: {e} (--run)") from None
+    elif args.queries:
+        items = [(f"q{i}", q) for i, q in enumerate(args.queries, 1)]
+        for i, (_, text) in enumerate(items, 1):  # "query q1 is empty" named an id nobody gave: they are numbered
+            if problem := argument_text_problem(text, f"QUERY {i}" if len(items) > 1 else "QUERY"):
+                raise CLIError(problem)
+    else:
+        raise CLIError("give at least one QUERY, or --queries FILE")
     index_directory("--index", args.index)
     if args.model:
         model_directory("--model", args.model, dual=True)

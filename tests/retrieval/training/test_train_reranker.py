@@ -990,3 +990,51 @@ def test_a_fresh_heads_run_draws_its_dropout_from_where_it_always_did(tmp_path):
     BertForSequenceClassification(EncoderConfig.load(os.path.join(cfg.model, "config.json")), num_labels=1,
                                   pooling=cfg.head_pooling)
     assert torch.equal(after, torch.get_rng_state())
+
+
+def _pairs(n_queries: int, per_query: int, long_queries: bool = False) -> list[tuple[str, str, int]]:
+    """(query, passage, label) as real pairs files hold them: short queries, each judged against several
+    long passages (the first relevant); `long_queries` makes queries as long as the passages (ArguAna-like)."""
+    rng = random.Random(n_queries)
+    rows = []
+    for q in range(n_queries):
+        query = " ".join(rng.choices(WORDS, k=40 if long_queries else 4)) + f" q{q}"
+        rows += [(query, " ".join(rng.choices(WORDS, k=rng.randint(30, 50))) + f" p{q}.{j}", int(j == 0))
+                 for j in range(per_query)]
+    return rows
+
+
+@pytest.mark.parametrize("suffix", [".tsv", ".jsonl"])
+def test_a_pairs_file_with_query_and_passage_swapped_is_named_in_a_warning(tmp_path, caplog, suffix):
+    """A pairs file holding passage<TAB>query<TAB>label trained silently on reversed pairs: only the label column
+    was checked. It is a warning: texts matched to short labels are legitimate and look the same."""
+    from twotower.retrieval.training.train_reranker import load_reranker_data
+
+    def write(name, rows):
+        path = tmp_path / (name + suffix)
+        if suffix == ".tsv":
+            path.write_text("".join(f"{q}\t{p}\t{label}\n" for q, p, label in rows), encoding="utf-8")
+        else:
+            path.write_text("".join(json.dumps({"query": q, "passage": p, "label": label}) + "\n"
+                                    for q, p, label in rows), encoding="utf-8")
+        return str(path)
+
+    rows = _pairs(8, 4)
+    normal, swapped = write("normal", rows), write("swapped", [(p, q, label) for q, p, label in rows])
+    with caplog.at_level("WARNING"):
+        load_reranker_data(_cfg(tmp_path, pairs=normal))
+        assert not caplog.records
+        data, labeled = load_reranker_data(_cfg(tmp_path, pairs=swapped))
+    assert labeled is not None and len(labeled.pairs) == 32  # read as given: a warning, not an error
+    assert [r.levelname for r in caplog.records] == ["WARNING"]
+    message = caplog.records[0].getMessage()
+    assert message.startswith(f"--pairs {swapped}: the query is longer than the passage in 32 of 32 pairs (median ")
+    assert "are the query and passage swapped?" in message and "ignore this if your queries are meant" in message
+    fix = ("the values of 'query' and 'passage'" if suffix == ".jsonl" else
+           f"awk -F'\\t' -v OFS='\\t' '{{print $2, $1, $3}}' {swapped} > swapped.tsv")
+    assert f"swap them ({fix})" in message
+    caplog.clear()
+    with caplog.at_level("WARNING"):  # queries as long as the passages, or too few pairs to tell: no warning
+        load_reranker_data(_cfg(tmp_path, pairs=write("long", _pairs(8, 4, long_queries=True))))
+        load_reranker_data(_cfg(tmp_path, pairs=write("few", [(p, q, label) for q, p, label in _pairs(3, 3)])))
+    assert not caplog.records
