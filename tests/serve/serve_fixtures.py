@@ -15,12 +15,17 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 def config(index: str, **kw):
+    """A `ServeConfig` for the tiny model; `kw` set as attributes (what a server of an older tree lacks is then
+    ignored by it, rather than a TypeError here: the tests fail on its behaviour)."""
     from twotower.serve.app import ServeConfig
 
     kw.setdefault("bf16", False)
     kw.setdefault("model", tiny_model_dir())
     kw.setdefault("use_default_reranker", False)
-    return ServeConfig(index=index, **kw)
+    cfg = ServeConfig(index=index)
+    for name, value in kw.items():
+        setattr(cfg, name, value)
+    return cfg
 
 
 @contextlib.contextmanager
@@ -45,15 +50,21 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def live_server(index: str, **kw) -> Iterator[tuple[str, object]]:
-    """A real uvicorn server in a thread of this process, on a free loopback port: (base URL, app)."""
+    """A real uvicorn server in a thread of this process, on a free loopback port: (base URL, app), configured as
+    `twotower serve` configures it (`uvicorn_config`: its max_connections, head_timeout_s and graceful_shutdown_s
+    may be given here)."""
     import uvicorn
 
     from twotower.serve.app import create_app
+    from twotower.serve.server import uvicorn_config
 
+    server_kw = {name: kw.pop(name) for name in ("max_connections", "head_timeout_s", "graceful_shutdown_s")
+                 if name in kw}
     app = create_app(config(index, **kw))
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           access_log=False))
+    server = uvicorn.Server(uvicorn_config(app, host="127.0.0.1", port=port, log_level="warning",
+                                           access_log=False, **server_kw))
+    app.state.server = server  # a test may stop it (server.should_exit) or count its connections
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
@@ -72,3 +83,33 @@ def stats(c, headers=None) -> dict:
     r = c.get("/stats", headers=headers or {})
     assert r.status_code == 200, r.text
     return r.json()
+
+
+def hold(owner) -> threading.Event:
+    """Keep the model owner busy in a job until the returned event is set (so that requests queue up)."""
+    release, busy = threading.Event(), threading.Event()
+
+    def wait(pipe):
+        busy.set()
+        release.wait(60)
+
+    owner.call(wait)
+    assert busy.wait(30)
+    return release
+
+
+def wait_until(check, what: str, seconds: float = 20.0) -> None:
+    """Poll `check()` until it is true; fail naming `what` after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, f"never: {what}"
+        time.sleep(0.01)
+
+
+def read_answer(conn: socket.socket) -> tuple[bytes, bytes]:
+    """(status line and headers, body) of the answer on a raw connection, read until the server closes it."""
+    data = b""
+    while chunk := conn.recv(65536):
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return head, body

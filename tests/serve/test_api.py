@@ -6,15 +6,19 @@ import json
 import os
 import re
 import shutil
+import socket
+import threading
+from concurrent.futures import Future
 
 import pytest
 
 from tests.retrieval.pipeline_fixtures import tiny_model_dir
-from tests.serve.serve_fixtures import AUTH, TOKEN, client, stats
+from tests.serve.serve_fixtures import AUTH, TOKEN, client, hold, live_server, stats, wait_until
 from twotower.indexing import document_text
 from twotower.retrieval import Hit, SearchPipeline
 from twotower.retrieval.interpolation import write_alpha
 from twotower.serve.app import STATIC
+from twotower.serve.batcher import SearchParams
 
 QUERIES = ["tea coffee cold", "gene protein expression", "patient drug dose trial risk"]
 
@@ -180,3 +184,127 @@ def test_a_reranker_with_weight_zero_is_skipped_and_not_reported_as_reranking(in
         assert body["reranked"] is False  # the final ranking is the first stage's: no cross-encoder was run
         assert all(h["rerank_score"] is None for h in body["hits"])
         _same(body["hits"], ref.search(QUERIES[0], k=5, recall_k=20))
+
+
+# ---------------------------------------------------------------------- availability: back-pressure, deadlines, writes
+def _meanwhile(fn, release: threading.Event, seconds: float = 10.0):
+    """fn() in a thread while the owner is held; if it is not answered within `seconds` (it waits for the owner),
+    the owner is released and its late answer returned, for the test to refuse."""
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(fn()))
+    t.start()
+    t.join(seconds)
+    release.set()
+    t.join(60)
+    return out[0]
+
+
+def test_a_search_past_the_queue_limit_is_a_503_with_retry_after(index_template):
+    with client(index_template, max_batch=2) as c:  # at most 4 x 2 queries wait
+        owner = c.app.state.service.owner
+        release = hold(owner)
+        queued = owner.search(QUERIES[:2] * 4, SearchParams(k=1, recall_k=10))  # 8 of 8
+        r = _meanwhile(lambda: c.get("/search", params={"q": "tea"}), release)
+        assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
+        assert r.json()["error"] == "unavailable" and "8 queries are waiting" in r.json()["message"]
+        assert len(queued.result(30).hits) == 8
+        assert stats(c)["batching"]["refused"] == 1
+
+
+def test_a_search_past_its_deadline_is_a_503_and_never_runs(index_template):
+    """A route awaited the owner's answer for ever: a search queued behind minutes of work was answered when it came,
+    whoever still waited. Past `request_timeout_s` it is answered 503 with Retry-After and withdrawn from the queue."""
+    with client(index_template, request_timeout_s=0.3) as c:
+        owner = c.app.state.service.owner
+        release = hold(owner)
+        r = _meanwhile(lambda: c.get("/search", params={"q": "tea"}), release)
+        assert r.status_code == 503 and r.headers["retry-after"] == "5", r.text
+        assert "not answered within 0.3 s" in r.json()["message"]
+        lookup = c.get("/documents/d1")  # lookups have the deadline too, and the owner still serves
+        assert lookup.status_code in (200, 404)
+        assert owner.batches == 0  # the search was withdrawn before the owner could run it
+        assert stats(c)["batching"]["abandoned"] == 1
+
+
+def test_a_client_that_disconnects_withdraws_its_search(index_template):
+    """Starlette does not cancel a handler whose client has gone: 20 clients giving up after 50 ms left 1,282 queries
+    for the owner to run. The handler now watches for the disconnect and withdraws the queued search."""
+    with live_server(index_template) as (url, app):
+        owner = app.state.service.owner
+        release = hold(owner)
+        try:
+            port = int(url.rsplit(":", 1)[1])
+            with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
+                conn.sendall(b"GET /search?q=tea HTTP/1.1\r\nHost: x\r\n\r\n")
+                wait_until(lambda: owner._queued_queries == 1, "the search is queued")
+            wait_until(lambda: owner._queued_queries == 0, "the search is withdrawn when its client goes", 10)
+        finally:
+            release.set()
+        assert owner.call(lambda pipe: owner.batches).result(30) == 0  # the owner never ran it
+        assert owner.batch_stats()["abandoned"] == 1
+
+
+def test_lookups_past_the_queue_limit_are_a_503(index_template, docs):
+    with client(index_template, max_batch=1) as c:  # at most 4 lookups wait
+        owner = c.app.state.service.owner
+        release = hold(owner)
+        waiting = [threading.Thread(target=c.get, args=(f"/documents/{docs[i]['_id']}",)) for i in range(4)]
+        for t in waiting:
+            t.start()
+        wait_until(lambda: len(owner._calls) == 4, "four lookups are queued")
+        r = _meanwhile(lambda: c.get(f"/documents/{docs[5]['_id']}"), release)
+        for t in waiting:
+            t.join(30)
+        assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
+        assert "4 lookups are waiting" in r.json()["message"]
+
+
+def test_a_committed_write_is_answered_as_committed_when_the_searches_cannot_follow(index_dir, monkeypatch, caplog):
+    """The add committed, then the model owner failed to move to the new commit: the client got a 500 for a write that
+    had landed, and its retry a 409. The answer now gives the commit's generation and says searches lag behind."""
+    doc = {"_id": "late-1", "text": "green tea leaf milk sugar"}
+    with client(index_dir, token=TOKEN) as c:
+        owner = c.app.state.service.owner
+        before = stats(c, AUTH)
+
+        def refresh_fails():
+            failed: Future = Future()
+            failed.set_exception(OSError("segment file unreadable"))
+            return failed
+
+        monkeypatch.setattr(owner, "refresh", refresh_fails)
+        r = c.post("/documents", json={"documents": [doc]}, headers=AUTH)
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert (body["added"], body["generation"], body["documents"], body["searchable"]) == (
+            1, before["generation"] + 1, before["documents"] + 1, False)
+        assert "committed (generation" in body["warning"]
+        assert "segment file unreadable" in caplog.text
+        d = c.request("DELETE", "/documents", json={"ids": ["late-1"]}, headers=AUTH)
+        assert d.status_code == 200 and d.json()["generation"] == before["generation"] + 2, d.text
+        monkeypatch.undo()
+        again = c.post("/documents", json={"documents": [doc]}, headers=AUTH)  # nothing half-done is left behind
+        assert again.status_code == 200 and "searchable" not in again.json(), again.text
+        top = c.get("/search", params={"q": doc["text"], "k": 1}, headers=AUTH).json()
+        assert top["hits"][0]["id"] == "late-1" and top["generation"] == before["generation"] + 3
+
+
+def test_a_write_waits_for_the_write_in_progress_only_so_long(index_dir):
+    """A second write waited for the first with no bound (holding a worker thread): now `lock_wait_s`, then a 503."""
+    with client(index_dir, token=TOKEN, lock_wait_s=0.3) as c:
+        writer = c.app.state.service.writer
+        writer._lock.acquire()  # a write in progress
+        done = threading.Event()
+        try:
+            out: list = []
+            t = threading.Thread(target=lambda: (out.append(c.post("/documents", headers=AUTH, json={
+                "documents": [{"_id": "w-1", "text": "tea"}]})), done.set()))
+            t.start()
+            done.wait(10)
+        finally:
+            writer._lock.release()
+        t.join(60)
+        r = out[0]
+        assert r.status_code == 503 and r.headers["retry-after"] == "5", r.text
+        assert "another write is in progress" in r.json()["message"]
+        assert c.get("/documents/w-1", headers=AUTH).status_code == 404

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import socket
+import time
 
 import pytest
 
-from tests.serve.serve_fixtures import AUTH, TOKEN, client, stats
+from tests.serve.serve_fixtures import AUTH, TOKEN, client, hold, live_server, read_answer, stats, wait_until
 from twotower.serve.limits import Limits
 
 LIMITS = Limits(max_body_bytes=20_000, max_query_chars=200, max_k=50, max_recall_k=200, max_batch_queries=4,
@@ -197,6 +200,35 @@ def test_streamed_body_over_the_limit_is_refused(index_dir):
     with client(index_dir, token=TOKEN, limits=LIMITS) as c:
         r = c.post("/documents", content=chunks(), headers={**AUTH, "content-type": "application/json"})
         _check(r, 413, "body", "larger than the limit")
+
+
+def test_a_body_that_does_not_arrive_in_time_is_a_408_and_the_connection_closes(index_template):
+    """A client sending its body a few bytes a second held its connection (and, after SIGTERM, the server) open for
+    as long as it liked. The body must now be complete `body_timeout_s` after the request arrived."""
+    with live_server(index_template, body_timeout_s=0.5) as (url, app):
+        port = int(url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+            conn.sendall(b"POST /search HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 1000\r\n\r\n{\"queries\": [")
+            head, body = read_answer(conn)  # a socket timeout here: the server is still waiting for the body
+        assert head.startswith(b"HTTP/1.1 408 "), head
+        assert b"connection: close" in head.lower()
+        err = json.loads(body)
+        assert (err["status"], err["error"], err["field"]) == (408, "request_timeout", "body")
+        assert "did not arrive within 0.5 s" in err["message"]
+        # a body sent at once is unaffected, and so is a search answered after the body deadline has passed
+        owner = app.state.service.owner
+        release = hold(owner)
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+            payload = json.dumps({"queries": ["tea"], "k": 2}).encode()
+            conn.sendall(b"POST /search HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Connection: close\r\nContent-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
+            wait_until(lambda: owner._queued_queries == 1, "its body was read: the search waits for the owner")
+            time.sleep(0.8)  # past the body deadline, the handler waiting on `receive` for a disconnect
+            release.set()
+            head, body = read_answer(conn)
+        assert head.startswith(b"HTTP/1.1 200 "), head + body
+        assert len(json.loads(body)["results"][0]["hits"]) == 2
 
 
 def test_hybrid_on_an_index_without_bm25(dense_only_template):

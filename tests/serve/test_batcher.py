@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.retrieval.pipeline_fixtures import tiny_model_dir
-from tests.serve.serve_fixtures import client
+from tests.serve.serve_fixtures import client, hold, wait_until
 from twotower.retrieval import SearchPipeline
 from twotower.serve.batcher import ModelOwner, SearchParams
 from twotower.serve.errors import ApiError
@@ -23,24 +23,11 @@ def _loader(index: str, reranker: str | None = None):
                                        bf16=False)
 
 
-def _hold(owner: ModelOwner) -> threading.Event:
-    """Keep the owner busy in a job until the returned event is set (so searches queue up)."""
-    release, busy = threading.Event(), threading.Event()
-
-    def wait(pipe):
-        busy.set()
-        release.wait(30)
-
-    owner.call(wait)
-    assert busy.wait(30)
-    return release
-
-
 def test_queued_searches_share_a_batch_and_match_single_searches(index_template, reranker_dir):
     owner = ModelOwner(_loader(index_template, reranker_dir), threads=1, max_wait_ms=0).start()
     try:
         assert owner.wait_ready(60)
-        release = _hold(owner)
+        release = hold(owner)
         asks = [(q, SearchParams(k=1 + i % 4, recall_k=12, hybrid=i % 2 == 1, rerank=i % 3 == 0))
                 for i, q in enumerate(QUERIES)]
         futures = [owner.search([q], p) for q, p in asks]
@@ -69,7 +56,7 @@ def test_a_request_that_fails_its_batch_fails_alone(index_template):
     owner = ModelOwner(_loader(index_template), threads=1, max_wait_ms=0).start()
     try:
         assert owner.wait_ready(60)
-        release = _hold(owner)
+        release = hold(owner)
         params = SearchParams(k=3, recall_k=12)
         good = [owner.search([q], params) for q in QUERIES[:2]]
         bad = owner.search(["tea \ud800"], params)
@@ -92,7 +79,7 @@ def test_waits_for_the_rest_of_a_batch_only_under_load(index_template):
         start = time.monotonic()
         owner.search(["tea"], SearchParams()).result(30)
         assert time.monotonic() - start < 1.5  # one client alone: its last batch held one query, no waiting
-        release = _hold(owner)
+        release = hold(owner)
         first = [owner.search([q], SearchParams()) for q in QUERIES[:4]]
         release.set()
         for f in first:
@@ -164,7 +151,7 @@ def test_a_failed_load_is_reported_not_raised(tmp_path):
 def test_stop_refuses_what_is_queued(index_template):
     owner = ModelOwner(_loader(index_template), threads=1).start()
     assert owner.wait_ready(60)
-    release = _hold(owner)
+    release = hold(owner)
     queued = owner.search(["tea"], SearchParams())
     stopper = threading.Thread(target=owner.stop)
     stopper.start()
@@ -189,3 +176,99 @@ def test_default_threads_leave_a_core_to_the_event_loop_only_with_bf16(monkeypat
     assert default_threads() == 4
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
     assert default_threads(bf16=True) == 1  # never zero
+
+
+def test_a_full_queue_refuses_searches_at_once_and_withdrawn_ones_free_their_place(index_template):
+    """The queue had no bound: 20 clients each sending 64 queries and giving up after 50 ms made the owner run all
+    1,282 queries, and the next search waited 25 s behind them. At most 4 x max_batch queries wait now (one search
+    always fits an empty queue); past that a search is refused at once with a 503 and Retry-After, and a search
+    cancelled while it waits leaves the count at once and is never run."""
+    owner = ModelOwner(_loader(index_template), threads=1, max_batch=2, max_wait_ms=0).start()
+    try:
+        assert owner.wait_ready(60)
+        release = hold(owner)
+        params = SearchParams(k=2, recall_k=12)
+        first = owner.search(QUERIES[:3], params)
+        second = owner.search(QUERIES[3:6], params)  # 6 of 8 queued
+        with pytest.raises(ApiError) as err:
+            owner.search(QUERIES[:3], params)  # 9 > 8
+        assert err.value.status_code == 503 and err.value.headers["Retry-After"] == "1"
+        assert "busy" in err.value.detail
+        third = owner.search(QUERIES[:2], params)  # exactly 8
+        assert first.cancel()  # its client went away: 5 queued, 3 more fit
+        fourth = owner.search(QUERIES[2:5], params)
+        release.set()
+        assert [len(f.result(30).hits) for f in (second, third, fourth)] == [3, 2, 3]
+        assert first.cancelled() and owner.batched_queries == 8  # the withdrawn search never ran
+        assert owner.batch_stats()["refused"] == 1 and owner.batch_stats()["abandoned"] == 1
+        # a search larger than the whole queue is still answered when nothing waits
+        assert len(owner.search(QUERIES * 2, params).result(30).hits) == 12
+    finally:
+        owner.stop()
+
+
+def test_a_cancelled_search_never_stops_the_owner(index_template, monkeypatch):
+    """A failed move to a new commit answered each queued search with `set_exception`, a search cancelled by its
+    waiter included: `InvalidStateError` then ended the model owner's thread, and every later request got 503s.
+    Searches are marked running when the owner takes them, withdrawn ones are dropped, and every answer is given
+    through a guard."""
+    owner = ModelOwner(_loader(index_template), threads=1, max_wait_ms=0).start()
+    try:
+        assert owner.wait_ready(60)
+        release = hold(owner)
+        params = SearchParams(k=2, recall_k=12)
+        waiting, gone = owner.search(["gene"], params), owner.search(["tea"], params)
+        assert gone.cancel()
+        real = owner._refresh
+        fails = iter([True])
+
+        def refresh_once(force=False):
+            if next(fails, False):
+                raise RuntimeError("the new commit could not be read")
+            return real(force)
+
+        monkeypatch.setattr(owner, "_refresh", refresh_once)
+        release.set()
+        with pytest.raises(RuntimeError, match="could not be read"):
+            waiting.result(30)
+        assert gone.cancelled()
+        assert len(owner.search(["tea"], params).result(30).hits[0]) == 2  # the owner is still serving
+        assert owner.state == "ready"
+    finally:
+        owner.stop()
+
+
+def test_a_lookup_during_a_large_add_runs_before_the_adds_remaining_chunks(index_dir, monkeypatch):
+    """Owner jobs ran first come, first served: during a 256-document add, GET /documents/ID waited 22 s behind every
+    encoding chunk of the add. The chunks are background jobs now: a lookup queued after them runs next."""
+    from tests.retrieval.pipeline_fixtures import toy_docs
+    from tests.serve.serve_fixtures import AUTH, TOKEN
+    from twotower.serve.writer import ENCODE_CHUNK
+
+    ran: list[str] = []
+    with client(index_dir, token=TOKEN) as c:
+        owner = c.app.state.service.owner
+        real = owner._run_call
+
+        def record(call):
+            ran.append(os.path.basename(call.fn.__code__.co_filename))  # app.py: the lookup; writer.py: a chunk
+            real(call)
+
+        monkeypatch.setattr(owner, "_run_call", record)
+        release = hold(owner)
+        new = toy_docs(2 * ENCODE_CHUNK + 1, seed=5, prefix="big")  # three chunks
+        write = threading.Thread(target=lambda: c.post("/documents", json={"documents": new}, headers=AUTH))
+        write.start()
+
+        def queued() -> int:
+            return len(owner._calls) + len(getattr(owner, "_background", ()))
+
+        wait_until(lambda: queued() == 3, "the add's three chunks are queued")
+        lookup = threading.Thread(target=lambda: ran.append(c.get("/documents/d1", headers=AUTH).status_code))
+        lookup.start()
+        wait_until(lambda: queued() == 4, "the lookup is queued after them")
+        release.set()
+        lookup.join(60)
+        write.join(60)
+    chunks_and_lookup = [name for name in ran if name in ("app.py", "writer.py")]
+    assert chunks_and_lookup == ["app.py", "writer.py", "writer.py", "writer.py"], ran

@@ -127,3 +127,29 @@ def test_sigterm_answers_the_request_in_flight_says_so_and_exits_as_the_signal(i
     lines = err.read_text(encoding="utf-8").splitlines()
     assert lines[-2:] == ["twotower serve: stopping (SIGTERM): finishing requests in flight",
                           "twotower serve: stopped"], lines
+
+
+def test_the_server_bounds_its_shutdown_connections_and_request_heads(index_template, capsys, monkeypatch):
+    """uvicorn ran with its defaults: no bound on connections, none on a request head's arrival, and a graceful
+    shutdown that waited for a stalled request for ever (one slow body kept the process alive after SIGTERM)."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    import twotower.cli.serve_cmd as serve_cmd
+
+    seen = {}
+
+    class Server:  # records the configuration instead of serving
+        def __init__(self, config):
+            seen["config"] = config
+
+        def run(self, sockets=None):
+            pass
+
+    monkeypatch.setattr(serve_cmd, "_server_class", lambda uvicorn: Server)
+    rc, out, err = run_cli(capsys, "serve", "--index", index_template, "--port", str(free_port()), "--no-reranker",
+                           "--threads", "1")
+    assert rc == 0, err
+    config = seen["config"]
+    assert config.timeout_graceful_shutdown == 30 and config.limit_concurrency == 512
+    assert config.h11_max_incomplete_event_size == 16 * 1024
+    assert isinstance(config.http, type) and issubclass(config.http, H11Protocol)  # with the request-head deadline

@@ -11,7 +11,7 @@ token set, so do reads; ``--read-only`` refuses writes (a token then guards read
 docs/serve.md has the details.
 
 SIGTERM or Ctrl-C (SIGINT) stops it gracefully, as uvicorn does: no new connections, the requests in flight
-answered, then the model owner stopped; `_Server` says so on stderr, and uvicorn then re-raises the signal, so
+answered (those still running after 30 s are cancelled), then the model owner stopped; `_Server` says so on stderr, and uvicorn then re-raises the signal, so
 the exit status is the signal's (143 for SIGTERM), as a supervisor expects of a process it stopped.
 """
 
@@ -47,7 +47,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--token-file", help="file whose first line is the bearer token for writes, and then for "
                                         "reads too (default: $TWOTOWER_TOKEN)")
     p.add_argument("--threads", type=int, help="torch/FAISS threads of the model owner (default: all cores in fp32, all but one with bf16)")
-    p.add_argument("--max-batch", type=int, default=64, help="most queries encoded together (default 64)")
+    p.add_argument("--max-batch", type=int, default=64,
+                   help="most queries encoded together (default 64); 4x as many may wait, more are refused (503)")
     p.add_argument("--batch-wait-ms", type=float, default=3.0,
                    help="longest wait for more queries to fill a batch (default 3 ms)")
     p.add_argument("--max-body-mb", type=float, default=4.0, help="largest request body (default 4 MB)")
@@ -86,6 +87,7 @@ def run_serve(args: argparse.Namespace) -> int:
         from twotower.serve.app import ServeConfig, create_app
         from twotower.serve.auth import TOKEN_ENV, load_token
         from twotower.serve.limits import Limits
+        from twotower.serve.server import uvicorn_config
     except ModuleNotFoundError as exc:
         raise CLIError(f"twotower serve needs {exc.name}: pip install 'twotower[serve]'") from None
     token = load_token(args.token_file)
@@ -99,7 +101,8 @@ def run_serve(args: argparse.Namespace) -> int:
     )
     sock = _bind(args.host, args.port)  # before anything loads: a port in use is said at once, in flag words
     app = create_app(config)
-    server = _server_class(uvicorn)(uvicorn.Config(app, host=args.host, port=args.port, access_log=args.access_log,
+    # uvicorn_config: a shutdown grace period, a connection bound, a deadline for request heads (twotower.serve.server)
+    server = _server_class(uvicorn)(uvicorn_config(app, host=args.host, port=args.port, access_log=args.access_log,
                                                    log_level="info" if args.verbose else "warning", workers=1))
     owner = app.state.service.owner
     host = f"[{args.host}]" if ":" in args.host else args.host

@@ -13,7 +13,8 @@
 Hits have the fields of ``twotower search --json`` (`Hit.to_dict`).  Every answer to a
 search names the index generation (commit) it was answered from.  The routes only check
 input and wait: the model owner (`twotower.serve.batcher`) does the searching, the
-writer (`twotower.serve.writer`) the writing.
+writer (`twotower.serve.writer`) the writing.  A route waits for the owner at most
+``request_timeout_s`` and withdraws its job when its client disconnects (`SearchService.answer`).
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ import contextlib
 import json
 import os
 import time
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import unquote_to_bytes
 
 from fastapi import Depends, FastAPI, Query, Request
@@ -51,6 +53,7 @@ SEARCH_PARAMS = ("q", "k", "recall_k", "hybrid", "rerank", "rerank_k", "filter",
 FILTER_HELP = 'metadata filter, e.g. lang == "en" and year >= 2010 (the filter language of the docs)'
 AGGREGATE_HELP = ("an index built with --passages: a document's score from its passages' first-stage scores: max "
                   "(its best passage), sum (of its passages among the fetched rows) or first (its first passage)")
+T = TypeVar("T")
 RERANK_K_HELP = ("candidates the cross-encoder scores, the first stage's top rerank_k (1..recall_k); "
                  f"default min({DEFAULT_RERANK_K}, recall_k)")
 
@@ -66,6 +69,12 @@ class ServeConfig:
         token: the bearer token (None: reads are open, writes refused).
         threads: torch/FAISS threads of the model owner (None: `default_threads`: all cores in fp32, all but one with bf16).
         max_batch / max_wait_ms: micro-batching bounds (`ModelOwner`).
+        max_queued: most queries waiting for the model owner, and most lookups (None: 4 x max_batch); a search
+            past it is answered 503 with Retry-After at once (`ModelOwner`).
+        request_timeout_s: longest a search or lookup waits for its answer; then it is withdrawn (never run if
+            it had not started) and answered 503 with Retry-After.  A client that disconnects withdraws it too.
+        body_timeout_s: longest a request may take to send its body (from its arrival); then 408
+            (`BodyLimitMiddleware`): a client trickling a body cannot hold a connection, or a shutdown, open.
         default_recall_k: recall_k when a request gives none (raised to k when smaller).
     """
 
@@ -79,6 +88,9 @@ class ServeConfig:
     threads: int | None = None
     max_batch: int = 64
     max_wait_ms: float = 3.0
+    max_queued: int | None = None
+    request_timeout_s: float = 60.0
+    body_timeout_s: float = 30.0
     default_recall_k: int = 100
     lock_wait_s: float = 10.0
     bf16: bool | str = "auto"
@@ -149,7 +161,7 @@ class SearchService:
                                        bf16=config.bf16)
 
         self.owner = ModelOwner(load, threads=config.threads, max_batch=config.max_batch,
-                                max_wait_ms=config.max_wait_ms)
+                                max_wait_ms=config.max_wait_ms, max_queued=config.max_queued)
         self.writer = IndexWriter(config.index, self.owner, config.lock_wait_s)
 
     # ---- input checks (the request's own names in every message)
@@ -202,9 +214,38 @@ class SearchService:
         return SearchParams(k=k, recall_k=recall_k, hybrid=hybrid, rerank=rerank, rerank_k=rerank_k, filter=flt,
                             aggregate=aggregate or "max")
 
-    async def search(self, queries: list[str], params: SearchParams) -> tuple[list[list[dict]], int]:
+    async def answer(self, request: Request, future: Future[T], what: str) -> T:
+        """The owner's answer to `future`, awaited while watching the client: if it disconnects, or the answer
+        takes longer than `request_timeout_s`, the job is withdrawn (the owner never runs a job withdrawn before
+        it started) and the request is answered 499 (nobody reads it) or 503 with Retry-After.
+
+        Starlette does not cancel a handler whose client went away, so the handler watches ``receive`` for
+        ``http.disconnect`` itself (the body, if any, was read before the handler ran).
+        """
+        waiting = asyncio.wrap_future(future)
+        gone = asyncio.ensure_future(_disconnected(request.receive))
         try:
-            answer = await asyncio.wrap_future(self.owner.search(queries, params))
+            done, _ = await asyncio.wait((waiting, gone), timeout=self.config.request_timeout_s,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # this handler was cancelled (a shutdown past its grace period)
+            future.cancel()
+            waiting.cancel()
+            raise
+        finally:
+            gone.cancel()
+        if waiting in done:
+            return waiting.result()
+        future.cancel()  # withdrawn if still queued; a job already running finishes and its answer is dropped
+        waiting.cancel()
+        if gone in done:
+            raise ApiError(499, f"the client closed the connection before the {what} was answered")
+        raise ApiError(503, f"the {what} was not answered within {self.config.request_timeout_s:g} s (the server "
+                            "is overloaded); retry later", headers={"Retry-After": "5"})
+
+    async def search(self, request: Request, queries: list[str],
+                     params: SearchParams) -> tuple[list[list[dict]], int]:
+        try:
+            answer = await self.answer(request, self.owner.search(queries, params), "search")
         except FilterError as e:  # a field no document of the index has (checked against the commit searched)
             raise ApiError(400, e.line, "filter", details={"column": e.column}) from None
         return [[h.to_dict() for h in row] for row in answer.hits], answer.generation
@@ -313,7 +354,8 @@ def create_app(config: ServeConfig) -> FastAPI:
     app.router.route_class = _StrictJSONRoute  # before the routes below are declared
     app.state.service = service
     install_handlers(app)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=config.limits.max_body_bytes)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=config.limits.max_body_bytes,
+                       timeout_s=config.body_timeout_s)
     app.add_middleware(StatsMiddleware, stats=service.stats)  # outermost: times the 413s too
     reader, writer = Depends(service.access.reader), Depends(service.access.writer)
 
@@ -333,7 +375,7 @@ def create_app(config: ServeConfig) -> FastAPI:
         _reject_unknown(request, SEARCH_PARAMS)
         q = service.query(q, "q")
         params = service.params(k, recall_k, hybrid, rerank, rerank_k, filter, aggregate)
-        rows, generation = await service.search([q], params)
+        rows, generation = await service.search(request, [q], params)
         return JSONResponse({"query": q, "hits": rows[0], "generation": generation, "reranked": _cross_encoder_ran(rows),
                              "hybrid": params.hybrid, "took_ms": round((time.perf_counter() - start) * 1000, 3)})
 
@@ -349,7 +391,7 @@ def create_app(config: ServeConfig) -> FastAPI:
         queries = [service.query(q, f"queries[{i}]") for i, q in enumerate(body.queries)]
         params = service.params(body.k, body.recall_k, body.hybrid, body.rerank, body.rerank_k, body.filter,
                                 body.aggregate)
-        rows, generation = await service.search(queries, params)
+        rows, generation = await service.search(request, queries, params)
         return JSONResponse({"results": [{"query": q, "hits": r} for q, r in zip(queries, rows)],
                              "generation": generation, "reranked": _cross_encoder_ran(rows), "hybrid": params.hybrid,
                              "took_ms": round((time.perf_counter() - start) * 1000, 3)})
@@ -403,8 +445,8 @@ def create_app(config: ServeConfig) -> FastAPI:
             raise ApiError(413, f"id: {len(doc_id):,} characters; the limit is {service.limits.max_query_chars:,}",
                            "id")
         # pipe.get: a document split into passages comes back whole (with its passages' offsets)
-        fut = service.owner.call(lambda pipe: (pipe.get([doc_id])[0], pipe.store.generation))
-        doc, generation = await asyncio.wrap_future(fut)
+        fut = service.owner.call(lambda pipe: (pipe.get([doc_id])[0], pipe.store.generation), bounded=True)
+        doc, generation = await service.answer(request, fut, "lookup")
         if doc is None:
             raise ApiError(404, f"no document with id {doc_id!r}", "id")
         return {**doc, "generation": generation}
@@ -431,6 +473,15 @@ def create_app(config: ServeConfig) -> FastAPI:
 
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     return app
+
+
+async def _disconnected(receive: Any) -> None:
+    """Return when the client has disconnected (ASGI ``http.disconnect``); never, if ``receive`` fails."""
+    try:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+    except Exception:  # pragma: no cover - a server that cannot say: then the request deadline alone applies
+        await asyncio.Event().wait()
 
 
 def _cross_encoder_ran(rows: list[list[dict[str, Any]]]) -> bool:

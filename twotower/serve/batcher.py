@@ -13,7 +13,16 @@ every request that needs a model or the index is a job for this thread:
   differs freely (the batch searches for the largest and cuts each list).
 * **other jobs** (a document lookup, encoding a chunk of documents for a write,
   picking up a new commit) run between batches, one per turn, so a long write cannot
-  starve searches and searches cannot starve a write.
+  starve searches and searches cannot starve a write.  A write's encoding chunks are
+  *background* jobs: a lookup or a move to a new commit queued after them runs first
+  (a lookup waited for all of a 256-document add's chunks, 22 s), and a search waits for at
+  most the one chunk running.
+* **back-pressure**: at most ``max_queued`` queries wait (default `QUEUE_BATCHES` full
+  batches); a search above that is refused at once (503 with ``Retry-After``), and so is a
+  lookup above ``max_queued`` waiting lookups.  A job whose future is cancelled while it
+  waits (its client went away, or gave up at its deadline) leaves the queue's count at once
+  and is never run.  Every future is settled through `_settle`, which leaves an already
+  cancelled one alone: nothing a client does can raise in, and so stop, this thread.
 
 Consistency: the read-only store pins one committed generation (documents, vectors
 and BM25 of one commit).  Before each batch the thread reads the newest committed
@@ -30,7 +39,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -39,6 +48,13 @@ from twotower.serve.errors import ApiError
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+# Queries that may wait for the model owner, in full batches (`ModelOwner.max_queued`): 4 x 64 = 256 by default.
+# A batch of 64 takes ~0.4 s dense on 2 cores (~160 queries/s, docs/results.md), so a full queue is answered in
+# under 2 s there, while the 32-client benchmark never has more than 32 queries waiting; a reranked queue (~0.4 s
+# a query on CPU) is the slow end, and the request deadline (ServeConfig.request_timeout_s) bounds that.
+QUEUE_BATCHES = 4
+RETRY_AFTER_BUSY = "1"  # seconds, in the 503 of a full queue: a full queue drains in about that on 2 cores (dense)
 
 
 def default_threads(bf16: bool | None = None) -> int:
@@ -99,20 +115,42 @@ class SearchAnswer:
 
 
 class _SearchJob:
-    __slots__ = ("queries", "params", "future")
+    __slots__ = ("queries", "params", "future", "queued")
 
     def __init__(self, queries: list[str], params: SearchParams) -> None:
         self.queries = queries
         self.params = params
         self.future: Future[SearchAnswer] = Future()
+        self.queued = False  # counted in ModelOwner._queued_queries (guarded by its condition)
 
 
 class _CallJob:
-    __slots__ = ("fn", "future")
+    __slots__ = ("fn", "future", "bounded", "queued")
 
-    def __init__(self, fn: Callable[[Any], Any]) -> None:
+    def __init__(self, fn: Callable[[Any], Any], bounded: bool = False) -> None:
         self.fn = fn
         self.future: Future[Any] = Future()
+        self.bounded = bounded  # a client's lookup: counted against max_queued (a write's jobs are not)
+        self.queued = False  # counted in ModelOwner._queued_calls
+
+
+def _settle(future: Future, result: Any = None, exc: BaseException | None = None) -> None:
+    """Give `future` its result or exception, unless it is already done (cancelled by its waiter): a
+    `set_result` on a cancelled future raises `InvalidStateError`, which would end the owner thread."""
+    if future.done():
+        return
+    try:
+        if exc is not None:
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
+    except InvalidStateError:  # cancelled between the check and the call
+        pass
+
+
+def _busy(what: str, waiting: int, limit: int) -> ApiError:
+    return ApiError(503, f"the server is busy: {waiting:,} {what} are waiting for the model (the limit is "
+                         f"{limit:,}); retry shortly", headers={"Retry-After": RETRY_AFTER_BUSY})
 
 
 def _loading_error(state: str, error: str | None) -> ApiError:
@@ -132,17 +170,22 @@ class ModelOwner:
         threads: torch and FAISS threads (None: `default_threads`).
         max_batch: most queries per batch.
         max_wait_ms: longest wait for more queries when fewer than the last batch are waiting.
+        max_queued: most queries waiting, and most lookups waiting (None: `QUEUE_BATCHES` x max_batch); a
+            search that would pass it is refused with a 503 (one always fits an empty queue).
     """
 
     def __init__(self, load: Callable[[], Any], *, threads: int | None = None, max_batch: int = 64,
-                 max_wait_ms: float = 3.0) -> None:
+                 max_wait_ms: float = 3.0, max_queued: int | None = None) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if max_wait_ms < 0:
             raise ValueError(f"max_wait_ms must be >= 0, got {max_wait_ms}")
+        if max_queued is not None and max_queued < 1:
+            raise ValueError(f"max_queued must be >= 1, got {max_queued}")
         self._load = load
         self.threads = threads or default_threads()
         self.max_batch = max_batch
+        self.max_queued = max_queued if max_queued is not None else QUEUE_BATCHES * max_batch
         self.max_wait = max_wait_ms / 1000.0
         self.state = "loading"
         self.error: str | None = None
@@ -157,6 +200,8 @@ class ModelOwner:
         self._searches: deque[_SearchJob] = deque()
         self._queued_queries = 0
         self._calls: deque[_CallJob] = deque()
+        self._background: deque[_CallJob] = deque()  # writes' encoding chunks: after every other job
+        self._queued_calls = 0  # bounded (lookup) jobs waiting
         self._stopping = False
         self._last_batch = 1
         self._thread = threading.Thread(target=self._run, name="twotower-model-owner", daemon=True)
@@ -168,6 +213,8 @@ class ModelOwner:
         self.batched_queries = 0
         self.max_batch_seen = 0
         self.refreshes = 0
+        self.refused = 0  # searches and lookups refused because too many were waiting
+        self.abandoned = 0  # jobs cancelled while they waited (client gone, deadline passed): never run
         self.busy_s = 0.0  # time spent searching and in other jobs: busy_s / uptime is the owner's load
 
     # ------------------------------------------------------------------ lifecycle
@@ -194,27 +241,66 @@ class ModelOwner:
             raise _loading_error(self.state, self.error)
 
     def search(self, queries: list[str], params: SearchParams) -> Future[SearchAnswer]:
-        """Queue a search; the future gets a `SearchAnswer` (or the pipeline's exception)."""
+        """Queue a search; the future gets a `SearchAnswer` (or the pipeline's exception).
+
+        An `ApiError` 503 (``Retry-After``) when the queued queries would pass `max_queued`.  Cancelling the
+        future before the owner takes the job withdraws it: it is never run.
+        """
         self.check_ready()
         job = _SearchJob(list(queries), params)
+        n = len(job.queries)
         with self._cond:
             if self._stopping:
                 raise _loading_error("stopped", None)
+            if self._queued_queries and self._queued_queries + n > self.max_queued:
+                self.refused += 1
+                raise _busy("queries", self._queued_queries, self.max_queued)
+            if len(self._searches) >= self.max_queued:  # withdrawn jobs wait here until taken: drop them now
+                self._searches = deque(j for j in self._searches if j.queued)
             self._searches.append(job)
-            self._queued_queries += len(job.queries)
+            job.queued = True
+            self._queued_queries += n
             self._cond.notify()
+        job.future.add_done_callback(lambda f: self._withdraw(job))
         return job.future
 
-    def call(self, fn: Callable[[Any], T]) -> Future[T]:
-        """Run ``fn(pipeline)`` in the owner thread between batches (lookups, encoding for writes)."""
+    def call(self, fn: Callable[[Any], T], *, bounded: bool = False, background: bool = False) -> Future[T]:
+        """Run ``fn(pipeline)`` in the owner thread between batches (lookups, encoding for writes).
+
+        bounded: a client's request (a lookup): refused with a 503 when `max_queued` such jobs wait.  A write's
+            jobs are not bounded (a write half encoded must be able to finish).
+        background: a write's encoding chunk: it runs only when no other job waits (searches still get a batch
+            between two chunks).
+        """
         self.check_ready()
-        job = _CallJob(fn)
+        job = _CallJob(fn, bounded)
         with self._cond:
             if self._stopping:
                 raise _loading_error("stopped", None)
-            self._calls.append(job)
+            if bounded:
+                if self._queued_calls >= self.max_queued:
+                    self.refused += 1
+                    raise _busy("lookups", self._queued_calls, self.max_queued)
+                job.queued = True
+                self._queued_calls += 1
+            (self._background if background else self._calls).append(job)
             self._cond.notify()
+        if bounded:
+            job.future.add_done_callback(lambda f: self._withdraw(job))
         return job.future
+
+    def _withdraw(self, job: _SearchJob | _CallJob) -> None:
+        """A job's future is done: if it was cancelled while queued, it stops counting against the limit."""
+        if not job.future.cancelled():
+            return
+        with self._cond:
+            if job.queued:
+                job.queued = False
+                if isinstance(job, _SearchJob):
+                    self._queued_queries -= len(job.queries)
+                else:
+                    self._queued_calls -= 1
+                self.abandoned += 1
 
     def refresh(self) -> Future[IndexView]:
         """Move the read-only view to the newest commit now (the writer calls this before answering)."""
@@ -309,44 +395,78 @@ class ModelOwner:
             except Exception as exc:
                 logger.exception("picking up a new commit failed")
                 for job in batch or []:
-                    job.future.set_exception(exc)
+                    _settle(job.future, exc=exc)
                 batch = None
             if batch:
-                self._run_batch(batch)
+                try:
+                    self._run_batch(batch)
+                except Exception as exc:  # a defect: its clients get a 500, the owner keeps serving
+                    logger.exception("a search batch failed")
+                    for job in batch:
+                        _settle(job.future, exc=exc)
             if call is not None:
                 self._run_call(call)
 
     def _take(self) -> tuple[list[_SearchJob] | None, _CallJob | None]:
-        """The next batch of searches and/or one other job; (None, None) when stopping."""
+        """The next batch of searches and/or one other job, each already RUNNING (its waiter can no longer
+        cancel it, so its answer is always taken); (None, None) when stopping.  Withdrawn jobs are dropped."""
         with self._cond:
-            while not (self._searches or self._calls or self._stopping):
-                self._cond.wait()
-            if self._stopping:
-                return None, None
-            batch = None
-            if self._searches:
-                target = min(self.max_batch, self._last_batch)
-                deadline = time.monotonic() + self.max_wait
-                while self._queued_queries < target and not self._stopping:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        break
-                    self._cond.wait(left)
-                batch, n = [], 0
-                while self._searches and (not batch or n + len(self._searches[0].queries) <= self.max_batch):
-                    job = self._searches.popleft()
-                    batch.append(job)
-                    n += len(job.queries)
-                self._queued_queries -= n
-                self._last_batch = max(1, n)
-            call = self._calls.popleft() if self._calls else None
-            return batch, call
+            while True:
+                while not (self._searches or self._calls or self._background or self._stopping):
+                    self._cond.wait()
+                if self._stopping:
+                    return None, None
+                batch = self._take_batch() if self._searches else None
+                call = self._take_call()
+                if batch or call is not None:
+                    return batch, call
+
+    def _take_batch(self) -> list[_SearchJob] | None:
+        """Up to max_batch queries of the queued searches (`_take`, holding the condition)."""
+        target = min(self.max_batch, self._last_batch)
+        deadline = time.monotonic() + self.max_wait
+        while 0 < self._queued_queries < target and not self._stopping:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self._cond.wait(left)
+        batch: list[_SearchJob] = []
+        n = 0
+        while self._searches and (not batch or n + len(self._searches[0].queries) <= self.max_batch):
+            job = self._searches.popleft()
+            if not job.queued:  # withdrawn (cancelled) while it waited, and counted as abandoned then
+                continue
+            job.queued = False
+            self._queued_queries -= len(job.queries)
+            if not job.future.set_running_or_notify_cancel():  # cancelled a moment ago, not yet withdrawn
+                self.abandoned += 1
+                continue
+            batch.append(job)
+            n += len(job.queries)
+        if not batch:
+            return None
+        self._last_batch = n
+        return batch
+
+    def _take_call(self) -> _CallJob | None:
+        """The next other job, a background one only when no other waits (`_take`, holding the condition)."""
+        while self._calls or self._background:
+            job = (self._calls or self._background).popleft()
+            if job.bounded:
+                if not job.queued:  # withdrawn while it waited
+                    continue
+                job.queued = False
+                self._queued_calls -= 1
+            if not job.future.set_running_or_notify_cancel():
+                self.abandoned += 1
+                continue
+            return job
+        return None
 
     def _run_batch(self, batch: list[_SearchJob]) -> None:
         groups: dict[tuple, list[_SearchJob]] = {}
-        for job in batch:
-            if job.future.set_running_or_notify_cancel():
-                groups.setdefault(job.params.group, []).append(job)
+        for job in batch:  # every job is RUNNING (`_take`)
+            groups.setdefault(job.params.group, []).append(job)
         generation = self._pipe.store.generation
         for jobs in groups.values():
             try:
@@ -375,7 +495,7 @@ class ModelOwner:
                                      aggregate=params.aggregate)
         except Exception as exc:
             if len(jobs) == 1:
-                jobs[0].future.set_exception(exc)
+                _settle(jobs[0].future, exc=exc)
             raise
         finally:
             self.busy_s += time.perf_counter() - start
@@ -386,28 +506,32 @@ class ModelOwner:
         for job in jobs:
             rows = hits[pos:pos + len(job.queries)]
             pos += len(job.queries)
-            job.future.set_result(SearchAnswer([row[:job.params.k] for row in rows], generation))
+            _settle(job.future, SearchAnswer([row[:job.params.k] for row in rows], generation))
 
     def _run_call(self, call: _CallJob) -> None:
-        if not call.future.set_running_or_notify_cancel():
-            return
-        start = time.perf_counter()
+        start = time.perf_counter()  # the job is RUNNING (`_take`)
         try:
-            call.future.set_result(call.fn(self._pipe))
+            result = call.fn(self._pipe)
         except BaseException as exc:
-            call.future.set_exception(exc)
+            _settle(call.future, exc=exc)
+        else:
+            _settle(call.future, result)
         finally:
             self.busy_s += time.perf_counter() - start
 
     def _drain(self, exc: Exception) -> None:
         with self._cond:
-            jobs = list(self._searches) + list(self._calls)
+            jobs = list(self._searches) + list(self._calls) + list(self._background)
             self._searches.clear()
             self._calls.clear()
+            self._background.clear()
             self._queued_queries = 0
+            self._queued_calls = 0
+            for job in jobs:
+                job.queued = False
         for job in jobs:
             if job.future.set_running_or_notify_cancel():
-                job.future.set_exception(exc)
+                _settle(job.future, exc=exc)
 
     def _close(self) -> None:
         for obj in (self._generation_probe, self._pipe):
@@ -428,5 +552,6 @@ class ModelOwner:
         return {"batches": self.batches, "queries": self.batched_queries,
                 "mean_queries_per_batch": round(self.batched_queries / self.batches, 2) if self.batches else None,
                 "max_queries_per_batch": self.max_batch_seen, "refreshes": self.refreshes,
-                "busy_s": round(self.busy_s, 3),
+                "busy_s": round(self.busy_s, 3), "queued_queries": self._queued_queries,
+                "max_queued": self.max_queued, "refused": self.refused, "abandoned": self.abandoned,
                 "threads": self.threads, "max_batch": self.max_batch, "max_wait_ms": self.max_wait * 1000}

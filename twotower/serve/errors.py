@@ -23,7 +23,9 @@ logger = logging.getLogger(__name__)
 
 CODES = {
     400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "method_not_allowed",
-    409: "conflict", 413: "too_large", 500: "internal", 503: "unavailable",
+    408: "request_timeout", 409: "conflict", 413: "too_large", 431: "too_large", 499: "client_closed",
+    500: "internal",
+    503: "unavailable",
 }
 
 
