@@ -321,6 +321,8 @@ class BM25:
                 vocab = json.loads(z["vocab"].tobytes())
                 tokens = z["tokens"]
                 lengths = z["lengths"]
+        except FileNotFoundError:  # removed since the check above (an index store's sweep): not damage
+            raise FileNotFoundError(f"{path}: BM25 file not found") from None
         except (OSError, KeyError, ValueError) as e:
             raise IndexFormatError(path, f"not a readable BM25 file ({e})") from None
         if params.get("format") != FORMAT_NAME:

@@ -18,13 +18,17 @@ transaction, vectors in memory. Commit writes the new segment file(s) atomically
 fsync, rename, under names never used before), then in the *same* SQLite transaction that
 holds the staged documents records them (``segments``, ``tombstones``, with each file's
 size, SHA-256 and id digest), sets ``generation = g+1`` and commits. That single SQLite
-commit is the commit point:
+commit is the commit point. The BM25 cache of ``g+1`` (when the writer has BM25 loaded, which
+``add`` and ``delete`` see to) is written before it too, atomically, and its SHA-256 recorded in the
+same transaction: a reader that sees ``g+1`` finds its cache (written after the commit point, a
+reader that refreshed in between rebuilt BM25 from every document, on its own thread):
 
 * killed before it → SQLite rolls everything back, ``generation`` is still ``g``, and the new
-  segment files are strays that the next writable ``open`` deletes;
+  segment files and BM25 cache are strays that the next writable ``open`` deletes (``index check``
+  reads only the files the commit names, so it ignores them as it ignores stray segments);
 * killed after it → generation ``g+1`` is complete; segment files it no longer names (merged
-  away), the manifest counts and the BM25 cache are tidied after the commit or by the next
-  ``open``.
+  away), the previous BM25 cache and the manifest counts are tidied after the commit or by the
+  next ``open``.
 
 So a directory always opens with exactly the documents and vectors of the last completed
 commit (tests/indexing/test_store_crash.py kills real processes at each step).
@@ -41,7 +45,10 @@ stays readable after it is unlinked (POSIX), so a snapshot never changes under a
 A retry reuses the segments it already opened, and a writer keeps the files it merged away
 for ``RETAIN_SECONDS`` (deleting them at the next commit after that, or when it closes), so
 a reader rarely needs to retry at all — the retry is what makes it correct, the delay what
-keeps a slow reader from starving while merges keep coming.
+keeps a slow reader from starving while merges keep coming. The previous generation's BM25
+cache (only that one) is kept as long, for a reader of that generation that has not loaded it
+yet; one that finds it gone (or sees it vanish while it opens it) rebuilds BM25 from its own
+snapshot's documents.
 ``refresh()`` builds the new snapshot beside the old one and swaps it in; searches that hold
 the old one (``snapshot()``) finish on it, and its SQLite connection closes with the last.
 
@@ -325,15 +332,15 @@ class Snapshot:
         if self.manifest.bm25 is None:
             return None
         with self._lock:
-            if self._bm25 is None:
-                path = self.directory / bm25_name(self.generation)
-                if path.exists() and not self.pending:
-                    self._bm25 = BM25.load(path)
-                else:  # absent (interrupted or lazy commit) or staged changes: rebuild from the documents
-                    bm = BM25(**self.manifest.bm25)
-                    for batch in self.docstore.iter_batches(5000):
-                        bm.add([d["id"] for d in batch], [document_text(d) for d in batch])
-                    self._bm25 = bm
+            if self._bm25 is None and not self.pending:
+                # No exists() first: a newer commit's sweep may remove the file between a check and the load.
+                with contextlib.suppress(FileNotFoundError):
+                    self._bm25 = BM25.load(self.directory / bm25_name(self.generation))
+            if self._bm25 is None:  # absent (interrupted commit, swept) or staged changes: rebuild from the documents
+                bm = BM25(**self.manifest.bm25)
+                for batch in self.docstore.iter_batches(5000):
+                    bm.add([d["id"] for d in batch], [document_text(d) for d in batch])
+                self._bm25 = bm
             return self._bm25
 
     def search_bm25(self, queries: Sequence[str], k: int = 10, *,
@@ -370,7 +377,7 @@ class IndexStore:
         self._probe: DocStore | None = None
         self._writer_docs: DocStore | None = None
         self._snap: Snapshot | None = None
-        self._retired: dict[str, float] = {}  # writer: segment files merged away -> when (see _sweep)
+        self._retired: dict[str, float] = {}  # writer: segment files merged away, BM25 caches superseded -> when
         self._milvus_uri: str | None = None  # the Milvus client this store holds (released by close)
         # The generation this store last committed (None: nothing since it opened), set at the commit point itself,
         # so that whoever is interrupted later can say whether the change is in (the CLI's Ctrl-C message).
@@ -724,9 +731,10 @@ class IndexStore:
     def _sweep(self, grace: bool = False) -> None:
         """Delete files no committed generation names: interrupted commits, merged-away segments, temp files.
 
-        With `grace`, segments this writer merged away less than ``RETAIN_SECONDS`` ago are kept, so a
-        reader still opening the previous generation finds them (readers retry anyway; this keeps a
-        slow reader from having to retry while merges keep coming).
+        With `grace`, segments this writer merged away and BM25 caches it superseded less than
+        ``RETAIN_SECONDS`` ago are kept, so a reader still opening the previous generation finds them
+        (readers retry, or rebuild BM25, anyway; this keeps a slow reader from having to while commits
+        keep coming).
         """
         snap = self._current()
         keep = {s.name for s in snap.vectors.segments}
@@ -734,7 +742,7 @@ class IndexStore:
         for p in self.directory.iterdir():
             vector_file = _SEGMENT_RE.match(p.name) or _VECTORS_RE.match(p.name)
             bm = _BM25_RE.match(p.name)
-            if vector_file and grace and now - self._retired.get(p.name, -RETAIN_SECONDS) < RETAIN_SECONDS:
+            if (vector_file or bm) and grace and now - self._retired.get(p.name, -RETAIN_SECONDS) < RETAIN_SECONDS:
                 continue
             stale = (vector_file and p.name not in keep) or (bm and int(bm.group(1)) != snap.generation)
             if stale or TMP_MARKER in p.name:
@@ -912,6 +920,8 @@ class IndexStore:
                 new_segments = self._write_commit_files(written)
                 _crash_point("files_written")
                 self._begin()
+                self._write_bm25(snap, new_gen, written)
+                _crash_point("bm25_written")
                 self.docstore.set_meta("generation", str(new_gen))
                 self.docstore.commit()  # <- the commit point
                 self.last_commit = new_gen
@@ -927,9 +937,14 @@ class IndexStore:
                 with contextlib.suppress(Exception):
                     self.rollback()
                 raise
-            kept = {seg.name for seg in new_segments}
-            self._retired.update((seg.name, time.monotonic()) for seg in snap.vectors.segments
-                                 if seg.name not in kept)
+            kept, now = {seg.name for seg in new_segments}, time.monotonic()
+            self._retired.update((seg.name, now) for seg in snap.vectors.segments if seg.name not in kept)
+            # The cache being superseded stays for readers of its generation; only that one: a cache is the size of
+            # the index's text, and a busy writer commits many times in RETAIN_SECONDS.
+            for name in [n for n in self._retired if _BM25_RE.match(n)]:
+                del self._retired[name]
+            if (self.directory / bm25_name(snap.generation)).exists():
+                self._retired[bm25_name(snap.generation)] = now
             snap.vectors.apply(new_segments)
             snap.generation += 1
             snap.pending = False
@@ -946,10 +961,33 @@ class IndexStore:
                                self.directory)
             _crash_point("manifest_written")
         finally:
-            # Even when Ctrl-C cut the manifest short: the commit stands, and without its cache every process
-            # rebuilt BM25 from all the documents at its first BM25 search until the next commit.
+            # A commit of changes wrote its cache before the commit point (`_write_bm25`); this saves one a writer
+            # rebuilt without changing anything, or one a full disk refused then, even when Ctrl-C cut the manifest
+            # short: without its cache every process rebuilt BM25 from all the documents at its first BM25 search.
             self._save_bm25(snap)
         return snap.generation
+
+    def _write_bm25(self, snap: Snapshot, generation: int, written: list[Path]) -> None:
+        """Before the commit point: save the BM25 cache of `generation` and stage its SHA-256 in the commit.
+
+        A reader that sees `generation` then finds its cache at once. Saved after the commit point (as it
+        was), a reader refreshing in between (the service's refreshes before every batch) found none and
+        rebuilt BM25 from every document on its own thread. The file goes into `written`, so a failed commit
+        deletes it; one a crash leaves is a stray of an uncommitted generation, swept by the next writable open.
+        """
+        bm = snap._bm25
+        if bm is None:  # BM25 disabled (`add` and `delete` load it before they stage anything)
+            return
+        path = self.directory / bm25_name(generation)
+        written.append(path)
+        try:
+            bm.save(path)  # atomic (temp, fsync, rename), replacing any stray of an interrupted commit
+        except OSError as e:
+            path.unlink(missing_ok=True)
+            if not is_disk_full(e):
+                raise
+            return  # a derived cache: the commit goes on without it (`_save_bm25` tries again, and warns)
+        self.docstore.set_meta("bm25_sha256", f"{generation}:{file_sha256(path)}")
 
     def _save_bm25(self, snap: Snapshot) -> None:
         """Save the BM25 cache of the writer's generation when it is loaded and not saved yet (after a commit)."""

@@ -4,6 +4,15 @@ One text becomes ``[CLS] A [SEP]``, a pair ``[CLS] A [SEP] B [SEP]`` with segmen
 id 0 up to and including the first [SEP] and 1 after it.  Batches are padded to
 their longest item, never to a fixed length a loaded tokenizer.json may carry
 (all-MiniLM-L6-v2's pads everything to 128).
+
+Threads. An HF tokenizer keeps one truncation setting, changed by ``enable_truncation``: shared mutable
+state. It used to be set and used under one module-wide lock, so a writer thread tokenizing a whole
+request (an index's ``add`` measures and encodes thousands of documents in one call) made every query
+of a serving thread wait seconds for its few tokens. Now no tokenizer in use is ever changed: the
+untruncated one (``_tok``, also read directly by a few callers) keeps no truncation and no padding from
+construction on, and each truncation setting gets its own copy, made once and then only read
+(`Tokenizer._for_truncation`). Encoding only reads, so threads tokenize at the same time; the lock is
+held only to make a copy.
 """
 
 from __future__ import annotations
@@ -29,10 +38,12 @@ TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "spec
 TRUNCATION_STRATEGIES = ("longest_first", "only_first", "only_second")
 
 
-# HF tokenizers keep one truncation setting per tokenizer, changed before each encode: threads that
-# share a model (a pipeline serving requests) must set and use it atomically. Tokenising is quick next
-# to the forward pass, which runs outside this lock. Module-level, so Tokenizer objects stay picklable.
-_TRUNCATION_LOCK = threading.RLock()
+# Held only while a truncation setting's copy of the HF tokenizer is made (see the module docstring), never
+# while text is tokenized. Module-level, so Tokenizer objects stay picklable.
+_COPY_LOCK = threading.Lock()
+# Truncation settings whose copies a Tokenizer keeps: a handful in practice (query, document, pair lengths);
+# past this many the oldest copy is dropped (a thread still using it keeps its own reference).
+MAX_TRUNCATION_COPIES = 16
 
 
 @dataclass
@@ -75,7 +86,13 @@ class Tokenizer:
             pair="[CLS] $A [SEP] $B:1 [SEP]:1",
             special_tokens=[("[CLS]", self.cls_id), ("[SEP]", self.sep_id)],
         )
-        self._truncation: tuple[int, str] | None = None
+        # (max_length, strategy) -> a copy of `hf` with that truncation; `hf` itself is never truncated.
+        self._truncated: dict[tuple[int, str], HFTokenizer] = {}
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_truncated"] = {}  # copies are remade on demand; no need to pickle them
+        return state
 
     # ---- construction ------------------------------------------------------------------------------
     @staticmethod
@@ -192,25 +209,36 @@ class Tokenizer:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     # ---- encoding ----------------------------------------------------------------------------------
-    def _set_truncation(self, max_length: int | None, strategy: str) -> None:
+    def _for_truncation(self, max_length: int | None, strategy: str) -> HFTokenizer:
+        """The HF tokenizer that truncates at `max_length` with `strategy` (the untruncated one for None).
+
+        Each setting has its own copy, configured before anyone can see it and never changed after:
+        concurrent encodes never touch shared mutable state, so none waits for another.
+        """
         if strategy not in TRUNCATION_STRATEGIES:
             raise ValueError(f"truncation={strategy!r}; choose one of {TRUNCATION_STRATEGIES}")
-        want = (max_length, strategy) if max_length else None
-        if want == self._truncation:
-            return
-        if want is None:
-            self._tok.no_truncation()
-        else:
-            self._tok.enable_truncation(max_length=max_length, strategy=strategy)
-        self._truncation = want
+        if not max_length:
+            return self._tok
+        key = (max_length, strategy)
+        hf = self._truncated.get(key)
+        if hf is None:
+            with _COPY_LOCK:
+                hf = self._truncated.get(key)
+                if hf is None:
+                    hf = HFTokenizer.from_str(self._tok.to_str())  # the same tokenizer, its own settings
+                    hf.enable_truncation(max_length=max_length, strategy=strategy)
+                    copies = dict(self._truncated)  # readers see the old dict or the new one, whole
+                    while len(copies) >= MAX_TRUNCATION_COPIES:
+                        del copies[next(iter(copies))]
+                    copies[key] = hf
+                    self._truncated = copies
+        return hf
 
     def _encode_batch(self, texts: Sequence[str], pairs: Sequence[str] | None, max_length: int, truncation: str):
         """HF encodings with special tokens, truncated; the library's bare Exception becomes a ValueError."""
         inputs = list(zip(texts, pairs)) if pairs is not None else list(texts)
         try:
-            with _TRUNCATION_LOCK:  # the truncation setting is shared state: set and use it atomically
-                self._set_truncation(max_length, truncation)
-                return self._tok.encode_batch(inputs, add_special_tokens=True)
+            return self._for_truncation(max_length, truncation).encode_batch(inputs, add_special_tokens=True)
         except Exception as exc:  # tokenizers raises a plain Exception for impossible truncations
             if "runcat" not in str(exc):
                 raise
@@ -221,9 +249,7 @@ class Tokenizer:
 
     def encode_ids(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids without special tokens or truncation (for building pretraining data)."""
-        with _TRUNCATION_LOCK:
-            self._set_truncation(None, "longest_first")
-            return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+        return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
 
     def token_spans(self, texts: Sequence[str]) -> list[tuple[list[tuple[int, int]], list[int | None]]]:
         """Per text: (character offsets, word ids) of its tokens, without special tokens or truncation.
@@ -231,9 +257,7 @@ class Tokenizer:
         Offsets index the original string (the normaliser's changes are mapped back), so
         ``text[s:e]`` is the text of a token; splitting long documents into windows uses them.
         """
-        with _TRUNCATION_LOCK:
-            self._set_truncation(None, "longest_first")
-            encs = self._tok.encode_batch(list(texts), add_special_tokens=False)
+        encs = self._tok.encode_batch(list(texts), add_special_tokens=False)
         return [(e.offsets, e.word_ids) for e in encs]
 
     def encode(
@@ -302,9 +326,7 @@ class Tokenizer:
     def lengths(self, texts: Sequence[str], max_length: int | None = None) -> np.ndarray:
         """Token counts with special tokens, capped at max_length (used to sort batches by length)."""
         cap = max_length or self.model_max_length
-        with _TRUNCATION_LOCK:
-            self._set_truncation(None, "longest_first")
-            encs = self._tok.encode_batch(list(texts))
+        encs = self._tok.encode_batch(list(texts))
         n = np.fromiter((len(e.ids) for e in encs), dtype=np.int64, count=len(texts))
         return np.minimum(n, cap)
 

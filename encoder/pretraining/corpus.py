@@ -156,8 +156,7 @@ class TokenizedCorpus:
 def _encode_paragraphs(tokenizer, paras: list[str]) -> tuple[np.ndarray, np.ndarray, list[int]]:
     """Token ids, word-start bits and per-paragraph token counts, without special tokens."""
     # Word ids are what whole-word masking needs; the public encode_ids drops them, so use the
-    # underlying HF tokenizer (after encode_ids has reset any truncation) -- see the report to the lead.
-    tokenizer.encode_ids([])
+    # underlying HF tokenizer, which never truncates (`twotower.encoder.core.tokenizer`, "Threads").
     encs = tokenizer._tok.encode_batch(paras, add_special_tokens=False)
     ids = np.fromiter((i for e in encs for i in e.ids), dtype=np.int64)
     wid = np.fromiter((-1 if w is None else w for e in encs for w in e.word_ids), dtype=np.int64, count=len(ids))

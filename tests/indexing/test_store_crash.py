@@ -5,6 +5,11 @@ and commits it. A hook in ``IndexStore.commit`` (``twotower.indexing.store.CRASH
 signal file at the chosen step and sleeps; the parent SIGKILLs it there. Before the
 SQLite commit point the directory must hold exactly batch 1; after it, exactly batch 2.
 
+The BM25 cache of batch 2 is written before the commit point too: whatever the step, the directory holds
+the cache of the generation it opens at, so a reader loads it rather than rebuilding BM25 from every document,
+and a cache of the uncommitted generation is a stray that ``index check`` ignores and the next writable open
+deletes, like a stray segment.
+
 Two merge policies cover both ways a commit writes vectors: the default one writes batch 2
 as a new segment (d0 becomes a tombstone row), and ``merge`` (factor 2) merges batch 1 and
 batch 2 into one new segment in the same commit, deleting the old file after the commit point.
@@ -21,6 +26,9 @@ import pytest
 
 from tests.indexing.procs import kill_at_flag
 from twotower.indexing import IndexStore
+from twotower.indexing.bm25 import BM25
+from twotower.indexing.check import check_index
+from twotower.indexing.store import bm25_name
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -81,19 +89,27 @@ def run_and_kill(tmp_path: Path, stage: str, factory: str, policy: str) -> Path:
         ("merge_written", False, "merge"),  # the merged segment renamed into place, SQLite not committed
         ("files_written", False, "default"),  # records staged in the SQLite transaction, not committed
         ("files_written", False, "merge"),
+        ("bm25_written", False, "default"),  # the next generation's BM25 cache in place, SQLite not committed
         ("sqlite_committed", True, "default"),  # the commit point passed; manifest not tidied
         ("sqlite_committed", True, "merge"),  # ... and the merged-away file not yet deleted
         ("old_files_removed", True, "merge"),
-        ("manifest_written", True, "default"),  # everything but the BM25 cache
+        ("manifest_written", True, "default"),  # manifest tidied too (the BM25 cache was written before the commit)
         ("manifest_written", True, "merge"),
     ],
 )
 @pytest.mark.parametrize("factory", ["Flat", "HNSW32"])
-def test_sigkill_during_commit_leaves_last_commit(tmp_path, stage, committed, policy, factory):
+def test_sigkill_during_commit_leaves_last_commit(tmp_path, stage, committed, policy, factory, monkeypatch):
     directory = run_and_kill(tmp_path, stage, factory, policy)
     want = [f"d{i}" for i in (range(1, 200) if committed else range(100))]
+    generation = 2 if committed else 1
+    report = check_index(directory)  # before any writer tidies: strays of the uncommitted generation are no damage
+    assert report.ok and report.generation == generation and not report.notes, (report.problems, report.notes)
+    with IndexStore.open(directory, readonly=True) as reader, monkeypatch.context() as m:
+        m.setattr(BM25, "add", lambda *a, **k: pytest.fail("a reader rebuilt BM25: the cache was missing"))
+        assert reader.generation == generation
+        assert reader.search_bm25(["word150"], 1).ids == [["d150" if committed else ""]]
     with IndexStore.open(directory) as store:
-        assert store.generation == (2 if committed else 1)
+        assert store.generation == generation
         assert list(store.docstore.iter_ids()) == want
         assert sorted(store.vectors.ids()) == sorted(want) and len(store.vectors) == len(want)
         assert store.manifest.counts["documents"] == len(want)  # repaired if stale
@@ -107,4 +123,5 @@ def test_sigkill_during_commit_leaves_last_commit(tmp_path, stage, committed, po
         assert len(ro) == len(want)
     names = sorted(p.name for p in directory.iterdir())
     assert {n for n in names if n.endswith(".faiss")} == segments  # strays and merged-away files are gone
+    assert [n for n in names if n.startswith("bm25-")] == [bm25_name(generation)]
     assert not [n for n in names if ".tmp-" in n]

@@ -102,3 +102,29 @@ def test_sqlite_disk_full_at_the_commit_point_is_a_clear_error(tmp_path, monkeyp
     store.close()
     with IndexStore.open(d, readonly=True) as ro:
         assert len(ro) == 10 and ro.generation == 1
+
+
+def test_no_room_for_the_bm25_cache_leaves_the_commit_standing(tmp_path, monkeypatch, caplog):
+    """The cache is written before the commit point now; a full disk there still only costs the cache (a derived
+    file: each process rebuilds it), with one warning, as when it was saved after the commit."""
+    from twotower.indexing.bm25 import BM25
+
+    d = tmp_path / "idx"
+    with IndexStore.create(d, DIM, "Flat", "cosine", bm25=True) as store:
+        store.add(docs(0, 10), X[:10])
+    store = IndexStore.open(d)
+    store.add(docs(10, 20), X[10:20])
+
+    def full(self, path) -> None:
+        Path(path).write_bytes(b"half")  # as if interrupted mid-file: it must not stay behind
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(BM25, "save", full)
+    assert store.commit() == 2
+    monkeypatch.undo()
+    store.close()
+    assert [r.getMessage() for r in caplog.records if "BM25 cache" in r.getMessage()] == [
+        f"{d}: no space left for the BM25 cache; it is rebuilt when needed"]
+    assert not list(d.glob("bm25-*")) and not list(d.glob("*.tmp-*"))
+    with IndexStore.open(d, readonly=True) as ro:
+        assert ro.generation == 2 and len(ro) == 20 and ro.search_bm25(["text 15"], 1).ids == [["d15"]]

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import json
+import pickle
+import threading
+import types
+from collections.abc import Callable
 
 import pytest
 import torch
+from tokenizers import Tokenizer as HFTokenizer
 
 from twotower.cli import main
+from twotower.encoder.core import tokenizer as tokenizer_module
 from twotower.encoder.core.tokenizer import SPECIAL_TOKENS, Tokenizer
 
 TOY_VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "tea", "is", "cold", "hot", "##s"]
@@ -152,6 +158,117 @@ def test_minilm_matches_transformers_and_never_pads_to_128(minilm_path):
     # vocab.txt and tokenizer.json load to the same tokenizer.
     from_txt = Tokenizer.from_vocab(f"{minilm_path}/vocab.txt")
     assert torch.equal(from_txt.encode(texts).input_ids, b.input_ids)
+
+
+# ---- threads ------------------------------------------------------------------------------------------
+class _Gate:
+    """An HF tokenizer whose encode_batch of `long` or more inputs stops inside until `release` is set."""
+
+    def __init__(self, hf: HFTokenizer, long: int, inside: threading.Event, release: threading.Event) -> None:
+        self.hf, self.long, self.inside, self.release = hf, long, inside, release
+
+    def encode_batch(self, inputs, *args, **kwargs):
+        if len(inputs) >= self.long:
+            self.inside.set()
+            assert self.release.wait(30)
+        return self.hf.encode_batch(inputs, *args, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self.hf, name)
+
+
+WRITER_CALLS: dict[str, Callable[[Tokenizer, list[str]], object]] = {
+    "lengths": lambda tok, texts: tok.lengths(texts, max_length=1 << 30),  # an index add's length check
+    "token_spans": lambda tok, texts: tok.token_spans(texts),  # splitting passages
+    "encode_ids": lambda tok, texts: tok.encode_ids(texts),
+    "encode_unpadded": lambda tok, texts: tok.encode_unpadded(texts, max_length=8),  # encoding the documents
+}
+
+
+@pytest.mark.parametrize("writer_call", list(WRITER_CALLS))
+def test_a_query_is_tokenized_while_another_thread_tokenizes_a_long_batch(toy, monkeypatch, writer_call):
+    """A writer tokenizing a whole request used to hold a module-wide lock throughout, so a serving thread's
+    query waited for all of it (1.4 s for a 1,000-document add). The writer's batch here stops half-way
+    inside the HF tokenizer; the query must still be tokenized, with and without truncation."""
+    inside, release = threading.Event(), threading.Event()
+    gate = _Gate(toy._tok, 50, inside, release)
+    toy._tok = gate  # the untruncated tokenizer, and every truncated copy made from it, stop on a long batch
+    real_from_str = HFTokenizer.from_str
+    monkeypatch.setattr(tokenizer_module, "HFTokenizer", types.SimpleNamespace(
+        from_str=lambda text: _Gate(real_from_str(text), 50, inside, release)))
+    writer = threading.Thread(target=WRITER_CALLS[writer_call], args=(toy, ["the tea is cold"] * 100))
+    got: list = []
+    query = threading.Thread(target=lambda: got.extend([toy.encode(["the tea"], max_length=4).input_ids.tolist(),
+                                                        toy.lengths(["the hot tea"]).tolist()]))
+    writer.start()
+    try:
+        assert inside.wait(10)
+        query.start()
+        query.join(5)
+        assert got == [[[CLS, THE, TEA, SEP]], [5]], "the query waited for the writer's batch"
+    finally:
+        release.set()
+        writer.join()
+        if query.ident is not None:
+            query.join()
+
+
+def _old_path(hf: HFTokenizer, inputs: list, max_length: int | None, strategy: str = "longest_first", **kw):
+    """What the tokenizer did before: set the one HF tokenizer's truncation, then encode with it."""
+    if max_length:
+        hf.enable_truncation(max_length=max_length, strategy=strategy)
+    else:
+        hf.no_truncation()
+    return hf.encode_batch(inputs, **kw)
+
+
+def _fields(encs) -> list:
+    return [(e.ids, e.type_ids, e.offsets, e.word_ids, e.sequence_ids, bool(e.overflowing)) for e in encs]
+
+
+@pytest.mark.parametrize("which", ["tiny", "minilm"])
+def test_outputs_equal_the_single_mutated_tokenizer(request, tmp_path, which):
+    """Truncated copies tokenize exactly as the one tokenizer whose truncation was switched before each call,
+    whatever the order of calls and settings (20 lengths in a row: more than the copies a Tokenizer keeps)."""
+    if which == "tiny":
+        request.getfixturevalue("tiny_tokenizer").save_pretrained(str(tmp_path))
+        directory = str(tmp_path)
+    else:
+        directory = request.getfixturevalue("minilm_path")
+    tok, ref = Tokenizer.from_pretrained(directory), Tokenizer.from_pretrained(directory)._tok
+    texts = ["the tea is cold", "Paris is the capital of FRANCE!", "cats", "naïve café — who wrote the book? " * 9]
+    pairs = ["who wrote the book about the quick brown fox", "a", "the river flows north", "the tower " * 40]
+    settings = [(9, "longest_first"), (16, "only_second"), (12, "only_first"), (64, "longest_first"), (None, "")]
+    settings += [(n, "longest_first") for n in range(20, 40)] + settings
+    for max_length, strategy in settings:
+        if max_length is None:
+            assert tok.lengths(texts, max_length=1 << 30).tolist() == [len(e.ids) for e in _old_path(ref, texts, None)]
+            assert tok.encode_ids(texts) == [e.ids for e in _old_path(ref, texts, None, add_special_tokens=False)]
+            assert tok.token_spans(texts) == [(e.offsets, e.word_ids)
+                                             for e in _old_path(ref, texts, None, add_special_tokens=False)]
+            continue
+        for two in (None, pairs):
+            try:
+                want = _fields(_old_path(ref, list(zip(texts, two)) if two else texts, max_length, strategy))
+            except Exception:  # an impossible truncation (only_second of a single text, ...) stays an error
+                with pytest.raises(ValueError, match="cannot truncate"):
+                    tok.encode(texts, two, max_length=max_length, truncation=strategy)
+                continue
+            b = tok.encode(texts, two, max_length=max_length, truncation=strategy)
+            assert [row[:len(w[0])].tolist() for row, w in zip(b.input_ids, want)] == [w[0] for w in want]
+            assert [row[:len(w[1])].tolist() for row, w in zip(b.token_type_ids, want)] == [w[1] for w in want]
+            assert [b.offsets, b.word_ids, b.sequence_ids, b.overflowing] == [[w[k] for w in want] for k in (2, 3, 4, 5)]
+            assert tok.encode_unpadded(texts, two, max_length=max_length, truncation=strategy) == (
+                [w[0] for w in want], [w[1] for w in want])
+    again = pickle.loads(pickle.dumps(tok))
+    assert torch.equal(again.encode(texts, pairs, max_length=9).input_ids, tok.encode(texts, pairs, max_length=9).input_ids)
+
+
+def test_tokenize_never_truncates_after_a_truncating_encode(toy):
+    """`tokenize` (and the callers that read the HF tokenizer directly) used whatever truncation the last
+    encode had left set; the untruncated tokenizer is now never changed."""
+    toy.encode(["the tea is cold"], max_length=3)
+    assert toy.tokenize("the tea is cold the tea is hot") == ["the", "tea", "is", "cold", "the", "tea", "is", "hot"]
 
 
 # ---- CLI ----------------------------------------------------------------------------------------------
