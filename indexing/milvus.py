@@ -232,6 +232,13 @@ class MilvusSpec:
                 "index_id": self.index_id}
 
 
+def milvus_flags_without_milvus(uri: str | None, collection: str | None) -> str | None:
+    """What is wrong with giving Milvus's flags to a FAISS build ("" counts as given: it would be ignored), naming
+    only the flags given (one given alone was reported as "--milvus-uri and --collection"), or None."""
+    given = [flag for flag, value in (("--milvus-uri", uri), ("--collection", collection)) if value is not None]
+    return f"{' and '.join(given)} need{'s' * (len(given) == 1)} --backend milvus" if given else None
+
+
 def milvus_spec(backend: str, uri: str | None, collection: str | None,
                 directory: str | os.PathLike) -> MilvusSpec | None:
     """The Milvus target of a new index from the build options (None for FAISS); connects once to fail early.
@@ -241,8 +248,8 @@ def milvus_spec(backend: str, uri: str | None, collection: str | None,
     if backend not in ("faiss", "milvus"):
         raise ValueError(f"--backend {backend!r}: choose 'faiss' or 'milvus'")
     if backend == "faiss":
-        if uri is not None or collection is not None:  # "" too: given, and ignored
-            raise ValueError("--milvus-uri and --collection need --backend milvus")
+        if problem := milvus_flags_without_milvus(uri, collection):
+            raise ValueError(problem)
         return None
     if collection is not None:  # before connecting: a bad name is the user's to fix, not the server's
         check_collection_name(collection)

@@ -33,11 +33,11 @@ def test_build_info_search_delete_with_passages(tmp_path, capsys):
     rc, out, _ = run_cli(capsys, "search", "--index", idx, "-k", "3", "--aggregate", "sum", "tea")
     assert rc == 0 and "\x1f" not in out
     rc, out, err = run_cli(capsys, "index", "delete", "--index", idx, "long1", "ghost")
-    assert rc == 1 and "deleted 1 documents" in out and "(now 13)" in out and "ghost" in err
+    assert rc == 1 and "deleted 1 document from" in out and "(now 13)" in out and "ghost" in err
 
 
 def test_delete_takes_no_passage_row_id_and_check_finds_a_document_an_old_delete_broke(tmp_path, capsys):
-    """`index delete $'long1\\x1f1'` (or that id in --ids-file) deleted that one passage row ("deleted 1 documents",
+    """`index delete $'long1\\x1f1'` (or that id in --ids-file) deleted that one passage row ("deleted 1 document from",
     the count unchanged); every search finding long1 then failed, and `index check` said ok."""
     from twotower.indexing import IndexStore
 
@@ -60,7 +60,7 @@ def test_delete_takes_no_passage_row_id_and_check_finds_a_document_an_old_delete
     assert rc == 2 and "document 'long1' cannot be rebuilt from its passages" in err, err
     assert "twotower index delete" in err and "ok" not in out
     rc, out, _ = run_cli(capsys, "index", "delete", "--index", idx, "long1")  # the way out: delete it, add it again
-    assert rc == 0 and "deleted 1 documents" in out and "(now 13)" in out
+    assert rc == 0 and "deleted 1 document from" in out and "(now 13)" in out
     assert run_cli(capsys, "index", "check", idx)[0] == 0
 
 

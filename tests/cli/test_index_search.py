@@ -140,7 +140,7 @@ def test_add_delete_roundtrip(built, tmp_path, capsys):
     shutil.copytree(built / "idx", idx)
     more = write_corpus(str(tmp_path / "more.jsonl"), [{"_id": "new", "text": "black tea leaf"}])
     rc, out, _ = run_cli(capsys, "index", "add", "--index", str(idx), "--corpus", more, "--no-progress")
-    assert rc == 0 and "added 1 documents" in out and "(now 41)" in out
+    assert rc == 0 and "added 1 document to" in out and "(now 41)" in out
     rc, _, err = run_cli(capsys, "index", "add", "--index", str(idx), "--corpus", more, "--no-progress")
     assert rc == 2 and "more.jsonl:1: duplicate document id 'new'" in err
     rc, out, _ = run_cli(capsys, "index", "add", "--index", str(idx), "--corpus", more, "--on-duplicate", "skip")
@@ -440,7 +440,7 @@ def test_empty_documents_stop_build_and_add_naming_on_empty_and_skip_is_counted_
     caplog.clear()
     with caplog.at_level("WARNING"):
         rc, out, err = run_cli(capsys, *add, "--on-empty", "skip")
-    assert rc == 0 and "added 1 documents" in out and "(now 5)" in out, err
+    assert rc == 0 and "added 1 document to" in out and "(now 5)" in out, err
     assert "1 empty document (blank 'text' and 'title') not indexed: 'e' (on empty: skip)" in caplog.messages
     # in a process of its own the warning is the command's stderr (in-process, pytest holds the log)
     res = subprocess.run([sys.executable, "-m", "twotower", *build[:5], str(tmp_path / "idx2"), *build[6:],

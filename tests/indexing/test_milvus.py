@@ -295,7 +295,7 @@ def test_cli_build_with_unreachable_uri_fails_before_encoding(tmp_path, capsys):
     assert "--milvus-uri" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.jsonl"]  # no OUT, no OUT.build
     assert main(["index", "build", "--corpus", str(corpus), "--out", str(out), "--collection", "c"]) == 2
-    assert "need --backend milvus" in capsys.readouterr().err
+    assert "--collection needs --backend milvus" in capsys.readouterr().err
 
 
 def test_lite_path_holding_a_file_or_foreign_directory_is_refused(tmp_path, capsys):
@@ -359,8 +359,10 @@ def test_an_invalid_collection_name_is_refused_before_connecting(tmp_path, name)
     """An empty name meant the default collection (twotower_<directory>), which nobody had asked for."""
     with pytest.raises(ValueError, match=r"--collection .*: a Milvus collection name is letters, digits and "):
         mv.milvus_spec("milvus", "http://127.0.0.1:1", name, tmp_path / "idx")  # unreachable: the name fails first
-    with pytest.raises(ValueError, match="--milvus-uri and --collection need --backend milvus"):
+    with pytest.raises(ValueError, match="^--collection needs --backend milvus$"):  # only the flag given
         mv.milvus_spec("faiss", None, name, tmp_path / "idx")
+    with pytest.raises(ValueError, match="^--milvus-uri and --collection need --backend milvus$"):
+        mv.milvus_spec("faiss", "http://127.0.0.1:1", name, tmp_path / "idx")
     assert mv.check_collection_name("_a" + "b" * 253) == "_a" + "b" * 253  # 255 characters: Milvus's limit
 
 

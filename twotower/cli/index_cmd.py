@@ -149,8 +149,12 @@ def _interrupt_tells_the_commit(args: argparse.Namespace, store: IndexStore) -> 
 def run_build(args: argparse.Namespace) -> int:
     positive("--batch-size", args.batch_size)
     positive("--shard-size", args.shard_size)
-    if args.backend == "faiss" and (args.milvus_uri is not None or args.collection is not None):  # "" is given too
-        raise CLIError("--milvus-uri and --collection need --backend milvus")
+    if args.backend == "faiss":
+        # (indexing.milvus imports pymilvus only to connect)
+        from twotower.indexing.milvus import milvus_flags_without_milvus
+
+        if problem := milvus_flags_without_milvus(args.milvus_uri, args.collection):
+            raise CLIError(problem)
     if args.collection is not None:  # --collection "" meant the default collection
         from twotower.indexing.milvus import check_collection_name
 
@@ -221,7 +225,7 @@ def run_add(args: argparse.Namespace) -> int:
                      progress=not args.no_progress)
         new = len(pipe) - before  # `n` counts replaced documents too
         replaced = f", replaced {n - new}" if n > new else ""
-        print(f"added {new} documents{replaced} to {args.index} (now {len(pipe)})")
+        print(f"added {new:,} document{'s' * (new != 1)}{replaced} to {args.index} (now {len(pipe):,})")
     return 0
 
 
@@ -253,7 +257,7 @@ def run_delete(args: argparse.Namespace) -> int:
             store.commit()
             left = document_counts(store.docstore)[0]
         deleted = len(set(ids)) - len(missing)
-        print(f"deleted {deleted} documents from {args.index} (now {left})")
+        print(f"deleted {deleted:,} document{'s' * (deleted != 1)} from {args.index} (now {left:,})")
     if missing:
         shown = ", ".join(missing[:20]) + (" ..." if len(missing) > 20 else "")
         print(f"twotower index delete: {len(missing)} id(s) not in the index: {shown}", file=sys.stderr)
