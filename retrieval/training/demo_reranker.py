@@ -62,7 +62,8 @@ def title_abstract_pairs(corpus_path: str, out_path: str, negatives: int = 12, q
     from twotower.retrieval.corpus import iter_documents
     from twotower.retrieval.training.mining import bm25_retriever
 
-    docs = [d for _, d in iter_documents(corpus_path) if (d.get("title") or "").strip() and d["text"].strip()]
+    docs = [d for _, d in iter_documents(corpus_path, keep_empty=True) if (d.get("title") or "").strip()
+            and d["text"].strip()]
     if len(docs) < 50:
         raise ValueError(f"{corpus_path}: only {len(docs)} documents with a title and text; need 50 or more")
     abstracts = {d["id"]: d["text"] for d in docs}

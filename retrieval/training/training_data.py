@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import os
 import random
@@ -33,7 +34,9 @@ from dataclasses import dataclass, field
 
 from twotower.common.lines import is_json_lines, json_lines, numbered_lines
 from twotower.indexing import document_text
-from twotower.retrieval.corpus import iter_documents
+from twotower.retrieval.corpus import EMPTY_EXAMPLES, is_empty, iter_documents
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -116,17 +119,32 @@ def query_key(query: str) -> str:
 
 # ---- corpus ------------------------------------------------------------------------------------------
 def read_corpus(path: str) -> dict[str, str]:
-    """``corpus.jsonl`` -> {id: document_text}; a repeated id is an error naming both lines."""
+    """``corpus.jsonl`` -> {id: document_text}; a repeated id is an error naming both lines.
+
+    A document whose text and title are both blank is left out, counted in a warning: it has nothing to
+    train on, and a judgment of it is then a counted skip like any document missing from the corpus. It
+    stopped training at the first (Cranfield has two), where ``index build`` can skip them
+    (``--on-empty skip``).
+    """
     corpus: dict[str, str] = {}
     first: dict[str, int] = {}
-    for lineno, doc in iter_documents(path):
+    empty: list[str] = []
+    for lineno, doc in iter_documents(path, keep_empty=True):
         doc_id = doc["id"]
+        if is_empty(doc):
+            empty.append(doc_id)
+            continue
         if doc_id in corpus:
             raise ValueError(f"{path}:{lineno}: document id {doc_id!r} appears twice (first on line {first[doc_id]})")
         first[doc_id] = lineno
         corpus[doc_id] = document_text(doc)  # "title text": exactly what the index encodes
     if not corpus:
-        raise ValueError(f"{path}: corpus is empty")
+        raise ValueError(f"{path}: corpus is empty" + (f" ({len(empty)} documents with blank text and title)"
+                                                       if empty else ""))
+    if empty:
+        shown = ", ".join(repr(i) for i in empty[:EMPTY_EXAMPLES]) + (", ..." if len(empty) > EMPTY_EXAMPLES else "")
+        logger.warning("%s: %d document%s with blank text and title left out (judgments of them are skipped as "
+                       "missing from the corpus): %s", path, len(empty), "s" * (len(empty) != 1), shown)
     return corpus
 
 
@@ -137,7 +155,8 @@ def read_titles(path: str) -> dict[str, str]:
     front of every window (`twotower.retrieval.cross_encoder.CrossEncoder.windows`), so it needs the title
     separately from the "title text" string everything else trains on.
     """
-    return {doc["id"]: doc["title"] for _, doc in iter_documents(path) if (doc.get("title") or "").strip()}
+    return {doc["id"]: doc["title"] for _, doc in iter_documents(path, keep_empty=True)
+            if (doc.get("title") or "").strip()}
 
 
 def titled_documents(corpus: Mapping[str, str], titles: Mapping[str, str]) -> dict[str, str | tuple[str, str]]:

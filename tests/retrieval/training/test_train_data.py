@@ -309,3 +309,22 @@ def test_dev_split_by_document_keeps_every_positive_on_one_side():
         split_dev(one_group, dev_size=2, by="document")
     with pytest.raises(ValueError, match="dev split by 'doc'"):
         split_dev(examples, by="doc")
+
+
+def test_documents_with_blank_text_and_title_are_left_out_and_counted(beir, caplog):
+    """Cranfield has two such documents: training stopped at the first. They are left out with a warning, and a
+    judgment of one is a counted skip, as for any document missing from the corpus."""
+    import logging
+
+    path = os.path.join(beir, "corpus.jsonl")
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps({"_id": "d9", "title": " ", "text": ""}) + "\n")  # q1's and q3's judged d9
+        f.write(json.dumps({"_id": "e2", "title": "", "text": "\t"}) + "\n")
+    with caplog.at_level(logging.WARNING, logger="twotower.retrieval.training.training_data"):
+        data = read_beir_training(beir, "train")
+    assert "d9" not in data.corpus and "e2" not in data.corpus and len(data.corpus) == 5
+    assert [(e.query_id, e.positives) for e in data.examples] == [("q0", ("d0",)), ("q1", ("d2",))]
+    assert data.skipped.as_dict() == {"judged documents missing from the corpus": 2,
+                                      "queries with no positive in the corpus": 2}
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert f"{path}: 2 documents with blank text and title left out" in warning and "'d9', 'e2'" in warning
