@@ -256,12 +256,17 @@ def duplicates_note(dropped: int, on_duplicate: str) -> str:
     return f"{dropped:,} duplicate document{'s' if dropped != 1 else ''} not indexed: kept {kept} (on duplicate: {on_duplicate})"
 
 
+def example_ids(ids: list[str], total: int) -> str:
+    """The first `EMPTY_EXAMPLES` of `ids`, quoted, and "..." when `total` holds more: how a note about
+    documents left out names them, so that a user can find them."""
+    return ", ".join(repr(i) for i in ids[:EMPTY_EXAMPLES]) + (", ..." if total > EMPTY_EXAMPLES else "")
+
+
 def empty_note(num_empty: int, empty_ids: list[str]) -> str:
     """What a build or an add says about the empty documents ``--on-empty skip`` left out: how many, and the
-    first few ids, so that a user can find them (the way `duplicates_note` counts the copies not indexed)."""
-    shown = ", ".join(repr(i) for i in empty_ids[:EMPTY_EXAMPLES]) + (", ..." if num_empty > EMPTY_EXAMPLES else "")
+    first few ids (the way `duplicates_note` counts the copies not indexed)."""
     return (f"{num_empty:,} empty document{'s' if num_empty != 1 else ''} (blank 'text' and 'title') not indexed: "
-            f"{shown} (on empty: skip)")
+            f"{example_ids(empty_ids, num_empty)} (on empty: skip)")
 
 
 def resolve_duplicates(rows: list[Document], on_duplicate: str, existing: Container[str]) -> list[Document]:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 from twotower.common.lines import is_json_lines, json_lines, numbered_lines
 from twotower.indexing import document_text
-from twotower.retrieval.corpus import EMPTY_EXAMPLES, is_empty, iter_documents
+from twotower.retrieval.corpus import example_ids, is_empty, iter_documents
 
 logger = logging.getLogger(__name__)
 
@@ -142,9 +142,9 @@ def read_corpus(path: str) -> dict[str, str]:
         raise ValueError(f"{path}: corpus is empty" + (f" ({len(empty)} documents with blank text and title)"
                                                        if empty else ""))
     if empty:
-        shown = ", ".join(repr(i) for i in empty[:EMPTY_EXAMPLES]) + (", ..." if len(empty) > EMPTY_EXAMPLES else "")
         logger.warning("%s: %d document%s with blank text and title left out (judgments of them are skipped as "
-                       "missing from the corpus): %s", path, len(empty), "s" * (len(empty) != 1), shown)
+                       "missing from the corpus): %s", path, len(empty), "s" * (len(empty) != 1),
+                       example_ids(empty, len(empty)))
     return corpus
 
 

@@ -269,8 +269,12 @@ def _search_and_report(args: argparse.Namespace) -> int:
     specs = _metrics(args.metrics, ",".join(report_metrics))
     dataset = load_beir(args.dataset, args.split, corpus=False)
     queries = dataset.split_queries()
-    # the split's queries must be searchable: FILE:LINE: query '7' is empty (the search said "query 0 is empty")
-    searchable_queries(os.path.join(args.dataset, "queries.jsonl"), only=queries)
+    # the split's queries must be searchable: FILE:LINE: query '7' is empty (the search said "query 0 is empty");
+    # the file is read again, for its line numbers, only when one is not
+    from twotower.common.lines import query_problem
+
+    if any(query_problem(text, "") for text in queries.values()):
+        searchable_queries(os.path.join(args.dataset, "queries.jsonl"), only=queries)
     index_directory("--index", args.index)
     _report_out(args)  # before the search: a bad --out failed after it
     if args.reranker:

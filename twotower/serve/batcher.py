@@ -15,7 +15,7 @@ every request that needs a model or the index is a job for this thread:
   picking up a new commit) run between batches, one per turn, so a long write cannot
   starve searches and searches cannot starve a write.  A write's encoding chunks are
   *background* jobs: a lookup or a move to a new commit queued after them runs first
-  (a lookup waited for all of a 256-document add's chunks, 22 s), and a search waits for at
+  (a lookup waited for all of a 256-document add's chunks: 22 s, ad hoc, CPU-B), and a search waits for at
   most the one chunk running.
 * **back-pressure**: at most ``max_queued`` queries wait (default `QUEUE_BATCHES` full
   batches); a search above that is refused at once (503 with ``Retry-After``), and so is a
@@ -50,9 +50,9 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 # Queries that may wait for the model owner, in full batches (`ModelOwner.max_queued`): 4 x 64 = 256 by default.
-# A batch of 64 takes ~0.4 s dense on 2 cores (~160 queries/s, docs/results.md), so a full queue is answered in
-# under 2 s there, while the 32-client benchmark never has more than 32 queries waiting; a reranked queue (~0.4 s
-# a query on CPU) is the slow end, and the request deadline (ServeConfig.request_timeout_s) bounds that.
+# Dense, 2 cores answer ~160 queries/s (CPU-A) or ~110 (CPU-B; docs/results.md, HTTP service), so a full queue
+# is answered in about 2 s, while the 32-client benchmark never has more than 32 queries waiting; a reranked
+# queue (~2.5 queries/s, CPU-A) is the slow end, and the request deadline (ServeConfig.request_timeout_s) bounds it.
 QUEUE_BATCHES = 4
 RETRY_AFTER_BUSY = "1"  # seconds, in the 503 of a full queue: a full queue drains in about that on 2 cores (dense)
 

@@ -39,7 +39,8 @@ logger = logging.getLogger(__name__)
 
 # Documents per owner job: a search (or lookup) arriving during an add waits for at most the chunk being encoded.
 # On 2 CPU cores (all-MiniLM-L6-v2, 256-token documents) 256 documents took 11-13 s in chunks of 8, 16 or 32
-# alike, while one chunk took ~0.35 s at 8 and ~1.4 s at 32: the searches' wait, for nothing gained.
+# alike, while one chunk took ~0.35 s at 8 and ~1.4 s at 32 (ad hoc, 2 shared cores of CPU-B): the searches'
+# wait, for nothing gained.
 ENCODE_CHUNK = 8
 
 
