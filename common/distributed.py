@@ -214,6 +214,29 @@ def gather_shards(items: Sequence[Any], compute: Callable[[list], np.ndarray], i
     return np.concatenate([t[:n].cpu().numpy() for t, n in zip(parts, rows)])  # (N, H)
 
 
+def gather_states(states: dict[str, torch.Tensor], info: DistInfo) -> list[dict[str, torch.Tensor]]:
+    """Every rank's `states` (the same keys, each a uint8 tensor of the same size on every rank), in rank order,
+    on the CPU. Alone: ``[states]``.
+
+    Why: the random generators' states, which each rank draws its own dropout from, are saved by rank 0 alone
+    (`twotower.retrieval.training.loop`), so that a resumed run gives each rank its own stream back.
+    """
+    if not info.enabled:
+        return [states]
+    import torch
+    import torch.distributed as dist
+
+    device = _comm_device()
+    out: list[dict[str, torch.Tensor]] = [{} for _ in range(info.world_size)]
+    for key in sorted(states):
+        mine = states[key].contiguous().to(device)
+        parts = [torch.empty_like(mine) for _ in range(info.world_size)]
+        dist.all_gather(parts, mine)
+        for r, part in enumerate(parts):
+            out[r][key] = part.cpu()
+    return out
+
+
 def cleanup(info: DistInfo) -> None:
     """Leave the process group so that gloo's worker threads are joined before the interpreter exits.
 

@@ -104,8 +104,12 @@ def restore_rng(rng: dict[str, torch.Tensor], device: torch.device | str) -> Non
 
 
 def save_train_state(directory: str, model_state: dict[str, torch.Tensor], optimizer: torch.optim.Optimizer,
-                     user: dict) -> None:
-    """Write model + optimizer + RNG + `user` scalars to `directory`, atomically as a whole."""
+                     user: dict, rng: dict[str, torch.Tensor] | None = None) -> None:
+    """Write model + optimizer + RNG + `user` scalars to `directory`, atomically as a whole.
+
+    rng: the generator states to save (default `capture_rng` of the model's device); a caller under torchrun
+    whose ranks draw different streams passes every rank's (`twotower.retrieval.training.loop`).
+    """
     parent = os.path.dirname(os.path.abspath(directory))
     os.makedirs(parent, exist_ok=True)
     # a temporary name (`TMP_MARKER`): a kill mid-save leaves a full model + optimizer copy that the run's
@@ -116,7 +120,7 @@ def save_train_state(directory: str, model_state: dict[str, torch.Tensor], optim
                   os.path.join(build, "model.safetensors"))
         opt_tensors, opt_meta = optimizer_to_flat(optimizer)
         save_file(opt_tensors, os.path.join(build, "optimizer.safetensors"))
-        save_file(capture_rng(_device_of(model_state)), os.path.join(build, "rng.safetensors"))
+        save_file(capture_rng(_device_of(model_state)) if rng is None else rng, os.path.join(build, "rng.safetensors"))
         atomic_write_text(os.path.join(build, "state.json"),
                           json.dumps({"optimizer": opt_meta, "user": user}, indent=1) + "\n")
         for name in os.listdir(build):
@@ -156,6 +160,17 @@ def load_train_state(directory: str, map_location: str | torch.device = "cpu") -
         rng=load_safetensors(os.path.join(directory, "rng.safetensors"), remedy=None),
         user=meta["user"],
     )
+
+
+def read_train_user(directory: str) -> dict:
+    """The caller's scalars of the state in `directory` (its ``state.json``), without reading a tensor: what a
+    resume checks before any model or data work. A state a kill left moved aside is put back first; a missing
+    or damaged ``state.json`` is named as in `load_train_state`."""
+    recover_replaced_dir(directory)
+    path = os.path.join(directory, "state.json")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"training state incomplete: {path} is missing")
+    return _read_meta(path)["user"]
 
 
 def _read_meta(path: str) -> dict:

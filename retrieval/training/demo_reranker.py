@@ -255,6 +255,7 @@ def train_demo_reranker(
         distill_weight=distill_weight, teacher_bm25=teacher_bm25, residual=residual, first_stage=first_stage,
         passage_window=passage_window, passage_stride=passage_stride, max_windows=max_windows,
         window_choice=window_choice,
+        resumable=False,  # minutes long, and rerun from the start when interrupted (its marker above)
     )
     result = train_reranker(cfg)
     if result.best_dir is None:

@@ -19,7 +19,10 @@ measures; they hand those to `TrainingLoop` as functions, and everything around 
   interrupted run still leaves its best checkpoint whole;
 * a guard sees every step and eval record and may end the run by raising `StopTraining` (the
   reranker's collapse guard): the run then stops with a ``stop`` record, its best checkpoint so
-  far, and the reason in `LoopResult.stopped_by`.
+  far, and the reason in `LoopResult.stopped_by`;
+* after each evaluation, and every `TrainingLoop.save_every` steps, the run's state is saved in
+  ``OUT/trainer_state/`` (after ``best/``), and ``--resume`` continues from it exactly
+  (`twotower.retrieval.training.resume` says what is restored and checked).
 
 Under torchrun every rank runs the loop (the steps are collective); only the main process logs,
 evaluates into the log and writes checkpoints.  What the clock decides (the planned steps and so the
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import random
 import statistics
 import time
@@ -45,10 +49,16 @@ from typing import Any
 import torch
 
 from twotower.common.device import resolve_bf16, training_device
-from twotower.common.distributed import DistInfo, all_reduce_sum
-from twotower.common.errors import check_at_least, check_setting
+from twotower.common.distributed import DistInfo, all_reduce_sum, gather_states
+from twotower.common.errors import DataError, check_at_least, check_setting
 from twotower.common.malloc import retain_freed_memory_for
 from twotower.encoder.training.optim import check_optimizer_settings, lr_factor, set_lr
+from twotower.encoder.training.train_state import (
+    capture_rng,
+    load_train_state,
+    restore_train_state,
+    save_train_state,
+)
 from twotower.retrieval.training.losses.gather import rank, world_size
 from twotower.retrieval.training.training_run import TrainingRun
 
@@ -103,6 +113,13 @@ class TrainSettings:
     save_last: also keep the final weights in ``out/last``; dry_run: one step and one evaluation.
     overwrite: an `out` that holds an earlier run is replaced only once this run is complete (built in
         ``out.unfinished`` meanwhile, `TrainingRun`), so a stopped run leaves the earlier one whole.
+    resume: continue the run in `out` from its saved state, exactly, or refuse naming what differs
+        (`twotower.retrieval.training.resume`); save_every: also save that state every this many steps
+        (None: at each dev evaluation only). Why both: the state is saved after each evaluation anyway, and
+        a run whose evaluations are far apart (one an epoch) would otherwise lose all the steps between.
+    resumable: save that state at all (False: the run cannot be resumed). Why off: a save writes the weights
+        and both AdamW moments (270 MB for all-MiniLM-L6-v2, 1.6-3 s on CPU-B), which a run of a few minutes
+        that nobody resumes (the README demo's reranker) need not pay at every evaluation.
     """
 
     split: str = "train"
@@ -127,6 +144,9 @@ class TrainSettings:
     device: str | None = None
     dry_run: bool = False
     overwrite: bool = False
+    resume: bool = False
+    save_every: int | None = None
+    resumable: bool = True
 
     def __post_init__(self) -> None:
         """Refuse settings that would train something other than what was asked, naming the field and its flag.
@@ -136,7 +156,8 @@ class TrainSettings:
         """
         check_setting(math.isfinite(self.epochs) and self.epochs > 0, "epochs", self.epochs, "--epochs",
                       "give a number of epochs > 0")
-        check_at_least(self, 1, {"max_steps": "--max-steps", "dev_size": "--dev-size", "eval_every": "--eval-every"})
+        check_at_least(self, 1, {"max_steps": "--max-steps", "dev_size": "--dev-size", "eval_every": "--eval-every",
+                                 "save_every": "--save-every"})
         check_setting(self.time_budget is None or self.time_budget > 0, "time_budget", self.time_budget,
                       "--time-budget", "give a duration > 0")
         check_setting(self.eval_interval_s is None or self.eval_interval_s >= 0, "eval_interval_s",
@@ -146,6 +167,8 @@ class TrainSettings:
                       "give a norm > 0 (0 would zero every update; inf: no clipping)")
         check_setting(0 < self.dev_fraction < 1, "dev_fraction", self.dev_fraction, "--dev-fraction",
                       "give a fraction in (0, 1)")
+        check_setting(self.resumable or not (self.resume or self.save_every), "resumable", self.resumable, None,
+                      "resume and save_every need the state a resumable run saves")
 
     @property
     def dev_split_seed(self) -> int:
@@ -159,17 +182,45 @@ def start_run(cfg: TrainSettings, out: str, enabled: bool = True,
 
     Nothing is written to `out` yet: the trainer calls ``run.open()`` once its inputs are read and checked
     (`twotower.retrieval.training.training_run`), so a start that fails on bad input leaves an earlier run as it was.
+    With ``cfg.resume`` the saved state is found and checked against this command first (settings, input
+    files, processes: `twotower.retrieval.training.resume`), before any model or data work.
 
     `config_fields` are logged with the config. Returns (run, a `random.Random(seed)` for the trainer's
     own draws, device, bf16).
     """
+    from twotower.retrieval.training import resume
+
     torch.manual_seed(cfg.seed)
     device = training_device(cfg.device)  # under torchrun: this rank's GPU
     bf16 = resolve_bf16(cfg.bf16, device)
     retain_freed_memory_for(device)  # reuse freed activation memory across steps (common/malloc.py)
-    run = TrainingRun(out, enabled=enabled, replace=cfg.overwrite)
+    world = config_fields.get("world_size", 1)
+    # every rank alike under torchrun, so that a refused resume stops them all; a fresh run's other ranks
+    # save no state and need no identity
+    identity = (resume.run_identity(cfg, world, {"device": device.type, "bf16": bf16})
+                if enabled or cfg.resume else {})
+    point = None
+    if cfg.resume:
+        state = resume.find_state(out)
+        user, saved = resume.read_saved_identity(state)
+        resume.check_same_run(saved, identity, out)
+        point = _resume_point(user, state)
+    run = TrainingRun(out, enabled=enabled, replace=cfg.overwrite, resume=cfg.resume)
+    run.identity = identity
+    if point is not None:
+        run.resume_at(*point)
     run.log("config", **asdict(cfg), **config_fields, bf16_resolved=bf16)
     return run, random.Random(cfg.seed), device, bf16
+
+
+def _resume_point(user: dict, state: str) -> tuple[int, float, int]:
+    """(steps, seconds, log records) of a saved state; a state without them is damaged."""
+    try:
+        point = int(user["steps"]), float(user["elapsed"]), int(user["log_records"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise DataError(os.path.join(state, "state.json"), None, f"damaged: its training position has no "
+                        f"{exc}; start the run again without --resume") from None
+    return point
 
 
 @dataclass(frozen=True)
@@ -178,9 +229,8 @@ class LrState:
 
     step: steps done when `factor` was set (it was the factor of optimizer step ``step + 1``); warming: it was
     still rising towards the peak.  Plain numbers (``dataclasses.asdict`` writes them as JSON exactly) because
-    they are what a resumed run needs besides the step count to continue the schedule where it was: the
-    retrieval trainers do not resume today (pretraining does, ``trainer_state/``, but its schedule follows
-    its budget's progress and is never re-planned); one that did would save this with its step.
+    they are what a resumed run needs besides the step count to continue the schedule where it was
+    (`TrainingLoop` saves them with its state).
     """
 
     step: int
@@ -313,8 +363,16 @@ class TrainingLoop:
     step / evaluate / save: the trainer's parts (`StepFn`, `EvalFn`, `SaveFn`); `metric` names the
         field of the eval record that picks the best checkpoint.
     update_fields: step-record fields read after the optimizer step (a learned temperature's new value).
-    guard: called with every step and eval record the main process logs; raises `StopTraining` to stop.
+    guard: called with every step and eval record the main process logs; raises `StopTraining` to stop. A
+        resumed run shows it again the records of the steps done, so it must read nothing else.
     save_last: save(directory, steps) for ``OUT/last`` at the end (None: no ``last``).
+    state_module: what the run's state saves and restores with the optimizer (the modules trained: their
+        parameters and buffers); skip: skip(steps done) draws that step's batch without training on it, as a
+        resumed run does for the steps done so that its next batch is the uninterrupted run's. Without both,
+        the run saves no state and cannot be resumed.
+    state_fields / load_state_fields: the trainer's own values carried between steps, as JSON, saved with the
+        state and handed back on resume.
+    save_every: save the state every this many steps too (None: after each evaluation only).
     """
 
     run: TrainingRun
@@ -334,9 +392,15 @@ class TrainingLoop:
     progress: bool = True
     desc: str = "train"
     plot_title: str = ""
+    state_module: torch.nn.Module | None = None
+    skip: Callable[[int], None] | None = None
+    state_fields: Callable[[], dict] | None = None
+    load_state_fields: Callable[[dict], None] | None = None
+    save_every: int | None = None
 
     def __post_init__(self) -> None:
         self.steps = 0  # optimizer steps done
+        self.initial: float | None = None  # the dev score before training
         self._paces: deque[float] = deque(maxlen=PACE_WINDOW)  # seconds of the recent steps
         self.lr_state: LrState | None = None  # the schedule's position once the plan has changed (`Schedule.factor`)
         self.best_score, self.best_step, self.best_dir = -1.0, -1, None
@@ -348,24 +412,34 @@ class TrainingLoop:
     def train(self) -> LoopResult:
         run, schedule = self.run, self.schedule
         run.open()  # the trainer has read and checked its inputs: the run begins writing into its directory
+        stopped_by, resumed = "steps", None
+        if run.resume_step is not None:
+            resumed = self._resume()
         bar = None
         if self.progress and self.main_process:
             from tqdm.auto import tqdm
 
-            bar = tqdm(total=schedule.total_steps, desc=self.desc, unit="step")
-        stopped_by, initial = "steps", None
+            bar = tqdm(total=schedule.total_steps, initial=self.steps, desc=self.desc, unit="step")
         try:
-            if schedule.eval_at_start:
-                initial = self._evaluate(0)
-            last_eval, _ = self._agree()
+            if resumed is None:
+                if schedule.eval_at_start:
+                    self.initial = self._evaluate(0)
+                last_eval, _ = self._agree()
+            else:
+                last_eval, stopped = resumed
+                if stopped:  # the state was saved as the time budget ended the run: only its end is left
+                    stopped_by = stopped
             self._set_mode(train=True)
-            while self.steps < schedule.total_steps:
+            while self.steps < schedule.total_steps and stopped_by == "steps":
                 self._step(bar)
                 elapsed, _ = self._agree()
                 out_of_time = schedule.out_of_time(elapsed)
-                if schedule.eval_due(self.steps, elapsed, elapsed - last_eval):
+                evaluated = schedule.eval_due(self.steps, elapsed, elapsed - last_eval)
+                if evaluated:
                     self._evaluate(self.steps)
                     last_eval, _ = self._agree()
+                if evaluated or (self.save_every and self.steps % self.save_every == 0):
+                    self._save_state(last_eval, "time budget" if out_of_time else None)
                 if out_of_time:
                     stopped_by = "time budget"
                     break
@@ -379,7 +453,76 @@ class TrainingLoop:
         if self.save_last is not None and self.main_process:
             run.save_checkpoint("last", lambda directory: self.save_last(directory, self.steps))
         history = [r for r in run.records if r["event"] == "eval"]
-        return LoopResult(self.best_dir, self.best_step, self.best_score, initial, self.steps, stopped_by, history)
+        return LoopResult(self.best_dir, self.best_step, self.best_score, self.initial, self.steps, stopped_by,
+                          history)
+
+    @property
+    def resumable(self) -> bool:
+        return self.state_module is not None and self.skip is not None
+
+    def _save_state(self, last_eval: float, stopped_by: str | None) -> None:
+        """Save the run's state (`twotower.retrieval.training.resume`); on every rank under torchrun (their
+        generators are gathered), written by the main process. ``best/`` is already saved: a kill between the
+        two leaves the state before it, whose resume saves the same ``best/`` again."""
+        if not self.resumable:
+            return
+        device = self.params[0].device if self.params else torch.device("cpu")
+        ranks = gather_states(capture_rng(device), self._dist)
+        if not self.main_process:
+            return
+        rng = {**ranks[0], **{f"rank{r}/{k}": v for r, states in enumerate(ranks[1:], 1) for k, v in states.items()}}
+        user = {"steps": self.steps, "elapsed": self.run.elapsed, "log_records": len(self.run.records),
+                "last_eval": last_eval, "stopped_by": stopped_by,
+                "lr_state": asdict(self.lr_state) if self.lr_state is not None else None, "paces": list(self._paces),
+                "best_score": self.best_score, "best_step": self.best_step, "best": self.best_dir is not None,
+                "initial": self.initial, "trainer": self.state_fields() if self.state_fields else {},
+                "run": self.run.identity}
+        save_train_state(self.run.state_dir, self.state_module.state_dict(), self.optimizer, user, rng=rng)
+
+    def _resume(self) -> tuple[float, str | None]:
+        """Continue from the saved state: draw the done steps' batches again, then restore weights, moments,
+        generators (this rank's) and the loop's position. Returns (when dev was last evaluated, in the run's
+        seconds; why the run stopped, if the state was saved as it ended)."""
+        import dataclasses
+
+        if not self.resumable:
+            raise ValueError(f"{self.desc}: this run saves no state, so it cannot be resumed")
+        directory = self.run.state_dir
+        device = self.params[0].device if self.params else torch.device("cpu")
+        state = load_train_state(directory, map_location=device)
+        user = state.user
+        where = os.path.join(directory, "state.json")
+        try:
+            steps, lr_state = int(user["steps"]), user["lr_state"]
+            for done in range(steps):  # the batches of the steps done: the next one is the uninterrupted run's
+                self.skip(done)
+            me = self._dist.rank
+            own = ({k: v for k, v in state.rng.items() if "/" not in k} if me == 0 else
+                   {k.split("/", 1)[1]: v for k, v in state.rng.items() if k.startswith(f"rank{me}/")})
+            if not own:
+                raise KeyError(f"rank{me}'s random generator")
+            restore_train_state(dataclasses.replace(state, rng=own), directory, self.state_module, self.optimizer)
+            self.steps = steps
+            self.lr_state = LrState(**lr_state) if lr_state is not None else None
+            self._paces.extend(float(p) for p in user["paces"])
+            self.best_score, self.best_step = float(user["best_score"]), int(user["best_step"])
+            self.best_dir = os.path.join(self.run.out, "best") if user["best"] else None
+            if self.best_dir is not None and not os.path.isdir(self.best_dir):
+                raise DataError(self.best_dir, None, "missing: the saved training state says the run's best "
+                                "checkpoint is there; put it back, or start the run again without --resume")
+            self.initial = user["initial"]
+            if self.load_state_fields is not None:
+                self.load_state_fields(user["trainer"])
+            last_eval, stopped = float(user["last_eval"]), user["stopped_by"]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise DataError(where, None, f"damaged: its training position has no usable {exc}; start the run "
+                                         "again without --resume") from None
+        if self.guard is not None and self.main_process:  # its view of the steps done (their records)
+            for record in self.run.records:
+                if record["event"] in ("step", "eval"):
+                    self.guard(record)
+        logger.info("resumed %s at step %d", self.run.out, steps)
+        return last_eval, stopped
 
     def _set_mode(self, train: bool) -> None:
         for m in self.modules:

@@ -201,7 +201,8 @@ def soup_rerankers(runs: Sequence[str], out: str, progress: bool = True, overwri
     known = {f.name for f in fields(RerankerTrainConfig)}
     settings = {k: v for k, v in args[0].items() if k in known}
     settings["mine_ranks"] = tuple(settings.get("mine_ranks") or (1, 100))
-    cfg = RerankerTrainConfig(**{**settings, "out": out, "progress": progress})
+    # a run that was resumed says so in its args; the soup's own run (its log and summary) is never a resume
+    cfg = RerankerTrainConfig(**{**settings, "out": out, "progress": progress, "resume": False})
 
     found: dict = {}
 

@@ -381,12 +381,17 @@ def train_dual(cfg: DualTrainConfig) -> DualTrainResult:
     batches = iter(sampler)
     filled_total = 0
 
-    def step(done: int) -> tuple[torch.Tensor, dict]:
+    def draw(done: int) -> tuple[list, Batch, int]:
+        """Step `done + 1`'s global batch: its items, with their negatives drawn from `rng`."""
         nonlocal filled_total
         items = next(batches)
         k = 0 if doc_matrix is not None else cfg.hard_negatives
         batch, filled = make_batch(items, train, k, corpus_ids, rng)
         filled_total += filled
+        return items, batch, filled
+
+    def step(done: int) -> tuple[torch.Tensor, dict]:
+        items, batch, filled = draw(done)
         b = cfg.batch_size
         mine_q = batch.queries[me * b:(me + 1) * b]
         q_in = q_tok.encode([dual.query_prefix + t for t in mine_q], max_length=cfg.query_max_length).model_inputs()
@@ -406,6 +411,8 @@ def train_dual(cfg: DualTrainConfig) -> DualTrainResult:
         update_fields=lambda: {"tau": float(temperature().detach())},
         save_last=save if cfg.save_last else None, main_process=me == 0, progress=cfg.progress,
         desc="train dual", plot_title=f"dual encoder: dev nDCG@10 ({len(dev)} queries, {n_docs} documents)",
+        state_module=torch.nn.ModuleList([*towers, temperature]) if cfg.resumable else None, skip=draw,
+        save_every=cfg.save_every,
     ).train()
     run.finish({**result.summary(), "random_negative_fill_ins": filled_total, "skipped": data.skipped.as_dict(),
                 "dev_queries": len(dev), "dev_pool": len(pool)})

@@ -694,17 +694,23 @@ def train_reranker(cfg: RerankerTrainConfig) -> RerankerTrainResult:
         batches = pointwise_batches(train_pairs, global_batch, rng)
     filled_total = 0
 
-    def step(done: int) -> tuple[torch.Tensor, dict]:
+    def draw(done: int) -> list:
+        """The global batch of step `done + 1`: groups (listwise) or pairs (pointwise), drawn from `rng`."""
         nonlocal filled_total
+        if cfg.loss == "pointwise":
+            return next(batches)
+        groups, filled = next(batches)
+        filled_total += filled  # the global batch's fill-ins: every rank drew them alike
+        return groups
+
+    def step(done: int) -> tuple[torch.Tensor, dict]:
         if cfg.loss == "listwise":
-            groups, filled = next(batches)
-            filled_total += filled  # the global batch's fill-ins: every rank drew them alike
-            groups = groups[own]
+            groups = draw(done)[own]
             queries = [train[i].query for i, ids in groups for _ in ids]
             texts = [docs[d] for _, ids in groups for d in ids]
             labels = None
         else:
-            chunk = next(batches)[own]
+            chunk = draw(done)[own]
             queries = [p.query for p in chunk]
             texts = [docs[p.doc_id] for p in chunk]
             labels = torch.tensor([p.label / scale for p in chunk], device=device)
@@ -764,6 +770,10 @@ def train_reranker(cfg: RerankerTrainConfig) -> RerankerTrainResult:
         main_process=world.is_main, progress=cfg.progress, desc=f"train reranker ({cfg.loss})",
         metric="interpolated_ndcg10" if cfg.residual else "ndcg@10",
         plot_title=f"reranker: dev nDCG@10 of first-stage top-{cfg.dev_rerank_k} ({len(dev)} queries)",
+        state_module=model if cfg.resumable else None, skip=draw, save_every=cfg.save_every,
+        # the best checkpoint's dev scores, which hybrid_alpha reuses, survive a resume
+        state_fields=lambda: {"best_dev_scores": best_scores},
+        load_state_fields=lambda fields: best_scores.update(fields["best_dev_scores"]),
     ).train()
     if teacher is not None and cfg.first_stage == "dense":  # on every rank alike: from_main is a collective
         from_main(world, lambda: result.best_dir and hybrid_alpha(cfg, result.best_dir, device, dev, corpus,

@@ -6,7 +6,9 @@ Layout of ``--out DIR``:
 * ``dev_ndcg.png``: dev nDCG@10 against steps (and the training loss), redrawn at every evaluation;
 * ``best/``: the checkpoint with the best dev score so far (the one to use);
 * ``last/``: the final weights, when asked for;
-* ``summary.json``: best step and score, skips, timings.
+* ``summary.json``: best step and score, skips, timings;
+* ``trainer_state/``: while the run is under way, what ``--resume`` continues it from (weights, optimizer,
+  random generators, position: `twotower.retrieval.training.resume`); removed when the run finishes.
 
 Checkpoints are written into a temporary sibling directory and swapped into
 place (`twotower.common.atomic.atomic_replace_dir`), so an interrupted save never
@@ -20,6 +22,10 @@ in by `TrainingRun.finish` (as `twotower finetune` does): a run stopped on the w
 leaves the earlier run whole, never its ``summary.json`` or ``last/`` beside the
 new run's ``best/``.  The earlier run's log then becomes the new run's
 ``train_log.jsonl.previous``; its other files go with it.
+
+A resumed run (``resume``) writes where the run it continues did (``OUT.unfinished`` when that one was
+replacing an earlier run), keeps its log up to the step its training state was saved at (what follows
+would be done again) and goes on with a ``resume`` record; its clock goes on from the state's seconds.
 
 Nothing is written to ``--out`` until the trainer calls `TrainingRun.open` (or
 something is saved): records logged before are kept in memory and written then.
@@ -49,6 +55,7 @@ from twotower.common.atomic import (
 )
 
 RUN_OUTPUTS = ("best", "last", "summary.json")  # what marks a directory as holding an earlier run's results
+STATE_DIR = "trainer_state"  # a run under way's resumable state (`twotower.retrieval.training.resume`)
 
 
 class TrainingRun:
@@ -58,9 +65,13 @@ class TrainingRun:
     with `replace` and an earlier run there, ``target.unfinished`` (see the module docstring).
     """
 
-    def __init__(self, out: str, enabled: bool = True, replace: bool = False) -> None:
+    def __init__(self, out: str, enabled: bool = True, replace: bool = False, resume: bool = False) -> None:
         self.target = out
-        self.out = staging_dir(out) if replace and holds_run(out) else out
+        if resume:  # where the run saved its state: a replacing run's is in the staging directory
+            staged = staging_dir(out)
+            self.out = staged if os.path.isdir(os.path.join(staged, STATE_DIR)) else out
+        else:
+            self.out = staging_dir(out) if replace and holds_run(out) else out
         if self.staged and os.path.lexists(self.out) and not _ours(self.out):
             raise ValueError(f"{self.out} is in the way: a run replacing {out} is built there; move it away")
         self.enabled = enabled
@@ -69,11 +80,28 @@ class TrainingRun:
         self.records: list[dict] = []
         self.start = time.time()
         self.opened = False
+        self.resume_step: int | None = None  # set by `resume_at`
+        self.identity: dict = {}  # what makes a resume the same run (`twotower.retrieval.training.resume`)
+
+    @property
+    def state_dir(self) -> str:
+        """Where the run's resumable state is saved (and a resume reads it)."""
+        return os.path.join(self.out, STATE_DIR)
+
+    def resume_at(self, step: int, elapsed: float, records: int) -> None:
+        """Continue the run whose state was saved after `step` steps and `elapsed` seconds, when its log held
+        `records` records: `open` keeps those (what followed will be done again), and the clock (the records'
+        ``time``, a time budget) goes on from `elapsed`."""
+        self.resume_step, self._resume_records = step, records
+        self.start = time.time() - elapsed
 
     def open(self) -> None:
         """Start writing into `out`: the earlier run's log becomes ``train_log.jsonl.previous`` and the records
         logged so far are written. Call it once the inputs are read and checked (saving calls it too)."""
         if self.opened or not self.enabled:
+            return
+        if self.resume_step is not None:
+            self._open_resumed()
             return
         if self.staged:  # what a stopped replacing run left: started again from nothing
             shutil.rmtree(self.out, ignore_errors=True)
@@ -85,6 +113,20 @@ class TrainingRun:
         if self.records:
             with open(self.log_path, "a", encoding="utf-8") as f:
                 f.writelines(json.dumps(r, default=_jsonable) + "\n" for r in self.records)
+
+    def _open_resumed(self) -> None:
+        """`open` for a resumed run: the log as it was when the state was saved (what came after, a line a kill
+        tore included, is dropped), a ``resume`` record, then the records logged so far; `records` then reads as
+        the one run it is. Why by count, not by step: records without a step (the choice of a hybrid weight
+        after the last step) would otherwise be kept and then written again."""
+        from twotower.encoder.training.run_log import RunLog
+
+        sweep_temporaries(self.out)
+        kept = RunLog(self.log_path).read()[: self._resume_records]
+        marker = {"event": "resume", "time": round(self.elapsed, 2), "from_step": self.resume_step}
+        self.records = [*kept, marker, *self.records]
+        atomic_write_text(self.log_path, "".join(json.dumps(r, default=_jsonable) + "\n" for r in self.records))
+        self.opened = True
 
     @property
     def staged(self) -> bool:
@@ -130,6 +172,8 @@ class TrainingRun:
         summary = {**summary, "seconds": round(self.elapsed, 1)}
         self.log("done", **summary)
         self.write_summary(summary)
+        if self.enabled:  # a finished run is not continued: its state (weights and moments) only took room
+            shutil.rmtree(self.state_dir, ignore_errors=True)
         self._commit()
         return summary
 

@@ -70,3 +70,18 @@ def tiny_beir_dir(n_docs: int = 60, n_queries: int = 24, seed: int = 0) -> str:
             fq.write(json.dumps({"_id": f"q{i}", "text": " ".join(rng.sample(words, min(4, len(words))))}) + "\n")
             fr.write(f"q{i}\t{pos}\t1\n")
     return root
+
+
+def interrupted_at(step: int):
+    """A `TrainingLoop._step` that stops the process before optimizer step `step`, as Ctrl-C would (set it with
+    monkeypatch): what a resume continues from."""
+    from twotower.retrieval.training import loop
+
+    real = loop.TrainingLoop._step
+
+    def _step(self, bar):
+        if self.steps == step - 1:
+            raise KeyboardInterrupt
+        return real(self, bar)
+
+    return _step

@@ -82,6 +82,11 @@ def _common(p: argparse.ArgumentParser, mine: tuple[str, ...] = ("bm25", "none")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the run --out already holds, once the new run is complete (it is built in "
                         "DIR.unfinished meanwhile; without --overwrite such an --out is refused)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in --out exactly from its last saved state (saved after each dev "
+                        "evaluation and every --save-every steps), with the run's own settings and files")
+    p.add_argument("--save-every", type=int, default=None, metavar="N",
+                   help="also save the run's state every N steps, for --resume (default: at each evaluation)")
     p.add_argument("--split", help="qrels split of a BEIR directory to train on (default: train)")
     p.add_argument("--corpus", default=None, metavar="FILE", help="corpus.jsonl resolving document ids in JSONL data")
     p.add_argument("--negatives", default=None, metavar="FILE", help="mined negatives JSONL (twotower train mine)")
@@ -287,9 +292,25 @@ def _check_run_out(args) -> None:
 
     recover_replaced_dir(os.path.join(args.out, "best"))  # a save killed mid-swap left it moved aside
     # only a checkpoint is worth keeping: a run that stopped on bad input before one leaves just its log
-    if os.path.isdir(os.path.join(args.out, "best")) and not args.overwrite:
+    if os.path.isdir(os.path.join(args.out, "best")) and not (args.overwrite or args.resume):
         raise ValueError(f"--out {args.out} already holds a trained checkpoint ({os.path.join(args.out, 'best')}); "
                          "pass --overwrite to replace it, or give another --out")
+
+
+def _trained(args, train) -> object:
+    """`train()`, and on Ctrl-C the line the command prints says what ``--resume`` would continue from."""
+    try:
+        return train()
+    except KeyboardInterrupt:
+        from twotower.retrieval.training.resume import saved_steps
+
+        steps = saved_steps(args.out)
+        again = " with --overwrite" if os.path.isdir(os.path.join(args.out, "best")) else ""
+        args.interrupted = (f"the run's state after step {steps} is saved; run the same command with --resume to "
+                            "continue from there" if steps is not None else
+                            "no state was saved yet (the first is saved at the first dev evaluation after a step, "
+                            f"or after --save-every steps): run the command again{again} to start over")
+        raise
 
 
 def _split(split: str | None, flag: str, data: str) -> str:
@@ -343,6 +364,7 @@ def _settings(args, default_ranks: tuple[int, int]) -> dict:
         dev_size=args.dev_size, dev_by=args.dev_by, dev_seed=args.dev_seed, eval_every=args.eval_every,
         eval_interval_s=parse_duration("--eval-interval", args.eval_interval), save_last=args.save_last,
         progress=not args.no_progress, device=args.device, dry_run=args.dry_run, overwrite=args.overwrite,
+        resume=args.resume, save_every=args.save_every,
     )
 
 
@@ -369,7 +391,7 @@ def run_dual(args) -> int:
                         ("--train-doc-max-length", args.train_doc_max_length)):
         max_length_fits(flag, value, args.model)
     _inputs(args)
-    res = train_dual(cfg)
+    res = _trained(args, lambda: train_dual(cfg))
     cleanup(info)  # success path only: a barrier after one rank failed would just hang
     if not info.is_main:  # the result is rank 0's: the other ranks neither evaluate nor save
         return 0
@@ -479,7 +501,7 @@ def run_reranker(args) -> int:
     max_length_fits("--max-length", args.max_length, _base_dir(args.model))
     _inputs(args)
     info = init_distributed(args.device)  # joins torchrun's group when WORLD_SIZE > 1 (gloo for --device cpu)
-    res = train_reranker(cfg)
+    res = _trained(args, lambda: train_reranker(cfg))
     cleanup(info)  # success path only: a barrier after one rank failed would just hang
     if not info.is_main:  # the result is rank 0's: the other ranks neither evaluate nor save
         return 0
