@@ -5,6 +5,7 @@ from twotower.eval.io.beir import (
     BeirDocument,
     available_splits,
     iter_beir_corpus,
+    iter_beir_queries,
     load_beir,
     read_beir_corpus,
     read_beir_qrels,
@@ -15,6 +16,7 @@ from twotower.eval.io.beir import (
 )
 from twotower.eval.io.conll import TaggedSentence, read_conll, write_conll
 from twotower.eval.io.msmarco import (
+    iter_id_text_tsv,
     iter_msmarco_triples,
     read_id_text_tsv,
     read_msmarco_qrels,
@@ -41,6 +43,8 @@ __all__ = [
     "available_splits",
     "detect_qrels_format",
     "iter_beir_corpus",
+    "iter_beir_queries",
+    "iter_id_text_tsv",
     "iter_msmarco_triples",
     "load_beir",
     "read_beir_corpus",
