@@ -92,7 +92,7 @@ class TrainingRun:
         """Continue the run whose state was saved after `step` steps and `elapsed` seconds, when its log held
         `records` records: `open` keeps those (what followed will be done again), and the clock (the records'
         ``time``, a time budget) goes on from `elapsed`."""
-        self.resume_step, self._resume_records = step, records
+        self.resume_step, self._resume_records, self._resumed_at = step, records, elapsed
         self.start = time.time() - elapsed
 
     def open(self) -> None:
@@ -123,7 +123,8 @@ class TrainingRun:
 
         sweep_temporaries(self.out)
         kept = RunLog(self.log_path).read()[: self._resume_records]
-        marker = {"event": "resume", "time": round(self.elapsed, 2), "from_step": self.resume_step}
+        # at the state's seconds: the records this process logged before `open` come after it
+        marker = {"event": "resume", "time": round(self._resumed_at, 2), "from_step": self.resume_step}
         self.records = [*kept, marker, *self.records]
         atomic_write_text(self.log_path, "".join(json.dumps(r, default=_jsonable) + "\n" for r in self.records))
         self.opened = True
