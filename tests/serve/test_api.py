@@ -151,6 +151,33 @@ def test_health_and_stats(index_template):
         assert 0 < s["batching"]["busy_s"] <= s["requests"]["uptime_s"]  # the owner's time in the searches
 
 
+def test_the_page_and_its_files_forbid_framing_sniffing_and_anything_from_elsewhere(index_template):
+    """The page's answers carried no security headers: any site could frame it (and its token box), and a
+    browser would run script or style from anywhere it was injected."""
+    page_headers = {"content-security-policy": "default-src 'self'; frame-ancestors 'none'",
+                    "x-frame-options": "DENY", "x-content-type-options": "nosniff"}
+    with client(index_template) as c:
+        for path in ["/"] + [f"/static/{name}" for name in sorted(os.listdir(STATIC))]:
+            r = c.get(path)
+            assert r.status_code == 200, path
+            assert {k: r.headers.get(k) for k in page_headers} == page_headers, path
+        assert c.head("/").headers["x-frame-options"] == "DENY"
+        docs = c.get("/docs")  # its script and style are inline: framing and sniffing only
+        assert (docs.headers["x-frame-options"], docs.headers["x-content-type-options"]) == ("DENY", "nosniff")
+
+
+def test_stats_lists_the_metadata_fields_a_filter_may_name(index_dir):
+    """The page puts them by its filter box; no endpoint said which fields an index has."""
+    with client(index_dir, token=TOKEN) as c:
+        index = stats(c, AUTH)["index"]
+        assert (index["metadata_fields"], index["metadata_field_count"]) == ([], 0)
+        doc = {"_id": "m1", "text": "tea", "metadata": {"lang": "en", "source": {"name": "x", "year": 2020}}}
+        assert c.post("/documents", json={"documents": [doc]}, headers=AUTH).status_code == 200
+        index = stats(c, AUTH)["index"]  # the next commit's fields, at once
+        assert index["metadata_fields"] == ["lang", "source.name", "source.year"]
+        assert index["metadata_field_count"] == 3
+
+
 def test_page_and_api_reference_load_nothing_from_elsewhere(index_template):
     with client(index_template) as c:
         page = c.get("/")

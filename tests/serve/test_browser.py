@@ -2,7 +2,8 @@
 
 Types a query, waits for the hits, checks what each shows (title, snippet, final score,
 first-stage and reranked rank) and saves a screenshot (``$TWOTOWER_SCREENSHOT_DIR`` keeps a
-copy).  Skipped only where Chromium is absent outside CI; in CI (``CI=true``) it must run:
+copy); then the page's own behaviour (one browser for those): a search sent while one runs, errors, the URL,
+odd titles and text.  Skipped only where Chromium is absent outside CI; in CI (``CI=true``) it must run:
 .ci/run installs ``chromium`` and ``chromium-driver``.
 """
 
@@ -12,6 +13,7 @@ import gzip
 import itertools
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -58,9 +60,10 @@ def page_index(tmp_path_factory, encoder) -> str:
     return str(root / "idx")
 
 
-@pytest.fixture()
-def server(page_index, reranker_dir, tmp_path):
-    yield from _serve(page_index, tmp_path, "--reranker", reranker_dir)
+@pytest.fixture(scope="module")
+def server(page_index, reranker_dir, tmp_path_factory):
+    """One server for the module's tests over `page_index`: they only search."""
+    yield from _serve(page_index, tmp_path_factory.mktemp("serve"), "--reranker", reranker_dir)
 
 
 def _serve(index: str, tmp_path, *flags: str):
@@ -248,3 +251,327 @@ def test_the_page_over_passages_shows_the_passage_that_ranked_each_document_and_
         assert not [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
     finally:
         driver.quit()
+
+
+# ---------------------------------------------------------------------- the page's own behaviour, one browser
+SECOND = "gene expression in tumour cells"
+# Holds the page's next /search answers back by the given milliseconds each (a slow server, as the page sees it),
+# without passing the page's AbortSignal on: a superseded search's answer still arrives, late, and must be dropped.
+SLOW_SEARCHES = """
+const real = window.fetch;
+window.__delays = arguments[0]; window.__signals = []; window.__late = 0;
+window.fetch = function (url, opts) {
+  if (!String(url).startsWith("/search")) return real(url, opts);
+  window.__signals.push(opts && opts.signal);
+  const delay = window.__delays.shift();
+  if (!delay) return real(url, opts);
+  const rest = Object.assign({}, opts);
+  delete rest.signal;
+  return new Promise((ok) => setTimeout(ok, delay)).then(() => real(url, rest)).finally(() => { window.__late++; });
+};
+"""
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    """One Chromium for the tests below (each loads the page afresh)."""
+    _need_browser()
+    driver = _browser(tmp_path_factory.mktemp("browser"))
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _open(driver, url: str) -> None:
+    """Load the page at `url` and wait until it has described the index; the browser's log starts afresh."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver.get(url)
+    WebDriverWait(driver, 60).until(lambda d: "documents" in d.find_element(By.ID, "status").text)
+    driver.get_log("browser")
+
+
+def _severe(driver) -> list:
+    """The browser's errors, less the 4xx answers a test asked for (Chromium logs each failed request)."""
+    return [e for e in driver.get_log("browser") if e["level"] == "SEVERE" and "status of 4" not in e["message"]]
+
+
+def _submit(driver, query: str) -> None:
+    """Put `query` in the box (as set by a script: the box's maxlength does not apply) and press Enter."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    driver.execute_script("document.getElementById('q').value = arguments[0]", query)
+    driver.find_element(By.ID, "q").send_keys(Keys.ENTER)
+
+
+def _shown(driver) -> list[str] | None:
+    """The ids of the hits on the page (None while the list is being replaced)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+
+    try:
+        return [h.get_attribute("data-id") for h in driver.find_elements(By.CSS_SELECTOR, "#results .hit")]
+    except StaleElementReferenceException:
+        return None
+
+
+def _api_ids(url: str, q: str, **options) -> list[str]:
+    """The hits /search gives for the page's defaults (10 hits, 100 candidates, rerank the top 20) and `options`."""
+    params = {"q": q, "k": 10, "recall_k": 100, "hybrid": False, "rerank": True, "rerank_k": 20, **options}
+    if not params["rerank"]:
+        del params["rerank_k"]
+    r = httpx.get(url + "/search", params=params)
+    assert r.status_code == 200, r.text
+    return [h["id"] for h in r.json()["hits"]]
+
+
+def test_a_second_search_while_one_runs_replaces_it_and_is_announced(server, browser):
+    """The page disabled its button while a search ran, and a browser submits no form on Enter then: a second
+    query was dropped, and the first one's hits showed under it when they came."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    want = _api_ids(server, SECOND)
+    assert want != _api_ids(server, QUERY)
+    driver = browser
+    _open(driver, server + "/")
+    wait = WebDriverWait(driver, 20, poll_frequency=0.05)
+    driver.execute_script(SLOW_SEARCHES, [1500])
+    _submit(driver, QUERY)
+    _submit(driver, SECOND)  # while the first is held back
+    wait.until(lambda d: d.execute_script("return window.__late") == 1)  # the first one's answer came, late
+    time.sleep(0.5)  # time enough to (wrongly) show it
+    assert _shown(driver) == want
+    summary = driver.find_element(By.ID, "summary")
+    assert f"10 hits for “{SECOND}”" in summary.text  # it names the query it answers
+    assert driver.execute_script("return window.__signals[0].aborted") is True  # the first fetch was cancelled
+
+    # While a search runs the summary says so, and the hits are marked busy; both are announced (a status region).
+    assert summary.get_attribute("role") == "status" or summary.get_attribute("aria-live") == "polite"
+    results = driver.find_element(By.ID, "results")
+    driver.execute_script("window.__delays = [1500]")
+    _submit(driver, QUERY)
+    wait.until(lambda d: f"searching for “{QUERY}”" in summary.text)
+    assert results.get_attribute("aria-busy") == "true"
+    wait.until(lambda d: _shown(d) == _api_ids(server, QUERY))
+    assert results.get_attribute("aria-busy") == "false" and f"10 hits for “{QUERY}”" in summary.text
+    assert not _severe(driver)
+
+
+def test_an_error_clears_the_hits_and_summary_of_the_query_before(server, browser):
+    """An error left the previous query's hits and summary on the page, read as the failed query's."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver = browser
+    _open(driver, server + "/")
+    wait = WebDriverWait(driver, 20)
+    want = _api_ids(server, QUERY)
+    set_filter = "document.getElementById('filter').value = arguments[0]"
+    for query, flt, says in ((" ", "", "type a query"), ("\u200b\u200b", "", "400: q holds only"),
+                             ("x" * 1001, "", "413: q: the query has 1,001 characters"),
+                             (QUERY, "hlaf == 1", "400: filter: unknown field 'hlaf'")):
+        driver.execute_script(set_filter, "")
+        _submit(driver, QUERY)
+        wait.until(lambda d: _shown(d) == want and not d.find_element(By.ID, "error").is_displayed())
+        driver.execute_script(set_filter, flt)
+        _submit(driver, query)
+        wait.until(lambda d: d.find_element(By.ID, "error").is_displayed())
+        assert says in driver.find_element(By.ID, "error").text
+        assert _shown(driver) == [], says
+        assert driver.find_element(By.ID, "summary").text == "", says
+    assert not _severe(driver)
+
+
+def test_the_url_holds_the_search_and_going_back_or_loading_it_searches_again(server, browser):
+    """The page kept nothing in its URL: a search could not be bookmarked, shared or gone back to."""
+    from urllib.parse import parse_qs, urlencode, urlsplit
+
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    driver = browser
+    _open(driver, server + "/")
+    wait = WebDriverWait(driver, 20)
+    driver.find_element(By.CSS_SELECTOR, "label.switch:has(#hybrid)").click()
+    Select(driver.find_element(By.ID, "recall_k")).select_by_visible_text("50")
+    Select(driver.find_element(By.ID, "rerank_k")).select_by_visible_text("10")
+    driver.find_element(By.ID, "filter").send_keys("half == 1")
+    options = {"hybrid": True, "recall_k": 50, "rerank_k": 10, "filter": "half == 1"}
+    first, second = _api_ids(server, QUERY, **options), _api_ids(server, SECOND, **options)
+    _submit(driver, QUERY)
+    wait.until(lambda d: _shown(d) == first)
+    url = driver.current_url
+    assert parse_qs(urlsplit(url).query) == {"q": [QUERY], "k": ["10"], "recall_k": ["50"], "hybrid": ["true"],
+                                             "rerank": ["true"], "rerank_k": ["10"], "filter": ["half == 1"]}
+    _submit(driver, SECOND)
+    wait.until(lambda d: _shown(d) == second)
+    assert parse_qs(urlsplit(driver.current_url).query)["q"] == [SECOND]
+    driver.back()
+    wait.until(lambda d: _shown(d) == first)
+    assert driver.current_url == url and driver.find_element(By.ID, "q").get_attribute("value") == QUERY
+
+    # A fresh page at a URL: its options in the controls, and its hits.
+    _open(driver, server + "/?" + urlencode({"q": SECOND, "k": 5, "recall_k": 20, "hybrid": "false",
+                                             "rerank": "false"}))
+    wait.until(lambda d: _shown(d) == _api_ids(server, SECOND, k=5, recall_k=20, rerank=False))
+    assert driver.find_element(By.ID, "q").get_attribute("value") == SECOND
+    assert not any(driver.find_element(By.ID, name).is_selected() for name in ("hybrid", "rerank"))
+    assert Select(driver.find_element(By.ID, "k")).first_selected_option.text == "5"
+    assert not driver.find_element(By.ID, "rerank_k").is_enabled()  # means nothing without the reranker
+    assert driver.find_element(By.ID, "filter").get_attribute("value") == ""
+    # A changed option searches again, and the URL follows.
+    driver.find_element(By.CSS_SELECTOR, "label.switch:has(#rerank)").click()
+    wait.until(lambda d: _shown(d) == _api_ids(server, SECOND, k=5, recall_k=20))
+    assert parse_qs(urlsplit(driver.current_url).query)["rerank"] == ["true"]
+    assert "token" not in driver.current_url
+    assert not _severe(driver)
+
+
+LONG_TITLE = "Pneumonoultramicroscopicsilicovolcanoconiosis" * 8
+LONG_ID = "doc-" + "0123456789abcdef" * 12
+HTML_TEXT = 'markup <b>bold</b> & <img src="/nothing.png" alt="x"> stays text'
+
+
+def odd_docs() -> list[dict]:
+    """Documents the page showed wrongly: an unbroken title and id, emoji before the passage that ranks a
+    document, words starting with a non-ASCII letter, HTML in a text; metadata to show and filter on."""
+    from tests.retrieval.test_passages import long_text
+
+    return [
+        {"_id": LONG_ID, "title": LONG_TITLE, "text": "a plain note about green tea"},
+        {"_id": "emoji", "title": "smileys", "text": "🙂 " * 40 + long_text(60, 5) + " zorbania " + long_text(60, 6)},
+        {"_id": "oeko", "title": "Wald", "text": "Die Ökologie des Waldes und der Ökosysteme",
+         "metadata": {"lang": "de", "year": 2020}},
+        {"_id": "html", "title": "markup", "text": HTML_TEXT, "metadata": {"note": "<i>x</i>", "tags": ["a", "b"]}},
+    ]
+
+
+@pytest.fixture(scope="module")
+def odd_server(tmp_path_factory, encoder):
+    """`twotower serve` over a --passages index (with BM25, no reranker) of `odd_docs`, in a directory "odd"."""
+    from twotower.retrieval import SearchPipeline
+
+    root = tmp_path_factory.mktemp("odd")
+    SearchPipeline.build(write_corpus(str(root / "c.jsonl"), odd_docs()), str(root / "odd"), encoder,
+                         passages=True, passage_window=16, passage_stride=12, bm25=True, progress=False).close()
+    yield from _serve(str(root / "odd"), root)
+
+
+def test_a_long_unbroken_title_or_id_does_not_scroll_the_page_sideways(odd_server, browser):
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver = browser
+    _open(driver, odd_server + "/")
+    _submit(driver, "green tea")
+    WebDriverWait(driver, 20).until(lambda d: LONG_ID in (_shown(d) or []))
+    try:
+        for width in (1100, 420):
+            driver.set_window_size(width, 900)
+            sideways = driver.execute_script("const e = document.documentElement; return e.scrollWidth - e.clientWidth")
+            assert sideways <= 0, (width, sideways)
+    finally:
+        driver.set_window_size(1100, 1500)
+
+
+def test_a_passage_snippet_starts_at_its_passage_after_characters_outside_the_bmp(odd_server, browser):
+    """passage.start counts code points (Python's); the page sliced UTF-16 units, so the snippet began one unit
+    early for each emoji (two units) before the passage."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    hits = httpx.get(odd_server + "/search", params={"q": "zorbania", "k": 10, "recall_k": 100, "hybrid": True,
+                                                     "rerank": False, "aggregate": "max"}).json()["hits"]
+    hit = next(h for h in hits if h["id"] == "emoji")
+    start, end = hit["passage"]["start"], hit["passage"]["end"]
+    assert hit["text"][:start].count("🙂") == 40  # the passage that ranked it comes after them
+    driver = browser
+    _open(driver, odd_server + "/")
+    driver.find_element(By.CSS_SELECTOR, "label.switch:has(#hybrid)").click()
+    _submit(driver, "zorbania")
+    WebDriverWait(driver, 20).until(lambda d: _shown(d) == [h["id"] for h in hits])
+    el = driver.find_element(By.CSS_SELECTOR, '#results .hit[data-id="emoji"]')
+    assert f"passage at character {start}" in el.find_element(By.CLASS_NAME, "scores").text
+    snippet = el.find_element(By.CLASS_NAME, "snippet").text
+    assert snippet.removeprefix("… ").startswith(hit["text"][start:end].strip()[:40]), snippet
+    assert not _severe(driver)
+
+
+def test_query_words_starting_with_a_non_ascii_letter_are_marked(odd_server, browser):
+    """JavaScript's \\b is ASCII-only: "Ökologie" was never marked.  And the snippet began around the first match
+    anywhere in a word ("tea" in "steam") while only matches at a word's start were marked."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver = browser
+    _open(driver, odd_server + "/")
+    # hybrid: the passage that ranks the document is one holding the word (its BM25 rank is fused in), whichever
+    # passage the random tiny model would put first
+    driver.find_element(By.CSS_SELECTOR, "label.switch:has(#hybrid)").click()
+    _submit(driver, "Ökologie")
+    WebDriverWait(driver, 20).until(lambda d: "oeko" in (_shown(d) or []))
+    el = driver.find_element(By.CSS_SELECTOR, '#results .hit[data-id="oeko"] .snippet')
+    marked = re.findall("<mark>(.*?)</mark>", el.get_attribute("innerHTML"))
+    assert marked and set(marked) == {"Ökologie"}, marked  # not "Ökosysteme"
+    html = driver.execute_script("return snippet(arguments[0], queryTerms(arguments[1]))", "Die Ökologie", "ökologie")
+    assert html == "Die <mark>Ökologie</mark>"
+    text = "steam " + "filler " * 60 + "tea time"
+    html = driver.execute_script("return snippet(arguments[0], queryTerms('tea'))", text)
+    assert html.startswith("… ") and html.endswith("filler <mark>tea</mark> time"), html
+    assert not _severe(driver)
+
+
+def test_a_hit_opens_to_its_whole_document_and_the_status_names_what_is_searched(odd_server, browser):
+    """The page showed neither a whole document nor its metadata, nor which fields a filter may name; its status
+    line named a model fingerprint, not the index and models."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver = browser
+    _open(driver, odd_server + "/")
+    wait = WebDriverWait(driver, 20)
+    status = driver.find_element(By.ID, "status").text
+    assert status.startswith("odd · 4 documents") and "no reranker" in status and "BM25 available" in status
+    assert "model tiny" in status, status
+    assert "lang" in driver.find_element(By.ID, "filter").get_attribute("title")
+    _submit(driver, "markup bold")
+    wait.until(lambda d: "html" in (_shown(d) or []))
+    hit = driver.find_element(By.CSS_SELECTOR, '#results .hit[data-id="html"]')
+    assert hit.find_element(By.CSS_SELECTOR, ".chip").get_attribute("title").startswith("final score")
+    hit.find_element(By.CSS_SELECTOR, "details.doc summary").click()
+    wait.until(lambda d: hit.find_element(By.CSS_SELECTOR, ".doc-text").text == HTML_TEXT)
+    assert not hit.find_elements(By.CSS_SELECTOR, ".doc-body img, .doc-body i")  # shown as text, never HTML
+    meta = [e.text for e in hit.find_elements(By.CSS_SELECTOR, ".doc-meta dt, .doc-meta dd")]
+    assert meta == ["note", "<i>x</i>", "tags", '["a","b"]']
+    assert not _severe(driver)
+
+
+@pytest.fixture()
+def token_server(page_index, tmp_path):
+    (tmp_path / "token").write_text("s3cret\n")
+    yield from _serve(page_index, tmp_path, "--token-file", str(tmp_path / "token"))
+
+
+def test_with_a_token_configured_the_page_asks_for_it_in_its_box(token_server, browser):
+    """The page said "ready" before a token was given, and a search's 401 told the person to send an
+    Authorization header."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver = browser
+    driver.get(token_server + "/")
+    wait = WebDriverWait(driver, 20)
+    status = driver.find_element(By.ID, "status")
+    wait.until(lambda d: "token" in status.text)
+    assert status.text == "this server needs a token: enter it in the token box"
+    assert driver.find_element(By.ID, "token-row").is_displayed()
+    _submit(driver, QUERY)
+    wait.until(lambda d: d.find_element(By.ID, "error").is_displayed())
+    assert driver.find_element(By.ID, "error").text == "401: this server needs a token: enter it in the token box"
+    driver.find_element(By.ID, "token").send_keys("s3cret")
+    driver.find_element(By.ID, "q").click()  # the token box's change: the page describes the index, searches again
+    wait.until(lambda d: "120 documents" in status.text and len(_shown(d) or []) == 10)
+    assert not driver.find_element(By.ID, "error").is_displayed() and "s3cret" not in driver.current_url

@@ -54,6 +54,14 @@ FILTER_HELP = 'metadata filter, e.g. lang == "en" and year >= 2010 (the filter l
 AGGREGATE_HELP = ("an index built with --passages: a document's score from its passages' first-stage scores: max "
                   "(its best passage), sum (of its passages among the fetched rows) or first (its first passage)")
 T = TypeVar("T")
+# /stats lists at most this many metadata fields (sorted), with their count: an index whose metadata keys are
+# data (one per tag, say) would otherwise make every /stats answer as large as that set
+MAX_LISTED_FIELDS = 100
+# The page's answers (/, /docs and /static): it loads nothing from elsewhere and runs no inline script or style,
+# so the browser may refuse anything else; no site may frame it (clickjacking the token box); files are what
+# their Content-Type says.  /docs keeps its inline script and style: it gets the last two only.
+FRAME_HEADERS = {"X-Frame-Options": "DENY", "X-Content-Type-Options": "nosniff"}
+PAGE_HEADERS = {"Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'", **FRAME_HEADERS}
 RERANK_K_HELP = ("candidates the cross-encoder scores, the first stage's top rerank_k (1..recall_k); "
                  f"default min({DEFAULT_RERANK_K}, recall_k)")
 
@@ -275,6 +283,8 @@ class SearchService:
             "index": {"directory": info.get("directory"), "type": info.get("factory"), "metric": info.get("metric"),
                       "dim": info.get("dim"), "bm25": bool(info.get("bm25")),
                       "tombstones": info.get("tombstones"),
+                      "metadata_fields": list(view.metadata_fields[:MAX_LISTED_FIELDS]),
+                      "metadata_field_count": len(view.metadata_fields),
                       "encoder_fingerprint": (pipeline.get("encoder") or {}).get("fingerprint"),
                       "corpus_sha256": corpus.get("sha256")},
             "model": {"source": o.encoder_source, "fingerprint": o.encoder_describe.get("fingerprint"),
@@ -465,14 +475,23 @@ def create_app(config: ServeConfig) -> FastAPI:
 
     @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)  # HEAD: uptime probes
     async def page() -> FileResponse:
-        return FileResponse(os.path.join(STATIC, "index.html"), media_type="text/html")
+        return FileResponse(os.path.join(STATIC, "index.html"), media_type="text/html", headers=PAGE_HEADERS)
 
     @app.api_route("/docs", methods=["GET", "HEAD"], include_in_schema=False)
     async def docs() -> FileResponse:
-        return FileResponse(os.path.join(STATIC, "docs.html"), media_type="text/html")
+        return FileResponse(os.path.join(STATIC, "docs.html"), media_type="text/html", headers=FRAME_HEADERS)
 
-    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    app.mount("/static", _PageFiles(directory=STATIC), name="static")
     return app
+
+
+class _PageFiles(StaticFiles):
+    """The page's static files, with the page's security headers (`PAGE_HEADERS`)."""
+
+    async def get_response(self, path: str, scope: Any) -> Any:
+        response = await super().get_response(path, scope)
+        response.headers.update(PAGE_HEADERS)
+        return response
 
 
 async def _disconnected(receive: Any) -> None:

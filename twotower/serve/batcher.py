@@ -106,6 +106,8 @@ class IndexView:
     generation: int
     documents: int
     info: dict[str, Any]
+    # dotted metadata paths a filter may name (a superset after deletes): the page lists them by its filter box
+    metadata_fields: tuple[str, ...] = ()
 
 
 @dataclass
@@ -374,7 +376,8 @@ class ModelOwner:
 
     def _set_view(self) -> None:
         store = self._pipe.store
-        self.view = IndexView(store.generation, len(self._pipe), self._pipe.info())  # documents, not passages
+        self.view = IndexView(store.generation, len(self._pipe), self._pipe.info(),  # documents, not passages
+                              tuple(sorted(store.docstore.metadata_fields())))
 
     def _refresh(self, force: bool = False) -> IndexView:
         store = self._pipe.store
