@@ -194,6 +194,16 @@ def staging_dir(out_dir: str) -> str:
     return out_dir.rstrip(os.sep) + STAGING_SUFFIX
 
 
+def left_by_a_stopped_run(directory: str, marker: str) -> bool:
+    """Whether a `staging_dir` is what a stopped replacing run left (nothing, or its `marker` file: a log, a
+    run record), which the next such run may start again from nothing; anything else there is the user's."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return False
+    return not names or marker in names
+
+
 def _remove(path: str) -> None:
     """Remove a file or a directory tree, whichever `path` is; what cannot be removed stays."""
     if os.path.isdir(path) and not os.path.islink(path):

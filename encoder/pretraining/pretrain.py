@@ -7,7 +7,9 @@
 
 Nothing is written to the output directory until every input has been read and checked, so a start that
 fails on bad input (a malformed corpus, a damaged ``--init-from``) leaves an earlier run there as it was,
-``--overwrite`` or not.
+``--overwrite`` or not. A run that replaces what ``--out`` holds (``--overwrite``) is built in
+``OUT.unfinished`` and swapped into ``--out`` only once its budget is spent (`run_dir`): one stopped on the
+way, or paused with ``--max-steps``, leaves the earlier run whole, and ``--resume`` continues it there.
 
 The schedule is keyed to the budget (tokens, steps or wall-clock seconds), so
 warmup and decay end exactly when the budget runs out.  Checkpoints are the HF
@@ -31,7 +33,13 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from twotower.common.atomic import recover_replaced_dir, sweep_temporaries
+from twotower.common.atomic import (
+    atomic_replace_dir,
+    left_by_a_stopped_run,
+    recover_replaced_dir,
+    staging_dir,
+    sweep_temporaries,
+)
 from twotower.common.device import autocast, resolve_bf16, training_device
 from twotower.common.distributed import DistInfo, all_reduce_sum, barrier, cleanup, init_distributed
 from twotower.common.errors import DataError, check_at_least, check_setting
@@ -181,7 +189,38 @@ def resolve_config(args: PretrainArgs, tokenizer: Tokenizer) -> EncoderConfig:
     return config
 
 
-def check_out_dir(args: PretrainArgs, config: EncoderConfig, budget: Budget, tokenizer: Tokenizer,
+def run_dir(args: PretrainArgs) -> str:
+    """Where this run writes: ``--out``, or ``OUT.unfinished`` for a run that replaces what ``--out`` holds
+    (``--overwrite``), swapped in once its budget is spent (`finish_out_dir`). A resume continues where the
+    run's state is: in ``OUT.unfinished`` when a replacing run left one there.
+
+    Why: ``--overwrite`` removed the earlier run (perhaps hours of pretraining) when the new one started, so a
+    new run stopped by a crash, a Ctrl-C or a mistyped flag left neither; `twotower train` and `finetune`
+    already built a replacing run apart.
+    """
+    staged = staging_dir(args.out)
+    if args.resume:
+        recover_replaced_dir(os.path.join(staged, STATE_DIR))  # a save killed mid-swap: put the last state back
+        return staged if os.path.isdir(os.path.join(staged, STATE_DIR)) else args.out
+    holds = os.path.isdir(args.out) and bool(os.listdir(args.out))
+    return staged if args.overwrite and holds else args.out
+
+
+def finish_out_dir(args: PretrainArgs, work: str, info: DistInfo) -> str:
+    """Swap a replacing run whose budget is spent into ``--out`` (the earlier run's log is kept as
+    ``log.jsonl.previous``); returns where the run is now."""
+    if work == args.out:
+        return work
+    if info.is_main:
+        earlier_log = os.path.join(args.out, "log.jsonl")
+        if os.path.isfile(earlier_log):
+            shutil.copyfile(earlier_log, os.path.join(work, "log.jsonl.previous"))
+        atomic_replace_dir(work, args.out)
+    barrier(info)
+    return args.out
+
+
+def check_out_dir(args: PretrainArgs, work: str, config: EncoderConfig, budget: Budget, tokenizer: Tokenizer,
                   corpus_paths: list[str], valid_paths: list[str], info: DistInfo, compute: dict) -> None:
     """Refuse to write into another run unless resuming it or told to overwrite; writes nothing (a resume
     only puts back a training state that a kill left moved aside, `recover_replaced_dir`).
@@ -189,10 +228,11 @@ def check_out_dir(args: PretrainArgs, config: EncoderConfig, budget: Budget, tok
     A resume must be the same run: the same settings (`_RUN_SHAPE`, the budget, the config), the same
     number of processes, the same text (the files' SHA-256) and tokenizer. Anything else is refused naming
     each flag, since continuing would silently train another run under the first one's log and schedule.
+    `work` is where the run writes (`run_dir`): the run a resume continues is there.
     Another precision or device (`compute`, from `_compute_record`) is allowed, with a warning: a run may
     move to another machine, but its later steps will not equal those of an uninterrupted run.
     """
-    out = args.out
+    out = work if args.resume else args.out
     run_file = os.path.join(out, RUN_FILE)
     if args.resume:
         recover_replaced_dir(os.path.join(out, STATE_DIR))  # a save killed mid-swap: put the last state back
@@ -228,6 +268,8 @@ def check_out_dir(args: PretrainArgs, config: EncoderConfig, budget: Budget, tok
     if os.path.isdir(out) and os.listdir(out) and not args.overwrite:
         what = "another training run" if os.path.isfile(run_file) else "other files"
         raise ValueError(f"output directory {out} holds {what}; pass --resume to continue it or --overwrite")
+    if work != out and os.path.lexists(work) and not left_by_a_stopped_run(work, RUN_FILE):
+        raise ValueError(f"{work} is in the way: a run replacing {out} is built there; move it away")
 
 
 def read_run_record(run_file: str, out: str) -> dict:
@@ -329,15 +371,17 @@ def _compute_shown(compute: dict) -> str:
     return f"in {'bf16' if compute.get('bf16') else 'fp32'} on {compute.get('device')}"
 
 
-def start_out_dir(args: PretrainArgs, config: EncoderConfig, data: dict, info: DistInfo, compute: dict) -> None:
-    """Write a new run's ``run.json`` into `args.out`, replacing what it held (`check_out_dir` allowed it).
+def start_out_dir(args: PretrainArgs, work: str, config: EncoderConfig, data: dict, info: DistInfo,
+                  compute: dict) -> None:
+    """Write a new run's ``run.json`` into `work` (`run_dir`): ``--out``, empty or new, or the staging directory
+    of a run replacing what ``--out`` holds, where what a stopped replacing run left is removed first.
 
-    Called once every input has been read and checked: an earlier run is removed only when this one starts.
+    Called once every input has been read and checked.
     """
-    out = args.out
+    out = work
     barrier(info)
     if info.is_main:
-        if os.path.isdir(out) and os.listdir(out):
+        if os.path.isdir(out) and os.listdir(out):  # only ever a stopped replacing run's (`check_out_dir`)
             shutil.rmtree(out)
         os.makedirs(out, exist_ok=True)
         from twotower.common.atomic import atomic_write_text
@@ -410,14 +454,14 @@ def load_initial_weights(model: BertForPreTraining, directory: str) -> None:
     load_into(model, state, source=os.path.join(directory, WEIGHTS_NAME), allow_missing=fresh)
 
 
-def resume_state(args: PretrainArgs, model: BertForPreTraining, optimizer: torch.optim.Optimizer, order: RowOrder,
-                 counters: dict, device: torch.device) -> None:
+def resume_state(args: PretrainArgs, work: str, model: BertForPreTraining, optimizer: torch.optim.Optimizer,
+                 order: RowOrder, counters: dict, device: torch.device) -> None:
     """Continue from ``trainer_state/``: weights, optimizer, RNG, data position and `counters`, in place.
 
     A damaged state (a file cut short, edited or replaced) is a `DataError` naming the file and saying what
     to do; the run directory is left as it is.
     """
-    directory = os.path.join(args.out, STATE_DIR)
+    directory = os.path.join(work, STATE_DIR)
     try:
         state = load_train_state(directory, map_location=device)
         restore_train_state(state, directory, model, optimizer)
@@ -428,15 +472,15 @@ def resume_state(args: PretrainArgs, model: BertForPreTraining, optimizer: torch
             raise DataError(os.path.join(directory, "state.json"), None,
                             f"damaged: its training position has no {exc}") from None
     except DataError as exc:
-        raise DataError(exc.path, exc.line, f"{exc.message}; {_START_AGAIN.format(out=args.out)}") from None
+        raise DataError(exc.path, exc.line, f"{exc.message}; {_START_AGAIN.format(out=work)}") from None
 
 
-def write_checkpoint(args: PretrainArgs, model: BertForPreTraining, optimizer, tokenizer: Tokenizer,
-                     order: RowOrder, counters: dict) -> None:
-    """trainer_state/ first (atomic as a whole), then the HF export at the top of the output directory."""
+def write_checkpoint(work: str, model: BertForPreTraining, optimizer, tokenizer: Tokenizer, order: RowOrder,
+                     counters: dict) -> None:
+    """trainer_state/ first (atomic as a whole), then the HF export at the top of the run's directory."""
     user = {**counters, "data": order.state()}
-    save_train_state(os.path.join(args.out, STATE_DIR), model.state_dict(), optimizer, user)
-    save_pretrained(args.out, model.config, model.hf_state_dict(), tokenizer, architectures=model.architectures)
+    save_train_state(os.path.join(work, STATE_DIR), model.state_dict(), optimizer, user)
+    save_pretrained(work, model.config, model.hf_state_dict(), tokenizer, architectures=model.architectures)
 
 
 def pretrain(args: PretrainArgs) -> dict:
@@ -458,7 +502,8 @@ def _pretrain(args: PretrainArgs, info: DistInfo) -> dict:
     tokenizer = load_tokenizer(args.tokenizer)
     config = resolve_config(args, tokenizer)
     compute = _compute_record(bf16, device)
-    check_out_dir(args, config, budget, tokenizer, corpus_paths, valid_paths, info, compute)
+    work = run_dir(args)  # --out, or OUT.unfinished for a run replacing what --out holds
+    check_out_dir(args, work, config, budget, tokenizer, corpus_paths, valid_paths, info, compute)
 
     # every input is read and checked before --out is written (start_out_dir, below)
     rows = build_rows(corpus_paths, tokenizer, args, info, seed=args.seed)
@@ -478,15 +523,15 @@ def _pretrain(args: PretrainArgs, info: DistInfo) -> dict:
     optimizer = make_optimizer(model, args.lr, weight_decay=args.weight_decay)
     order = RowOrder(len(rows), args.seed, info.world_size, info.rank)
     counters = {"step": 0, "tokens": 0, "elapsed": 0.0, "next_eval": 1}
-    log = RunLog(os.path.join(args.out, "log.jsonl"), enabled=info.is_main)
+    log = RunLog(os.path.join(work, "log.jsonl"), enabled=info.is_main)
     if args.resume:
         if info.is_main:  # what saves killed mid-write left: a full state copy, a half-drawn curve
-            sweep_temporaries(args.out)
-        resume_state(args, model, optimizer, order, counters, device)
+            sweep_temporaries(work)
+        resume_state(args, work, model, optimizer, order, counters, device)
         log.truncate_after(counters["step"])
-        logger.info("resumed %s at step %d (%d tokens)", args.out, counters["step"], counters["tokens"])
+        logger.info("resumed %s at step %d (%d tokens)", work, counters["step"], counters["tokens"])
     else:
-        start_out_dir(args, config, _data_record(rows.corpus.meta["files"],
+        start_out_dir(args, work, config, _data_record(rows.corpus.meta["files"],
                                                  vrows.corpus.meta["files"] if vrows else [], tokenizer), info,
                       compute)
     ddp = model
@@ -569,13 +614,13 @@ def _pretrain(args: PretrainArgs, info: DistInfo) -> dict:
                           **evaluate(model, valid, device, bf16, info)}
                 log.write(record)
                 if info.is_main:
-                    plot_curves(log.read(), os.path.join(args.out, "curve.png"), title=args.out)
+                    plot_curves(log.read(), os.path.join(work, "curve.png"), title=args.out)
         due_ckpt = (counters["step"] % args.ckpt_every_steps == 0) if args.ckpt_every_steps else \
             (counters["elapsed"] - last_ckpt >= args.ckpt_every_minutes * 60)
         if due_ckpt:
             last_ckpt = counters["elapsed"]
             if info.is_main:
-                write_checkpoint(args, model, optimizer, tokenizer, order, counters)
+                write_checkpoint(work, model, optimizer, tokenizer, order, counters)
             barrier(info)
     if bar is not None:
         bar.close()
@@ -588,12 +633,16 @@ def _pretrain(args: PretrainArgs, info: DistInfo) -> dict:
         final = evaluate(model, valid, device, bf16, info)
         log.write({"type": "valid", "step": counters["step"], "tokens": counters["tokens"], **final})
         summary["valid"] = final
+    # where the run is: --out, or until its budget is spent a replacing run's OUT.unfinished
+    summary["out"] = args.out if progress() >= 1.0 else work
     if info.is_main:
-        write_checkpoint(args, model, optimizer, tokenizer, order, counters)
-        plot_curves(log.read(), os.path.join(args.out, "curve.png"), title=args.out)
+        write_checkpoint(work, model, optimizer, tokenizer, order, counters)
+        plot_curves(log.read(), os.path.join(work, "curve.png"), title=args.out)
         from twotower.common.atomic import atomic_write_text
 
-        atomic_write_text(os.path.join(args.out, "summary.json"), json.dumps(summary, indent=2) + "\n")
+        atomic_write_text(os.path.join(work, "summary.json"), json.dumps(summary, indent=2) + "\n")
+    if progress() >= 1.0:
+        finish_out_dir(args, work, info)
     if args.dump_replicas:
         from safetensors.torch import save_file
 

@@ -49,6 +49,7 @@ from twotower.common.atomic import (
     atomic_path,
     atomic_replace_dir,
     atomic_write_text,
+    left_by_a_stopped_run,
     recover_replaced_dir,
     staging_dir,
     sweep_temporaries,
@@ -72,7 +73,7 @@ class TrainingRun:
             self.out = staged if os.path.isdir(os.path.join(staged, STATE_DIR)) else out
         else:
             self.out = staging_dir(out) if replace and holds_run(out) else out
-        if self.staged and os.path.lexists(self.out) and not _ours(self.out):
+        if self.staged and os.path.lexists(self.out) and not left_by_a_stopped_run(self.out, "train_log.jsonl"):
             raise ValueError(f"{self.out} is in the way: a run replacing {out} is built there; move it away")
         self.enabled = enabled
         self.log_path = os.path.join(self.out, "train_log.jsonl")
@@ -233,15 +234,6 @@ def holds_run(out: str) -> bool:
     for name in RUN_OUTPUTS[:2]:
         recover_replaced_dir(os.path.join(out, name))
     return any(os.path.lexists(os.path.join(out, name)) for name in RUN_OUTPUTS)
-
-
-def _ours(directory: str) -> bool:
-    """Whether a staging directory is what a stopped replacing run left (a run's log, or nothing)."""
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return False
-    return not names or "train_log.jsonl" in names
 
 
 def _jsonable(obj: Any) -> Any:

@@ -527,3 +527,32 @@ def test_overwrite_that_fails_on_bad_input_leaves_the_earlier_run(stopped_run, t
     assert main(args) == 2
     assert f"{bad}:2: key 'text' is given twice in one JSON object" in capsys.readouterr().err
     assert _snapshot(out) == before
+
+
+def test_an_overwrite_run_is_built_apart_and_replaces_the_earlier_one_only_when_its_budget_is_spent(
+        stopped_run, tiny_tokenizer_dir, tmp_path, capsys):
+    """--overwrite removed the earlier run as the new one started: a new run stopped on the way left neither."""
+    s = stopped_run[0]
+    out = _copy_run(stopped_run, tmp_path)
+    before = _snapshot(out)
+    args = _args(s, tiny_tokenizer_dir, out, "--steps", "4", "--lr", "3e-3", "--overwrite")
+    assert main([*args, "--max-steps", "2"]) == 0  # paused half way: the earlier run is untouched
+    printed = json.loads(capsys.readouterr().out)
+    assert _snapshot(out) == before
+    assert printed["out"] == out + ".unfinished"
+    assert max(_train_losses(out + ".unfinished")) == 2
+    assert main([*args, "--resume"]) == 0  # continued where it is, then swapped in
+    assert json.loads(capsys.readouterr().out)["out"] == out
+    assert not os.path.exists(out + ".unfinished")
+    assert sorted(_train_losses(out)) == [1, 2, 3, 4] and os.path.isfile(os.path.join(out, "log.jsonl.previous"))
+    # bit for bit the run a fresh directory gets
+    fresh = str(tmp_path / "fresh")
+    assert main(_args(s, tiny_tokenizer_dir, fresh, "--steps", "4", "--lr", "3e-3")) == 0
+    assert (open(os.path.join(out, "model.safetensors"), "rb").read()
+            == open(os.path.join(fresh, "model.safetensors"), "rb").read())
+
+    # what a stopped replacing run left is started again from nothing; anything else there is in the way
+    os.makedirs(out + ".unfinished")
+    (tmp_path / "run.unfinished" / "mine.txt").write_text("mine\n")
+    assert main(args) == 2
+    assert "run.unfinished is in the way: a run replacing" in capsys.readouterr().err
