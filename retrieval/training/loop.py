@@ -460,6 +460,29 @@ class TrainingLoop:
     def resumable(self) -> bool:
         return self.state_module is not None and self.skip is not None
 
+    def _adopt_later_best(self) -> None:
+        """A kill between a better checkpoint's save and the state's leaves ``best/`` a step ahead of the state.
+        Its step and score (``training_args.json``) then stand as the best so far, so that ``best/`` and the
+        summary name the same checkpoint whatever the steps done again score: the same on a CPU, where they
+        are computed alike, but not always on a GPU or another device."""
+        import json
+
+        from twotower.retrieval.export import TRAINING_ARGS
+
+        path = os.path.join(self.run.out, "best", TRAINING_ARGS)
+        try:
+            with open(path, encoding="utf-8") as f:
+                args = json.load(f)
+            step, score = int(args["step"]), float(args["dev_ndcg@10"])
+        except (OSError, ValueError, KeyError, TypeError):  # none yet, or one written before it held its score
+            return
+        if step <= self.steps or not math.isfinite(score):  # the state's own best, or none of this run's
+            return
+        logger.warning("%s holds the checkpoint of step %d, saved after the training state (step %d); it stays "
+                       "the best so far unless a later evaluation beats its dev score %.4f",
+                       os.path.dirname(path), step, self.steps, score)
+        self.best_dir, self.best_step, self.best_score = os.path.dirname(path), step, score
+
     def _save_state(self, last_eval: float, stopped_by: str | None) -> None:
         """Save the run's state (`twotower.retrieval.training.resume`); on every rank under torchrun (their
         generators are gathered), written by the main process. ``best/`` is already saved: a kill between the
@@ -510,6 +533,7 @@ class TrainingLoop:
             if self.best_dir is not None and not os.path.isdir(self.best_dir):
                 raise DataError(self.best_dir, None, "missing: the saved training state says the run's best "
                                 "checkpoint is there; put it back, or start the run again without --resume")
+            self._adopt_later_best()
             self.initial = user["initial"]
             if self.load_state_fields is not None:
                 self.load_state_fields(user["trainer"])

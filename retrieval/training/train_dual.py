@@ -367,7 +367,7 @@ def train_dual(cfg: DualTrainConfig) -> DualTrainResult:
 
     def save(directory: str, step: int, score: float | None = None) -> None:
         dual.save_pretrained(directory)
-        write_training_args(directory, {**asdict(cfg), "step": step, "dev_queries": len(dev)})
+        write_training_args(directory, {**asdict(cfg), "step": step, "dev_queries": len(dev), "dev_ndcg@10": score})
 
     def evaluate(step: int) -> dict:
         metrics = (evaluate_dual(dual, dev, pool, cfg.eval_batch_size, cfg.progress, doc_matrix, corpus_ids)
