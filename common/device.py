@@ -4,6 +4,11 @@ bf16 autocast is a large win on CPUs with AVX512-BF16 or AMX (about 2-6x for
 matmuls) and on Ampere+ GPUs; elsewhere it is slower than fp32 or unsupported,
 so it is detected at run time and can always be switched off
 (``TWOTOWER_BF16=0`` or ``bf16=False``).
+
+The setting is ``"auto"``, ``True`` or ``False`` (`check_bf16`). ``"auto"`` uses bf16 where the device has it
+natively, unless ``TWOTOWER_BF16=0``; an explicit argument wins over the variable: ``True`` asks for bf16
+(refused on a device without native bf16, where it would be emulated and slower than fp32) and ``False``
+never uses it.
 """
 
 from __future__ import annotations
@@ -74,9 +79,14 @@ def cpu_description(cpuinfo: str = "/proc/cpuinfo") -> dict:
 
 
 def bf16_supported(device: torch.device | str) -> bool:
+    """Whether "auto" runs in bf16 on `device`: it has native bf16 and ``TWOTOWER_BF16`` is not "0"."""
     device = torch.device(device)
     if os.environ.get("TWOTOWER_BF16", "1") == "0":
         return False
+    return _native_bf16(device)
+
+
+def _native_bf16(device: torch.device) -> bool:
     if device.type == "cuda":
         # Native bf16 (Ampere, compute capability 8, and later) on this device, not the current one:
         # is_bf16_supported() also says yes where bf16 is only emulated (V100, T4), slower than fp32.
@@ -86,12 +96,22 @@ def bf16_supported(device: torch.device | str) -> bool:
     return False
 
 
+def check_bf16(bf16: object) -> None:
+    """Refuse a bf16 setting other than "auto", True or False (bf16="yes" or "off" read as True)."""
+    if not (isinstance(bf16, bool) or (isinstance(bf16, str) and bf16 == "auto")):
+        raise ValueError(f"bf16={bf16!r}: give 'auto' (bf16 where the device has it natively), True or False")
+
+
 def resolve_bf16(bf16: bool | str, device: torch.device | str) -> bool:
-    """bf16='auto' -> use it where supported; True/False force it (True on an unsupported device raises)."""
+    """Whether to run in bf16 on `device`: "auto" -> where it is native (and TWOTOWER_BF16 is not 0); True ->
+    yes, on a device with native bf16 only (ValueError elsewhere, whatever TWOTOWER_BF16 says: an explicit
+    argument wins over the variable); False -> no. Any other setting is refused (`check_bf16`)."""
+    check_bf16(bf16)
     if bf16 == "auto":
         return bf16_supported(device)
-    if bf16 and not bf16_supported(device) and os.environ.get("TWOTOWER_BF16", "1") != "0":
-        raise ValueError(f"bf16 requested but not supported on {device}")
+    if bf16 and not _native_bf16(torch.device(device)):
+        raise ValueError(f"bf16=True: {device} has no native bf16 (an AVX512-BF16 or AMX CPU, an Ampere or newer "
+                         "GPU), where it would be emulated, slower than fp32; pass bf16='auto' or False")
     return bool(bf16)
 
 

@@ -35,6 +35,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, NotRequired, TypedDict
 
+from twotower.common.ids import id_list
 from twotower.indexing.errors import IndexDiskFullError, IndexFormatError
 from twotower.indexing.filters import Filter, metadata_fields
 from twotower.indexing.integrity import combine, hex64, row_key, set_digest
@@ -337,8 +338,9 @@ class DocStore:
             return changed
 
     def delete(self, ids: Iterable[str]) -> list[str]:
-        """Delete documents; returns the ids that were not stored (input order, deduplicated)."""
-        ids = list(dict.fromkeys(ids))
+        """Delete documents; returns the ids that were not stored (input order, deduplicated).
+        A bare string is refused (`twotower.common.ids.id_list`): it deleted one document per character."""
+        ids = list(dict.fromkeys(id_list(ids, "delete")))
         with self._atomic():
             docs = self.get(ids)
             missing = [i for i, d in zip(ids, docs) if d is None]
@@ -424,7 +426,9 @@ class DocStore:
     # ------------------------------------------------------------------ reads
     @_locked
     def get(self, ids: Sequence[str]) -> list[Document | None]:
-        """Documents for ``ids`` in the same order; ``None`` where an id is not stored."""
+        """Documents for ``ids`` in the same order; ``None`` where an id is not stored (a bare string is
+        refused, as in `delete`)."""
+        ids = id_list(ids, "get")
         found: dict[str, Document] = {}
         for start in range(0, len(ids), _CHUNK):
             chunk = list(dict.fromkeys(ids[start : start + _CHUNK]))
@@ -443,8 +447,8 @@ class DocStore:
 
     @_locked
     def contains_many(self, ids: Sequence[str]) -> list[bool]:
-        """Whether each id is stored, in order (one query per 500 ids)."""
-        ids = list(ids)
+        """Whether each id is stored, in order (one query per 500 ids; a bare string is refused, as in `delete`)."""
+        ids = id_list(ids, "contains_many")
         present: set[str] = set()
         for start in range(0, len(ids), _CHUNK):
             chunk = ids[start : start + _CHUNK]

@@ -83,6 +83,7 @@ import numpy as np
 
 from twotower.common.atomic import TMP_MARKER, fsync_dir
 from twotower.common.file_lock import try_lock
+from twotower.common.ids import id_list
 from twotower.indexing.bm25 import BM25, document_text
 from twotower.indexing.docstore import DocStore, Document, as_document
 from twotower.indexing.errors import IndexDiskFullError, IndexFormatError
@@ -206,6 +207,38 @@ def _built_aside(directory: Path) -> Iterator[Path]:
     fsync_dir(directory.parent)
 
 
+# Search-time keywords of `IndexStore.search`, and the index kinds (`twotower.indexing.factory.index_kind`)
+# each one tunes: given to another kind, it was passed on and ignored without a word (nprobe=4 on a Flat index).
+SEARCH_OPTIONS = {"ef_search": "hnsw", "nprobe": "ivf"}
+_MILVUS_KINDS = {"HNSW": "hnsw", "IVF_FLAT": "ivf"}  # a Milvus index type -> the kind its search options tune
+
+
+def search_options(vectors: VectorBackend, params: Mapping[str, Any]) -> dict[str, Any]:
+    """The search keywords of ``search(**params)`` that apply to `vectors`' index (None values dropped).
+
+    Why here: an unknown keyword failed deep in the backend, naming its class ("VectorIndex.search() got an
+    unexpected keyword argument 'top_k'"), and a known one that the index kind has no use for was ignored.
+    """
+    out = {}
+    for name, value in params.items():
+        if name not in SEARCH_OPTIONS:
+            hint = " (the number of hits is k)" if name in ("top_k", "topk", "limit", "n", "num", "size") else ""
+            raise TypeError(f"search() got an unexpected keyword argument {name!r}{hint}; it takes queries, k, "
+                            "filter, and ef_search (HNSW) or nprobe (IVF)")
+        if value is None:
+            continue
+        kind = getattr(vectors, "kind", "other")
+        if kind == "milvus":
+            kind = _MILVUS_KINDS.get(vectors.factory, "flat")
+        if kind != SEARCH_OPTIONS[name]:
+            raise ValueError(f"{name}={value!r}: {name} tunes the search of an {SEARCH_OPTIONS[name].upper()} index, "
+                             f"but this index is {vectors.factory!r}; leave it out")
+        if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+        out[name] = int(value)
+    return out
+
+
 class Snapshot:
     """One commit as searched: its generation, vectors, documents and BM25, used together.
 
@@ -259,7 +292,8 @@ class Snapshot:
 
     def search(self, queries: np.ndarray, k: int = 10, *, filter: Filter | str | None = None,
                **params: Any) -> SearchResult:
-        """Dense search (see ``VectorIndex.search``); queries (Q, D).
+        """Dense search (see ``VectorIndex.search``); queries (Q, D); ``ef_search`` (HNSW) and ``nprobe`` (IVF) as
+        keywords override the index's search breadth for this call (`search_options`).
 
         ``filter`` (``twotower.indexing.filters``): only rows whose metadata passes it are hits,
         k of them whenever k exist. A backend that filters natively (Milvus) gets the ``Filter``;
@@ -271,6 +305,8 @@ class Snapshot:
         """
         if not isinstance(k, int | np.integer) or k < 1:
             raise ValueError(f"search: k must be a positive int, got {k!r}")
+        if params:
+            params = search_options(self.vectors, params)
         flt = as_filter(filter)
         native = self.vectors.native_filters
         if flt is not None and native:
@@ -347,6 +383,9 @@ class Snapshot:
                     filter: Filter | str | None = None) -> SearchResult:
         """Lexical search over title + text (``filter`` as in ``search``); ValueError if the store
         was created without BM25."""
+        if isinstance(queries, (str, bytes)):  # BM25 named itself ("BM25.search: pass a list ..."), not this method
+            raise TypeError("search_bm25 takes a list of query strings; wrap a single query in a list: "
+                            f"search_bm25([{queries!r}])")
         bm = self.bm25
         if bm is None:
             raise ValueError(f"{self.directory}: created without BM25, which hybrid search needs; build it with "
@@ -866,9 +905,12 @@ class IndexStore:
         return len(rows)
 
     def delete(self, ids: Iterable[str]) -> list[str]:
-        """Stage deletion of ``ids``; returns the ids that were not present (nothing else happens to them)."""
+        """Stage deletion of ``ids``; returns the ids that were not present (nothing else happens to them).
+
+        A bare string is refused (`twotower.common.ids.id_list`): ``delete("ab")`` deleted "a" and "b".
+        """
         self._check_writable()
-        ids = list(dict.fromkeys(ids))
+        ids = list(dict.fromkeys(id_list(ids, "delete")))
         snap = self._current()
         bm25 = snap.bm25  # before staging, as in `add`: the commit saves the updated cache
         try:
@@ -1072,18 +1114,24 @@ class IndexStore:
 
     # Each call below reads one commit; to keep several calls on one commit, use ``snapshot()``.
     def contains_many(self, ids: Sequence[str]) -> list[bool]:
-        """Whether each id is present (staged changes included for the writer)."""
+        """Whether each id is present (staged changes included for the writer); a list of ids: a bare string
+        is refused, as in `delete`."""
         with self.snapshot() as snap:
             return snap.contains_many(ids)
 
     def get(self, ids: Sequence[str]) -> list[Document | None]:
-        """Documents by id, in order (``None`` for unknown ids, e.g. the ``""`` padding)."""
+        """Documents by id, in order (``None`` for unknown ids, e.g. the ``""`` padding); a list of ids: a bare
+        string is refused, as in `delete`."""
         with self.snapshot() as snap:
             return snap.get(ids)
 
     def search(self, queries: np.ndarray, k: int = 10, *, filter: Filter | str | None = None,
                **params: Any) -> SearchResult:
-        """Dense search (see ``VectorIndex.search``); queries (Q, D); ``filter`` as in ``Snapshot.search``."""
+        """Dense search (see ``VectorIndex.search``); queries (Q, D); ``filter`` as in ``Snapshot.search``.
+
+        params: ``ef_search`` (an HNSW index) or ``nprobe`` (IVF) for this call; any other keyword, or one the
+        index kind does not use, is refused (`search_options`).
+        """
         with self.snapshot() as snap:
             return snap.search(queries, k, filter=filter, **params)
 

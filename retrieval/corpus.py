@@ -123,6 +123,40 @@ def parse_document(obj: Any, where: str, keep_empty: bool = False) -> Document:
     return _as_document(check_for_index(doc, where, None))
 
 
+def document_records(docs: Any, argument: str) -> Iterator[Any]:
+    """The in-memory documents of `docs` (``build``'s corpus, ``add``'s docs), each as a record for
+    `parse_document`: a mapping as it is, an ``(id, text)`` or ``(id, text, metadata)`` tuple (the form txtai's
+    ``Embeddings.index`` takes) as ``{"_id", "text", "metadata"}``.
+
+    Why one function: ``build`` refused a single mapping clearly while ``add({...})`` iterated its keys and said
+    "docs[0]: expected a JSON object, got str". `docs` itself is checked at once, before anything is read or
+    written: one document (a mapping, or a tuple whose first item is an id) is refused naming `argument`, the
+    caller's parameter. Items that are no document raise a `DataError` naming ``docs[i]`` as they are reached.
+    """
+    single = isinstance(docs, Mapping) or (isinstance(docs, tuple) and bool(docs) and isinstance(docs[0], str | int))
+    if single or isinstance(docs, (str, bytes, bytearray)) or not isinstance(docs, Iterable):
+        raise TypeError(f"{argument} must be a path or an iterable of documents (mappings, or (id, text[, metadata]) "
+                        f"tuples), got {type(docs).__name__}" + ("; wrap a single document in a list" if single else ""))
+    return _records(docs)
+
+
+def _records(docs: Iterable[Any]) -> Iterator[Any]:
+    for i, item in enumerate(docs):
+        if isinstance(item, tuple):
+            if len(item) not in (2, 3):
+                raise DataError(f"docs[{i}]", None, "a document tuple is (id, text) or (id, text, metadata), got "
+                                                   f"{len(item)} items")
+            record = {"_id": item[0], "text": item[1]}
+            if len(item) == 3 and item[2] is not None:
+                record["metadata"] = item[2]
+            yield record
+        elif isinstance(item, Mapping):
+            yield item
+        else:
+            raise DataError(f"docs[{i}]", None, "expected a document: a mapping with _id and text, or an (id, text[, "
+                                               f"metadata]) tuple; got {type(item).__name__}")
+
+
 def is_empty(doc: Document) -> bool:
     """Whether a document has nothing to search: its text and title are both blank (`empty_document`)."""
     return empty_document(doc["id"], doc["title"], doc["text"]) is not None
@@ -303,15 +337,14 @@ def write_corpus_file(docs: Iterable[Mapping[str, Any]], directory: str, on_dupl
     repeated id is refused here, naming both ``docs[i]`` (the file's check named the temp file's lines);
     with `on_empty` "skip" an empty document is written, for `validate_corpus` to leave out and count.
     """
-    if not isinstance(docs, Iterable) or isinstance(docs, (Mapping, bytes)):
-        raise TypeError(f"corpus must be a path or an iterable of documents (mappings), got {type(docs).__name__}")
+    records = document_records(docs, "corpus")
     os.makedirs(directory, exist_ok=True)
     fd, path = tempfile.mkstemp(prefix=".corpus-", suffix=".jsonl", dir=directory)
     try:
         n = 0
         first: dict[str, int] = {}
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for n, d in enumerate(docs, start=1):
+            for n, d in enumerate(records, start=1):
                 doc = parse_document(d, f"docs[{n - 1}]", keep_empty=on_empty == "skip")
                 if on_duplicate == "error":
                     if doc["id"] in first:

@@ -60,7 +60,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from twotower.common.device import default_device, resolve_bf16
+from twotower.common.device import resolve_bf16
 from twotower.encoder.core.checkpoint import (
     CONFIG_NAME,
     WEIGHTS_NAME,
@@ -73,7 +73,7 @@ from twotower.encoder.core.checkpoint import (
 from twotower.encoder.core.config import EncoderConfig
 from twotower.encoder.core.heads import BertForSequenceClassification
 from twotower.encoder.core.model import BertModel
-from twotower.encoder.core.tokenizer import Tokenizer
+from twotower.encoder.core.tokenizer import Batch, Tokenizer
 from twotower.retrieval.interpolation import read_alpha, read_first_stage_alphas, write_alpha
 from twotower.retrieval.passages import passage_spans
 
@@ -123,6 +123,10 @@ class CrossEncoder(nn.Module):
         model: the scoring network, a [CLS]-pooled sequence-classification head with one label.
         tokenizer: the tokenizer the encoder was trained with.
         max_length: tokens per pair (query + document); None = the tokenizer's maximum, capped by the model's.
+        device: where to run: "cpu" (the default; None too) or a GPU ("cuda", "cuda:1"), as for `DualEncoder` and
+            `SearchPipeline`: inference stays on the CPU unless a device is named (training configs pick a GPU
+            when there is one).
+        bf16: "auto" (where the device has native bf16), True (refused here on a device without it) or False.
         windows: score a document by its best window of this many text tokens (module docstring); None =
             read the head of each document up to `max_length`.
     """
@@ -132,7 +136,7 @@ class CrossEncoder(nn.Module):
         model: BertForSequenceClassification,
         tokenizer: Tokenizer,
         max_length: int | None = None,
-        device: torch.device | str | None = None,
+        device: torch.device | str | None = "cpu",
         bf16: bool | str = "auto",
         windows: RerankWindows | None = None,
     ) -> None:
@@ -156,7 +160,7 @@ class CrossEncoder(nn.Module):
             raise ValueError(f"max_length={self.max_length} is too short for a query-document pair: give "
                              f"{MIN_PAIR_TOKENS} or more")
         self.windows = check_windows(windows, self.max_length)
-        self.device = torch.device(device) if device is not None else default_device()
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.bf16 = resolve_bf16(bf16, self.device)
         self.to(self.device)
         self.eval()
@@ -178,7 +182,7 @@ class CrossEncoder(nn.Module):
     def from_pretrained(
         cls,
         directory: str,
-        device: torch.device | str | None = None,
+        device: torch.device | str | None = "cpu",
         max_length: int | None = None,
         bf16: bool | str = "auto",
     ) -> CrossEncoder:
@@ -205,7 +209,7 @@ class CrossEncoder(nn.Module):
         directory: str,
         weights: dict[str, torch.Tensor],
         tokenizer_dir: str | None = None,
-        device: torch.device | str | None = None,
+        device: torch.device | str | None = "cpu",
         max_length: int | None = None,
         bf16: bool | str = "auto",
     ) -> CrossEncoder:
@@ -252,7 +256,7 @@ class CrossEncoder(nn.Module):
     def from_encoder(
         cls,
         directory: str,
-        device: torch.device | str | None = None,
+        device: torch.device | str | None = "cpu",
         max_length: int | None = None,
         bf16: bool | str = "auto",
         seed: int | None = 0,
@@ -304,7 +308,7 @@ class CrossEncoder(nn.Module):
         """input_ids/attention_mask/token_type_ids: (B, T) -> logits (B,)."""
         return self.model(input_ids, attention_mask, token_type_ids).squeeze(-1)  # (B, 1) -> (B,)
 
-    def encode_pairs(self, queries: Sequence[str], docs: Sequence[str]):
+    def encode_pairs(self, queries: Sequence[str], docs: Sequence[str]) -> Batch:
         """Tokenize pairs as [CLS] q [SEP] d [SEP], truncating only the document (queries are pre-clipped)."""
         queries = self._clip_queries(queries)
         return self.tokenizer.encode(list(queries), pairs=list(docs), max_length=self.max_length,
@@ -354,9 +358,11 @@ class CrossEncoder(nn.Module):
 
     @torch.inference_mode()
     def predict(
-        self, pairs: Sequence[tuple[str, PairDocument]], batch_size: int = 32, progress: bool = False
-    ) -> np.ndarray:
-        """Relevance logits for (query, document) pairs, in input order. Returns (N,) float32.
+        self, pairs: Sequence[tuple[str, PairDocument]] | tuple[str, PairDocument], batch_size: int = 32,
+        progress: bool = False,
+    ) -> np.ndarray | float:
+        """Relevance logits for (query, document) pairs, in input order. Returns (N,) float32; for one pair given
+        alone, ``("query", "document")``, its score as a float (as sentence-transformers' ``predict`` does).
 
         A document is a string, or ``(title, text)``; with `windows` its score is its best window's
         (of those `pair_windows` keeps).
@@ -365,7 +371,9 @@ class CrossEncoder(nn.Module):
         forward runs on a bf16 copy of the weights, made once and refreshed only when
         the weights change (`twotower.encoder.core.encode.inference_copy`): faster than autocast on CPUs.
         """
-        pairs = _check_pairs(pairs)
+        if _is_one_pair(pairs):
+            return float(self.predict([tuple(pairs)], batch_size=batch_size, progress=progress)[0])
+        pairs = _check_pairs(pairs, "predict")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         per = self._window_scores(pairs, self.pair_windows(pairs), batch_size, progress)
@@ -385,7 +393,7 @@ class CrossEncoder(nn.Module):
         """
         if by not in WINDOW_CHOICES:
             raise ValueError(f"by={by!r}; choose one of {WINDOW_CHOICES}")
-        pairs = _check_pairs(pairs)
+        pairs = _check_pairs(pairs, "best_windows")
         if by == "bm25":
             windows = self.document_windows([d for _, d in pairs])
             return [w[_bm25_order(q, w)[0]] if len(w) > 1 else w[0] for (q, _), w in zip(pairs, windows)]
@@ -451,14 +459,27 @@ class CrossEncoder(nn.Module):
     def rank(
         self, query: str, docs: Sequence[str], top_k: int | None = None, batch_size: int = 32
     ) -> list[tuple[int, float]]:
-        """(index into docs, score) sorted by score, best first; ties keep input order."""
+        """(index into docs, score) sorted by score, best first; ties keep input order.
+
+        top_k: keep the best top_k (None: all); 1 or more (-1 dropped the last document, a numpy slice, and 0
+        returned nothing).
+        """
         if isinstance(docs, str):
             raise TypeError("rank takes a list of documents")
+        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+            raise ValueError(f"top_k must be None (all documents) or an int >= 1, got {top_k!r}")
         scores = self.predict([(query, d) for d in docs], batch_size=batch_size)
         order = np.argsort(-scores, kind="stable")
         if top_k is not None:
             order = order[:top_k]
         return [(int(i), float(scores[i])) for i in order]
+
+    def __repr__(self) -> str:
+        """One line, like `DualEncoder`'s (nn.Module's repr printed every layer of the network)."""
+        windows = f", windows={self.windows}" if self.windows is not None else ""
+        return (f"CrossEncoder(layers={self.config.num_hidden_layers}, hidden={self.config.hidden_size}, "
+                f"pooling={self.model.pooling!r}, max_length={self.max_length}{windows}, device={str(self.device)!r}, "
+                f"bf16={self.bf16}, interpolation={self.interpolation})")
 
     # ---- saving ------------------------------------------------------------------------------------
     def state_for_hf(self) -> dict[str, torch.Tensor]:
@@ -470,6 +491,11 @@ class CrossEncoder(nn.Module):
 
         Every file is written atomically; the tokenizer records `max_length` so
         that other libraries truncate where we do.
+
+        A reranker with `windows` scores a long document by its best window here; transformers and
+        sentence-transformers ignore ``rerank_windows`` (config.json) and read the head of the pair up to
+        `max_length`, so they score such documents differently (short ones, which fit one window, alike). They
+        also ignore the interpolation weight (rerank_interpolation.json), which only `SearchPipeline` applies.
         """
         tok = self.tokenizer
         saved_max = tok.model_max_length
@@ -529,10 +555,16 @@ def _bm25_order(query: str, windows: Sequence[str]) -> list[int]:
     return [int(i) for i in np.argsort(-bm25.score(query, ids), kind="stable")]
 
 
-def _check_pairs(pairs: Sequence[tuple[str, PairDocument]]) -> list[tuple[str, PairDocument]]:
+def _is_one_pair(pairs: object) -> bool:
+    """Whether `pairs` is one (query, document) pair, ``("q", "d")`` or ``["q", ("title", "text")]``, rather than
+    a list of pairs: a list of pairs never starts with a string."""
+    return isinstance(pairs, (tuple, list)) and len(pairs) == 2 and isinstance(pairs[0], str)
+
+
+def _check_pairs(pairs: Sequence[tuple[str, PairDocument]], method: str) -> list[tuple[str, PairDocument]]:
     """(query, document) pairs, a document a string or (title, text); errors name the pair."""
-    if isinstance(pairs, tuple) and len(pairs) == 2 and isinstance(pairs[0], str):
-        raise TypeError("predict takes a list of (query, document) pairs; wrap a single pair in a list")
+    if _is_one_pair(pairs):
+        raise TypeError(f"{method} takes a list of (query, document) pairs; wrap a single pair in a list")
     pairs = list(pairs)
     for i, p in enumerate(pairs):
         doc = p[1] if len(p) == 2 else None

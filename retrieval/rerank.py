@@ -27,6 +27,21 @@ if TYPE_CHECKING:
 DEFAULT_RERANK_K = 20
 
 
+# First-stage candidates a search takes when it is not given recall_k (and k is not larger).
+DEFAULT_RECALL_K = 100
+
+
+def recall_depth(recall_k: int | None, k: int) -> int:
+    """How many candidates the first stage recalls: `recall_k`, else max(DEFAULT_RECALL_K, k).
+
+    Why max: ``search(q, k=1000)`` was refused ("recall_k (100) must be >= k (1000)") for a recall depth the
+    caller never chose. A `recall_k` the caller gave below k stays an error, which each caller raises in its
+    own words (``recall_k`` in Python, ``--recall-k`` on the command line). One rule for the pipeline, the
+    command line and the service.
+    """
+    return max(DEFAULT_RECALL_K, k) if recall_k is None else recall_k
+
+
 def rerank_depth(rerank_k: int | None, recall_k: int) -> int:
     """How many of the first stage's top candidates the cross-encoder scores: `rerank_k`, else
     min(DEFAULT_RERANK_K, recall_k). One rule for the pipeline and the commands that report the depth."""

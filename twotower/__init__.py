@@ -5,7 +5,7 @@ so the command line answers ``--help`` and argument errors without loading torch
 
     >>> import twotower
     >>> sorted(twotower.__all__)[:3]
-    ['CrossEncoder', 'DualEncoder', 'DualTrainConfig']
+    ['BaseMismatchError', 'CrossEncoder', 'DataError']
 
 The packages, one namespace, arrows pointing one way:
 
@@ -32,6 +32,11 @@ _EXPORTS = {
     "DualEncoder": "twotower.retrieval.dual_encoder",
     "CrossEncoder": "twotower.retrieval.cross_encoder",
     "EncoderMismatchError": "twotower.retrieval.manifest",
+    # the errors the docs tell a caller to catch (docs/python-api.md, "Errors")
+    "DataError": "twotower.common.errors",
+    "FilterError": "twotower.indexing.filters",
+    "DiskFullError": "twotower.retrieval.build",
+    "BaseMismatchError": "twotower.retrieval.default_reranker",
     "DualTrainConfig": "twotower.retrieval.training.train_dual",
     "train_dual": "twotower.retrieval.training.train_dual",
     "RerankerTrainConfig": "twotower.retrieval.training.train_reranker",
@@ -42,10 +47,14 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "BaseMismatchError",
     "CrossEncoder",
+    "DataError",
+    "DiskFullError",
     "DualEncoder",
     "DualTrainConfig",
     "EncoderMismatchError",
+    "FilterError",
     "Hit",
     "IndexStore",
     "RerankerTrainConfig",
@@ -58,10 +67,14 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
+    from twotower.common.errors import DataError
     from twotower.eval.io.beir import load_beir
     from twotower.eval.metrics.retrieval import evaluate
+    from twotower.indexing.filters import FilterError
     from twotower.indexing.store import IndexStore
+    from twotower.retrieval.build import DiskFullError
     from twotower.retrieval.cross_encoder import CrossEncoder
+    from twotower.retrieval.default_reranker import BaseMismatchError
     from twotower.retrieval.dual_encoder import DualEncoder
     from twotower.retrieval.hit import Hit
     from twotower.retrieval.manifest import EncoderMismatchError

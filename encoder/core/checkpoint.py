@@ -184,6 +184,31 @@ def save_pretrained(
         tokenizer.save_pretrained(directory)
 
 
-def save_encoder(model: BertModel, tokenizer: Tokenizer | None, directory: str) -> None:
-    """Save a bare encoder so that `transformers.BertModel.from_pretrained(directory)` loads it."""
-    save_pretrained(directory, model.config, model.state_dict(), tokenizer, architectures=["BertModel"])
+def save_encoder(model: BertModel, tokenizer: Tokenizer | None, directory: str,
+                 extra: dict[str, torch.Tensor] | None = None) -> None:
+    """Save a bare encoder so that `transformers.BertModel.from_pretrained(directory)` loads it.
+
+    extra: tensors saved beside the model's own that it does not hold (a sentence encoder's unused pooler,
+    `read_pooler`); the model's own win.
+    """
+    state = {**(extra or {}), **model.state_dict()}
+    save_pretrained(directory, model.config, state, tokenizer, architectures=["BertModel"])
+
+
+def read_pooler(directory: str) -> dict[str, torch.Tensor]:
+    """The [CLS] pooler tensors of `directory`'s weights, under bare-encoder names (``pooler.dense.weight``);
+    {} when it has none. Only those tensors are read (safetensors opens the file lazily).
+
+    Why: a sentence encoder has no use for the pooler, so it is loaded without one, but an export that leaves
+    it out loads elsewhere with a freshly drawn pooler (transformers warns that it is newly initialized).
+    """
+    from safetensors import safe_open
+
+    path = os.path.join(directory, WEIGHTS_NAME)
+    names = safetensors_names(path)
+    prefix = "bert.pooler." if any(n.startswith("bert.") for n in names) else "pooler."
+    wanted = [n for n in names if n.startswith(prefix)]
+    if not wanted:
+        return {}
+    with safe_open(path, framework="pt") as f:
+        return {n.removeprefix("bert."): f.get_tensor(n) for n in wanted}

@@ -276,10 +276,17 @@ class SentenceEncoder(nn.Module):
         bf16: bool | str = "auto",
     ) -> None:
         super().__init__()
+        # Checked here, on the device the model is on, not at the first encode: bf16="yes" was taken for True,
+        # and True on a CPU without native bf16 failed only when the first texts were encoded.
+        resolve_bf16(bf16, _model_device(model))
         self.model = model
         self.tokenizer = tokenizer
         self.sentence_config = SentenceConfig(pooling=pooling, normalize=normalize, max_length=max_length)
-        self.bf16 = bf16
+        self.bf16 = bf16  # the setting ("auto" is resolved per encode, on the device the model is on then)
+        # The source checkpoint's pooler (pooler.dense.*), unused by sentence pooling and kept out of the
+        # model (and so of the fingerprint) but written back by `save_pretrained`: without it transformers and
+        # sentence-transformers load the export with a freshly initialised pooler, and say so.
+        self.pooler_state: dict[str, torch.Tensor] = {}
 
     # ---- settings ----------------------------------------------------------------------------------
     @property
@@ -320,11 +327,11 @@ class SentenceEncoder(nn.Module):
         Without those files the defaults are mean pooling, no normalisation and
         the tokenizer's `model_max_length`.  Explicit arguments always win.
         """
-        from twotower.encoder.core.checkpoint import load_encoder
+        from twotower.encoder.core.checkpoint import load_encoder, read_pooler
 
         model, tokenizer = load_encoder(transformer_dir(directory), device=device, add_pooling_layer=False)
         st = read_sentence_config(directory) or SentenceConfig()
-        return cls(
+        enc = cls(
             model,
             tokenizer,
             pooling=pooling if pooling is not None else st.pooling,
@@ -332,12 +339,15 @@ class SentenceEncoder(nn.Module):
             max_length=max_length if max_length is not None else st.max_length,
             bf16=bf16,
         )
+        enc.pooler_state = read_pooler(transformer_dir(directory))
+        return enc
 
     def save_pretrained(self, directory: str) -> None:
-        """Write the HF directory (config, safetensors, tokenizer) plus the sentence-transformers files."""
+        """Write the HF directory (config, safetensors, tokenizer) plus the sentence-transformers files; the
+        source's pooler (`pooler_state`) goes with the weights, so other libraries load the export as it was."""
         from twotower.encoder.core.checkpoint import save_encoder
 
-        save_encoder(self.model, self.tokenizer, directory)
+        save_encoder(self.model, self.tokenizer, directory, extra=self.pooler_state)
         write_sentence_config(directory, self.sentence_config, self.dim, self.max_length)
 
     # ---- encoding ----------------------------------------------------------------------------------

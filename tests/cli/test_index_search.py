@@ -225,6 +225,12 @@ def test_info_and_check_say_when_the_bm25_cache_is_missing(built, tmp_path, caps
         # an encoder without a task head: the message named the path alone
         (["answer", "--index", "{idx}", "--reader", "{model}", "tea"], "error: --reader: {model} is not a fine-tuned "
          "task model"),
+        # -k above the default recall depth raises it, as in search (it was refused: "--recall-k (100) must be at
+        # least -k (150)"), so this gets as far as the reader; a --recall-k given below -k is still refused
+        (["answer", "--index", "{idx}", "--reader", "{model}", "-k", "150", "tea"], "error: --reader: {model} is not "
+         "a fine-tuned task model"),
+        (["answer", "--index", "{idx}", "--reader", "{model}", "-k", "20", "--recall-k", "5", "tea"],
+         "--recall-k (5) must be at least -k (20)"),
         (["index", "build", "--corpus", "{root}/missing.jsonl", "--out", "{root}/x"],
          "--corpus {root}/missing.jsonl: file not found"),
         # a BEIR directory where its file is wanted: said "corpus file not found"; now names the file inside

@@ -388,3 +388,47 @@ def test_an_interrupt_after_the_commit_point_keeps_the_change_and_says_so(tmp_pa
     monkeypatch.undo()
     with IndexStore.open(d, readonly=True) as reader:
         assert reader.generation == 1 and len(reader) == 5 and reader.info()["bm25_cache"]
+
+
+def test_a_bare_string_is_no_list_of_ids(tmp_path, vecs):
+    """delete("ab") deleted "a" and "b", and delete("4983") the documents "4", "9", "8" and "3": a string is an
+    iterable of one-character ids. get, contains_many and delete, of the store and of its DocStore, refuse it."""
+    store = IndexStore.create(tmp_path / "idx", DIM, "Flat", "cosine", bm25=True)
+    rows = [{"id": i, "text": f"word{i}"} for i in ("4", "9", "8", "3", "4983", "a", "b")]
+    store.add(rows, vecs[:len(rows)])
+    store.commit()
+    for call in (store.delete, store.get, store.contains_many, store.docstore.delete, store.docstore.get,
+                 store.docstore.contains_many):
+        for single in ("4983", "ab"):
+            with pytest.raises(TypeError, match=rf"{call.__name__} takes a list of ids; wrap a single id in a "
+                                                rf"list: {call.__name__}\(\['{single}'\]\)"):
+                call(single)
+    assert len(store) == len(rows) and not store.has_pending  # nothing was deleted
+    assert store.delete(["4983"]) == [] and store.contains_many(["4", "4983", "a"]) == [True, False, True]
+    assert [d["id"] for d in store.get(["9", "b"])] == ["9", "b"]
+    store.close()
+
+
+def test_search_keywords_are_checked_and_named(tmp_path, vecs):
+    """store.search(v, top_k=1) failed inside the backend ("VectorIndex.search() got an unexpected keyword
+    argument 'top_k'"), nprobe=4 on a Flat index was ignored, and search_bm25("green tea") named BM25.search."""
+    store = IndexStore.create(tmp_path / "idx", DIM, "Flat", "cosine", bm25=True)
+    store.add(docs(0, 20), vecs[:20])
+    with pytest.raises(TypeError, match=r"^search\(\) got an unexpected keyword argument 'top_k' \(the number of "
+                                        r"hits is k\); it takes queries, k, filter, and ef_search"):
+        store.search(vecs[:1], top_k=1)
+    for name in ("nprobe", "ef_search"):
+        with pytest.raises(ValueError, match=rf"^{name}=4: {name} tunes the search of an (IVF|HNSW) index, but this "
+                                             r"index is 'Flat'; leave it out"):
+            store.search(vecs[:1], 3, **{name: 4})
+    assert store.search(vecs[:1], 3, nprobe=None).ids == store.search(vecs[:1], 3).ids  # None: not given
+    with pytest.raises(TypeError, match=r"^search_bm25 takes a list of query strings; wrap a single query in a "
+                                        r"list: search_bm25\(\['green tea'\]\)"):
+        store.search_bm25("green tea")
+    store.close()
+    hnsw = IndexStore.create(tmp_path / "hnsw", DIM, "HNSW16", "cosine")
+    hnsw.add(docs(0, 50), vecs[:50])
+    assert hnsw.search(vecs[7:8], 1, ef_search=64).ids == [["d7"]]
+    with pytest.raises(ValueError, match="nprobe tunes the search of an IVF index, but this index is 'HNSW16'"):
+        hnsw.search(vecs[:1], 3, nprobe=4)
+    hnsw.close()

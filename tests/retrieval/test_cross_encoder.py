@@ -107,6 +107,16 @@ def test_rank_sorts_best_first(saved):
     assert [i for i, _ in ranked] == list(np.argsort(-scores, kind="stable"))
     assert [s for _, s in ranked] == pytest.approx(sorted(scores, reverse=True), abs=1e-6)
     assert len(ce.rank("tea cold", docs, top_k=2)) == 2
+    assert len(ce.rank("tea cold", docs, top_k=len(docs) + 3)) == len(docs)
+
+
+def test_rank_refuses_a_top_k_below_one(saved):
+    """top_k=-1 dropped the last document (a numpy slice) and 0 returned nothing, without a word."""
+    ce, _ = saved
+    docs = [d for _, d in PAIRS]
+    for bad in (-1, 0, 2.0, True):
+        with pytest.raises(ValueError, match=f"top_k must be None \\(all documents\\) or an int >= 1, got {bad!r}"):
+            ce.rank("tea cold", docs, top_k=bad)
 
 
 def test_only_the_document_is_truncated(saved):
@@ -174,10 +184,36 @@ def test_multi_label_checkpoint_refused(saved, tmp_path):
         CrossEncoder.from_pretrained(str(three), device="cpu")
 
 
-def test_predict_rejects_a_bare_pair(saved):
+def test_predict_scores_a_single_pair_as_a_float(saved):
+    """As sentence-transformers' predict does: one (query, document) pair in, its score as a float out (it was
+    refused); a list of pairs still gives an array."""
     ce, _ = saved
-    with pytest.raises(TypeError, match="list of"):
-        ce.predict(("q", "d"))
+    batch = ce.predict(PAIRS[:2])
+    for one in (PAIRS[0], list(PAIRS[0])):
+        score = ce.predict(one)
+        assert isinstance(score, float) and score == pytest.approx(float(batch[0]), abs=1e-5)
+    titled = ce.predict(("tea cold", ("Tea", "cold tea is a drink")))
+    assert isinstance(titled, float)
+    with pytest.raises(TypeError, match="best_windows takes a list of .* wrap a single pair"):
+        ce.best_windows(("q", "d"))
+
+
+def test_repr_is_one_line(saved):
+    """nn.Module's repr printed every layer of the network."""
+    ce, _ = saved
+    text = repr(ce)
+    assert "\n" not in text and text.startswith("CrossEncoder(layers=3, hidden=32, pooling='cls', max_length=48")
+    assert "device='cpu'" in text and "bf16=False" in text
+
+
+def test_default_device_is_the_cpu_as_for_the_dual_encoder(saved, monkeypatch):
+    """device=None picked CUDA whenever there was one, where DualEncoder and SearchPipeline run on the CPU unless
+    told otherwise (it failed here on a machine whose torch sees no usable GPU)."""
+    _, out = saved
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert CrossEncoder.from_pretrained(out).device == torch.device("cpu")
+    assert CrossEncoder.from_pretrained(out, device=None).device == torch.device("cpu")
+    assert CrossEncoder.from_encoder(tiny_model_dir(), bf16=False).device == torch.device("cpu")
 
 
 def test_mean_pooled_head_scores_the_token_mean_and_round_trips(tmp_path):

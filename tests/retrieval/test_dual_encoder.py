@@ -36,11 +36,76 @@ def test_prefixes_are_prepended(de):
     assert not np.allclose(p.encode_queries(TEXTS), p.encode_documents(TEXTS), atol=1e-4)
 
 
-def test_single_string_is_refused(de):
-    with pytest.raises(TypeError, match="list"):
-        de.encode_queries("tea")
-    with pytest.raises(TypeError, match="list"):
-        de.encode_documents("tea")
+def test_a_single_string_gives_one_vector(de):
+    """As sentence-transformers' encode does: one string in, its (H,) vector out (it was refused)."""
+    q, d = de.encode_queries("tea is a hot drink"), de.encode_documents("tea is a hot drink")
+    assert q.shape == (36,) and d.shape == (36,) and q.dtype == np.float32
+    np.testing.assert_allclose(q, de.encode_queries(TEXTS)[0], atol=1e-6)
+    np.testing.assert_allclose(d, de.encode_documents(TEXTS)[0], atol=1e-6)
+    with pytest.raises(TypeError, match=r"out= takes .* pass \[text\]"):
+        de.encode_documents("tea", out=np.empty((1, 36), dtype=np.float32))
+
+
+def test_encode_is_for_a_symmetric_model_only(de):
+    """encode (sentence-transformers' name) is encode_documents for one tower without prefixes; a model that
+    encodes queries and documents differently refuses it rather than guess a side."""
+    np.testing.assert_allclose(de.encode(TEXTS), de.encode_documents(TEXTS), atol=1e-6)
+    assert de.encode("cold").shape == (36,)
+    with pytest.raises(ValueError, match="call encode_queries or encode_documents"):
+        DualEncoder(de.query_tower, query_prefix="query: ").encode(TEXTS)
+
+
+def test_bf16_setting_is_checked_at_load():
+    """bf16="yes" was taken for True; bf16=True on a CPU without native bf16 failed at the first encode."""
+    from twotower.common.device import bf16_supported
+
+    with pytest.raises(ValueError, match="bf16='yes': give 'auto'"):
+        DualEncoder.from_pretrained(tiny_model_dir(), bf16="yes")
+    if not bf16_supported("cpu"):
+        with pytest.raises(ValueError, match="bf16=True: cpu has no native bf16"):
+            DualEncoder.from_pretrained(tiny_model_dir(), bf16=True)
+
+
+def test_explicit_bf16_wins_over_the_environment(monkeypatch):
+    """TWOTOWER_BF16=0 turns "auto" off; bf16=True on a CPU without native bf16 is refused whatever it says
+    (it turned emulated bf16 on)."""
+    from twotower.common.device import cpu_bf16_supported, resolve_bf16
+
+    monkeypatch.setenv("TWOTOWER_BF16", "0")
+    assert resolve_bf16("auto", "cpu") is False and resolve_bf16(False, "cpu") is False
+    if cpu_bf16_supported():
+        assert resolve_bf16(True, "cpu") is True
+    else:
+        with pytest.raises(ValueError, match="no native bf16"):
+            resolve_bf16(True, "cpu")
+
+
+def test_save_keeps_the_source_pooler(tmp_path):
+    """The [CLS] pooler, unused by sentence pooling, was dropped on save: transformers loaded the export with a
+    freshly drawn one (and warned). It is written back, and stays out of the fingerprint and the vectors."""
+    from safetensors.torch import load_file
+
+    from twotower.encoder import save_encoder
+    from twotower.encoder.core.model import BertModel
+
+    src = str(tmp_path / "with-pooler")
+    enc = SentenceEncoder.from_pretrained(tiny_model_dir(), bf16=False)
+    torch.manual_seed(5)
+    model = BertModel(enc.model.config, add_pooling_layer=True)
+    model.load_state_dict(enc.model.state_dict(), strict=False)  # the tiny model's weights plus a pooler
+    save_encoder(model, enc.tokenizer, src)
+    pooler = {k: v for k, v in load_file(f"{src}/model.safetensors").items() if k.startswith("pooler.")}
+    assert set(pooler) == {"pooler.dense.weight", "pooler.dense.bias"}
+
+    de = DualEncoder.from_pretrained(src, bf16=False)
+    de.save_pretrained(str(tmp_path / "out"))
+    saved = load_file(str(tmp_path / "out" / "model.safetensors"))
+    for name, value in pooler.items():
+        torch.testing.assert_close(saved[name], value, rtol=0, atol=0)
+    back = DualEncoder.from_pretrained(str(tmp_path / "out"), bf16=False)
+    plain = DualEncoder.from_pretrained(tiny_model_dir(), bf16=False)  # the same weights without a pooler
+    assert back.fingerprint() == de.fingerprint() == plain.fingerprint()
+    np.testing.assert_array_equal(back.encode_documents(TEXTS), plain.encode_documents(TEXTS))
 
 
 def test_fingerprint_is_stable_and_sensitive(de):

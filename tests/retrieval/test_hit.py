@@ -32,4 +32,4 @@ def test_hit_to_dict_is_json_ready():
     assert h.to_dict() == {"id": "d1", "title": "T", "text": "text", "rank": 1, "score": 2.5,
                            "first_stage_score": 0.7, "first_stage_rank": 3, "rerank_score": 2.5,
                            "dense_score": None, "bm25_score": None,
-                           "label": None, "label_score": None, "passage": None}
+                           "label": None, "label_score": None, "passage": None, "metadata": None}

@@ -361,3 +361,85 @@ def test_build_refuses_existing_directory(tmp_path, encoder, docs):
     (out / "something").write_text("x")
     with pytest.raises(FileExistsError, match="already exists"):
         SearchPipeline.build(write_corpus(str(tmp_path / "c.jsonl"), docs[:3]), out, encoder, progress=False)
+
+
+def test_a_large_k_alone_raises_the_recall_depth(built):
+    """search(q, k=1000) without recall_k was refused ("recall_k (100) must be >= k (1000)"): not given,
+    recall_k is max(100, k). A recall_k the caller gave below k is still refused; k <= 100 is unchanged."""
+    hits = built.search("tea", k=150)
+    assert len(hits) == N_DOCS and [h.id for h in hits[:100]] == [h.id for h in built.search("tea", k=100)]
+    assert [(h.id, h.score) for h in built.search("tea", k=7)] == \
+        [(h.id, h.score) for h in built.search("tea", k=7, recall_k=100)]
+    with pytest.raises(ValueError, match=r"recall_k \(50\) must be an int >= k \(150\); leave it out to recall "
+                                         r"max\(100, k\)"):
+        built.search("tea", k=150, recall_k=50)
+
+
+def test_fusion_settings_without_hybrid_are_refused(built):
+    """weights, fusion and rrf_k were ignored without a word with hybrid=False, where rerank_k without a
+    reranker is refused; rrf_k is refused with a score fusion too. Not given (None) is not refused."""
+    for kw in ({"fusion": "rrf"}, {"rrf_k": 30}, {"weights": [0.5, 0.5]}):
+        with pytest.raises(ValueError, match=f"^{next(iter(kw))} set how hybrid search fuses dense and BM25 recall, "
+                                             "but hybrid=False: pass hybrid=True, or leave them out$"):
+            built.search("tea", **kw)
+    with pytest.raises(ValueError, match="^fusion and weights set how"):
+        built.search("tea", fusion="minmax", weights=[1, 1])
+    with pytest.raises(ValueError, match="rrf_k is the constant of reciprocal-rank fusion .* fusion='zscore'"):
+        built.search("tea", hybrid=True, fusion="zscore", rrf_k=10)
+    default = built.search("green tea", k=5, hybrid=True)
+    assert [h.id for h in built.search("green tea", k=5, hybrid=True, fusion="rrf", rrf_k=60)] == \
+        [h.id for h in default]
+
+
+def test_build_and_load_name_the_directory_argument(encoder, docs):
+    """SearchPipeline.build(docs, None) failed in os.path ("expected str, bytes or os.PathLike object, not
+    NoneType"), naming no argument."""
+    with pytest.raises(TypeError, match="^directory must be a path \\(str or os.PathLike\\), got NoneType$"):
+        SearchPipeline.build(docs[:3], None, encoder, progress=False)
+    with pytest.raises(TypeError, match="^directory must be a path \\(str or os.PathLike\\), got int$"):
+        SearchPipeline.load(3, encoder)
+
+
+def test_documents_as_tuples_and_one_mapping_refused(tmp_path, encoder):
+    """(id, text) and (id, text, metadata) tuples are documents (txtai's Embeddings.index form) in build and add;
+    add({...}) said "docs[0]: expected a JSON object, got str" (it iterated the keys), where build refused a
+    mapping clearly: both refuse it the same way now."""
+    with SearchPipeline.build([("t1", "green tea leaf"), ("t2", "black coffee cup", {"lang": "en"})],
+                              tmp_path / "idx", encoder, progress=False) as pipe:
+        assert pipe.get(["t1", "t2"]) == [
+            {"id": "t1", "title": "", "text": "green tea leaf", "metadata": {}},
+            {"id": "t2", "title": "", "text": "black coffee cup", "metadata": {"lang": "en"}}]
+        assert pipe.add([(7, "milk sugar"), ("t4", "hot milk", None)]) == 2
+        assert pipe.get([7, "t4"])[0]["text"] == "milk sugar" and len(pipe) == 4
+        for one in ({"_id": "t5", "text": "tea"}, ("t5", "tea")):
+            with pytest.raises(TypeError, match=r"^docs must be a path or an iterable of documents \(mappings, or "
+                                                r"\(id, text\[, metadata\]\) tuples\), got (dict|tuple); wrap a "
+                                                r"single document in a list$"):
+                pipe.add(one)
+        with pytest.raises(TypeError, match="^corpus must be a path or an iterable of documents .* wrap a single"):
+            SearchPipeline.build(("t1", "tea"), tmp_path / "other", encoder, progress=False)
+        with pytest.raises(ValueError, match=r"^docs\[1\]: a document tuple is \(id, text\) or \(id, text, "
+                                             r"metadata\), got 4 items$"):
+            pipe.add([("t6", "tea"), ("t7", "tea", {}, "x")])
+        with pytest.raises(ValueError, match=r"^docs\[0\]: expected a document: a mapping with _id and text, or an "
+                                             r"\(id, text\[, metadata\]\) tuple; got str$"):
+            pipe.add(["green tea"])
+        assert len(pipe) == 4
+
+
+def test_hits_carry_the_metadata_read_with_the_document(tmp_path, encoder):
+    """Hit.metadata: the document's metadata, read in the same lookup as its title and text (None without
+    fetch_documents)."""
+    docs = [{"_id": "m1", "text": "green tea leaf", "metadata": {"lang": "en", "year": 2020}},
+            {"_id": "m2", "text": "black coffee cup"}]
+    with SearchPipeline.build(docs, tmp_path / "idx", encoder, progress=False) as pipe:
+        hits = {h.id: h for h in pipe.search("green tea leaf", k=2)}
+        assert hits["m1"].metadata == {"lang": "en", "year": 2020} and hits["m2"].metadata == {}
+        assert hits["m1"].to_dict()["metadata"] == {"lang": "en", "year": 2020}
+        assert all(h.metadata is None for h in pipe.search("green tea leaf", k=2, fetch_documents=False))
+
+
+def test_repr_says_whether_a_reranker_is_loaded(built, reranker_dir, encoder):
+    assert repr(built).endswith("reranker=None)")
+    with SearchPipeline.load(built.directory, encoder, reranker=reranker_dir, bf16=False) as pipe:
+        assert "reranker=CrossEncoder(layers=" in repr(pipe) and "\n" not in repr(pipe)

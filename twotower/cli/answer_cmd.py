@@ -39,7 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--filter", metavar="EXPR",
                    help="read only documents whose metadata matches, e.g. 'lang == \"en\"' (as in `twotower search`)")
     p.add_argument("-k", "--passages", type=int, default=5, help="passages read per question (default 5)")
-    p.add_argument("--recall-k", type=int, default=100, help="first-stage candidates (default 100)")
+    p.add_argument("--recall-k", type=int, help="first-stage candidates (default 100, or -k when larger)")
     p.add_argument("--answers", type=int, default=3, help="answers shown per question (default 3)")
     p.add_argument("--classifier", help="classification model directory: label each passage read")
     p.add_argument("--retrieval-weight", type=float, default=0.0,
@@ -52,6 +52,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_answer(args: argparse.Namespace) -> int:
     positive("--passages", args.passages)
     positive("--answers", args.answers)
+    from twotower.retrieval.rerank import recall_depth  # numpy only: search's and eval's rule
+
+    args.recall_k = recall_depth(args.recall_k, args.passages)  # `-k 200` alone was refused
     if args.recall_k < args.passages:  # as search and eval say it, before the models load
         raise CLIError(f"--recall-k ({args.recall_k}) must be at least -k ({args.passages})")
     if not 0 <= args.retrieval_weight < float("inf"):  # NaN fails too: it ranked every answer by NaN

@@ -253,10 +253,11 @@ def _search_and_report(args: argparse.Namespace) -> int:
     from twotower.eval.io import load_beir
     from twotower.eval.report import REPORT_METRICS as report_metrics
     from twotower.eval.report import format_metrics_table, write_report
+    from twotower.retrieval.rerank import recall_depth
 
     positive("-k", args.k)
     positive("--batch-size", args.batch_size)
-    recall_k = args.recall_k if args.recall_k is not None else max(args.k, 100)
+    recall_k = recall_depth(args.recall_k, args.k)
     if recall_k < args.k:
         raise CLIError(f"--recall-k ({recall_k}) must be at least -k ({args.k})")
     if (args.rerank_k is not None or args.rerank_alpha is not None) and not args.reranker:

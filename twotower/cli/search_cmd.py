@@ -114,8 +114,9 @@ def _table(query: str, hits: list, reranked: bool, width: int = 100) -> str:
 def run_search(args: argparse.Namespace) -> int:
     positive("-k", args.k)
     positive("--batch-size", args.batch_size)
-    if args.recall_k is None:  # `-k 1000` alone was refused: "--recall-k (100) must be at least -k (1000)"
-        args.recall_k = max(100, args.k)
+    from twotower.retrieval.rerank import recall_depth  # numpy only: the pipeline's and the service's rule
+
+    args.recall_k = recall_depth(args.recall_k, args.k)  # `-k 1000` alone was refused (--recall-k 100 < -k)
     if args.recall_k < args.k:
         raise CLIError(f"--recall-k ({args.recall_k}) must be at least -k ({args.k})")
     if args.rerank_k is not None and not 1 <= args.rerank_k <= args.recall_k:
@@ -197,7 +198,7 @@ def run_search(args: argparse.Namespace) -> int:
             batch = [text for _, text in items[s:s + QUERY_BATCH]]
             try:
                 results += pipe.search(batch, k=args.k, recall_k=args.recall_k, rerank=not args.no_rerank,
-                                       hybrid=args.hybrid, fusion=args.fusion or "rrf", batch_size=args.batch_size,
+                                       hybrid=args.hybrid, fusion=args.fusion, batch_size=args.batch_size,
                                        rerank_alpha=args.rerank_alpha, rerank_k=args.rerank_k, filter=flt,
                                        aggregate=args.aggregate or "max")
             except FilterError as e:  # a field no document of the index has

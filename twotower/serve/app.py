@@ -41,7 +41,7 @@ from twotower.indexing.filters import FilterError, parse_filter
 from twotower.retrieval.hit import Hit
 from twotower.retrieval.manifest import model_name
 from twotower.retrieval.passages import AGGREGATIONS
-from twotower.retrieval.rerank import DEFAULT_RERANK_K
+from twotower.retrieval.rerank import DEFAULT_RECALL_K, DEFAULT_RERANK_K
 from twotower.serve.auth import Access
 from twotower.serve.batcher import ModelOwner, SearchParams
 from twotower.serve.errors import ApiError, install_handlers
@@ -100,7 +100,7 @@ class ServeConfig:
     max_queued: int | None = None
     request_timeout_s: float = 60.0
     body_timeout_s: float = 30.0
-    default_recall_k: int = 100
+    default_recall_k: int = DEFAULT_RECALL_K
     lock_wait_s: float = 10.0
     bf16: bool | str = "auto"
 
