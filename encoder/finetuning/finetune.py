@@ -19,14 +19,42 @@ Ctrl-C never costs the checkpoint that was there.
 
 For QA the "no answer" threshold is re-chosen on dev at every evaluation and
 saved with the checkpoint.
+
+Stopping and resuming: the run saves its state in ``<work>/trainer_state/``
+(`twotower.encoder.training.train_state`: tensors in safetensors, the rest in
+JSON, swapped in whole) after each dev evaluation and every ``save_every``
+steps, and removes it when it finishes; ``resume=True`` continues from it
+exactly, bit for bit on a CPU (tests/encoder/finetuning/test_resume.py),
+because it restores:
+
+* which seed, and its step, epoch and batch within the epoch;
+* the weights trained (the whole model, or with a frozen encoder only the head)
+  and AdamW's moments, and the torch generators that draw dropout;
+* the batches: each seed's numpy generator is seeded the same way at every
+  start, so the resumed run draws again the batch orders of the epochs done and
+  of the current one, and skips the batches trained before the save;
+* the training losses since the last evaluation, the seed's best weights (kept
+  in memory for its ``test`` scores: ``best.safetensors`` in the state), its
+  best dev score and the run's, and the report so far.
+
+A state saved at an evaluation that found the run's best checkpoint goes into
+the directory with that checkpoint (`TaskModel.save`'s ``also``), so the two
+always belong to the same moment.  A resume is checked before any model or
+data work (`twotower.encoder.training.same_run`): the same settings, task,
+model directory and label map (each difference named by its flag, with the
+run's value) and the same examples (the SHA-256 of each split as given, its
+``source`` aside: an edited file, other columns or another ``--dev-fraction``
+differ; a moved copy does not).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
 import os
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -38,7 +66,7 @@ from tqdm.auto import tqdm
 
 from twotower.common.atomic import atomic_replace_dir, atomic_write_text, staging_dir
 from twotower.common.device import autocast, default_device, resolve_bf16
-from twotower.common.errors import check_at_least, check_setting
+from twotower.common.errors import DataError, check_at_least, check_setting
 from twotower.common.malloc import retain_freed_memory_for
 from twotower.encoder.core.checkpoint import CONFIG_NAME
 from twotower.encoder.finetuning.qa_decode import choose_null_threshold
@@ -47,10 +75,25 @@ from twotower.encoder.finetuning.task_model import TaskModel, batch_order, model
 from twotower.encoder.finetuning.tasks import Featurized, TaskInfo, get_task
 from twotower.encoder.finetuning.windows import qa_window, tag_window
 from twotower.encoder.training.optim import check_optimizer_settings, lr_factor, make_optimizer, set_lr
+from twotower.encoder.training.same_run import check_same_run, locate_state, plain, read_saved_identity
+from twotower.encoder.training.train_state import (
+    TrainState,
+    load_train_state,
+    read_train_user,
+    restore_train_state,
+    save_train_state,
+)
 
 logger = logging.getLogger(__name__)
 
 REPORT_NAME = "finetune_report.json"
+STATE_DIR = "trainer_state"  # a run under way's resumable state (see the module docstring)
+BEST_NAME = "best"  # the state's best.safetensors: the current seed's best weights
+# Settings that change how a run is watched or where it computes, not what it computes: a resume may differ.
+UNCHECKED = ("progress", "save_every", "device", "bf16")
+# The flag of a setting whose name is not the flag's (`--` + the name with dashes otherwise).
+FLAGS = {"max_train_examples": "--max-train", "head": "the task", "labels": "the label map"}
+SPLIT_FLAGS = {"train": "--train", "dev": "--dev", "test": "--test"}
 MetricFn = Callable[[Sequence[Any], Sequence[Any]], dict[str, float]]
 
 
@@ -86,6 +129,7 @@ class FinetuneConfig:
     device: str | None = None
     eval_batch_size: int = 128
     progress: bool = True
+    save_every: int | None = None  # also save the run's state every this many steps of a seed (for resume)
 
     def __post_init__(self) -> None:
         """Refuse settings that crash late or train something else, naming the field and the flag
@@ -94,7 +138,8 @@ class FinetuneConfig:
         check_at_least(self, 1, {"epochs": "--epochs", "batch_size": "--batch-size", "eval_batch_size": None,
                                  "evals_per_epoch": "--evals-per-epoch", "doc_stride": "--doc-stride",
                                  "max_query_length": "--max-query-length", "max_answer_length": "--max-answer-length",
-                                 "max_steps": "--max-steps", "max_train_examples": "--max-train"})
+                                 "max_steps": "--max-steps", "max_train_examples": "--max-train",
+                                 "save_every": "--save-every"})
         # [CLS], one token, [SEP]: below that every input was cut to nothing and the head learned chance
         check_at_least(self, 3, {"max_length": "--max-length"})
         check_optimizer_settings(self.lr, self.warmup, self.weight_decay)
@@ -233,12 +278,67 @@ def _work_dir(out_dir: str, model_dir: str, overwrite: bool) -> str:
         raise ValueError(f"out_dir={out_dir!r} holds files that are not a fine-tuning run; give a new or empty "
                          "directory (--out)")
     if not overwrite:
+        stopped = locate_state(out_dir, STATE_DIR)
+        also = (f" (or resume=True to continue the run stopped in {os.path.dirname(stopped)}: --resume)"
+                if stopped else "")
         raise ValueError(f"out_dir={out_dir!r} holds an earlier fine-tuning run; pass overwrite=True to replace "
-                         "it once this run is complete (--overwrite)")
+                         f"it once this run is complete (--overwrite){also}")
     work = staging_dir(out_dir)
     if out_dir_state(work) not in ("free", "run"):  # "run": what an interrupted replacing run left: ours to reuse
         raise ValueError(f"{work} is in the way: a run replacing {out_dir} is built there; move it away")
     return work
+
+
+def find_state(out_dir: str) -> str:
+    """The state directory ``resume`` continues from: that of a run replacing an earlier one
+    (``OUT.unfinished``) or of the run in `out_dir`. Refused, saying why and what to run instead, when there
+    is none."""
+    state = locate_state(out_dir, STATE_DIR)
+    if state is not None:
+        return state
+    if run_finished(out_dir):
+        raise ValueError(f"--resume: the run in {out_dir} finished ({REPORT_NAME} says so); nothing is left to "
+                         f"continue. To train further, start a new run from its checkpoint: --model {out_dir}")
+    again = "with --overwrite instead of --resume" if out_dir_state(out_dir) == "run" else "without --resume"
+    raise ValueError(f"--resume: no training state in {out_dir} ({STATE_DIR}/ missing): a run saves one at each "
+                     f"dev evaluation (and every --save-every steps); start the run again {again}")
+
+
+def saved_position(out_dir: str) -> str | None:
+    """Where the run in `out_dir` last saved its state, in words ("step 7 of seed 1 (2 of 2 seeds)"); None:
+    none saved, or unreadable. What an interrupted command tells the user ``--resume`` would continue from."""
+    try:
+        user = read_train_user(find_state(out_dir))
+        seeds = user["run"]["settings"]["seeds"]
+        return f"step {int(user['step'])} of seed {int(user['seed'])} ({int(user['seed_index']) + 1} of {len(seeds)} seeds)"
+    except (ValueError, FileNotFoundError, KeyError, TypeError):
+        return None
+
+
+def examples_sha256(examples: Sequence) -> str:
+    """A fingerprint of a split's examples as training reads them: each example's fields but its ``source``
+    (where it was read: a moved copy of a file is still the same data)."""
+    h = hashlib.sha256()
+    for ex in examples:
+        fields = {k: v for k, v in asdict(ex).items() if k != "source"}
+        h.update(json.dumps([type(ex).__name__, fields], sort_keys=True, ensure_ascii=False).encode("utf-8"))
+        h.update(b"\n")
+    return h.hexdigest()
+
+
+def flag_of(name: str) -> str:
+    return FLAGS.get(name, "--" + name.replace("_", "-"))
+
+
+def run_identity(head: str, model_dir: str, cfg: FinetuneConfig, label_map: list[str], data: dict[str, Sequence],
+                 compute: dict) -> dict:
+    """What a resume must match (`twotower.encoder.training.same_run.check_same_run`): the settings, task,
+    model directory and label map, and the examples of each split (`examples_sha256`); and where the run
+    computed (`compute`: device kind and bf16), which may differ with a warning."""
+    settings = {k: v for k, v in plain(asdict(cfg)).items() if k not in UNCHECKED}
+    settings |= {"head": head, "model": model_dir, "labels": list(label_map)}
+    inputs = {f"{SPLIT_FLAGS[name]} data": examples_sha256(examples) for name, examples in data.items() if examples}
+    return {"settings": settings, "inputs": inputs, "compute": compute}
 
 
 def finetune(
@@ -252,6 +352,7 @@ def finetune(
     labels: Sequence[str] | None = None,
     metric_fn: MetricFn | None = None,
     overwrite: bool = False,
+    resume: bool = False,
 ) -> FinetuneReport:
     """Fine-tune ``head`` ("classify", "tag" or "qa") on the encoder in ``model_dir``; best checkpoint -> ``out_dir``.
 
@@ -263,12 +364,16 @@ def finetune(
             (e.g. SQuAD EM/F1 from eval.metrics); default the task's own scores.
         overwrite: replace the earlier run ``out_dir`` holds, once this one is complete (without it such an
             ``out_dir`` is refused). A file, the model directory, or a directory of other files is always refused.
+        resume: continue the run in ``out_dir`` (or the run replacing it, in ``<out_dir>.unfinished``) exactly
+            from its last saved state, with the run's own settings and examples (see the module docstring).
     """
     cfg = config or FinetuneConfig()
     task = get_task(head)
     if not train or not dev:
         raise ValueError(f"fine-tuning needs training and dev examples (got {len(train)} and {len(dev)})")
-    work = _work_dir(out_dir, model_dir, overwrite)
+    state_dir = find_state(out_dir) if resume else None
+    work = os.path.dirname(state_dir) if state_dir else _work_dir(out_dir, model_dir, overwrite)
+    data = {"train": train, "dev": dev, "test": test}
     if cfg.max_train_examples and len(train) > cfg.max_train_examples:
         keep = np.sort(np.random.default_rng(0).choice(len(train), cfg.max_train_examples, replace=False))
         train = [train[i] for i in keep]
@@ -291,6 +396,11 @@ def finetune(
                     pairs=head == "classify" and any(getattr(ex, "pair", None) is not None for ex in train))
     device = torch.device(cfg.device) if cfg.device else default_device()
     bf16 = resolve_bf16(cfg.bf16, device)
+    identity = run_identity(head, model_dir, cfg, label_map, data, {"device": device.type, "bf16": bf16})
+    if state_dir:  # before any model or data work: a resume never trains another run under this one's report
+        _, saved_identity = read_saved_identity(state_dir)
+        check_same_run(saved_identity, identity, work, flag_of,
+                       f"the 'config' of {os.path.join(work, REPORT_NAME)} lists them", "--device / --bf16")
     retain_freed_memory_for(device)  # reuse freed activation memory across steps (common/malloc.py)
     metric = cfg.metric or task.main_metric
     score = metric_fn or task.score
@@ -313,12 +423,20 @@ def finetune(
                             {k: len(sp.examples) for k, sp in splits.items()} | {"train_rows": len(splits["train"].feats)},
                             feature_seconds=time.perf_counter() - t0, out_dir=out_dir)
     base_state = {k: v.detach().clone() for k, v in tm.model.state_dict().items()}
-    best_overall = -math.inf
-    for seed in cfg.seeds:
+    best_overall, start, saved = -math.inf, 0, None
+    if state_dir:
+        saved = load_train_state(state_dir, map_location=device, extra=(BEST_NAME,))
+        start, best_overall = _resumed_report(saved.user, report, state_dir)
+    else:  # a stopped replacing run's state in the staging directory is not this run's
+        shutil.rmtree(os.path.join(work, STATE_DIR), ignore_errors=True)
+    run = _Run(work, identity, state_dir or os.path.join(work, STATE_DIR))
+    for index, seed in enumerate(cfg.seeds):
+        if index < start:  # done before the saved state: its results are in the report
+            continue
         tm.model.load_state_dict(base_state)
         tm.model.reset_head(seed)
-        result, best_state, dev_best = _train_seed(tm, task, splits, cfg, seed, device, bf16, metric, score,
-                                                   report, best_overall, work)
+        result, best_state, dev_best = _train_seed(tm, task, splits, cfg, index, device, bf16, metric, score,
+                                                   report, best_overall, run, saved if index == start else None)
         best_overall = max(best_overall, dev_best)
         if "test" in splits:
             tm.model.load_state_dict(best_state)
@@ -327,14 +445,46 @@ def finetune(
         _write_report(report, work)
     report.finished = True
     _write_report(report, work)
+    done = work
     if work != out_dir and os.path.isfile(os.path.join(work, CONFIG_NAME)):
         atomic_replace_dir(work, out_dir)  # the earlier run goes only now that this one is complete
+        done = out_dir
+    # last: a kill before this leaves a finished report beside the state, whose resume ends the run again
+    shutil.rmtree(os.path.join(done, STATE_DIR), ignore_errors=True)
     return report
 
 
-def _train_seed(tm: TaskModel, task, splits: dict[str, _Split], cfg: FinetuneConfig, seed: int,
+@dataclass
+class _Run:
+    """Where a run saves its state: `work` (its directory), `identity` (`run_identity`, saved with the state),
+    `state_dir` (``work/trainer_state``)."""
+
+    work: str
+    identity: dict
+    state_dir: str
+
+
+def _resumed_report(user: dict, report: FinetuneReport, state_dir: str) -> tuple[int, float]:
+    """Put the saved report's seeds into `report`; returns (the index of the seed the state is in, the best dev
+    score of the run so far). A state without them is damaged."""
+    try:
+        report.seeds = [SeedResult(**seed) for seed in user["seeds"]]
+        report.best_seed = user["best_seed"]
+        index, best_overall = int(user["seed_index"]), float(user["best_overall"])
+        if not 0 <= index < len(report.seeds):
+            raise ValueError("seed_index")
+    except (KeyError, TypeError, ValueError) as exc:
+        raise DataError(os.path.join(state_dir, "state.json"), None, f"damaged: its report or position has no "
+                        f"usable {exc}; start the run again without --resume") from None
+    return index, best_overall
+
+
+def _train_seed(tm: TaskModel, task, splits: dict[str, _Split], cfg: FinetuneConfig, index: int,
                 device: torch.device, bf16: bool, metric: str, score: MetricFn, report: FinetuneReport,
-                best_overall: float, out_dir: str) -> tuple[SeedResult, dict, float]:
+                best_overall: float, run: _Run, saved: TrainState | None = None) -> tuple[SeedResult, dict, float]:
+    """Train seed ``cfg.seeds[index]`` (continuing from `saved`, a state saved in it, when given); returns its
+    result, its best weights and its best dev score."""
+    seed = cfg.seeds[index]
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     model, train = tm.model, splits["train"]
@@ -343,6 +493,9 @@ def _train_seed(tm: TaskModel, task, splits: dict[str, _Split], cfg: FinetuneCon
         p.requires_grad_(not frozen)
     trainable = [m for n, m in model.named_children() if n != "bert"] if frozen else [model]
     opt = make_optimizer(torch.nn.ModuleList(trainable), cfg.learning_rate, cfg.weight_decay)
+    # what the state saves and restores: the modules trained (a frozen encoder is the seed's start, always),
+    # under the model's own names
+    trained = torch.nn.ModuleDict({n: m for n, m in model.named_children() if n != "bert"}) if frozen else model
     lengths = train.feats.lengths()
     steps_per_epoch = math.ceil(len(lengths) / cfg.batch_size)
     total = cfg.epochs * steps_per_epoch
@@ -350,17 +503,50 @@ def _train_seed(tm: TaskModel, task, splits: dict[str, _Split], cfg: FinetuneCon
         total = min(total, cfg.max_steps)
     eval_at = {min(steps_per_epoch, round(steps_per_epoch * (k + 1) / cfg.evals_per_epoch))
                for k in range(cfg.evals_per_epoch)}
-    result = SeedResult(seed)
-    report.seeds.append(result)  # live: a report written mid-run shows this seed's history so far
     best, best_state, step, losses = -math.inf, {}, 0, []
+    start_epoch, start_batch, seconds = 0, 0, 0.0
+    if saved is None:
+        result = SeedResult(seed)
+        report.seeds.append(result)  # live: a report written mid-run shows this seed's history so far
+    else:
+        result = report.seeds[index]
+        step, start_epoch, start_batch, losses, best, best_state, seconds = _restore_seed(saved, run.state_dir,
+                                                                                         model, trained, opt)
     t0 = time.perf_counter()
+
+    def save_state(epoch: int, batch: int, checkpoint: bool) -> None:
+        """Save the run's state; with the run's best checkpoint (`checkpoint`), inside its directory."""
+        user = {"seed_index": index, "seed": seed, "step": step, "epoch": epoch, "batch": batch, "losses": losses,
+                "best": best, "best_overall": best_overall, "seconds": seconds + time.perf_counter() - t0,
+                "seeds": [asdict(s) for s in report.seeds], "best_seed": report.best_seed, "run": run.identity}
+        own = trained.state_dict()
+        best_weights = {n: best_state[n] for n in own} if best_state else {}
+
+        def write(directory: str) -> None:
+            save_train_state(os.path.join(directory, STATE_DIR), own, opt, user, extra={BEST_NAME: best_weights})
+
+        if checkpoint:
+            # the report goes in with the checkpoint: a directory swapped in without it was a checkpoint no
+            # later run could tell from a user's model
+            tm.save(run.work, extra_files={REPORT_NAME: _report_text(report)}, also=write)
+        else:
+            _write_report(report, run.work)  # first: a directory holding a state is a run's
+            write(run.work)
+
     for epoch in range(cfg.epochs):
+        if step >= total:
+            break
+        # drawn for every epoch, those a resumed run trained before its state too: its next batch is the one
+        # the uninterrupted run drew
+        batches = batch_order(lengths, cfg.batch_size, rng)
+        if epoch < start_epoch:
+            continue
+        skip = start_batch if epoch == start_epoch else 0  # trained before the state was saved
         model.train()
         if frozen:
             model.bert.eval()
-        bar = tqdm(batch_order(lengths, cfg.batch_size, rng), desc=f"seed {seed} epoch {epoch + 1}",
-                   disable=not cfg.progress, leave=False)
-        for k, idx in enumerate(bar, start=1):
+        bar = tqdm(batches[skip:], desc=f"seed {seed} epoch {epoch + 1}", disable=not cfg.progress, leave=False)
+        for k, idx in enumerate(bar, start=skip + 1):
             set_lr(opt, cfg.learning_rate, lr_factor(step / max(1, total), cfg.warmup))
             batch = task.batch_targets(train.feats, idx)
             if frozen:
@@ -391,6 +577,7 @@ def _train_seed(tm: TaskModel, task, splits: dict[str, _Split], cfg: FinetuneCon
                 logger.info("seed %d %s", seed, row)
                 if metric not in dev_scores:
                     raise ValueError(f"metric {metric!r} not among dev scores {sorted(dev_scores)}")
+                checkpoint = False
                 if dev_scores[metric] > best:
                     best = dev_scores[metric]
                     best_state = {n: v.detach().clone() for n, v in model.state_dict().items()}
@@ -399,20 +586,42 @@ def _train_seed(tm: TaskModel, task, splits: dict[str, _Split], cfg: FinetuneCon
                         best_overall = best
                         tm.info.null_threshold = threshold
                         report.best_seed = seed
-                        # the report goes in with the checkpoint: a directory swapped in without it was a
-                        # checkpoint no later run could tell from a user's model
-                        tm.save(out_dir, extra_files={REPORT_NAME: _report_text(report)})
+                        checkpoint = True
+                save_state(epoch, k, checkpoint)
                 model.train()
                 if frozen:
                     model.bert.eval()
+            elif cfg.save_every and step % cfg.save_every == 0:
+                save_state(epoch, k, False)
             if done:
                 break
-        if step >= total:
-            break
-    result.train_seconds = time.perf_counter() - t0
+    result.train_seconds = seconds + time.perf_counter() - t0
     for p in model.bert.parameters():
         p.requires_grad_(True)
     return result, best_state, best
+
+
+def _restore_seed(saved: TrainState, state_dir: str, model: torch.nn.Module, trained: torch.nn.Module,
+                  opt: torch.optim.Optimizer) -> tuple[int, int, int, list[float], float, dict, float]:
+    """Load a seed's saved state: the weights trained, AdamW's moments and the generators into `trained`, `opt`
+    and torch; returns (step, epoch, batches of that epoch done, losses since the last evaluation, best dev
+    score, best weights (the whole model's), seconds trained)."""
+    restore_train_state(saved, state_dir, trained, opt)
+    user, best_weights = saved.user, saved.extra[BEST_NAME]
+    own = model.state_dict()
+    if not set(best_weights) <= set(own):
+        raise DataError(os.path.join(state_dir, f"{BEST_NAME}.safetensors"), None, "damaged: it holds tensors "
+                        "the model has not; start the run again without --resume")
+    # a frozen encoder's part of the best weights is the seed's start, as it is now
+    best_state = {n: v.detach().clone() for n, v in own.items()} | best_weights if best_weights else {}
+    try:
+        position = (int(user["step"]), int(user["epoch"]), int(user["batch"]), [float(x) for x in user["losses"]],
+                    float(user["best"]))
+        seconds = float(user["seconds"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise DataError(os.path.join(state_dir, "state.json"), None, f"damaged: its training position has no "
+                        f"usable {exc}; start the run again without --resume") from None
+    return (*position, best_state, seconds)
 
 
 def _predict(tm: TaskModel, task, split: _Split, cfg: FinetuneConfig, device: torch.device, bf16: bool) -> list:

@@ -12,7 +12,7 @@ import dataclasses
 import json
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -184,11 +184,14 @@ class TaskModel:
         return cls(model.eval(), tokenizer, info, device)
 
     # ---- saving ------------------------------------------------------------------------------------
-    def save(self, directory: str, extra_files: dict[str, str] | None = None) -> None:
+    def save(self, directory: str, extra_files: dict[str, str] | None = None,
+             also: Callable[[str], None] | None = None) -> None:
         """Write the whole directory atomically (built beside it, then swapped in).
 
         extra_files: ``{name: text}`` written into it too, so they are swapped in with the checkpoint
         (fine-tuning's report).
+        also: called with the directory being built, to write more into it before the swap (fine-tuning's
+        training state, which must belong to the same moment as the checkpoint).
         """
         config: EncoderConfig = self.model.config
         extra = {k: v for k, v in config.extra.items() if k not in _HEAD_KEYS and k != "_name_or_path"}
@@ -208,6 +211,8 @@ class TaskModel:
                         architectures=[ARCHITECTURES[self.info.head]], config_extra=head_cfg)
         for name, text in (extra_files or {}).items():
             atomic_write_text(os.path.join(build, name), text)  # durable before the swap
+        if also is not None:
+            also(build)
         atomic_replace_dir(build, directory)
 
     # ---- prediction --------------------------------------------------------------------------------

@@ -19,6 +19,8 @@ Layout of ``<dir>``:
     optimizer.safetensors  optimizer tensors
     rng.safetensors        torch CPU (and the training GPU's) generator states
     state.json             {"optimizer": {...}, "user": {...caller's scalars...}}
+    NAME.safetensors       more tensors of the caller's, saved with the rest (``extra``: fine-tuning keeps
+                           the seed's best weights there)
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from safetensors.torch import save_file
@@ -42,6 +44,7 @@ class TrainState:
     optimizer: dict  # a torch optimizer state_dict, ready for `load_state_dict`
     rng: dict[str, torch.Tensor]
     user: dict  # the caller's JSON scalars (step, tokens, elapsed, data position, config ...)
+    extra: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)  # NAME -> NAME.safetensors' tensors
 
 
 def optimizer_to_flat(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
@@ -104,11 +107,14 @@ def restore_rng(rng: dict[str, torch.Tensor], device: torch.device | str) -> Non
 
 
 def save_train_state(directory: str, model_state: dict[str, torch.Tensor], optimizer: torch.optim.Optimizer,
-                     user: dict, rng: dict[str, torch.Tensor] | None = None) -> None:
+                     user: dict, rng: dict[str, torch.Tensor] | None = None,
+                     extra: dict[str, dict[str, torch.Tensor]] | None = None) -> None:
     """Write model + optimizer + RNG + `user` scalars to `directory`, atomically as a whole.
 
     rng: the generator states to save (default `capture_rng` of the model's device); a caller under torchrun
     whose ranks draw different streams passes every rank's (`twotower.retrieval.training.loop`).
+    extra: more tensors that belong to the same moment, ``{NAME: tensors}``, each saved as ``NAME.safetensors``
+    (`load_train_state` reads them back when asked for by name).
     """
     parent = os.path.dirname(os.path.abspath(directory))
     os.makedirs(parent, exist_ok=True)
@@ -121,6 +127,9 @@ def save_train_state(directory: str, model_state: dict[str, torch.Tensor], optim
         opt_tensors, opt_meta = optimizer_to_flat(optimizer)
         save_file(opt_tensors, os.path.join(build, "optimizer.safetensors"))
         save_file(capture_rng(_device_of(model_state)) if rng is None else rng, os.path.join(build, "rng.safetensors"))
+        for name, tensors in (extra or {}).items():
+            save_file({k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()},
+                      os.path.join(build, f"{name}.safetensors"))
         atomic_write_text(os.path.join(build, "state.json"),
                           json.dumps({"optimizer": opt_meta, "user": user}, indent=1) + "\n")
         for name in os.listdir(build):
@@ -134,12 +143,15 @@ def save_train_state(directory: str, model_state: dict[str, torch.Tensor], optim
         raise
 
 
-def load_train_state(directory: str, map_location: str | torch.device = "cpu") -> TrainState:
-    """Read what `save_train_state` wrote; a missing file is named in the error, a damaged one is a
-    `DataError` naming it (the caller adds what the user can do about it). A state a kill left moved aside
-    mid-save is put back first (`recover_replaced_dir`)."""
+def load_train_state(directory: str, map_location: str | torch.device = "cpu",
+                     extra: tuple[str, ...] = ()) -> TrainState:
+    """Read what `save_train_state` wrote (and the `extra` tensor files named, onto `map_location` as the
+    model); a missing file is named in the error, a damaged one is a `DataError` naming it (the caller adds
+    what the user can do about it). A state a kill left moved aside mid-save is put back first
+    (`recover_replaced_dir`)."""
     recover_replaced_dir(directory)
-    for name in ("model.safetensors", "optimizer.safetensors", "rng.safetensors", "state.json"):
+    for name in ("model.safetensors", "optimizer.safetensors", "rng.safetensors", "state.json",
+                 *(f"{n}.safetensors" for n in extra)):
         if not os.path.isfile(os.path.join(directory, name)):
             raise FileNotFoundError(f"training state incomplete: {os.path.join(directory, name)} is missing")
     meta_path = os.path.join(directory, "state.json")
@@ -159,6 +171,8 @@ def load_train_state(directory: str, map_location: str | torch.device = "cpu") -
         optimizer=optimizer,
         rng=load_safetensors(os.path.join(directory, "rng.safetensors"), remedy=None),
         user=meta["user"],
+        extra={n: load_safetensors(os.path.join(directory, f"{n}.safetensors"), device=device, remedy=None)
+               for n in extra},
     )
 
 

@@ -188,6 +188,7 @@ def start_run(cfg: TrainSettings, out: str, enabled: bool = True,
     `config_fields` are logged with the config. Returns (run, a `random.Random(seed)` for the trainer's
     own draws, device, bf16).
     """
+    from twotower.encoder.training.same_run import read_saved_identity
     from twotower.retrieval.training import resume
 
     torch.manual_seed(cfg.seed)
@@ -202,7 +203,7 @@ def start_run(cfg: TrainSettings, out: str, enabled: bool = True,
     point = None
     if cfg.resume:
         state = resume.find_state(out)
-        user, saved = resume.read_saved_identity(state)
+        user, saved = read_saved_identity(state)
         resume.check_same_run(saved, identity, out)
         point = _resume_point(user, state)
     run = TrainingRun(out, enabled=enabled, replace=cfg.overwrite, resume=cfg.resume)

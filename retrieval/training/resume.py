@@ -19,24 +19,22 @@ Checked before any model or data work, so that a resume never trains another run
 and schedule: the same settings (each flag that differs is named, with the run's value), the same input files
 (their SHA-256: a file moved elsewhere is still the same input, a file edited is not) and the same number of
 processes. Another device or precision is allowed with a warning: a run may move to another machine, but its
-later steps are then computed differently.
+later steps are then computed differently (the comparison: `twotower.encoder.training.same_run`, which
+fine-tuning shares).
 """
 
 from __future__ import annotations
 
-import json
-import logging
 import os
 from dataclasses import asdict
 from typing import Any
 
-from twotower.common.atomic import recover_replaced_dir, staging_dir
 from twotower.common.errors import DataError
+from twotower.encoder.training import same_run
+from twotower.encoder.training.same_run import locate_state, plain
 from twotower.encoder.training.train_state import read_train_user
 from twotower.indexing.integrity import file_sha256
 from twotower.retrieval.training.training_run import STATE_DIR
-
-logger = logging.getLogger(__name__)
 
 # Settings that change how a run is watched or where it computes, not what it computes: a resume may differ.
 UNCHECKED = ("progress", "overwrite", "resume", "save_every", "resumable", "device", "bf16")
@@ -54,12 +52,9 @@ def flag_of(name: str) -> str:
 def find_state(out: str) -> str:
     """The state directory ``--resume`` continues from: that of a run replacing an earlier one
     (``OUT.unfinished``) or of the run in `out`. Refused, saying why, when there is none."""
-    for directory in (staging_dir(out), out):
-        state = os.path.join(directory, STATE_DIR)
-        if os.path.isdir(directory):
-            recover_replaced_dir(state)  # a save killed between its two renames left it moved aside
-        if os.path.isdir(state):
-            return state
+    state = locate_state(out, STATE_DIR)
+    if state is not None:
+        return state
     if os.path.isfile(os.path.join(out, "summary.json")):
         raise ValueError(f"--resume: the run in {out} finished (summary.json); nothing is left to continue. To "
                          f"train further, start a new run from its checkpoint: --model {os.path.join(out, 'best')}")
@@ -80,7 +75,7 @@ def saved_steps(out: str) -> int | None:
 def run_identity(cfg: Any, world_size: int, compute: dict) -> dict:
     """What a resume must match (`check_same_run`): the settings, the input files' SHA-256, the process count;
     and where the run computed (`compute`: device kind and bf16), which may differ with a warning."""
-    settings = {k: v for k, v in _plain(asdict(cfg)).items() if k not in UNCHECKED and k not in INPUT_FIELDS}
+    settings = {k: v for k, v in plain(asdict(cfg)).items() if k not in UNCHECKED and k not in INPUT_FIELDS}
     return {"settings": settings, "inputs": input_fingerprints(cfg), "world_size": world_size, "compute": compute}
 
 
@@ -103,54 +98,8 @@ def input_fingerprints(cfg: Any) -> dict[str, str]:
     return out
 
 
-def read_saved_identity(state: str) -> tuple[dict, dict]:
-    """(the state's scalars, the identity of the run that saved it); a state without one is damaged."""
-    user = read_train_user(state)
-    identity = user.get("run")
-    if not isinstance(identity, dict) or not all(isinstance(identity.get(k), dict)
-                                                 for k in ("settings", "inputs")):
-        raise DataError(os.path.join(state, "state.json"), None,
-                        "damaged: it does not say which run saved it ('run'); start the run again without --resume")
-    return user, identity
-
-
 def check_same_run(saved: dict, now: dict, out: str) -> None:
-    """Refuse a resume that would continue another run than the one saved, naming each difference in flags."""
-    differ = []
-    before, after = saved["settings"], now["settings"]
-    for name in sorted(set(before) | set(after)):
-        if before.get(name) != after.get(name):
-            differ.append(f"{flag_of(name)} {_shown(after.get(name))} (the run: {_shown(before.get(name))})")
-    for key in sorted(set(saved["inputs"]) | set(now["inputs"])):
-        if key not in now["inputs"]:
-            differ.append(f"{key} is not an input now (the run read it)")
-        elif key not in saved["inputs"]:
-            differ.append(f"{key} was not an input of the run")
-        elif saved["inputs"][key] != now["inputs"][key]:
-            differ.append(f"{key} has changed since the run read it (SHA-256)")
-    if saved.get("world_size", 1) != now["world_size"]:
-        differ.append(f"{now['world_size']} process(es) (the run: {saved.get('world_size', 1)}; torchrun "
-                      "--nproc-per-node)")
-    if differ:
-        raise ValueError(f"cannot resume {out}: this command differs from the run it continues: {'; '.join(differ)}. "
-                         "Give the run's own settings and files (its first 'config' record in "
-                         f"{os.path.join(out, 'train_log.jsonl')} lists them)")
-    if saved.get("compute") and saved["compute"] != now["compute"]:
-        logger.warning("resuming %s on %s; the run trained on %s (--device / --no-bf16): the steps from here are "
-                       "computed differently, so the result will not equal an uninterrupted run", out,
-                       _compute_shown(now["compute"]), _compute_shown(saved["compute"]))
-
-
-def _compute_shown(compute: dict) -> str:
-    return f"{compute.get('device', '?')} {'bf16' if compute.get('bf16') else 'fp32'}"
-
-
-def _shown(value: Any) -> str:
-    if value is None:
-        return "(not given)"
-    return json.dumps(value) if not isinstance(value, str) else value
-
-
-def _plain(value: Any) -> Any:
-    """As JSON reads it back (tuples become lists), so a saved setting and a current one compare equal."""
-    return json.loads(json.dumps(value))
+    """Refuse a resume that would continue another run than the one saved, naming each difference in flags
+    (`twotower.encoder.training.same_run`)."""
+    same_run.check_same_run(saved, now, out, flag_of, "its first 'config' record in "
+                            f"{os.path.join(out, 'train_log.jsonl')} lists them", "--device / --no-bf16")

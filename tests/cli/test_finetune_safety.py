@@ -102,8 +102,8 @@ def test_a_killed_run_keeps_the_earlier_run_and_says_it_did_not_finish(tiny_dir,
 
     real_save = TaskModel.save
 
-    def save_then_die(self, directory, extra_files=None):  # killed right after the first checkpoint is written
-        real_save(self, directory, extra_files)
+    def save_then_die(self, directory, extra_files=None, also=None):  # killed right after the first checkpoint
+        real_save(self, directory, extra_files, also)
         raise KeyboardInterrupt
 
     monkeypatch.setattr(TaskModel, "save", save_then_die)

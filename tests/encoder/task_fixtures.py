@@ -79,3 +79,20 @@ def one_thread():
         yield
     finally:
         torch.set_num_threads(n)
+
+
+def interrupted_at(step: int):
+    """A `set_lr` for `twotower.encoder.finetuning.finetune` (set it with monkeypatch) that stops the process
+    before the run's optimizer step `step`, counted over all its seeds, as Ctrl-C would: what a resume
+    continues from."""
+    from twotower.encoder.training.optim import set_lr
+
+    calls = [0]
+
+    def _set_lr(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == step:
+            raise KeyboardInterrupt
+        return set_lr(*args, **kwargs)
+
+    return _set_lr

@@ -14,6 +14,8 @@ import importlib
 import logging
 import os
 import sys
+from collections.abc import Callable
+from typing import Any
 
 # Order is the order of `twotower --help`.
 _COMMAND_MODULES = [
@@ -37,6 +39,23 @@ TORCHRUN_COMMANDS = ("index build", "train dual", "train reranker", "pretrain")
 
 class CLIError(Exception):
     """Bad input from the user: printed as one line, exit status 2."""
+
+
+def resumable(args: argparse.Namespace, train: Callable[[], Any], saved_at: Callable[[], str | None],
+              holds_run: Callable[[], bool]) -> Any:
+    """`train()` of a command with ``--resume``; on Ctrl-C the line `main` prints (``interrupted``) says what
+    ``--resume`` would continue from: `saved_at()` ("step 150"; None: no state saved yet), else how to start
+    over (with ``--overwrite`` where `holds_run()`: ``--out`` holds a run)."""
+    try:
+        return train()
+    except KeyboardInterrupt:
+        where = saved_at()
+        again = " with --overwrite" if where is None and holds_run() else ""
+        args.interrupted = (f"the run's state after {where} is saved; run the same command with --resume to "
+                            "continue from there" if where is not None else
+                            "no state was saved yet (the first is saved at the first dev evaluation after a step, "
+                            f"or after --save-every steps): run the command again{again} to start over")
+        raise
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -36,6 +36,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--overwrite", action="store_true",
                    help="replace the earlier run --out holds, once the new run is complete (without it, such an "
                         "--out is refused)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in --out (or the run replacing it, in OUT.unfinished) exactly from its "
+                        "last saved state (saved after each dev evaluation and every --save-every steps), with "
+                        "the run's own settings and files")
+    p.add_argument("--save-every", type=int, metavar="N",
+                   help="also save the run's state every N steps of a seed, for --resume (default: at each "
+                        "evaluation)")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, help="default 5e-5, or 1e-3 with --freeze-encoder")
@@ -130,9 +137,15 @@ def _check_out(args: argparse.Namespace, model_dir: str) -> None:
     """
     from twotower.cli import CLIError
     from twotower.common.atomic import staging_dir
-    from twotower.encoder.finetuning.finetune import REPORT_NAME, out_dir_state, run_finished
+    from twotower.encoder.finetuning.finetune import REPORT_NAME, STATE_DIR, out_dir_state, run_finished
+    from twotower.encoder.training.same_run import locate_state
 
     out = args.out
+    if args.resume:  # the run's own directory: there must be a state to continue from (what else: in its words)
+        from twotower.encoder.finetuning.finetune import find_state
+
+        find_state(out)
+        return
     state = out_dir_state(out, model_dir)
     if state == "file":
         raise CLIError(f"--out {out}: a file; give a directory (a new one, or an empty one)")
@@ -146,8 +159,10 @@ def _check_out(args: argparse.Namespace, model_dir: str) -> None:
                        "new or empty directory")
     if state == "run" and not args.overwrite:
         what = "an unfinished fine-tuning run" if run_finished(out) is False else "an earlier fine-tuning run"
+        stopped = locate_state(out, STATE_DIR)
+        resume = f" (or --resume to continue the run stopped in {os.path.dirname(stopped)})" if stopped else ""
         raise CLIError(f"--out {out}: holds {what} ({REPORT_NAME}); pass --overwrite to replace it once the new "
-                       "run is complete, or give another --out")
+                       f"run is complete{resume}, or give another --out")
     if state == "run" and out_dir_state(staging_dir(out)) not in ("free", "run"):
         raise CLIError(f"--out {out}: the new run is built in {staging_dir(out)} until it is complete, and "
                        "something else is there; move it away")
@@ -203,11 +218,21 @@ def _check_windows(args: argparse.Namespace, model_dir: str) -> None:
                    f"must be smaller: give --doc-stride {room // 2}, or a larger --max-length")
 
 
+def _trained(args: argparse.Namespace, train):
+    """`train()`, and on Ctrl-C the line the command prints says what ``--resume`` would continue from."""
+    from twotower.cli import resumable
+    from twotower.encoder.finetuning.finetune import out_dir_state, saved_position
+
+    return resumable(args, train, lambda: saved_position(args.out),
+                     lambda: out_dir_state(args.out) == "run" and not args.resume)
+
+
 def run_finetune(args: argparse.Namespace) -> int:
     from twotower.cli import CLIError
     from twotower.cli.checks import max_length_fits
 
     positive("--threads", args.threads)
+    positive("--save-every", args.save_every)
     _refuse_other_tasks_flags(args)
     seeds = _seeds(args.seeds)
     model_dir = encoder_directory("--model", args.model)
@@ -233,7 +258,7 @@ def run_finetune(args: argparse.Namespace) -> int:
         warmup=args.warmup, freeze_encoder=args.freeze_encoder, max_length=args.max_length, **qa,
         seeds=seeds, evals_per_epoch=args.evals_per_epoch, max_train_examples=args.max_train,
         max_steps=args.max_steps, metric=metric, bf16=_bf16(args.bf16), device=args.device,
-        progress=not args.no_progress, pooling=args.pooling,
+        progress=not args.no_progress, pooling=args.pooling, save_every=args.save_every,
     )
     train = _read(args.task, args.train, args, True)
     if args.dev:
@@ -246,8 +271,8 @@ def run_finetune(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise CLIError(f"--dev-fraction {args.dev_fraction}: {exc}") from None
     test = _read(args.task, args.test, args, True) if args.test else None
-    report = finetune(args.task, model_dir, train, dev, args.out, cfg, test=test, metric_fn=metric_fn,
-                      overwrite=args.overwrite)
+    report = _trained(args, lambda: finetune(args.task, model_dir, train, dev, args.out, cfg, test=test,
+                                             metric_fn=metric_fn, overwrite=args.overwrite, resume=args.resume))
     n = len(report.seeds)
     for split in ("dev", "test"):
         for name, (mean, std) in report.summary(split).items():

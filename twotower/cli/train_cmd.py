@@ -299,18 +299,15 @@ def _check_run_out(args) -> None:
 
 def _trained(args, train) -> object:
     """`train()`, and on Ctrl-C the line the command prints says what ``--resume`` would continue from."""
-    try:
-        return train()
-    except KeyboardInterrupt:
+    from twotower.cli import resumable
+
+    def saved_at() -> str | None:
         from twotower.retrieval.training.resume import saved_steps
 
         steps = saved_steps(args.out)
-        again = " with --overwrite" if os.path.isdir(os.path.join(args.out, "best")) else ""
-        args.interrupted = (f"the run's state after step {steps} is saved; run the same command with --resume to "
-                            "continue from there" if steps is not None else
-                            "no state was saved yet (the first is saved at the first dev evaluation after a step, "
-                            f"or after --save-every steps): run the command again{again} to start over")
-        raise
+        return None if steps is None else f"step {steps}"
+
+    return resumable(args, train, saved_at, lambda: os.path.isdir(os.path.join(args.out, "best")))
 
 
 def _split(split: str | None, flag: str, data: str) -> str:

@@ -1,0 +1,100 @@
+"""Whether a ``--resume`` continues the run that saved the training state it finds, or another one.
+
+A resumable run saves its identity with its state (`train_state`, under the state's ``"run"`` key):
+
+    {"settings": {name: value}, "inputs": {key: SHA-256}, "world_size": N, "compute": {"device": .., "bf16": ..}}
+
+``settings`` are what the run was told (each is named by its flag when it differs), ``inputs`` the
+fingerprints of what it read (a file, or a list of examples: compared by content, so a copy moved elsewhere
+is still the same input), ``compute`` where it computed. `check_same_run` refuses a command whose settings,
+inputs or process count differ, naming each difference with the run's value, since continuing would train
+another run under the first one's schedule; another device or precision is allowed with a warning (a run
+may move to another machine, but its later steps are then computed differently).
+
+Used by the retrieval trainers (`twotower.retrieval.training.resume`) and fine-tuning
+(`twotower.encoder.finetuning.finetune`); each builds its own identity and says where its settings are listed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+from twotower.common.atomic import recover_replaced_dir, staging_dir
+from twotower.common.errors import DataError
+from twotower.encoder.training.train_state import read_train_user
+
+logger = logging.getLogger(__name__)
+
+
+def plain(value: Any) -> Any:
+    """As JSON reads it back (tuples become lists), so a saved setting and a current one compare equal."""
+    return json.loads(json.dumps(value))
+
+
+def shown(value: Any) -> str:
+    """A setting's value as a message shows it."""
+    if value is None:
+        return "(not given)"
+    return json.dumps(value) if not isinstance(value, str) else value
+
+
+def locate_state(out: str, name: str) -> str | None:
+    """The state directory (`name`) a ``--resume`` of the run in `out` continues from: that of a run replacing
+    an earlier one (``OUT.unfinished``, `staging_dir`) or of the run in `out` itself; None when neither has one.
+    A state a kill left moved aside mid-save is put back first (`recover_replaced_dir`)."""
+    for directory in (staging_dir(out), out):
+        state = os.path.join(directory, name)
+        if os.path.isdir(directory):
+            recover_replaced_dir(state)
+        if os.path.isdir(state):
+            return state
+    return None
+
+
+def read_saved_identity(state: str, start_again: str = "without --resume") -> tuple[dict, dict]:
+    """(the state's scalars, the identity of the run that saved it); a state without one is damaged
+    (`start_again`: how the user starts the run over instead)."""
+    user = read_train_user(state)
+    identity = user.get("run")
+    if not isinstance(identity, dict) or not all(isinstance(identity.get(k), dict)
+                                                 for k in ("settings", "inputs")):
+        raise DataError(os.path.join(state, "state.json"), None,
+                        f"damaged: it does not say which run saved it ('run'); start the run again {start_again}")
+    return user, identity
+
+
+def check_same_run(saved: dict, now: dict, out: str, flag_of: Callable[[str], str], listed: str,
+                   compute_flags: str) -> None:
+    """Refuse a resume of the run in `out` that would continue another run than the one saved, naming each
+    difference in flags (`flag_of`: a setting's flag; `listed`: where the run's own settings can be read);
+    warn when it computes elsewhere (`compute_flags`: the flags that choose that)."""
+    differ = []
+    before, after = saved["settings"], now["settings"]
+    for name in sorted(set(before) | set(after)):
+        if before.get(name) != after.get(name):
+            differ.append(f"{flag_of(name)} {shown(after.get(name))} (the run: {shown(before.get(name))})")
+    for key in sorted(set(saved["inputs"]) | set(now["inputs"])):
+        if key not in now["inputs"]:
+            differ.append(f"{key} is not an input now (the run read it)")
+        elif key not in saved["inputs"]:
+            differ.append(f"{key} was not an input of the run")
+        elif saved["inputs"][key] != now["inputs"][key]:
+            differ.append(f"{key} has changed since the run read it (SHA-256)")
+    if saved.get("world_size", 1) != now.get("world_size", 1):
+        differ.append(f"{now.get('world_size', 1)} process(es) (the run: {saved.get('world_size', 1)}; torchrun "
+                      "--nproc-per-node)")
+    if differ:
+        raise ValueError(f"cannot resume {out}: this command differs from the run it continues: {'; '.join(differ)}. "
+                         f"Give the run's own settings and files ({listed})")
+    if saved.get("compute") and saved["compute"] != now["compute"]:
+        logger.warning("resuming %s on %s; the run trained on %s (%s): the steps from here are computed "
+                       "differently, so the result will not equal an uninterrupted run", out,
+                       _compute_shown(now["compute"]), _compute_shown(saved["compute"]), compute_flags)
+
+
+def _compute_shown(compute: dict) -> str:
+    return f"{compute.get('device', '?')} {'bf16' if compute.get('bf16') else 'fp32'}"
