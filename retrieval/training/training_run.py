@@ -108,6 +108,9 @@ class TrainingRun:
             shutil.rmtree(self.out, ignore_errors=True)
         os.makedirs(self.out, exist_ok=True)
         sweep_temporaries(self.out)  # saves a kill interrupted: a checkpoint's temporary copy, a half-drawn PNG
+        # an earlier run's state is not this run's: left there, a --resume after this run stopped before its
+        # first save would have continued the earlier run under this one's log
+        shutil.rmtree(self.state_dir, ignore_errors=True)
         if os.path.exists(self.log_path):  # a new run starts a new log
             os.replace(self.log_path, self.log_path + ".previous")
         self.opened = True

@@ -282,3 +282,21 @@ def test_a_kill_between_a_better_checkpoint_and_the_state_leaves_best_and_the_su
         res = train_reranker(_reranker(tmp_path, resume=True, **cfg))
     assert (res.best_step, res.best_score) == (8, 0.08)  # what best/ holds
     assert _bytes(os.path.join(out, "best", "model.safetensors")) == orphan
+
+
+def test_a_new_run_in_the_directory_of_a_stopped_one_sets_its_state_aside(tmp_path, monkeypatch):
+    """A run stopped before any checkpoint (no ``best/``) may be started again without --overwrite; stopped again
+    before its first save, a --resume continued the earlier run's state under the new run's log."""
+    cfg = dict(eval_at_start=False, eval_every=8, save_every=2)
+    with monkeypatch.context() as m:
+        m.setattr(loop.TrainingLoop, "_step", interrupted_at(4))  # saved at step 2, no checkpoint yet
+        with pytest.raises(KeyboardInterrupt):
+            train_reranker(_reranker(tmp_path, **cfg))
+    out = str(tmp_path / "rr")
+    assert os.path.isdir(os.path.join(out, STATE_DIR)) and not os.path.exists(os.path.join(out, "best"))
+    with monkeypatch.context() as m:
+        m.setattr(loop.TrainingLoop, "_step", interrupted_at(2))  # the new run stops before its first save
+        with pytest.raises(KeyboardInterrupt):
+            train_reranker(_reranker(tmp_path, **cfg))
+    with pytest.raises(ValueError, match="no training state"):
+        train_reranker(_reranker(tmp_path, resume=True, **cfg))
