@@ -217,6 +217,7 @@ def _rank_worker(rank_id: int, world: int, init_file: str, settings: dict, stop_
     cleanup(DistInfo(world, rank_id, rank_id))
 
 
+@pytest.mark.slow  # 20 s of spawned ranks on 2 cores: the default suite stays under 10 minutes
 def test_under_torchrun_a_resumed_run_gives_each_rank_its_own_dropout_stream_back(tmp_path):
     """Each rank draws its own dropout masks (seeded seed + rank): rank 1's stream must come back as rank 1's."""
     import torch.multiprocessing as mp
