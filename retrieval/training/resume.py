@@ -40,6 +40,8 @@ from twotower.retrieval.training.training_run import STATE_DIR
 UNCHECKED = ("progress", "overwrite", "resume", "save_every", "resumable", "device", "bf16")
 # Settings that name input files: compared by content (`input_fingerprints`), not by path.
 INPUT_FIELDS = ("pairs", "data", "corpus", "negatives", "first_stage")
+# What a BEIR directory's reader reads, besides the qrels split trained on (gzip or not).
+BEIR_FILES = ("corpus.jsonl", "corpus.jsonl.gz", "queries.jsonl", "queries.jsonl.gz")
 # The flag of a setting whose name is not the flag's (`--` + the name with dashes otherwise).
 FLAGS = {"eval_interval_s": "--eval-interval", "shared": "--separate-towers", "chunk_size": "--grad-cache-chunk",
          "bf16": "--no-bf16"}
@@ -89,9 +91,9 @@ def input_fingerprints(cfg: Any) -> dict[str, str]:
             continue
         if os.path.isfile(path):
             out[f"{flag_of(name)} {os.path.basename(path)}"] = file_sha256(path)
-        elif os.path.isdir(path):
+        elif os.path.isdir(path):  # the files training reads there, not a README beside them
             split = os.path.join("qrels", f"{getattr(cfg, 'split', 'train')}.tsv")
-            for rel in sorted(os.listdir(path)) + [split]:
+            for rel in (*BEIR_FILES, split):
                 full = os.path.join(path, rel)
                 if os.path.isfile(full):
                     out[f"{flag_of(name)} {rel}"] = file_sha256(full)

@@ -93,8 +93,19 @@ def test_a_resume_is_refused_when_it_would_continue_another_run(tmp_path, monkey
     with pytest.raises(ValueError, match=r"--pairs queries.jsonl has changed since the run read it"):
         train_reranker(_reranker(tmp_path, resume=True, pairs=moved))
 
-    # how it watches and where it computes may differ: the resumed run finishes
-    res = train_reranker(_reranker(tmp_path, resume=True, save_every=None, progress=True))
+    # a file beside the data is no input; the qrels split trained on is
+    with open(os.path.join(moved, "queries.jsonl"), "w", encoding="utf-8") as f:
+        f.write(open(os.path.join(tiny_beir_dir(), "queries.jsonl"), encoding="utf-8").read())
+    with open(os.path.join(moved, "qrels", "train.tsv"), "a", encoding="utf-8") as f:
+        f.write("extra\td0\t1\n")
+    with pytest.raises(ValueError, match=r"--pairs qrels/train.tsv has changed since the run read it"):
+        train_reranker(_reranker(tmp_path, resume=True, pairs=moved))
+    shutil.copyfile(os.path.join(tiny_beir_dir(), "qrels", "train.tsv"), os.path.join(moved, "qrels", "train.tsv"))
+    with open(os.path.join(moved, "README.md"), "w", encoding="utf-8") as f:
+        f.write("notes\n")
+
+    # how it watches and where it computes may differ, and the data may move: the resumed run finishes
+    res = train_reranker(_reranker(tmp_path, resume=True, save_every=None, progress=True, pairs=moved))
     assert res.steps == 9
     with pytest.raises(ValueError, match="finished .*nothing is left to continue"):
         train_reranker(_reranker(tmp_path, resume=True))
