@@ -194,6 +194,15 @@ def staging_dir(out_dir: str) -> str:
     return out_dir.rstrip(os.sep) + STAGING_SUFFIX
 
 
+def commit_staged_run(staged: str, target: str, log_name: str) -> None:
+    """Swap a complete replacing run, built in `staged` (`staging_dir`), into `target`; the earlier run's log
+    (`log_name`) is kept in it as ``<log_name>.previous``. The earlier run goes only now."""
+    earlier_log = os.path.join(target, log_name)
+    if os.path.isfile(earlier_log):
+        shutil.copyfile(earlier_log, os.path.join(staged, log_name + ".previous"))
+    atomic_replace_dir(staged, target)
+
+
 def left_by_a_stopped_run(directory: str, marker: str) -> bool:
     """Whether a `staging_dir` is what a stopped replacing run left (nothing, or its `marker` file: a log, a
     run record), which the next such run may start again from nothing; anything else there is the user's."""

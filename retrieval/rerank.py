@@ -31,15 +31,16 @@ DEFAULT_RERANK_K = 20
 DEFAULT_RECALL_K = 100
 
 
-def recall_depth(recall_k: int | None, k: int) -> int:
-    """How many candidates the first stage recalls: `recall_k`, else max(DEFAULT_RECALL_K, k).
+def recall_depth(recall_k: int | None, k: int, default: int = DEFAULT_RECALL_K) -> int:
+    """How many candidates the first stage recalls: `recall_k`, else max(`default`, k) (`default`: the
+    service's configured depth, else DEFAULT_RECALL_K).
 
     Why max: ``search(q, k=1000)`` was refused ("recall_k (100) must be >= k (1000)") for a recall depth the
     caller never chose. A `recall_k` the caller gave below k stays an error, which each caller raises in its
     own words (``recall_k`` in Python, ``--recall-k`` on the command line). One rule for the pipeline, the
     command line and the service.
     """
-    return max(DEFAULT_RECALL_K, k) if recall_k is None else recall_k
+    return max(default, k) if recall_k is None else recall_k
 
 
 def rerank_depth(rerank_k: int | None, recall_k: int) -> int:

@@ -326,10 +326,6 @@ def examples_sha256(examples: Sequence) -> str:
     return h.hexdigest()
 
 
-def flag_of(name: str) -> str:
-    return FLAGS.get(name, "--" + name.replace("_", "-"))
-
-
 def run_identity(head: str, model_dir: str, cfg: FinetuneConfig, label_map: list[str], data: dict[str, Sequence],
                  compute: dict) -> dict:
     """What a resume must match (`twotower.encoder.training.same_run.check_same_run`): the settings, task,
@@ -399,7 +395,7 @@ def finetune(
     identity = run_identity(head, model_dir, cfg, label_map, data, {"device": device.type, "bf16": bf16})
     if state_dir:  # before any model or data work: a resume never trains another run under this one's report
         _, saved_identity = read_saved_identity(state_dir)
-        check_same_run(saved_identity, identity, work, flag_of,
+        check_same_run(saved_identity, identity, work, FLAGS,
                        f"the 'config' of {os.path.join(work, REPORT_NAME)} lists them", "--device / --bf16")
     retain_freed_memory_for(device)  # reuse freed activation memory across steps (common/malloc.py)
     metric = cfg.metric or task.main_metric
@@ -429,7 +425,7 @@ def finetune(
         start, best_overall = _resumed_report(saved.user, report, state_dir)
     else:  # a stopped replacing run's state in the staging directory is not this run's
         shutil.rmtree(os.path.join(work, STATE_DIR), ignore_errors=True)
-    run = _Run(work, identity, state_dir or os.path.join(work, STATE_DIR))
+    run = _Run(work, identity)
     for index, seed in enumerate(cfg.seeds):
         if index < start:  # done before the saved state: its results are in the report
             continue
@@ -456,12 +452,15 @@ def finetune(
 
 @dataclass
 class _Run:
-    """Where a run saves its state: `work` (its directory), `identity` (`run_identity`, saved with the state),
-    `state_dir` (``work/trainer_state``)."""
+    """Where a run saves its state: `work` (its directory; a resume's is the state's parent) and `identity`
+    (`run_identity`, saved with the state)."""
 
     work: str
     identity: dict
-    state_dir: str
+
+    @property
+    def state_dir(self) -> str:
+        return os.path.join(self.work, STATE_DIR)
 
 
 def _resumed_report(user: dict, report: FinetuneReport, state_dir: str) -> tuple[int, float]:

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from twotower.common.atomic import (
-    atomic_replace_dir,
+    commit_staged_run,
     left_by_a_stopped_run,
     recover_replaced_dir,
     staging_dir,
@@ -212,10 +212,7 @@ def finish_out_dir(args: PretrainArgs, work: str, info: DistInfo) -> str:
     if work == args.out:
         return work
     if info.is_main:
-        earlier_log = os.path.join(args.out, "log.jsonl")
-        if os.path.isfile(earlier_log):
-            shutil.copyfile(earlier_log, os.path.join(work, "log.jsonl.previous"))
-        atomic_replace_dir(work, args.out)
+        commit_staged_run(work, args.out, "log.jsonl")
     barrier(info)
     return args.out
 
@@ -633,15 +630,16 @@ def _pretrain(args: PretrainArgs, info: DistInfo) -> dict:
         final = evaluate(model, valid, device, bf16, info)
         log.write({"type": "valid", "step": counters["step"], "tokens": counters["tokens"], **final})
         summary["valid"] = final
+    finished = progress() >= 1.0  # else stopped by --max-steps, to be resumed
     # where the run is: --out, or until its budget is spent a replacing run's OUT.unfinished
-    summary["out"] = args.out if progress() >= 1.0 else work
+    summary["out"] = args.out if finished else work
     if info.is_main:
         write_checkpoint(work, model, optimizer, tokenizer, order, counters)
         plot_curves(log.read(), os.path.join(work, "curve.png"), title=args.out)
         from twotower.common.atomic import atomic_write_text
 
         atomic_write_text(os.path.join(work, "summary.json"), json.dumps(summary, indent=2) + "\n")
-    if progress() >= 1.0:
+    if finished:
         finish_out_dir(args, work, info)
     if args.dump_replicas:
         from safetensors.torch import save_file

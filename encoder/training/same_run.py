@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Callable
 from typing import Any
 
 from twotower.common.atomic import recover_replaced_dir, staging_dir
@@ -55,28 +54,34 @@ def locate_state(out: str, name: str) -> str | None:
     return None
 
 
-def read_saved_identity(state: str, start_again: str = "without --resume") -> tuple[dict, dict]:
-    """(the state's scalars, the identity of the run that saved it); a state without one is damaged
-    (`start_again`: how the user starts the run over instead)."""
+def flag_of(name: str, flags: dict[str, str]) -> str:
+    """A setting's flag as the user types it: `flags`' entry for a setting named otherwise, else ``--`` and
+    the name with dashes (``max_steps`` -> ``--max-steps``)."""
+    return flags.get(name, "--" + name.replace("_", "-"))
+
+
+def read_saved_identity(state: str) -> tuple[dict, dict]:
+    """(the state's scalars, the identity of the run that saved it); a state without one is damaged."""
     user = read_train_user(state)
     identity = user.get("run")
     if not isinstance(identity, dict) or not all(isinstance(identity.get(k), dict)
                                                  for k in ("settings", "inputs")):
         raise DataError(os.path.join(state, "state.json"), None,
-                        f"damaged: it does not say which run saved it ('run'); start the run again {start_again}")
+                        "damaged: it does not say which run saved it ('run'); start the run again without --resume")
     return user, identity
 
 
-def check_same_run(saved: dict, now: dict, out: str, flag_of: Callable[[str], str], listed: str,
+def check_same_run(saved: dict, now: dict, out: str, flags: dict[str, str], listed: str,
                    compute_flags: str) -> None:
     """Refuse a resume of the run in `out` that would continue another run than the one saved, naming each
-    difference in flags (`flag_of`: a setting's flag; `listed`: where the run's own settings can be read);
+    difference in flags (`flags`: the flags of settings named otherwise, `flag_of`; `listed`: where the run's
+    own settings can be read);
     warn when it computes elsewhere (`compute_flags`: the flags that choose that)."""
     differ = []
     before, after = saved["settings"], now["settings"]
     for name in sorted(set(before) | set(after)):
         if before.get(name) != after.get(name):
-            differ.append(f"{flag_of(name)} {shown(after.get(name))} (the run: {shown(before.get(name))})")
+            differ.append(f"{flag_of(name, flags)} {shown(after.get(name))} (the run: {shown(before.get(name))})")
     for key in sorted(set(saved["inputs"]) | set(now["inputs"])):
         if key not in now["inputs"]:
             differ.append(f"{key} is not an input now (the run read it)")

@@ -118,8 +118,8 @@ class TrainSettings:
         (None: at each dev evaluation only). Why both: the state is saved after each evaluation anyway, and
         a run whose evaluations are far apart (one an epoch) would otherwise lose all the steps between.
     resumable: save that state at all (False: the run cannot be resumed). Why off: a save writes the weights
-        and both AdamW moments (270 MB for all-MiniLM-L6-v2, 1.6-3 s on CPU-B), which a run of a few minutes
-        that nobody resumes (the README demo's reranker) need not pay at every evaluation.
+        and both AdamW moments (273 MB for all-MiniLM-L6-v2, 0.5-1.1 s on CPU-B: benchmarks/state_save.py), which
+        a run of a few minutes that nobody resumes (the README demo's reranker) need not pay at every evaluation.
     """
 
     split: str = "train"
@@ -196,10 +196,10 @@ def start_run(cfg: TrainSettings, out: str, enabled: bool = True,
     bf16 = resolve_bf16(cfg.bf16, device)
     retain_freed_memory_for(device)  # reuse freed activation memory across steps (common/malloc.py)
     world = config_fields.get("world_size", 1)
-    # every rank alike under torchrun, so that a refused resume stops them all; a fresh run's other ranks
-    # save no state and need no identity
+    # every rank alike under torchrun, so that a refused resume stops them all; a fresh run's other ranks, and
+    # a run that saves no state (`resumable` False), need no identity (it hashes the input files)
     identity = (resume.run_identity(cfg, world, {"device": device.type, "bf16": bf16})
-                if enabled or cfg.resume else {})
+                if cfg.resumable and (enabled or cfg.resume) else {})
     point = None
     if cfg.resume:
         state = resume.find_state(out)

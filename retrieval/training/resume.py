@@ -31,7 +31,7 @@ from typing import Any
 
 from twotower.common.errors import DataError
 from twotower.encoder.training import same_run
-from twotower.encoder.training.same_run import locate_state, plain
+from twotower.encoder.training.same_run import flag_of, locate_state, plain
 from twotower.encoder.training.train_state import read_train_user
 from twotower.indexing.integrity import file_sha256
 from twotower.retrieval.training.training_run import STATE_DIR
@@ -45,10 +45,6 @@ BEIR_FILES = ("corpus.jsonl", "corpus.jsonl.gz", "queries.jsonl", "queries.jsonl
 # The flag of a setting whose name is not the flag's (`--` + the name with dashes otherwise).
 FLAGS = {"eval_interval_s": "--eval-interval", "shared": "--separate-towers", "chunk_size": "--grad-cache-chunk",
          "bf16": "--no-bf16"}
-
-
-def flag_of(name: str) -> str:
-    return FLAGS.get(name, "--" + name.replace("_", "-"))
 
 
 def find_state(out: str) -> str:
@@ -90,18 +86,18 @@ def input_fingerprints(cfg: Any) -> dict[str, str]:
         if not isinstance(path, str):
             continue
         if os.path.isfile(path):
-            out[f"{flag_of(name)} {os.path.basename(path)}"] = file_sha256(path)
+            out[f"{flag_of(name, FLAGS)} {os.path.basename(path)}"] = file_sha256(path)
         elif os.path.isdir(path):  # the files training reads there, not a README beside them
             split = os.path.join("qrels", f"{getattr(cfg, 'split', 'train')}.tsv")
             for rel in (*BEIR_FILES, split):
                 full = os.path.join(path, rel)
                 if os.path.isfile(full):
-                    out[f"{flag_of(name)} {rel}"] = file_sha256(full)
+                    out[f"{flag_of(name, FLAGS)} {rel}"] = file_sha256(full)
     return out
 
 
 def check_same_run(saved: dict, now: dict, out: str) -> None:
     """Refuse a resume that would continue another run than the one saved, naming each difference in flags
     (`twotower.encoder.training.same_run`)."""
-    same_run.check_same_run(saved, now, out, flag_of, "its first 'config' record in "
+    same_run.check_same_run(saved, now, out, FLAGS, "its first 'config' record in "
                             f"{os.path.join(out, 'train_log.jsonl')} lists them", "--device / --no-bf16")

@@ -49,6 +49,7 @@ from twotower.common.atomic import (
     atomic_path,
     atomic_replace_dir,
     atomic_write_text,
+    commit_staged_run,
     left_by_a_stopped_run,
     recover_replaced_dir,
     staging_dir,
@@ -186,10 +187,7 @@ class TrainingRun:
         """Swap a staged, complete run into `target`; the earlier run's log is kept as ``.previous``."""
         if not (self.staged and self.enabled):
             return
-        earlier_log = os.path.join(self.target, os.path.basename(self.log_path))
-        if os.path.isfile(earlier_log):
-            shutil.copyfile(earlier_log, self.log_path + ".previous")
-        atomic_replace_dir(self.out, self.target)  # the earlier run goes only now that this one is complete
+        commit_staged_run(self.out, self.target, os.path.basename(self.log_path))
 
     def write_summary(self, summary: dict) -> None:
         if self.enabled:

@@ -166,3 +166,14 @@ def test_cli_rerank_k_and_the_skipped_reranker_note(index, tmp_path, capsys):
     (tmp_path / "ce0" / ALPHA_FILE).write_text(json.dumps({"alpha": 0.0}))
     rc, out, _ = run_cli(capsys, *base[:-1], str(tmp_path / "ce0"), "tea coffee milk")
     assert rc == 0 and "interpolation weight is 0" in out and "not run" in out
+
+
+def test_the_recall_depth_is_the_given_one_else_the_default_raised_to_k():
+    """The one rule of the pipeline, the commands and the service (whose default is configurable): on a small
+    index every depth >= k returns the same hits, so the pipeline's own test cannot tell the depth apart."""
+    from twotower.retrieval.rerank import DEFAULT_RECALL_K, recall_depth
+
+    assert recall_depth(None, 7) == DEFAULT_RECALL_K == 100
+    assert recall_depth(None, 150) == 150
+    assert recall_depth(120, 7) == 120
+    assert recall_depth(None, 7, default=30) == 30 and recall_depth(None, 50, default=30) == 50

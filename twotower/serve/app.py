@@ -39,9 +39,8 @@ from twotower import __version__
 from twotower.common.lines import RepeatedKeyError, json_problem, no_repeated_keys, query_problem
 from twotower.indexing.filters import FilterError, parse_filter
 from twotower.retrieval.hit import Hit
-from twotower.retrieval.manifest import model_name
 from twotower.retrieval.passages import AGGREGATIONS
-from twotower.retrieval.rerank import DEFAULT_RECALL_K, DEFAULT_RERANK_K
+from twotower.retrieval.rerank import DEFAULT_RECALL_K, DEFAULT_RERANK_K, recall_depth
 from twotower.serve.auth import Access
 from twotower.serve.batcher import ModelOwner, SearchParams
 from twotower.serve.errors import ApiError, install_handlers
@@ -194,8 +193,7 @@ class SearchService:
                 raise ApiError(400, e.line, "filter", details={"column": e.column}) from None
         if not 1 <= k <= lim.max_k:
             raise ApiError(400, f"k must be between 1 and {lim.max_k}, got {k}", "k")
-        if recall_k is None:
-            recall_k = max(self.config.default_recall_k, k)
+        recall_k = recall_depth(recall_k, k, self.config.default_recall_k)
         if not k <= recall_k <= lim.max_recall_k:
             raise ApiError(400, f"recall_k must be between k ({k}) and {lim.max_recall_k}, got {recall_k}",
                            "recall_k")
@@ -288,7 +286,7 @@ class SearchService:
                       "metadata_field_count": len(view.metadata_fields),
                       "encoder_fingerprint": (pipeline.get("encoder") or {}).get("fingerprint"),
                       "corpus_sha256": corpus.get("sha256")},
-            "model": {"source": o.encoder_source, "name": model_name(o.encoder_source) if o.encoder_source else None,
+            "model": {"source": o.encoder_source, "name": o.encoder_name,
                       "fingerprint": o.encoder_describe.get("fingerprint"),
                       "dim": o.encoder_describe.get("dim"),
                       "query_max_length": o.encoder_describe.get("query_max_length")},

@@ -43,6 +43,7 @@ from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from twotower.retrieval.rerank import DEFAULT_RECALL_K
 from twotower.serve.errors import ApiError
 
 logger = logging.getLogger(__name__)
@@ -86,7 +87,7 @@ class SearchParams:
     one batch."""
 
     k: int = 10
-    recall_k: int = 100
+    recall_k: int = DEFAULT_RECALL_K
     hybrid: bool = False
     rerank: bool = False
     rerank_k: int | None = None  # candidates the cross-encoder scores (None: the pipeline's default)
@@ -194,6 +195,7 @@ class ModelOwner:
         self.view: IndexView | None = None
         self.encoder_describe: dict[str, Any] = {}  # DualEncoder.describe(), for writers' encoder check
         self.encoder_source: str | None = None
+        self.encoder_name: str | None = None  # what /stats and the page call it (`model_name`), worked out once
         self.reranker_loaded = False
         self.rerank_weights: dict[str, dict[str, Any]] = {}  # {"dense"|"hybrid": {"alpha", "chosen_over"}}
         self.has_bm25 = False
@@ -317,6 +319,10 @@ class ModelOwner:
             enc = self._pipe.encoder
             self.encoder_describe = dict(enc.describe())
             self.encoder_source = getattr(enc, "source", None)
+            if self.encoder_source:
+                from twotower.retrieval.manifest import model_name
+
+                self.encoder_name = model_name(self.encoder_source)
             self.encoder = enc  # writers read its tokenizer (passages); its forwards stay in this thread
             self.reranker_loaded = self._pipe.reranker is not None
             if self.reranker_loaded:  # the stored weight each first stage's searches apply, and where it was chosen

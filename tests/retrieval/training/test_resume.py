@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from dataclasses import asdict
 
 import pytest
 
@@ -185,7 +186,7 @@ def _clocked_loop(out: str, monkeypatch, clock: list[float], resume: bool = Fals
 
 def test_a_resumed_run_whose_time_budget_binds_takes_the_rates_of_the_uninterrupted_one(tmp_path, monkeypatch):
     whole = _clocked_loop(str(tmp_path / "whole"), monkeypatch, [0.0]).train()
-    rates = [r["lr"] for r in whole_records(tmp_path / "whole")]
+    rates = [r["lr"] for r in _step_records(tmp_path / "whole")]
     assert whole.stopped_by == "time budget" and len(set(rates)) > 10
 
     clock = [0.0]
@@ -194,16 +195,16 @@ def test_a_resumed_run_whose_time_budget_binds_takes_the_rates_of_the_uninterrup
     clock[0] += 500.0  # the time between the two processes is not the run's
     resumed = _clocked_loop(str(tmp_path / "cut"), monkeypatch, clock, resume=True).train()
     assert (resumed.stopped_by, resumed.steps) == (whole.stopped_by, whole.steps)
-    assert [r["lr"] for r in whole_records(tmp_path / "cut")] == rates
+    assert [r["lr"] for r in _step_records(tmp_path / "cut")] == rates
 
     # killed after the loop, before the run finished (the trainer's last work): the state saved as the budget
     # ended the run resumes to that end, with no step more
     again = _clocked_loop(str(tmp_path / "whole"), monkeypatch, [0.0], resume=True).train()
     assert (again.stopped_by, again.steps) == ("time budget", whole.steps)
-    assert [r["lr"] for r in whole_records(tmp_path / "whole")] == rates
+    assert [r["lr"] for r in _step_records(tmp_path / "whole")] == rates
 
 
-def whole_records(out) -> list[dict]:
+def _step_records(out) -> list[dict]:
     return [r for r in _records(str(out)) if r["event"] == "step"]
 
 
@@ -234,7 +235,7 @@ def test_under_torchrun_a_resumed_run_gives_each_rank_its_own_dropout_stream_bac
     import torch.multiprocessing as mp
 
     def spawn(out: str, init: str, stop_at: int | None = None, **kw) -> None:
-        settings = {**asdict_of(_reranker(tmp_path, out, **kw)), "device": "cpu"}
+        settings = {**asdict(_reranker(tmp_path, out, **kw)), "device": "cpu"}
         mp.spawn(_rank_worker, args=(2, str(tmp_path / init), settings, stop_at), nprocs=2, join=True)
 
     spawn("whole", "init-whole", max_steps=6, eval_every=3, save_every=None)
@@ -245,70 +246,3 @@ def test_under_torchrun_a_resumed_run_gives_each_rank_its_own_dropout_stream_bac
         assert (_bytes(str(tmp_path / "whole" / name / "model.safetensors"))
                 == _bytes(str(tmp_path / "cut" / name / "model.safetensors"))), name
     assert _what_was_computed(str(tmp_path / "cut")) == _what_was_computed(str(tmp_path / "whole"))
-
-
-def asdict_of(cfg) -> dict:
-    from dataclasses import asdict
-
-    return asdict(cfg)
-
-
-def _dev_scores(score):
-    """A `TrainingLoop.__post_init__` whose dev nDCG@10 at each step is ``score(step)``: which evaluations improve."""
-    from twotower.retrieval.training.loop import TrainingLoop
-
-    real = TrainingLoop.__post_init__
-
-    def post_init(self):
-        real(self)
-        evaluate = self.evaluate
-        self.evaluate = lambda step: {**evaluate(step), "ndcg@10": score(step)}
-
-    return post_init
-
-
-def test_a_kill_between_a_better_checkpoint_and_the_state_leaves_best_and_the_summary_naming_the_same_step(
-        tmp_path, monkeypatch):
-    """The state is saved after ``best/``: killed between the two, ``best/`` is a step ahead of the state. Where the
-    steps done again score lower (a GPU, another device), the summary named an older step than ``best/`` held."""
-    from twotower.retrieval.training.loop import TrainingLoop
-
-    real = TrainingLoop._save_state
-
-    def killed_after_best(self, last_eval, stopped_by):
-        if self.steps == 8:  # best/ of step 8 is saved; the state is not
-            raise KeyboardInterrupt
-        return real(self, last_eval, stopped_by)
-
-    cfg = dict(max_steps=12, eval_every=4, save_every=None, collapse_std=0.0)
-    with monkeypatch.context() as m:
-        m.setattr(TrainingLoop, "_save_state", killed_after_best)
-        m.setattr(TrainingLoop, "__post_init__", _dev_scores(lambda step: step / 100))  # each evaluation better
-        with pytest.raises(KeyboardInterrupt):
-            train_reranker(_reranker(tmp_path, **cfg))
-    out = str(tmp_path / "rr")
-    assert json.load(open(os.path.join(out, "best", "training_args.json")))["step"] == 8
-    orphan = _bytes(os.path.join(out, "best", "model.safetensors"))
-    with monkeypatch.context() as m:  # the steps done again score lower now
-        m.setattr(TrainingLoop, "__post_init__", _dev_scores(lambda step: step / 100 if step <= 4 else 0.0))
-        res = train_reranker(_reranker(tmp_path, resume=True, **cfg))
-    assert (res.best_step, res.best_score) == (8, 0.08)  # what best/ holds
-    assert _bytes(os.path.join(out, "best", "model.safetensors")) == orphan
-
-
-def test_a_new_run_in_the_directory_of_a_stopped_one_sets_its_state_aside(tmp_path, monkeypatch):
-    """A run stopped before any checkpoint (no ``best/``) may be started again without --overwrite; stopped again
-    before its first save, a --resume continued the earlier run's state under the new run's log."""
-    cfg = dict(eval_at_start=False, eval_every=8, save_every=2)
-    with monkeypatch.context() as m:
-        m.setattr(loop.TrainingLoop, "_step", interrupted_at(4))  # saved at step 2, no checkpoint yet
-        with pytest.raises(KeyboardInterrupt):
-            train_reranker(_reranker(tmp_path, **cfg))
-    out = str(tmp_path / "rr")
-    assert os.path.isdir(os.path.join(out, STATE_DIR)) and not os.path.exists(os.path.join(out, "best"))
-    with monkeypatch.context() as m:
-        m.setattr(loop.TrainingLoop, "_step", interrupted_at(2))  # the new run stops before its first save
-        with pytest.raises(KeyboardInterrupt):
-            train_reranker(_reranker(tmp_path, **cfg))
-    with pytest.raises(ValueError, match="no training state"):
-        train_reranker(_reranker(tmp_path, resume=True, **cfg))

@@ -332,7 +332,7 @@ async function describeIndex() {
   if (r.status === 401) { $("status").textContent = tokenProblem(); return; }
   if (!r.ok) return;
   const s = r.body;
-  const model = s.model.name || baseName(s.model.source) || s.model.fingerprint;
+  const model = s.model.name || s.model.fingerprint;
   $("status").textContent = [baseName(s.index.directory), `${s.documents.toLocaleString()} documents`,
     `${s.index.type} index`, `model ${model}`,
     s.reranker.loaded ? `reranker ${baseName(s.reranker.source) || "loaded"}` : "no reranker",
