@@ -246,3 +246,64 @@ def test_under_torchrun_a_resumed_run_gives_each_rank_its_own_dropout_stream_bac
         assert (_bytes(str(tmp_path / "whole" / name / "model.safetensors"))
                 == _bytes(str(tmp_path / "cut" / name / "model.safetensors"))), name
     assert _what_was_computed(str(tmp_path / "cut")) == _what_was_computed(str(tmp_path / "whole"))
+
+
+def _dev_scores(score):
+    """A `TrainingLoop.__post_init__` whose dev nDCG@10 at each step is ``score(step)``: which evaluations improve."""
+    from twotower.retrieval.training.loop import TrainingLoop
+
+    real = TrainingLoop.__post_init__
+
+    def post_init(self):
+        real(self)
+        evaluate = self.evaluate
+        self.evaluate = lambda step: {**evaluate(step), "ndcg@10": score(step)}
+
+    return post_init
+
+
+def test_a_kill_between_a_better_checkpoint_and_the_state_leaves_best_and_the_summary_naming_the_same_step(
+        tmp_path, monkeypatch):
+    """The state is saved after ``best/``: killed between the two, ``best/`` is a step ahead of the state. Where the
+    steps done again score lower (a GPU, another device), the summary named an older step than ``best/`` held."""
+    from twotower.retrieval.training.loop import TrainingLoop
+
+    real = TrainingLoop._save_state
+
+    def killed_after_best(self, last_eval, stopped_by):
+        if self.steps == 8:  # best/ of step 8 is saved; the state is not
+            raise KeyboardInterrupt
+        return real(self, last_eval, stopped_by)
+
+    cfg = dict(max_steps=12, eval_every=4, save_every=None, collapse_std=0.0)
+    with monkeypatch.context() as m:
+        m.setattr(TrainingLoop, "_save_state", killed_after_best)
+        m.setattr(TrainingLoop, "__post_init__", _dev_scores(lambda step: step / 100))  # each evaluation better
+        with pytest.raises(KeyboardInterrupt):
+            train_reranker(_reranker(tmp_path, **cfg))
+    out = str(tmp_path / "rr")
+    assert json.load(open(os.path.join(out, "best", "training_args.json")))["step"] == 8
+    orphan = _bytes(os.path.join(out, "best", "model.safetensors"))
+    with monkeypatch.context() as m:  # the steps done again score lower now
+        m.setattr(TrainingLoop, "__post_init__", _dev_scores(lambda step: step / 100 if step <= 4 else 0.0))
+        res = train_reranker(_reranker(tmp_path, resume=True, **cfg))
+    assert (res.best_step, res.best_score) == (8, 0.08)  # what best/ holds
+    assert _bytes(os.path.join(out, "best", "model.safetensors")) == orphan
+
+
+def test_a_new_run_in_the_directory_of_a_stopped_one_sets_its_state_aside(tmp_path, monkeypatch):
+    """A run stopped before any checkpoint (no ``best/``) may be started again without --overwrite; stopped again
+    before its first save, a --resume continued the earlier run's state under the new run's log."""
+    cfg = dict(eval_at_start=False, eval_every=8, save_every=2)
+    with monkeypatch.context() as m:
+        m.setattr(loop.TrainingLoop, "_step", interrupted_at(4))  # saved at step 2, no checkpoint yet
+        with pytest.raises(KeyboardInterrupt):
+            train_reranker(_reranker(tmp_path, **cfg))
+    out = str(tmp_path / "rr")
+    assert os.path.isdir(os.path.join(out, STATE_DIR)) and not os.path.exists(os.path.join(out, "best"))
+    with monkeypatch.context() as m:
+        m.setattr(loop.TrainingLoop, "_step", interrupted_at(2))  # the new run stops before its first save
+        with pytest.raises(KeyboardInterrupt):
+            train_reranker(_reranker(tmp_path, **cfg))
+    with pytest.raises(ValueError, match="no training state"):
+        train_reranker(_reranker(tmp_path, resume=True, **cfg))
