@@ -170,17 +170,19 @@ def recover_replaced_dir(target: str) -> None:
         pass
 
 
-def sweep_temporaries(directory: str) -> list[str]:
+def sweep_temporaries(directory: str, of: str | None = None) -> list[str]:
     """Remove what interrupted atomic writes left in `directory`: entries named ``.NAME.tmp-*`` (files and
-    directories). Returns the names removed.
+    directories); with `of`, only those of the entry named `of` (``.OF.tmp-*``), for a directory that is not
+    the caller's own (the parent of a run's ``--out``). Returns the names removed.
 
     Why: a kill during a save leaves its temporary copy (a checkpoint's full weights, a half-drawn PNG)
     that nothing else removes. Only this module's temporary names are touched (a leading dot and
     ``TMP_MARKER``), never a user's file; the directory's owner calls this when it starts writing there
     again, when no other save of its own is under way.
     """
+    prefix = "." if of is None else f".{of}{TMP_MARKER}"
     try:
-        names = [n for n in os.listdir(directory) if n.startswith(".") and TMP_MARKER in n]
+        names = [n for n in os.listdir(directory) if n.startswith(prefix) and TMP_MARKER in n]
     except OSError:
         return []
     for name in names:

@@ -84,6 +84,7 @@ import numpy as np
 from twotower.common.atomic import TMP_MARKER, fsync_dir
 from twotower.common.file_lock import try_lock
 from twotower.common.ids import id_list
+from twotower.common.paths import path_argument
 from twotower.indexing.bm25 import BM25, document_text
 from twotower.indexing.docstore import DocStore, Document, as_document
 from twotower.indexing.errors import IndexDiskFullError, IndexFormatError
@@ -473,7 +474,7 @@ class IndexStore:
         The collection is checked and created before anything is written here: an unreachable
         URI raises ``MilvusUnavailableError`` and leaves no directory behind.
         """
-        directory = Path(directory)
+        directory = Path(path_argument(directory))
         if milvus is not None:
             return cls._create_milvus(directory, dim, factory, metric, bm25=bm25, extra=extra, spec=milvus,
                                       **vector_options)
@@ -542,7 +543,7 @@ class IndexStore:
         maps and the commit record agree, and the SHA-256 of segment files up to 16 MiB;
         ``"full"`` hashes every file; ``"none"`` checks counts only.
         """
-        directory = Path(directory)
+        directory = Path(path_argument(directory))
         if not directory.is_dir():
             raise FileNotFoundError(f"{directory}: index directory not found")
         return cls(directory, readonly=readonly, mmap=mmap, verify=verify)

@@ -34,6 +34,7 @@ import numpy as np
 
 from twotower.common.ids import id_list
 from twotower.common.lines import query_problem
+from twotower.common.paths import path_argument
 from twotower.indexing import MISSING_ID, Document, IndexStore, Snapshot, document_text
 from twotower.indexing.filters import Filter, as_filter
 from twotower.indexing.manifest import MANIFEST_NAME
@@ -161,14 +162,6 @@ def _refuse_ignored_fusion(hybrid: bool, fusion: str | None, rrf_k: float | None
                          "fuses normalised scores: leave rrf_k out")
 
 
-def _directory(directory: Any) -> str:
-    """An index directory argument as a path string; anything else is refused naming `directory` (None gave
-    os.fspath's "expected str, bytes or os.PathLike object, not NoneType")."""
-    if not isinstance(directory, (str, os.PathLike)):
-        raise TypeError(f"directory must be a path (str or os.PathLike), got {type(directory).__name__}")
-    return os.fspath(directory)
-
-
 class SearchPipeline:
     """Dense (or hybrid) recall over an index directory, optionally reranked by a cross-encoder.
 
@@ -255,7 +248,7 @@ class SearchPipeline:
             raise ValueError(f"on_duplicate={on_duplicate!r}; choose one of {DUPLICATE_POLICIES}")
         if on_empty not in EMPTY_POLICIES:
             raise ValueError(f"on_empty={on_empty!r}; choose one of {EMPTY_POLICIES}")
-        directory = _directory(directory)
+        directory = path_argument(directory)
         if backend == "milvus" and factory is not None:  # a Milvus index type; HNSW32 was refused after encoding
             check_index_type(factory)
         milvus = milvus_spec(backend, milvus_uri, collection, directory)  # an unreachable URI fails here, first
@@ -339,7 +332,7 @@ class SearchPipeline:
             readonly: open for searching only (many readers may share a directory);
                 False to `add`/`delete` (one writer at a time).
         """
-        directory = _directory(directory)
+        directory = path_argument(directory)
         store = IndexStore.open(directory, readonly=readonly, mmap=mmap)
         try:
             block = pipeline_block(store.manifest.extra, os.path.join(directory, MANIFEST_NAME))

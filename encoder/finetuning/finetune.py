@@ -64,7 +64,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from twotower.common.atomic import atomic_replace_dir, atomic_write_text, staging_dir
+from twotower.common.atomic import atomic_replace_dir, atomic_write_text, staging_dir, sweep_temporaries
 from twotower.common.device import autocast, default_device, resolve_bf16
 from twotower.common.errors import DataError, check_at_least, check_setting
 from twotower.common.malloc import retain_freed_memory_for
@@ -426,6 +426,9 @@ def finetune(
     else:  # a stopped replacing run's state in the staging directory is not this run's
         shutil.rmtree(os.path.join(work, STATE_DIR), ignore_errors=True)
     run = _Run(work, identity)
+    # what a kill mid-save left: a state's copy in the run's directory, a checkpoint's beside it
+    sweep_temporaries(work)
+    sweep_temporaries(os.path.dirname(os.path.abspath(work)), of=os.path.basename(os.path.abspath(work)))
     for index, seed in enumerate(cfg.seeds):
         if index < start:  # done before the saved state: its results are in the report
             continue
@@ -503,6 +506,7 @@ def _train_seed(tm: TaskModel, task, splits: dict[str, _Split], cfg: FinetuneCon
     eval_at = {min(steps_per_epoch, round(steps_per_epoch * (k + 1) / cfg.evals_per_epoch))
                for k in range(cfg.evals_per_epoch)}
     best, best_state, step, losses = -math.inf, {}, 0, []
+    best_step = -1  # the step best_state was taken at: a state saved then holds the weights once, not twice
     start_epoch, start_batch, seconds = 0, 0, 0.0
     if saved is None:
         result = SeedResult(seed)
@@ -515,11 +519,15 @@ def _train_seed(tm: TaskModel, task, splits: dict[str, _Split], cfg: FinetuneCon
 
     def save_state(epoch: int, batch: int, checkpoint: bool) -> None:
         """Save the run's state; with the run's best checkpoint (`checkpoint`), inside its directory."""
+        # saved at the evaluation that set the seed's best, the best weights are the weights the state holds:
+        # a flag, not a second copy of the model (`_restore_seed` takes them from the weights)
+        best_is_current = best_step == step
         user = {"seed_index": index, "seed": seed, "step": step, "epoch": epoch, "batch": batch, "losses": losses,
-                "best": best, "best_overall": best_overall, "seconds": seconds + time.perf_counter() - t0,
+                "best": best, "best_is_current": best_is_current, "best_overall": best_overall,
+                "seconds": seconds + time.perf_counter() - t0,
                 "seeds": [asdict(s) for s in report.seeds], "best_seed": report.best_seed, "run": run.identity}
         own = trained.state_dict()
-        best_weights = {n: best_state[n] for n in own} if best_state else {}
+        best_weights = {n: best_state[n] for n in own} if best_state and not best_is_current else {}
 
         def write(directory: str) -> None:
             save_train_state(os.path.join(directory, STATE_DIR), own, opt, user, extra={BEST_NAME: best_weights})
@@ -580,6 +588,7 @@ def _train_seed(tm: TaskModel, task, splits: dict[str, _Split], cfg: FinetuneCon
                 if dev_scores[metric] > best:
                     best = dev_scores[metric]
                     best_state = {n: v.detach().clone() for n, v in model.state_dict().items()}
+                    best_step = step
                     result.best_epoch, result.dev, result.null_threshold = row["epoch"], dev_scores, threshold
                     if best > best_overall:  # the best checkpoint of the whole run so far: keep it on disk
                         best_overall = best
@@ -611,8 +620,10 @@ def _restore_seed(saved: TrainState, state_dir: str, model: torch.nn.Module, tra
     if not set(best_weights) <= set(own):
         raise DataError(os.path.join(state_dir, f"{BEST_NAME}.safetensors"), None, "damaged: it holds tensors "
                         "the model has not; start the run again without --resume")
-    # a frozen encoder's part of the best weights is the seed's start, as it is now
-    best_state = {n: v.detach().clone() for n, v in own.items()} | best_weights if best_weights else {}
+    # a frozen encoder's part of the best weights is the seed's start, as it is now; a state saved at the
+    # evaluation that set the best holds them once, as the weights it restored (`best_is_current`)
+    current = user.get("best_is_current") is True
+    best_state = {n: v.detach().clone() for n, v in own.items()} | best_weights if best_weights or current else {}
     try:
         position = (int(user["step"]), int(user["epoch"]), int(user["batch"]), [float(x) for x in user["losses"]],
                     float(user["best"]))

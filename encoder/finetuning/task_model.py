@@ -12,6 +12,7 @@ import dataclasses
 import json
 import logging
 import os
+import shutil
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -19,7 +20,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from twotower.common.atomic import atomic_replace_dir, atomic_write_text
+from twotower.common.atomic import TMP_MARKER, atomic_replace_dir, atomic_write_text
 from twotower.common.device import autocast, resolve_bf16
 from twotower.encoder.core.checkpoint import (
     CONFIG_NAME,
@@ -205,15 +206,24 @@ class TaskModel:
             if getattr(self.model, "pooling", "cls") != "cls":
                 head_cfg["classifier_pooling"] = self.model.pooling
         self.tokenizer.model_max_length = self.info.max_length
-        build = f"{directory.rstrip(os.sep)}.tmp-{os.getpid()}"
-        state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
-        save_pretrained(build, dataclasses.replace(config, extra=extra), state, self.tokenizer,
-                        architectures=[ARCHITECTURES[self.info.head]], config_extra=head_cfg)
-        for name, text in (extra_files or {}).items():
-            atomic_write_text(os.path.join(build, name), text)  # durable before the swap
-        if also is not None:
-            also(build)
-        atomic_replace_dir(build, directory)
+        # built beside `directory` under a temporary name (`TMP_MARKER`), which the run's next start sweeps
+        # (`sweep_temporaries(..., of=)`) after a kill mid-save
+        target = os.path.abspath(directory)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        build = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}{TMP_MARKER}{os.getpid()}")
+        shutil.rmtree(build, ignore_errors=True)  # left by a killed save of an earlier process with this id
+        try:
+            state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+            save_pretrained(build, dataclasses.replace(config, extra=extra), state, self.tokenizer,
+                            architectures=[ARCHITECTURES[self.info.head]], config_extra=head_cfg)
+            for name, text in (extra_files or {}).items():
+                atomic_write_text(os.path.join(build, name), text)  # durable before the swap
+            if also is not None:
+                also(build)
+            atomic_replace_dir(build, target)
+        except BaseException:
+            shutil.rmtree(build, ignore_errors=True)
+            raise
 
     # ---- prediction --------------------------------------------------------------------------------
     def featurize(self, examples: Sequence, with_targets: bool = False) -> Featurized:

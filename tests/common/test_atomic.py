@@ -145,3 +145,11 @@ def test_sweep_removes_only_temporary_names(tmp_path):
         (tmp_path / keep).write_text("mine")
     assert sorted(sweep_temporaries(str(tmp_path))) == [f".best{TMP_MARKER}123", f".dev_ndcg.png{TMP_MARKER}ab12.tmp"]
     assert sorted(os.listdir(tmp_path)) == [".hidden", "best", "notes.tmp-1"]
+
+
+def test_sweep_of_one_entry_leaves_the_temporaries_of_others(tmp_path):
+    """In a directory shared with others (the parent of a run's --out), only that run's copies go."""
+    for name in (f".run{TMP_MARKER}7", f".run.unfinished{TMP_MARKER}7", f".other{TMP_MARKER}7", "run"):
+        (tmp_path / name).mkdir()
+    assert sweep_temporaries(str(tmp_path), of="run") == [f".run{TMP_MARKER}7"]
+    assert sorted(os.listdir(tmp_path)) == [f".other{TMP_MARKER}7", f".run.unfinished{TMP_MARKER}7", "run"]

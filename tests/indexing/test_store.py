@@ -68,6 +68,15 @@ def test_create_refuses_non_empty_dir(tmp_path):
     IndexStore.create(tmp_path / "empty", DIM, "Flat").close()  # an empty dir is fine
 
 
+def test_create_and_open_name_the_directory_argument():
+    """IndexStore.open(None) failed in os.fspath ("expected str, bytes or os.PathLike object, not NoneType"),
+    naming no argument; the pipeline's rule (`twotower.common.paths`) now holds here too."""
+    with pytest.raises(TypeError, match=r"^directory must be a path \(str or os.PathLike\), got NoneType$"):
+        IndexStore.open(None)
+    with pytest.raises(TypeError, match=r"^directory must be a path \(str or os.PathLike\), got int$"):
+        IndexStore.create(3, DIM, "Flat")
+
+
 def test_delete_reports_missing_and_rollback_restores(tmp_path, vecs):
     with IndexStore.create(tmp_path / "i", DIM, "HNSW32", "l2") as store:
         store.add(docs(0, 100), vecs[:100])

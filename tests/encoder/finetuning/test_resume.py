@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from tests.encoder.task_fixtures import interrupted_at
+from twotower.common.atomic import TMP_MARKER
 from twotower.encoder.finetuning import finetune as ft
 from twotower.encoder.finetuning.finetune import REPORT_NAME, FinetuneConfig, finetune
 from twotower.encoder.finetuning.task_examples import QAExample, TagExample, TextExample
@@ -75,6 +76,11 @@ def test_a_run_stopped_in_its_second_seed_mid_epoch_resumes_to_the_uninterrupted
     # saved at seed 0's evaluation after step 7: epoch 2 of 3, two of its five batches done
     assert (user["seed_index"], user["step"], user["epoch"], user["batch"]) == (1, 7, 1, 2)
     assert ft.saved_position(out) == "step 7 of seed 0 (2 of 2 seeds)"
+    # "gold" rises: step 7's evaluation set the seed's best, so the state holds those weights once, as the
+    # weights trained ("doubt": its best is an earlier step's, saved beside them)
+    best_saved = os.path.getsize(os.path.join(out, STATE_DIR, "best.safetensors"))
+    assert user["best_is_current"] is (metric == "gold")
+    assert (best_saved < 1024) is (metric == "gold")
 
     resumed = finetune(*args, out, cfg, test=DEV, metric_fn=gold_probability, resume=True)
     _same_results(resumed, whole)
@@ -86,6 +92,26 @@ def test_a_run_stopped_in_its_second_seed_mid_epoch_resumes_to_the_uninterrupted
     assert not os.path.exists(os.path.join(out, STATE_DIR))  # removed when the run finished
     with open(os.path.join(out, REPORT_NAME)) as f:
         assert json.load(f)["finished"] is True
+
+
+def test_a_state_saved_at_the_seeds_best_evaluation_gives_back_those_weights_as_the_best(
+        tiny_dir, tmp_path, monkeypatch):
+    """Saved at the evaluation that set the seed's best, the state holds those weights once (the weights
+    trained, `best_is_current`); a resume must take them as the best, which "doubt" never beats again."""
+    cfg = FinetuneConfig(epochs=2, batch_size=5, lr=3e-3, seeds=(0,), evals_per_epoch=2, metric="doubt",
+                         progress=False, bf16=False)
+    args = ("classify", tiny_dir, TRAIN, DEV)
+    whole = finetune(*args, str(tmp_path / "whole"), cfg, test=DEV, metric_fn=gold_probability)
+    out = str(tmp_path / "run")
+    _interrupted(monkeypatch, 3, *args, out, cfg, test=DEV, metric_fn=gold_probability)  # saved after step 2
+    with open(os.path.join(out, STATE_DIR, "state.json")) as f:
+        user = json.load(f)["user"]
+    assert (user["step"], user["best_is_current"]) == (2, True)
+    assert os.path.getsize(os.path.join(out, STATE_DIR, "best.safetensors")) < 1024  # no second copy
+    resumed = finetune(*args, out, cfg, test=DEV, metric_fn=gold_probability, resume=True)
+    _same_results(resumed, whole)
+    assert whole.seeds[0].best_epoch == 0.4  # the checkpoint and the test scores are step 2's weights
+    assert _model_bytes(out) == _model_bytes(str(tmp_path / "whole"))
 
 
 @pytest.mark.parametrize("head", ["tag", "qa"])
@@ -131,7 +157,12 @@ def test_a_resume_of_another_run_of_none_or_of_a_finished_one_is_refused(tiny_di
         finetune("classify", tiny_dir, TRAIN, DEV, out, cfg)
     # where the examples were read is not what they are
     moved = [TextExample(ex.text, ex.label, source=f"elsewhere.tsv:{i}") for i, ex in enumerate(TRAIN)]
+    # what kills mid-save left (a checkpoint's copy beside the run, a state's in it) goes; another's stays
+    for left in (f".run{TMP_MARKER}99999", f"run/.{STATE_DIR}{TMP_MARKER}ab12", f".other{TMP_MARKER}1"):
+        os.makedirs(tmp_path / left)
     finetune("classify", tiny_dir, moved, DEV, out, cfg, resume=True)
+    assert [n for n in os.listdir(tmp_path) if TMP_MARKER in n] == [f".other{TMP_MARKER}1"]
+    assert not [n for n in os.listdir(out) if TMP_MARKER in n]
     with pytest.raises(ValueError, match=r"the run in .*run finished \(finetune_report.json says so\); nothing is "
                                          r"left to continue.*--model .*run"):
         finetune("classify", tiny_dir, TRAIN, DEV, out, cfg, resume=True)
