@@ -546,6 +546,9 @@ def test_a_hit_opens_to_its_whole_document_and_the_status_names_what_is_searched
     assert not hit.find_elements(By.CSS_SELECTOR, ".doc-body img, .doc-body i")  # shown as text, never HTML
     meta = [e.text for e in hit.find_elements(By.CSS_SELECTOR, ".doc-meta dt, .doc-meta dd")]
     assert meta == ["note", "<i>x</i>", "tags", '["a","b"]']
+    # from the hit, which holds both: no request queued behind the model thread for what the page has
+    fetched = driver.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
+    assert not [url for url in fetched if "/documents/" in url], fetched
     assert not _severe(driver)
 
 

@@ -154,9 +154,10 @@ function scoreChips(h, data) {
   return chips.join("");
 }
 
-// A <details> that fetches the whole document and its metadata when first opened.  Its content is set as text,
-// never as HTML: documents are data.
-function documentView(id) {
+// A <details> with the whole document and its metadata, as the search returned them (each hit holds both, from
+// the index generation the search read), built when first opened.  Its content is set as text, never as HTML:
+// documents are data.
+function documentView(h, generation) {
   const more = document.createElement("details");
   more.className = "doc";
   const label = document.createElement("summary");
@@ -164,32 +165,15 @@ function documentView(id) {
   const box = document.createElement("div");
   box.className = "doc-body";
   more.append(label, box);
-  more.addEventListener("toggle", async () => {
+  more.addEventListener("toggle", () => {
     if (!more.open || more.dataset.loaded) return;
-    more.dataset.loaded = "loading";
-    box.textContent = "loading…";
-    let r;
-    try {
-      r = await getJson("/documents/" + encodeURIComponent(id));
-    } catch (e) {
-      r = { ok: false, status: 0, body: { message: "the server did not answer (" + e + ")" } };
-    }
-    box.textContent = "";
-    if (!r.ok) {
-      delete more.dataset.loaded;  // opening it again tries again
-      const p = document.createElement("p");
-      p.className = "error";
-      p.textContent = (r.status ? r.status + ": " : "") + (r.status === 401 ? tokenProblem() : r.body.message);
-      box.append(p);
-      return;
-    }
     more.dataset.loaded = "yes";
     const text = document.createElement("p");
     text.className = "doc-text";
-    text.textContent = r.body.text;
+    text.textContent = h.text;
     const meta = document.createElement("dl");
     meta.className = "doc-meta";
-    const entries = Object.entries(r.body.metadata || {});
+    const entries = Object.entries(h.metadata || {});
     for (const [key, value] of entries) {
       const dt = document.createElement("dt");
       dt.textContent = key;
@@ -199,7 +183,7 @@ function documentView(id) {
     }
     const note = document.createElement("p");
     note.className = "muted";
-    note.textContent = (entries.length ? "" : "no metadata · ") + `index generation ${r.body.generation}`;
+    note.textContent = (entries.length ? "" : "no metadata · ") + `index generation ${generation}`;
     box.append(text, ...(entries.length ? [meta] : []), note);
   });
   return more;
@@ -218,7 +202,7 @@ function renderHits(data) {
       `<p class="title">${escapeHtml(h.title || "(untitled)")}<span class="doc-id">${escapeHtml(h.id)}</span></p>` +
       `<p class="snippet">${snippet(h.text, terms, 300, h.passage ? h.passage.start : null)}</p>` +
       `<div class="scores">${scoreChips(h, data)}</div></div>`;
-    li.querySelector(".body").append(documentView(h.id));
+    li.querySelector(".body").append(documentView(h, data.generation));
     list.appendChild(li);
   }
   const how = (data.hybrid ? "hybrid (dense + BM25)" : "dense") + " recall" + (data.reranked ? ", reranked" : "");
