@@ -496,8 +496,12 @@ class MilvusVectors:
         self._flushed = False  # staged vectors were written to Milvus (as gen g+1) before the commit
 
     # ------------------------------------------------------------------ configuration
-    kind = "milvus"
     is_trained = True
+
+    @property
+    def kind(self) -> str:
+        """The kind of index its search options tune, as FAISS's are named (`twotower.indexing.factory.index_kind`)."""
+        return {"HNSW": "hnsw", "IVF_FLAT": "ivf"}.get(self.factory, "flat")
 
     def train_sample_size(self, n: int) -> int:
         return 0

@@ -211,7 +211,6 @@ def _built_aside(directory: Path) -> Iterator[Path]:
 # Search-time keywords of `IndexStore.search`, and the index kinds (`twotower.indexing.factory.index_kind`)
 # each one tunes: given to another kind, it was passed on and ignored without a word (nprobe=4 on a Flat index).
 SEARCH_OPTIONS = {"ef_search": "hnsw", "nprobe": "ivf"}
-_MILVUS_KINDS = {"HNSW": "hnsw", "IVF_FLAT": "ivf"}  # a Milvus index type -> the kind its search options tune
 
 
 def search_options(vectors: VectorBackend, params: Mapping[str, Any]) -> dict[str, Any]:
@@ -228,10 +227,7 @@ def search_options(vectors: VectorBackend, params: Mapping[str, Any]) -> dict[st
                             "filter, and ef_search (HNSW) or nprobe (IVF)")
         if value is None:
             continue
-        kind = getattr(vectors, "kind", "other")
-        if kind == "milvus":
-            kind = _MILVUS_KINDS.get(vectors.factory, "flat")
-        if kind != SEARCH_OPTIONS[name]:
+        if vectors.kind != SEARCH_OPTIONS[name]:
             raise ValueError(f"{name}={value!r}: {name} tunes the search of an {SEARCH_OPTIONS[name].upper()} index, "
                              f"but this index is {vectors.factory!r}; leave it out")
         if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:

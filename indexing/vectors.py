@@ -33,6 +33,7 @@ class VectorBackend(Protocol):
 
     dim: int
     factory: str  # FAISS factory string, or the Milvus index type
+    kind: str  # what search options tune: "flat", "hnsw", "ivf", ... (`twotower.indexing.factory.index_kind`)
     metric: str  # "cosine" | "ip" | "l2"; scores are higher-is-better for all three
     native_filters: bool  # search(filter=Filter) is evaluated by the backend itself (Milvus)
     max_k: int | None  # the most hits one search may ask for (Milvus's topk bound), None: no bound

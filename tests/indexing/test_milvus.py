@@ -465,3 +465,21 @@ def test_a_moved_lite_file_is_reported_missing_and_not_created_again(tmp_path):
     report = check_index(tmp_path / "idx")
     assert not report.ok and any("is missing" in p for p in report.problems)
     assert not os.path.exists(db)
+
+
+@pytest.mark.parametrize("index_type, takes, refuses", [("HNSW", "ef_search", "nprobe"),
+                                                         ("IVF_FLAT", "nprobe", "ef_search"),
+                                                         ("FLAT", None, "ef_search")])
+def test_a_search_option_is_taken_by_the_milvus_index_type_it_tunes_and_refused_by_others(
+        tmp_path, uri, index_type, takes, refuses):
+    """The backend names the kind of index its options tune, as FAISS's does; `IndexStore.search` asks it."""
+    store = IndexStore.create(tmp_path / "m", 8, index_type, "cosine", milvus=spec(uri))
+    vecs = clustered(40, 8, seed=3)
+    store.add(docs([f"d{i}" for i in range(40)]), vecs)
+    store.commit()
+    if takes:
+        assert store.search(vecs[:2], 5, **{takes: 16}).ids[0][0] == "d0"
+    with pytest.raises(ValueError, match=rf"^{refuses}=16: {refuses} tunes the search of an .* index, but this "
+                                         rf"index is '{index_type}'"):
+        store.search(vecs[:2], 5, **{refuses: 16})
+    store.close()
