@@ -20,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 from collections.abc import Sequence
@@ -28,8 +29,11 @@ from dataclasses import dataclass, field, fields
 import torch
 
 from twotower.encoder.training.run_log import RunLog
+from twotower.indexing.integrity import file_sha256
 from twotower.retrieval.export import TRAINING_ARGS, write_model_dir, write_training_args
 from twotower.retrieval.interpolation import ALPHA_FILE, read_first_stage_alphas
+
+logger = logging.getLogger(__name__)
 
 WEIGHTS = "model.safetensors"
 # Settings the runs must share: they make the dev split the soup is scored on, the start, and how documents
@@ -79,6 +83,17 @@ def check_compatible(checkpoints: Sequence[str]) -> list[dict]:
     """Each checkpoint's training args, after checking the runs share `SHARED`, the dev split and the config."""
     if len(checkpoints) < 2:
         raise ValueError(f"a soup needs at least two runs, got {len(checkpoints)}")
+    # the same weights twice (one run named twice, a copy, a rerun of the same seed) count twice in the mean:
+    # allowed (a soup of a run with itself is that run, scored again), but said, since it is rarely meant
+    seen: dict[str, str] = {}
+    for c in checkpoints:
+        weights = file_sha256(os.path.join(c, WEIGHTS))
+        if weights in seen:
+            same = "is given twice" if os.path.realpath(c) == os.path.realpath(seen[weights]) else \
+                f"holds the same weights as {seen[weights]}"
+            logger.warning("%s %s: its weights count twice in the soup (runs of other --seed values differ)",
+                           c, same)
+        seen[weights] = c
     args = [_read_json(os.path.join(c, TRAINING_ARGS)) for c in checkpoints]
     configs = [_read_json(os.path.join(c, "config.json")) for c in checkpoints]
     first = checkpoints[0]

@@ -61,11 +61,13 @@ def _alphas(directory):
         return json.load(f)
 
 
-def test_a_soup_of_one_run_with_itself_is_that_run_scored_again(tmp_path):
+def test_a_soup_of_one_run_with_itself_is_that_run_scored_again(tmp_path, caplog):
     """Soup([A, A]) has A's weights bit for bit, and re-scoring it on the shared dev split gives back the
-    dev scores, weights and curves training stored for A (so the soup's own numbers are dev numbers)."""
+    dev scores, weights and curves training stored for A (so the soup's own numbers are dev numbers). It
+    says that one run was given twice, which is rarely meant."""
     res = _run(tmp_path, "a")
     soup = soup_rerankers([str(tmp_path / "a"), res.best_dir], str(tmp_path / "soup"), progress=False)
+    assert f"{res.best_dir} is given twice: its weights count twice in the soup" in caplog.text
     weights = load_file(os.path.join(soup.directory, "model.safetensors"))
     for name, t in load_file(os.path.join(res.best_dir, "model.safetensors")).items():
         assert torch.equal(weights[name], t), name
