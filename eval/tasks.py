@@ -103,7 +103,11 @@ def _text_lines(path: str, what: str) -> list[tuple[int, str]]:
 
 def read_text_examples(path: str, text_column: str | None = None, label_column: str | None = None,
                        pair_column: str | None = None, need_labels: bool = True) -> list[TextExample]:
-    """Classification examples from .tsv / .jsonl / .txt; labels optional (kept when present) unless needed."""
+    """Classification examples from .tsv / .jsonl / .txt; labels optional (kept when present) unless needed.
+
+    Without `need_labels` an example may lack its label in any format (a JSONL record without the field, a
+    blank TSV cell): its label is None.
+    """
     _check_file(path)
     kind = _format(path)
     if kind.endswith(".jsonl"):
@@ -123,7 +127,7 @@ def read_text_examples(path: str, text_column: str | None = None, label_column: 
 
     if not need_labels and not _has_label_column(path, label_column):
         return _unlabelled_tsv(path, text_column, pair_column)
-    rows = read_classification_tsv(path, text_column, label_column, pair_column)
+    rows = read_classification_tsv(path, text_column, label_column, pair_column, missing_labels=not need_labels)
     numbers = [n for n, line in _lines(path) if n > 1 and line.strip()]
     sources = [f"{path}:{n}" for n in numbers] if len(numbers) == len(rows) else \
         [f"{path}: row {i + 1}" for i in range(len(rows))]

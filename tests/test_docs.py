@@ -368,6 +368,26 @@ def test_readme_python_example_runs(tmp_path: Path) -> None:
     assert (tmp_path / "my-index" / "manifest.json").is_file()
 
 
+def _section_python(page: Path, heading: str) -> str:
+    """The first ```python block after `heading` on `page`."""
+    text = page.read_text(encoding="utf-8")
+    start = text.index(f"\n{heading}\n")
+    first = next(b for b in code_blocks(page) if b.lang == "python" and b.line > text[:start].count("\n") + 1)
+    return "\n".join(first.lines)
+
+
+@pytest.mark.timeout(600)
+def test_python_api_finetuning_example_runs(tmp_path: Path) -> None:
+    """docs/python-api.md's fine-tuning example trains all-MiniLM-L6-v2 for two steps and predicts (seconds)."""
+    code = _section_python(ROOT / "docs" / "python-api.md", "## Fine-tuning and prediction")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=600, env=env)
+    assert proc.returncode == 0, f"the example failed:\n{proc.stderr[-3000:]}"
+    assert "accuracy" in proc.stdout and (tmp_path / "runs" / "sentiment" / "config.json").is_file()
+    assert proc.stdout.splitlines()[-1].split()[0] in ("0", "1"), proc.stdout
+
+
 # ---- (d) links, completeness, no lab-notebook narration -----------------------------------------
 def test_relative_links_resolve() -> None:
     broken = []

@@ -44,6 +44,16 @@ _EXPORTS = {
     "IndexStore": "twotower.indexing.store",
     "evaluate": "twotower.eval.metrics.retrieval",
     "load_beir": "twotower.eval.io.beir",
+    # task fine-tuning and prediction (docs/python-api.md, "Fine-tuning and prediction")
+    "FinetuneConfig": "twotower.encoder.finetuning.finetune",
+    "finetune": "twotower.encoder.finetuning.finetune",
+    "TaskModel": "twotower.encoder.finetuning.task_model",
+    "TextExample": "twotower.encoder.finetuning.task_examples",
+    "TagExample": "twotower.encoder.finetuning.task_examples",
+    "QAExample": "twotower.encoder.finetuning.task_examples",
+    "read_text_examples": "twotower.eval.tasks",
+    "read_tag_examples": "twotower.eval.tasks",
+    "read_qa_examples": "twotower.eval.tasks",
 }
 
 __all__ = [
@@ -55,21 +65,34 @@ __all__ = [
     "DualTrainConfig",
     "EncoderMismatchError",
     "FilterError",
+    "FinetuneConfig",
     "Hit",
     "IndexStore",
+    "QAExample",
     "RerankerTrainConfig",
     "SearchPipeline",
+    "TagExample",
+    "TaskModel",
+    "TextExample",
     "__version__",
     "evaluate",
+    "finetune",
     "load_beir",
+    "read_qa_examples",
+    "read_tag_examples",
+    "read_text_examples",
     "train_dual",
     "train_reranker",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
     from twotower.common.errors import DataError
+    from twotower.encoder.finetuning.finetune import FinetuneConfig, finetune
+    from twotower.encoder.finetuning.task_examples import QAExample, TagExample, TextExample
+    from twotower.encoder.finetuning.task_model import TaskModel
     from twotower.eval.io.beir import load_beir
     from twotower.eval.metrics.retrieval import evaluate
+    from twotower.eval.tasks import read_qa_examples, read_tag_examples, read_text_examples
     from twotower.indexing.filters import FilterError
     from twotower.indexing.store import IndexStore
     from twotower.retrieval.build import DiskFullError

@@ -70,7 +70,7 @@ from twotower.common.errors import DataError, check_at_least, check_setting
 from twotower.common.malloc import retain_freed_memory_for
 from twotower.encoder.core.checkpoint import CONFIG_NAME
 from twotower.encoder.finetuning.qa_decode import choose_null_threshold
-from twotower.encoder.finetuning.task_examples import build_label_map, check_bio_labels
+from twotower.encoder.finetuning.task_examples import build_label_map, check_bio_labels, where
 from twotower.encoder.finetuning.task_model import TaskModel, batch_order, model_inputs, read_config, run_rows
 from twotower.encoder.finetuning.tasks import Featurized, TaskInfo, get_task
 from twotower.encoder.finetuning.windows import qa_window, tag_window
@@ -177,6 +177,9 @@ class FinetuneReport:
     feature_seconds: float = 0.0
     out_dir: str = ""
     finished: bool = False  # true once every seed is done; a killed run's report says false
+    # what the user should know about the run's data and model, one sentence each: labels never trained on,
+    # inputs cut at max_length, words read as [UNK], a mean-pooled head transformers cannot read
+    notes: list[str] = field(default_factory=list)
 
     def summary(self, split: str) -> dict[str, tuple[float, float]]:
         """{metric: (mean, sample std)} over seeds for "dev" or "test"."""
@@ -337,6 +340,55 @@ def run_identity(head: str, model_dir: str, cfg: FinetuneConfig, label_map: list
     return {"settings": settings, "inputs": inputs, "compute": compute}
 
 
+def _label_map(head: str, labels: Sequence[str] | None, train: Sequence, dev: Sequence,
+               test: Sequence | None) -> tuple[list[str], list[str]]:
+    """The label map of a run, and notes on labels the model never trains on.
+
+    Without `labels`, built from the train and dev labels (`build_label_map`): a label only in dev (a rare
+    class, or a dev file from elsewhere) stopped the run naming its line as "not in the label map", and a dev
+    split carved by --dev-fraction named a line of the train file. Such a label is in the map, so the model
+    can predict it, but it has no training example: noted, counted. A given `labels` (--labels) is the map
+    in its order; a train or dev label outside it is refused. A test label outside the map is scored as a
+    miss and noted: the test set is not allowed to shape the model.
+    """
+    if head == "qa":
+        return [], []
+    task = get_task(head)
+    word = "tag" if head == "tag" else "label"
+    if labels is not None:
+        label_map = list(labels)
+        repeated = sorted({label for label in label_map if label_map.count(label) > 1})
+        if not label_map or repeated:
+            raise ValueError(f"labels={label_map}: give each {word} once, at least one (--labels)"
+                             + (f"; repeated: {repeated}" if repeated else ""))
+        known = set(label_map)
+        for name, examples in (("train", train), ("dev", dev)):
+            for i, ex in enumerate(examples):
+                bad = next((label for label in task.labels_of([ex]) if label not in known), None)
+                if bad is not None:
+                    raise ValueError(f"{where(ex, i)}: {word} {bad!r} of the {name} examples is not in the "
+                                     f"label map given (labels=, --labels): {label_map}")
+    else:
+        label_map = build_label_map([*task.labels_of(train), *task.labels_of(dev)])
+    notes = []
+    trained = set(task.labels_of(train))
+    untrained = [label for label in label_map if label not in trained]
+    if untrained:
+        n = len(untrained)
+        notes.append(f"{n} {word}{'s' * (n > 1)} of the label map {'have' if n > 1 else 'has'} no training "
+                     f"example (the model can predict {'them' if n > 1 else 'it'} but never learned "
+                     f"{'them' if n > 1 else 'it'}): {', '.join(map(repr, untrained[:10]))}"
+                     + (f" and {n - 10} more" if n > 10 else ""))
+    if test:
+        unknown = [label for label in task.labels_of(test) if label not in set(label_map)]
+        if unknown:
+            kinds = list(dict.fromkeys(unknown))
+            notes.append(f"test: {len(unknown)} {word}{'s' * (len(unknown) > 1)} outside the label map, scored as "
+                         f"misses: {', '.join(map(repr, kinds[:10]))}" + (f" and {len(kinds) - 10} more"
+                                                                          if len(kinds) > 10 else ""))
+    return label_map, notes
+
+
 def finetune(
     head: str,
     model_dir: str,
@@ -354,8 +406,10 @@ def finetune(
 
     Args:
         train, dev, test: TextExample / TagExample / QAExample lists (see encoder.task_examples).
-        labels: the label map; default: built from the training labels.  Dev / test
-            labels outside it are an error naming the example's source.
+        labels: the label map, in id order; default: the train and dev labels, integers by value, others
+            sorted (`build_label_map`). A label with no training example is noted in the report's ``notes``.
+            With `labels` given, train / dev labels outside it are an error naming the example's source; test
+            labels outside the map are scored as misses, with a note.
         metric_fn: ``(predictions, examples) -> {name: value}`` for dev and test
             (e.g. SQuAD EM/F1 from eval.metrics); default the task's own scores.
         overwrite: replace the earlier run ``out_dir`` holds, once this one is complete (without it such an
@@ -366,16 +420,24 @@ def finetune(
     cfg = config or FinetuneConfig()
     task = get_task(head)
     if not train or not dev:
-        raise ValueError(f"fine-tuning needs training and dev examples (got {len(train)} and {len(dev)})")
+        raise ValueError(f"fine-tuning needs training and dev examples (got {len(train)} train and {len(dev)} dev "
+                         "examples)")
     state_dir = find_state(out_dir) if resume else None
     work = os.path.dirname(state_dir) if state_dir else _work_dir(out_dir, model_dir, overwrite)
     data = {"train": train, "dev": dev, "test": test}
     if cfg.max_train_examples and len(train) > cfg.max_train_examples:
         keep = np.sort(np.random.default_rng(0).choice(len(train), cfg.max_train_examples, replace=False))
         train = [train[i] for i in keep]
-    label_map = list(labels) if labels is not None else (build_label_map(task.labels_of(train)) if head != "qa" else [])
+    if test:  # read below without targets (`_label_map`), so their presence is checked here
+        task.check(test, None, True)
+    label_map, notes = _label_map(head, labels, train, dev, test)
     if head == "tag":
-        check_bio_labels(label_map, train)
+        check_bio_labels(label_map, [*train, *dev])
+    if head == "classify" and cfg.pooling == "mean":
+        notes.append("a mean-pooled classifier (--pooling mean) predicts correctly only when loaded by twotower "
+                     "(`twotower predict`, TaskModel.from_pretrained): transformers' BertForSequenceClassification "
+                     "ignores `classifier_pooling` in config.json, reads [CLS] through a pooler it initialises "
+                     "at random, and predicts other labels")
     max_length = resolved_max_length(cfg.max_length, model_dir, head)
     doc_stride, max_query_length, room = qa_window(max_length, cfg.doc_stride, cfg.max_query_length)
     if head == "qa":
@@ -405,8 +467,9 @@ def finetune(
     t0 = time.perf_counter()
     splits = {"train": _Split(train, tm.featurize(train, with_targets=True)),
               "dev": _Split(dev, tm.featurize(dev, with_targets=True))}
-    if test:
-        splits["test"] = _Split(test, tm.featurize(test, with_targets=True))
+    if test:  # without targets: a test label outside the label map is scored as a miss (`_label_map`)
+        splits["test"] = _Split(test, tm.featurize(test, with_targets=False))
+    notes += [f"{name}: {note}" for name, sp in splits.items() for note in task.notes(sp.feats, tm.info)]
     if cfg.freeze_encoder:
         for name, sp in splits.items():
             sp.cache = run_rows(tm.model, sp.feats, tm.tokenizer.pad_id, device, cfg.eval_batch_size, bf16,
@@ -417,7 +480,7 @@ def finetune(
     report = FinetuneReport(head, metric, {**asdict(cfg), **resolved, "learning_rate": cfg.learning_rate,
                                            "bf16": bf16},
                             {k: len(sp.examples) for k, sp in splits.items()} | {"train_rows": len(splits["train"].feats)},
-                            feature_seconds=time.perf_counter() - t0, out_dir=out_dir)
+                            feature_seconds=time.perf_counter() - t0, out_dir=out_dir, notes=notes)
     base_state = {k: v.detach().clone() for k, v in tm.model.state_dict().items()}
     best_overall, start, saved = -math.inf, 0, None
     if state_dir:

@@ -39,9 +39,9 @@ def first_subtokens(
 ) -> list[int]:
     """Index of each word's first sub-token in the encoded row, or -1 when the word has none.
 
-    A word has none when normalisation deleted it (control characters) or
-    truncation cut it off (fine-tuning does not truncate: a long sentence is read in
-    windows, tasks.TagTask); such a word is predicted "O" and never trained on.
+    A word has none when normalisation deleted it (a zero-width space, a BOM, a lone combining accent, a
+    control character) or truncation cut it off (fine-tuning does not truncate: a long sentence is read in
+    windows, tasks.TagTask, and a deleted word is given [UNK] by `unk_for_tokenless`).
     """
     first = [-1] * len(word_starts)
     for t, ((s, e), seq) in enumerate(zip(offsets, sequence_ids)):
@@ -51,6 +51,40 @@ def first_subtokens(
         if w >= 0 and first[w] == -1:
             first[w] = t
     return first
+
+
+def unk_for_tokenless(first: Sequence[int], tokens: Sequence[int], unk_id: int) -> tuple[list[int], list[int]]:
+    """(tokens, first sub-token of each word) with an [UNK] token inserted, where it stands in the sentence,
+    for each word that has no token (``first`` -1: normalisation deleted all of it).
+
+    Why: such a word was predicted "O" without being read and never trained on, so its gold entities always
+    counted as misses. Given [UNK] it is trained on and predicted like any word the vocabulary does not know,
+    which is what a WordPiece tokenizer does with a character it has no piece for.
+
+    Example:
+        >>> unk_for_tokenless([0, -1, 2], [7, 8, 9], unk_id=1)
+        ([7, 8, 1, 9], [0, 2, 3])
+    """
+    if all(f >= 0 for f in first):
+        return list(tokens), list(first)
+    at = [len(tokens)] * len(first)  # where each tokenless word's [UNK] goes: before the next word's tokens
+    following = len(tokens)
+    for w in range(len(first) - 1, -1, -1):
+        if first[w] >= 0:
+            following = first[w]
+        at[w] = following
+    out: list[int] = []
+    new_first: list[int] = []
+    done = 0  # tokens[:done] are in `out`
+    for f, where in zip(first, at):
+        upto = f if f >= 0 else where
+        out += tokens[done:upto]
+        done = upto
+        new_first.append(len(out))
+        if f < 0:
+            out.append(unk_id)
+    out += tokens[done:]
+    return out, new_first
 
 
 def subtoken_labels(first: Sequence[int], word_label_ids: Sequence[int], length: int) -> list[int]:

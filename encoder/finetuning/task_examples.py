@@ -10,6 +10,7 @@ line.  Without a source the error names the example's index.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -57,18 +58,29 @@ def where(example: TextExample | TagExample | QAExample, index: int) -> str:
     return example.source or f"example {index + 1}"
 
 
-def build_label_map(labels: Sequence[str]) -> list[str]:
-    """The label list of a training set: sorted so that two runs on the same data agree on ids.
+_INTEGER = re.compile(r"[+-]?[0-9]+")
 
-    Tagging labels put "O" first (HF convention and easy to read in a config).
+
+def build_label_map(labels: Sequence[str]) -> list[str]:
+    """The label list of a training set, in a fixed order so that two runs on the same data agree on ids.
+
+    Labels that are all integers ("0".."10", "-1"/"0"/"1") are ordered by value, so id k is class k whenever
+    the classes are 0..n-1 (a transformers user's ``logits.argmax()`` is then the class number); sorted as
+    strings, "10" came before "2" and id 2 meant class "10". Other labels are sorted as strings. Tagging
+    labels put "O" first (HF convention and easy to read in a config). The map is saved as ``id2label`` in
+    config.json; a saved model keeps its own.
     """
-    unique = sorted(set(labels))
-    if "O" in unique:
-        unique.remove("O")
-        unique.insert(0, "O")
-    if not unique:
+    unique = set(labels)
+    if unique and all(_INTEGER.fullmatch(label) for label in unique):
+        ordered = sorted(unique, key=lambda label: (int(label), label))  # "1" and "01" both kept, in one order
+    else:
+        ordered = sorted(unique)
+    if "O" in ordered:
+        ordered.remove("O")
+        ordered.insert(0, "O")
+    if not ordered:
         raise ValueError("no labels in the training data")
-    return unique
+    return ordered
 
 
 def check_text_examples(examples: Sequence[TextExample], labels: Sequence[str] | None, need_labels: bool) -> None:
@@ -149,19 +161,45 @@ def carve_dev(task: str, examples: Sequence, fraction: float, seed: int = 0) -> 
     """Split a seeded dev set off the training examples (when no dev file is given).
 
     QA splits by context, so no paragraph is in both halves: a dev question about a
-    paragraph the model trained on would overstate the score.  Other tasks split by example.
+    paragraph the model trained on would overstate the score.  Classification splits each label apart
+    (stratified): a label with n examples puts ``round(n * fraction)`` of them in dev but always keeps one in
+    train, so a rare class is never only in dev (a label the model never trained on) and dev has the train
+    set's class balance.  Tagging splits by example.
     Returns ``(train, dev)``, each in the input order.
     """
     if not 0.0 < fraction < 1.0:
         raise ValueError(f"the dev fraction must be in (0, 1), got {fraction}")
-    keys = [ex.context for ex in examples] if task == "qa" else list(range(len(examples)))
-    groups = list(dict.fromkeys(keys))
     rng = np.random.default_rng(seed)
-    n_dev = max(1, round(len(groups) * fraction))
-    dev_groups = {groups[i] for i in rng.permutation(len(groups))[:n_dev]}
-    train = [ex for ex, k in zip(examples, keys) if k not in dev_groups]
-    dev = [ex for ex, k in zip(examples, keys) if k in dev_groups]
+    if task == "classify":
+        dev_index = _stratified_dev(examples, fraction, rng)
+        train = [ex for i, ex in enumerate(examples) if i not in dev_index]
+        dev = [ex for i, ex in enumerate(examples) if i in dev_index]
+        groups, unit = len(examples), "examples"
+    else:
+        keys = [ex.context for ex in examples] if task == "qa" else list(range(len(examples)))
+        order = list(dict.fromkeys(keys))
+        n_dev = max(1, round(len(order) * fraction))
+        dev_groups = {order[i] for i in rng.permutation(len(order))[:n_dev]}
+        train = [ex for ex, k in zip(examples, keys) if k not in dev_groups]
+        dev = [ex for ex, k in zip(examples, keys) if k in dev_groups]
+        groups, unit = len(order), "contexts" if task == "qa" else "examples"
     if not train or not dev:
-        unit = "contexts" if task == "qa" else "examples"
-        raise ValueError(f"a dev fraction of {fraction} of {len(groups)} {unit} leaves an empty train or dev split")
+        raise ValueError(f"a dev fraction of {fraction} of {groups} {unit} leaves an empty train or dev split")
     return train, dev
+
+
+def _stratified_dev(examples: Sequence[TextExample], fraction: float, rng: np.random.Generator) -> set[int]:
+    """Indices of a classification dev split: per label ``round(n * fraction)`` examples, at most n - 1; if
+    that is none at all (a tiny set), one example of the most frequent label that has two."""
+    by_label: dict[str | None, list[int]] = {}
+    for i, ex in enumerate(examples):
+        by_label.setdefault(ex.label, []).append(i)
+    dev: set[int] = set()
+    for members in by_label.values():
+        take = min(len(members) - 1, round(len(members) * fraction))
+        dev.update(members[j] for j in rng.permutation(len(members))[:take])
+    if not dev and by_label:
+        members = max(by_label.values(), key=len)
+        if len(members) > 1:
+            dev.add(members[int(rng.integers(len(members)))])
+    return dev

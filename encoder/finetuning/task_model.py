@@ -239,9 +239,15 @@ class TaskModel:
         return [r.numpy() for r in rows]
 
     def predict(self, examples: Sequence, batch_size: int = 64, bf16: bool | str = False,
-                progress: bool = False) -> list:
-        """One prediction per example: ClassPrediction, TagPrediction or QAPrediction."""
+                progress: bool = False, notes: list[str] | None = None) -> list:
+        """One prediction per example: ClassPrediction, TagPrediction or QAPrediction.
+
+        notes: a list to append what the caller should tell the user about how the inputs were read
+        (texts cut at ``max_length``, sentences read in windows, words read as [UNK]; `Task.notes`).
+        """
         if not examples:
             return []
         feats = self.featurize(examples)
+        if notes is not None:
+            notes += self.task.notes(feats, self.info)
         return self.task.decode(examples, feats, self.outputs(feats, batch_size, bf16, progress), self.info)

@@ -27,6 +27,7 @@ from twotower.encoder.finetuning.tagging import (
     entity_scores,
     first_subtokens,
     join_words,
+    unk_for_tokenless,
 )
 from twotower.encoder.finetuning.task_examples import (
     QAExample,
@@ -78,6 +79,8 @@ class Featurized:
     token_type_ids: list[list[int]]
     targets: list[Any]  # classify: int; tag: list[int] per position; qa: (start, end)
     aux: Any = None  # tag: a TagRows per example; qa: the QAWindow list
+    truncated: int = 0  # classify: inputs cut at max_length (reported: `Task.notes`)
+    tokenless: list[str] = field(default_factory=list)  # tag: "source: word k 'w'" of words given [UNK]
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -131,6 +134,11 @@ class Task:
     def score(self, preds: Sequence, examples: Sequence) -> dict[str, float]:
         raise NotImplementedError
 
+    def notes(self, feats: Featurized, info: TaskInfo) -> list[str]:
+        """What a user should hear about how inputs were read (cut at max_length, read in windows, words
+        with no token): one sentence each, printed by `finetune` (per split) and `predict`."""
+        return []
+
 
 # ---- classification -----------------------------------------------------------------------------------
 
@@ -155,17 +163,33 @@ class ClassifyTask(Task):
         if not examples:
             return Featurized([], [], [])
         index = {label: i for i, label in enumerate(info.labels)}
-        pairs = [ex.pair or "" for ex in examples] if any(ex.pair is not None for ex in examples) else None
-        ids, types = [], []
-        for a in range(0, len(examples), 4096):  # bounded padding memory
-            chunk = examples[a:a + 4096]
-            batch = tokenizer.encode([ex.text for ex in chunk], pairs[a:a + 4096] if pairs else None,
-                                     max_length=info.max_length)
-            i, t = _rows(batch, len(chunk))
-            ids += i
-            types += t
+        n = len(examples)
+        ids: list[list[int]] = [[] for _ in range(n)]
+        types: list[list[int]] = [[] for _ in range(n)]
+        truncated = 0
+        # Lone texts and pairs are encoded apart: each example is `[CLS] a [SEP]` or `[CLS] a [SEP] b [SEP]`
+        # whatever the others are. Encoded together, a lone text beside a pair became `[CLS] a [SEP] [SEP]`,
+        # so its prediction depended on the rest of the file.
+        for paired in (False, True):
+            group = [i for i, ex in enumerate(examples) if (ex.pair is not None) == paired]
+            for a in range(0, len(group), 4096):  # bounded padding memory
+                part = group[a:a + 4096]
+                batch = tokenizer.encode([examples[i].text for i in part],
+                                         [examples[i].pair for i in part] if paired else None,
+                                         max_length=info.max_length)
+                truncated += sum(batch.overflowing)
+                for i, row_ids, row_types in zip(part, *_rows(batch, len(part))):
+                    ids[i], types[i] = row_ids, row_types
         targets = [index[ex.label] if with_targets else -1 for ex in examples]
-        return Featurized(ids, types, targets)
+        return Featurized(ids, types, targets, truncated=truncated)
+
+    def notes(self, feats, info):
+        if not feats.truncated:
+            return []
+        n = len(feats)
+        return [f"{feats.truncated} of {n} text{'s' * (n > 1)} {'are' if feats.truncated > 1 else 'is'} longer "
+                f"than {info.max_length} tokens (the model's --max-length) and {'were' if feats.truncated > 1 else 'was'} "
+                "truncated at it"]
 
     def batch_targets(self, feats, idx):
         return {"labels": torch.tensor([feats.targets[i] for i in idx], dtype=torch.long)}
@@ -199,8 +223,8 @@ class TagPrediction:
 @dataclass
 class TagRows:
     """Where the words of one sentence are read: its model rows, and per word (row, position) of the first
-    sub-token in the window where the word has the most context; (-1, -1) for a word with no sub-token
-    (normalisation deleted it: it is predicted "O" and never trained on)."""
+    sub-token in the window where the word has the most context (a word normalisation deleted is read as
+    [UNK]: `unk_for_tokenless`)."""
 
     rows: range
     words: list[tuple[int, int]]
@@ -233,15 +257,21 @@ class TagTask(Task):
         ids: list[list[int]] = []
         targets: list[list[int]] = []
         places: list[TagRows] = []
+        tokenless: list[str] = []
         for a in range(0, len(examples), 4096):
             chunk = examples[a:a + 4096]
             joined = [join_words(ex.words) for ex in chunk]
             texts = [text for text, _ in joined]
             # whole sentences, unpadded and without special tokens: cut into windows below
-            for ex, (_, starts), tokens, (offsets, _) in zip(chunk, joined, tokenizer.encode_ids(texts),
-                                                              tokenizer.token_spans(texts)):
+            for j, (ex, (_, starts), tokens, (offsets, _)) in enumerate(zip(chunk, joined,
+                                                                            tokenizer.encode_ids(texts),
+                                                                            tokenizer.token_spans(texts))):
+                first = first_subtokens(starts, offsets, [0] * len(tokens))  # token index of each word, or -1
+                # ascii(): the words are invisible characters; their escapes are what a user can find
+                tokenless += [f"{ex.source or 'sentence ' + str(a + j + 1)}: word {k + 1} {ascii(ex.words[k])}"
+                              for k, f in enumerate(first) if f < 0]
+                tokens, first = unk_for_tokenless(first, tokens, tokenizer.unk_id)
                 n = len(tokens)
-                first = first_subtokens(starts, offsets, [0] * n)  # token index of each word, or -1
                 spans = window_spans(n, room, overlap)
                 owner = max_context_owners(spans, n)
                 row0 = len(ids)
@@ -249,9 +279,6 @@ class TagTask(Task):
                 words = []
                 y = [index[tag] for tag in ex.tags] if with_targets else [IGNORE_INDEX] * len(first)
                 for t, label in zip(first, y):
-                    if t < 0:
-                        words.append((-1, -1))
-                        continue
                     k = owner[t]
                     pos = t - spans[k][0] + 1  # + 1: [CLS]
                     rows[k][pos] = label
@@ -259,7 +286,7 @@ class TagTask(Task):
                 ids += [[tokenizer.cls_id, *tokens[start:last], tokenizer.sep_id] for start, last in spans]
                 targets += rows
                 places.append(TagRows(range(row0, len(ids)), words))
-        return Featurized(ids, [[0] * len(r) for r in ids], targets, aux=places)
+        return Featurized(ids, [[0] * len(r) for r in ids], targets, aux=places, tokenless=tokenless)
 
     def batch_targets(self, feats, idx):
         return {"labels": pad([feats.targets[i] for i in idx], IGNORE_INDEX)}
@@ -271,10 +298,26 @@ class TagTask(Task):
         best = [np.asarray(out).argmax(-1) for out in outputs]  # (T_k,) per row
         preds = []
         for ex, place in zip(examples, feats.aux):
-            tags = _repair_bio([info.labels[int(best[r][p])] if r >= 0 else "O" for r, p in place.words])
+            tags = _repair_bio([info.labels[int(best[r][p])] for r, p in place.words])
             ents = [(k, s, e, " ".join(ex.words[s:e])) for k, s, e in bio_entities(tags)]
             preds.append(TagPrediction(tags, ents, len(place.rows)))
         return preds
+
+    def notes(self, feats, info):
+        out = []
+        windowed = [len(place.rows) for place in feats.aux or () if len(place.rows) > 1]
+        if windowed:  # every word is tagged; the user learns that a long sentence was read in parts
+            n = len(windowed)
+            out.append(f"{n} sentence{'s' * (n > 1)} longer than the model's {info.max_length} tokens "
+                       f"{'were' if n > 1 else 'was'} read in {sum(windowed)} overlapping windows; each word is tagged from the window where it "
+                       "has the most context")
+        if feats.tokenless:
+            n = len(feats.tokenless)
+            shown = "; ".join(feats.tokenless[:3]) + (f"; and {n - 3} more" if n > 3 else "")
+            out.append(f"{n} word{'s' * (n > 1)} {'have' if n > 1 else 'has'} no token after normalisation "
+                       f"(zero-width or control characters, a lone accent) and {'were' if n > 1 else 'was'} read "
+                       f"as [UNK]: {shown}")
+        return out
 
     def score(self, preds, examples):
         s = entity_scores([ex.tags for ex in examples], [p.tags for p in preds])

@@ -21,7 +21,7 @@ PAIR_COLUMNS = ("text_pair", "sentence2")
 
 class LabeledExample(NamedTuple):
     text: str
-    label: str
+    label: str | None  # None: a blank label cell, read with ``missing_labels=True`` (prediction)
     text_pair: str | None = None
 
 
@@ -43,6 +43,7 @@ def read_classification_tsv(
     text_column: str | None = None,
     label_column: str | None = None,
     text_pair_column: str | None = None,
+    missing_labels: bool = False,
 ) -> list[LabeledExample]:
     """Read labelled texts from a TSV with a header.
 
@@ -53,6 +54,8 @@ def read_classification_tsv(
         label_column: default ``label``, else the only column whose name starts
             with ``label`` (TREC-QC has two: pass ``label_coarse`` or ``label_fine``).
         text_pair_column: second text for pair tasks; default ``text_pair`` / ``sentence2`` if present.
+        missing_labels: a blank label cell gives the label None instead of an error (files to predict on,
+            where a row without a label is predicted and the file is scored only if every row has one).
 
     Raises:
         DataError: no usable column (names the columns found), a row with the wrong
@@ -87,10 +90,10 @@ def read_classification_tsv(
         if len(fields) != len(header):
             raise DataError(path, number, f"expected {len(header)} tab-separated fields, got {len(fields)}")
         label = fields[label_i].strip()
-        if not label:
+        if not label and not missing_labels:
             raise DataError(path, number, f"empty label in column {header[label_i]!r}")
         pair = fields[pair_i] if pair_i is not None else None
-        examples.append(LabeledExample(fields[text_i], label, pair))
+        examples.append(LabeledExample(fields[text_i], label or None, pair))
     return examples
 
 

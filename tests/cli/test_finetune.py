@@ -89,8 +89,9 @@ def test_bad_input_names_file_and_line(tiny_dir, tmp_path, capsys):
     out = str(tmp_path / "o")
     base = ["finetune", "classify", "--model", tiny_dir, "--train", train, "--out", out, "--no-progress"]
     dev = _write(tmp_path / "dev.tsv", "sentence\tlabel\nfine\t1\n\nso so\tmaybe\n")
-    err = _error(capsys, [*base, "--dev", dev])
-    assert f"{dev}:4: label 'maybe' is not in the label map ['0', '1']" in err
+    err = _error(capsys, [*base, "--dev", dev, "--labels", "0,1"])
+    assert f"{dev}:4: label 'maybe' of the dev examples is not in the label map given (labels=, --labels): " \
+           "['0', '1']" in err
     empty = _write(tmp_path / "empty.tsv", "sentence\tlabel\nfine\t1\n \t0\n")
     assert f"{empty}:3: empty text" in _error(capsys, [*base, "--dev", empty])
     conll = _write(tmp_path / "bad.conll", "john\tB-per\nsmith\n")

@@ -17,7 +17,8 @@ def _help(capsys, *command: str) -> str:
 
 @pytest.mark.parametrize("command", [("train", "reranker"), ("train", "dual"), ("train", "demo-reranker"),
                                      ("train", "mine"), ("train", "pairs"), ("embed",), ("pretrain",),
-                                     ("tokenizer", "train")])
+                                     ("tokenizer", "train"), ("finetune", "classify"), ("predict", "tag"),
+                                     ("answer",)])
 def test_defaults_are_shown_once_and_never_as_none(command, capsys):
     text = _help(capsys, *command)
     assert "(default: None)" not in text and "(default: False)" not in text

@@ -24,11 +24,12 @@ from twotower.cli.checks import (
     require_bm25,
     reranker_directory,
 )
+from twotower.cli.help_format import DefaultsRawDescriptionHelpFormatter
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("answer", help="answer a question from an index with a QA reader",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                              description=__doc__, formatter_class=DefaultsRawDescriptionHelpFormatter)
     p.add_argument("questions", nargs="+", metavar="QUESTION")
     p.add_argument("--index", required=True, help="index directory built by `twotower index build`")
     p.add_argument("--reader", required=True, help="QA model directory from `twotower finetune qa`")
@@ -45,7 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--retrieval-weight", type=float, default=0.0,
                    help="rank answers by span score + this * passage score (BERTserini; choose on dev; default 0)")
     p.add_argument("--json", action="store_true", help="print JSON: one {question, answers, hits} per question")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="cpu", help="where the reader and reranker run: cpu, cuda, cuda:1 ...")
     p.set_defaults(func=run_answer)
 
 

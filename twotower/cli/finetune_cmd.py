@@ -14,6 +14,7 @@ import os
 import sys
 
 from twotower.cli.checks import encoder_directory, input_file, model_directory, output_file, positive
+from twotower.cli.help_format import DefaultsHelpFormatter
 
 TASKS = ("classify", "tag", "qa")
 
@@ -21,14 +22,21 @@ TASKS = ("classify", "tag", "qa")
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "finetune", help="fine-tune a classification, tagging or QA head",
-        description="Fine-tune a task head on a BERT-family model; the best dev checkpoint goes to --out.")
+        description="Fine-tune a task head on a BERT-family model; the best dev checkpoint goes to --out.",
+        formatter_class=DefaultsHelpFormatter)
     p.add_argument("task", choices=TASKS)
     p.add_argument("--model", required=True, metavar="DIR|default",
                    help="BERT-family model directory (HF layout), or 'default' for the embedded all-MiniLM-L6-v2")
     p.add_argument("--train", required=True, help="training file (.tsv/.jsonl, CoNLL, SQuAD .json; any of them .gz)")
     dev = p.add_mutually_exclusive_group(required=True)
     dev.add_argument("--dev", help="dev file: picks the best epoch (and the QA no-answer threshold)")
-    dev.add_argument("--dev-fraction", type=float, help="carve dev from train instead (seeded; QA: by context)")
+    dev.add_argument("--dev-fraction", type=float,
+                     help="carve dev from train instead (seeded; classify: per label, keeping at least one example "
+                          "of each label in train; QA: by context)")
+    p.add_argument("--labels", metavar="FILE|A,B,C",
+                   help="classify and tag: the label set, in id order: a file with one label a line, or "
+                        "comma-separated labels (default: the labels of --train and --dev, integers by value, "
+                        "others sorted; tagging: O first)")
     p.add_argument("--test", help="optional test file, scored with every seed's best checkpoint")
     p.add_argument("--out", required=True,
                    help="output directory for the best checkpoint and report: new, empty, or an earlier run "
@@ -43,19 +51,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--save-every", type=int, metavar="N",
                    help="also save the run's state every N steps of a seed, for --resume (default: at each "
                         "evaluation)")
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--epochs", type=int, default=3, help="passes over the training set (per seed)")
+    p.add_argument("--batch-size", type=int, default=32, help="training examples per step")
     p.add_argument("--lr", type=float, help="default 5e-5, or 1e-3 with --freeze-encoder")
     p.add_argument("--warmup", type=float, default=0.1, help="warmup fraction of all steps (then linear decay)")
-    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay")
     p.add_argument("--max-length", type=int,
                    help="tokens per input (QA and tag: per window; longer inputs are read in overlapping windows); "
                         "default 128 (QA: 384), or the model's maximum if less")
     p.add_argument("--freeze-encoder", action="store_true", help="train only the head on cached encoder features")
     p.add_argument("--pooling", choices=("cls", "mean"),
-                   help="classify: [CLS] pooler (default) or the mean of token states (no pooler)")
+                   help="classify: [CLS] pooler (default) or the mean of token states (no pooler; such a model "
+                        "predicts correctly only in twotower: transformers reads [CLS] through a random pooler)")
     p.add_argument("--seeds", default="0", help="comma-separated seeds, e.g. 0,1,2")
-    p.add_argument("--evals-per-epoch", type=int, default=1)
+    p.add_argument("--evals-per-epoch", type=int, default=1,
+                   help="dev evaluations per epoch (each may keep the best checkpoint)")
     p.add_argument("--max-train", type=int, help="subsample the training set to this many examples")
     p.add_argument("--max-steps", type=int, help="stop each seed after this many steps (dry run)")
     p.add_argument("--doc-stride", type=int,
@@ -64,33 +74,40 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-query-length", type=int,
                    help="QA: question tokens kept (default: a quarter of --max-length, at most 64)")
     p.add_argument("--max-answer-length", type=int, help="QA: longest answer span in tokens (default 30)")
-    _common(p)
+    _common(p, "cuda if available")
     p.set_defaults(func=run_finetune)
 
     q = subparsers.add_parser(
         "predict", help="predict with a fine-tuned classification, tagging or QA model",
-        description="Predict with a fine-tuned model: one JSON line per input; gold labels, if present, are scored.")
+        description="Predict with a fine-tuned model: one JSON line per input; gold labels, if every input has "
+                    "one, are scored.", formatter_class=DefaultsHelpFormatter)
     q.add_argument("task", choices=TASKS)
     q.add_argument("--model", required=True, help="directory written by `twotower finetune`")
-    q.add_argument("--input", required=True, help="file to predict on (gold labels, if present, are scored)")
+    q.add_argument("--input", required=True,
+                   help="file to predict on (gold labels are scored when every input has one; inputs without "
+                        "one are predicted all the same)")
     q.add_argument("--out", help="write JSON lines here instead of stdout")
-    q.add_argument("--batch-size", type=int, default=64)
-    _common(q)
+    q.add_argument("--batch-size", type=int, default=64, help="inputs per forward pass")
+    _common(q, "cpu")
     q.set_defaults(func=run_predict)
 
 
-def _common(p: argparse.ArgumentParser) -> None:
+def _common(p: argparse.ArgumentParser, device: str) -> None:
     p.add_argument("--text-column", help="TSV/JSONL text column (default: text/sentence/sentence1/question)")
-    p.add_argument("--label-column", help="TSV/JSONL label column (default: label; TREC: label_coarse/label_fine)")
+    p.add_argument("--label-column",
+                   help="TSV/JSONL label column (default: 'label', else the only column whose name starts with "
+                        "'label'; a file with several, such as TREC's label_coarse and label_fine, needs this flag)")
     p.add_argument("--pair-column", help="TSV/JSONL second-text column for pair tasks")
-    p.add_argument("--bf16", choices=("auto", "on", "off"), default="auto")
-    p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    p.add_argument("--bf16", choices=("auto", "on", "off"), default="auto",
+                   help="bfloat16 autocast; auto: where the device supports it")
+    p.add_argument("--device", help=f"cpu, cuda, cuda:1 ... (default: {device})")
     p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
 
 
 # Flags that only some tasks read (dest, flag, tasks): given for another task they were ignored.
-_TASK_FLAGS = (("pooling", "--pooling", ("classify",)), ("text_column", "--text-column", ("classify",)),
+_TASK_FLAGS = (("pooling", "--pooling", ("classify",)), ("labels", "--labels", ("classify", "tag")),
+               ("text_column", "--text-column", ("classify",)),
                ("label_column", "--label-column", ("classify",)), ("pair_column", "--pair-column", ("classify",)),
                ("doc_stride", "--doc-stride", ("qa", "tag")), ("max_query_length", "--max-query-length", ("qa",)),
                ("max_answer_length", "--max-answer-length", ("qa",)))
@@ -121,6 +138,40 @@ def _read(task: str, path: str, args: argparse.Namespace, need_labels: bool) -> 
     if task == "tag":
         return read_tag_examples(path, need_labels)
     return read_qa_examples(path)
+
+
+def _read_split(flag: str, path: str, args: argparse.Namespace, need_labels: bool) -> list:
+    """The examples of the file a flag names; none at all is refused naming the flag and the file.
+
+    Why: a dev file holding only a header stopped the run with "fine-tuning needs training and dev examples
+    (got 300 and 0)", naming neither.
+    """
+    from twotower.cli import CLIError
+
+    examples = _read(args.task, path, args, need_labels)
+    if not examples:
+        raise CLIError(f"{flag} {path}: no examples (the file has no data lines: only a header or blank lines)")
+    return examples
+
+
+def _labels(value: str | None) -> list[str] | None:
+    """--labels: a file with one label a line, or comma-separated labels; each once."""
+    from twotower.cli import CLIError
+
+    if value is None:
+        return None
+    if os.path.isfile(value):
+        from twotower.common.lines import numbered_lines
+
+        labels = [line.strip() for _, line in numbered_lines(value) if line.strip()]
+    else:
+        labels = [label.strip() for label in value.split(",") if label.strip()]
+    if not labels:
+        raise CLIError(f"--labels {value}: no labels")
+    repeated = sorted({label for label in labels if labels.count(label) > 1})
+    if repeated:
+        raise CLIError(f"--labels {value}: each label at most once; repeated: {', '.join(repeated)}")
+    return labels
 
 
 def _bf16(value: str):
@@ -243,6 +294,7 @@ def run_finetune(args: argparse.Namespace) -> int:
             input_file(flag, path)
     max_length_fits("--max-length", args.max_length, model_dir)
     _check_windows(args, model_dir)
+    labels = _labels(args.labels)
     if args.threads:
         import torch
 
@@ -260,25 +312,32 @@ def run_finetune(args: argparse.Namespace) -> int:
         max_steps=args.max_steps, metric=metric, bf16=_bf16(args.bf16), device=args.device,
         progress=not args.no_progress, pooling=args.pooling, save_every=args.save_every,
     )
-    train = _read(args.task, args.train, args, True)
+    train = _read_split("--train", args.train, args, True)
     if args.dev:
-        dev = _read(args.task, args.dev, args, True)
+        dev = _read_split("--dev", args.dev, args, True)
     else:
+        from dataclasses import replace
+
         from twotower.encoder.finetuning.task_examples import carve_dev
 
         try:
             train, dev = carve_dev(args.task, train, args.dev_fraction)
         except ValueError as exc:
             raise CLIError(f"--dev-fraction {args.dev_fraction}: {exc}") from None
-    test = _read(args.task, args.test, args, True) if args.test else None
+        # a problem found in a dev example names its --train line and where the example went
+        dev = [replace(ex, source=f"{ex.source} (dev split of --dev-fraction)") for ex in dev]
+    test = _read_split("--test", args.test, args, True) if args.test else None
     report = _trained(args, lambda: finetune(args.task, model_dir, train, dev, args.out, cfg, test=test,
-                                             metric_fn=metric_fn, overwrite=args.overwrite, resume=args.resume))
+                                             labels=labels, metric_fn=metric_fn, overwrite=args.overwrite,
+                                             resume=args.resume))
     n = len(report.seeds)
     for split in ("dev", "test"):
         for name, (mean, std) in report.summary(split).items():
             print(f"{split} {name}: {mean:.4f} ± {std:.4f} ({n} seed{'s' if n > 1 else ''})")
     best = next(s for s in report.seeds if s.seed == report.best_seed)
     print(f"checkpoint: {args.out} (seed {best.seed}, epoch {best.best_epoch:g}; report in finetune_report.json)")
+    for note in report.notes:  # also in the report's "notes"
+        print(f"note: {note}", file=sys.stderr)
     return 0
 
 
@@ -294,12 +353,23 @@ def _as_json(task: str, ex, pred) -> dict:
             "score": round(pred.score, 6), "null_score": round(pred.null_score, 6)}
 
 
-def _has_gold(task: str, examples: list) -> bool:
-    if task == "classify":
-        return all(ex.label is not None for ex in examples)
-    if task == "tag":
-        return all(ex.tags is not None for ex in examples)
-    return any(ex.answers for ex in examples)
+def _gold(task: str, examples: list) -> tuple[bool, str | None]:
+    """(score the predictions?, the note when they are not scored although some inputs carry gold).
+
+    One rule for every format: an input without a label (a JSONL record without one, a blank TSV cell) is
+    predicted all the same; the file is scored only when every input has one. A TSV with one blank cell was
+    refused while a JSONL with one missing label skipped scoring without a word.
+    """
+    if task == "qa":  # a question without answers is gold too: unanswerable (SQuAD v2)
+        return any(ex.answers for ex in examples), None
+    missing = [ex for ex in examples if (ex.label if task == "classify" else ex.tags) is None]
+    if not missing:
+        return True, None
+    if len(missing) == len(examples):
+        return False, None
+    what = "label" if task == "classify" else "tags"
+    return False, (f"not scored: {len(missing)} of {len(examples)} inputs have no {what} (first: "
+                   f"{missing[0].source}); every input needs one to be scored")
 
 
 def run_predict(args: argparse.Namespace) -> int:
@@ -326,9 +396,7 @@ def run_predict(args: argparse.Namespace) -> int:
     model = TaskModel.from_pretrained(args.model, device=args.device or "cpu")
     if model.info.head != args.task:
         raise CLIError(f"{args.model} holds a {model.info.head!r} head, not {args.task!r}")
-    examples = _read(args.task, args.input, args, need_labels=False)
-    if not examples:
-        raise CLIError(f"{args.input}: no examples")
+    examples = _read_split("--input", args.input, args, need_labels=False)
     if args.task == "classify":
         unknown = sorted({ex.label for ex in examples if ex.label is not None} - set(model.info.labels))
         if unknown:
@@ -339,14 +407,12 @@ def run_predict(args: argparse.Namespace) -> int:
         if lone:  # it predicted silently, on inputs unlike any it was trained on
             print(f"warning: --model {args.model} was trained on text pairs, but {lone} of the {len(examples)} "
                   "inputs have no second text (--pair-column); their predictions are unreliable", file=sys.stderr)
+    notes: list[str] = []
     preds = model.predict(examples, batch_size=args.batch_size, bf16=_bf16(args.bf16),
-                          progress=not args.no_progress)
-    windowed = [p.windows for p in preds if p.windows > 1] if args.task == "tag" else []
-    if windowed:  # every word is tagged; the user learns that a long sentence was read in parts
-        n = len(windowed)
-        print(f"note: {n} sentence{'s' * (n > 1)} longer than the model's {model.info.max_length} tokens "
-              f"{'were' if n > 1 else 'was'} read in {sum(windowed)} overlapping windows; each word is tagged "
-              "from the window where it has the most context", file=sys.stderr)
+                          progress=not args.no_progress, notes=notes)
+    scored, unscored = _gold(args.task, examples)
+    for note in [*notes, *([unscored] if unscored else [])]:
+        print(f"note: {note}", file=sys.stderr)
     lines = "".join(json.dumps(_as_json(args.task, ex, p), ensure_ascii=False) + "\n" for ex, p in zip(examples, preds))
     if args.out:
         from twotower.common.atomic import atomic_write_text
@@ -354,7 +420,7 @@ def run_predict(args: argparse.Namespace) -> int:
         atomic_write_text(args.out, lines)
     else:
         sys.stdout.write(lines)
-    if _has_gold(args.task, examples):
+    if scored:
         metric_fn, _ = METRICS[args.task]
         scores = metric_fn(preds, examples)
         print(" ".join(f"{k}={v:.4f}" for k, v in scores.items()), file=sys.stderr)

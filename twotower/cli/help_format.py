@@ -18,3 +18,7 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         if action.default in (None, False, argparse.SUPPRESS) or "default" in text.lower():
             return action.help
         return super()._get_help_string(action)
+
+
+class DefaultsRawDescriptionHelpFormatter(DefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """`DefaultsHelpFormatter` for a command whose description is a docstring laid out by hand (`answer`)."""

@@ -117,8 +117,10 @@ def test_dry_run_stops_after_max_steps(tiny_dir, tmp_path):
 
 def test_bad_input_names_the_example(tiny_dir, tmp_path):
     dev = [TextExample("fine", "pos"), TextExample("so so", "meh", source="dev.tsv:3")]
-    with pytest.raises(ValueError, match=r"dev.tsv:3: label 'meh' is not in the label map \['neg', 'pos'\]"):
-        finetune("classify", tiny_dir, TRAIN, dev, str(tmp_path / "x"), FinetuneConfig(progress=False))
+    with pytest.raises(ValueError, match=r"dev.tsv:3: label 'meh' of the dev examples is not in the label map "
+                                         r"given \(labels=, --labels\): \['neg', 'pos'\]"):
+        finetune("classify", tiny_dir, TRAIN, dev, str(tmp_path / "x"), FinetuneConfig(progress=False),
+                 labels=["neg", "pos"])
     train = [*TRAIN, TextExample("  ", "pos", source="train.tsv:99")]
     with pytest.raises(ValueError, match=r"train.tsv:99: empty text"):
         finetune("classify", tiny_dir, train, DEV, str(tmp_path / "x"), FinetuneConfig(progress=False))
