@@ -350,7 +350,7 @@ class _Parser:
 
     def parse(self) -> _Node:
         if self.peek().kind == "end":
-            raise self.error("empty filter", self.peek())
+            raise self.error("empty filter (leave it out to search without one)", self.peek())
         node = self.or_expr()
         tok = self.peek()
         if tok.kind != "end":
@@ -719,11 +719,13 @@ def parse_filter(text: str) -> Filter:
 
 
 def as_filter(value: str | Filter | None, *, where: str = "filter") -> Filter | None:
-    """``None``/blank -> None, a string -> parsed (errors named ``where``), a ``Filter`` -> itself."""
+    """``None`` -> None, a string -> parsed (errors named ``where``), a ``Filter`` -> itself.
+
+    A blank string is refused ("empty filter"), as ``--filter ""`` is: it was read as no filter, so an unset
+    variable searched every document without a word. (The HTTP service reads an empty form field as none.)
+    """
     if value is None or isinstance(value, Filter):
         return value
-    if isinstance(value, str) and not value.strip():
-        return None
     try:
         return parse_filter(value)
     except FilterError as e:

@@ -67,6 +67,7 @@ from typing import Any
 
 import numpy as np
 
+from twotower.common.errors import flags_need
 from twotower.indexing.docstore import DocStore
 from twotower.indexing.errors import IndexFormatError
 from twotower.indexing.integrity import combine, hex64, set_digest
@@ -235,8 +236,7 @@ class MilvusSpec:
 def milvus_flags_without_milvus(uri: str | None, collection: str | None) -> str | None:
     """What is wrong with giving Milvus's flags to a FAISS build ("" counts as given: it would be ignored), naming
     only the flags given (one given alone was reported as "--milvus-uri and --collection"), or None."""
-    given = [flag for flag, value in (("--milvus-uri", uri), ("--collection", collection)) if value is not None]
-    return f"{' and '.join(given)} need{'s' * (len(given) == 1)} --backend milvus" if given else None
+    return flags_need({"--milvus-uri": uri, "--collection": collection}, "--backend milvus")
 
 
 def milvus_spec(backend: str, uri: str | None, collection: str | None,

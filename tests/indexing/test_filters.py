@@ -260,7 +260,10 @@ def test_known_fields_a_filter_cannot_name_are_counted_not_listed():
 
 
 def test_as_filter():
-    assert as_filter(None) is None and as_filter("  ") is None
+    assert as_filter(None) is None
+    for blank in ("", "   "):  # refused as `--filter ""` is: an unset variable searched every document
+        with pytest.raises(FilterError, match=r"^filter: empty filter \(leave it out to search without one\)"):
+            as_filter(blank)
     f = parse_filter("a == 1")
     assert as_filter(f) is f and as_filter("a == 1") == f
     with pytest.raises(TypeError):
