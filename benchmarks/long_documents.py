@@ -93,7 +93,7 @@ def search(directory: str, queries: dict[str, str], aggregate: str = "max") -> d
     qids = list(queries)
     with SearchPipeline.load(directory, use_default_reranker=False) as pipe:
         hits = pipe.search([queries[q] for q in qids], k=100, recall_k=100, rerank=False, fetch_documents=False,
-                           aggregate=aggregate)
+                           aggregate=aggregate if pipe.passages is not None else None)  # whole documents: refused
     return {q: {h.id: float(h.score) for h in row} for q, row in zip(qids, hits)}
 
 

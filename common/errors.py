@@ -59,3 +59,19 @@ def check_at_least(config: object, low: int, flags: dict[str, str | None]) -> No
     for name, flag in flags.items():
         value = getattr(config, name)
         check_setting(value is None or value >= low, name, value, flag, f"give {low} or more")
+
+
+def flags_need(given: dict[str, object], needed: str) -> str | None:
+    """What is wrong with giving options that only work with `needed`, naming only those given (not None), or None.
+
+    Why only the given ones: "--passage-window and --passage-stride need --passages" of a command line that gave
+    --passage-window alone named a flag the user never typed.
+
+    Example:
+        >>> flags_need({"--passage-window": 64, "--passage-stride": None}, "--passages")
+        '--passage-window needs --passages'
+        >>> flags_need({"--milvus-uri": "", "--collection": "c"}, "--backend milvus")
+        '--milvus-uri and --collection need --backend milvus'
+    """
+    names = [flag for flag, value in given.items() if value is not None]
+    return f"{' and '.join(names)} need{'s' * (len(names) == 1)} {needed}" if names else None

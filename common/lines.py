@@ -84,15 +84,24 @@ def numbered_lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, str]]:
         raise DataError(path, number + 1, f"corrupt gzip data ({exc})") from None
 
 
+def is_blank(text: str) -> bool:
+    """Whether `text` holds nothing but whitespace, control and format characters (the one notion of blank,
+    for queries and for documents).
+
+    Why not ``strip()``: ``"\\x00"``, a zero-width space, a word joiner, a soft hyphen or a byte-order mark
+    passed it, reached the model as an empty text, and (a query) returned arbitrary hits or (a document)
+    became the [CLS]/[SEP]-only vector that shows up for any query.
+    """
+    return all(ch.isspace() or unicodedata.category(ch) in ("Cc", "Cf") for ch in text)
+
+
 def query_problem(text: str, name: str) -> str | None:
     """Why `text` cannot be searched as a query, or None; `name` is what the user calls it ("q", "query 3").
 
-    Blank means nothing but whitespace, control and format characters: ``"\\x00"`` or a zero-width space
-    passed a ``strip()`` test, reached the model as an empty text and returned arbitrary hits. A lone
-    surrogate (an unpaired ``\\u`` escape in JSON, or an undecodable byte on a command line) is not
-    Unicode text: the tokenizer refused it with a TypeError.
+    Blank (`is_blank`) is refused. A lone surrogate (an unpaired ``\\u`` escape in JSON, or an undecodable
+    byte on a command line) is not Unicode text: the tokenizer refused it with a TypeError.
     """
-    if all(ch.isspace() or unicodedata.category(ch) in ("Cc", "Cf") for ch in text):
+    if is_blank(text):
         return f"{name} is empty" if not text.strip() else f"{name} holds only control or invisible characters"
     return json_problem(text, name)
 

@@ -31,6 +31,7 @@ import json
 import os
 import sqlite3
 import threading
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, NotRequired, TypedDict
@@ -43,6 +44,9 @@ from twotower.indexing.integrity import combine, hex64, row_key, set_digest
 SCHEMA_VERSION = 1
 _CHUNK = 500  # ids per "IN (...)" query, well under SQLite's bound-variable limit
 FIELDS_KEY = "metadata_fields"  # meta key: JSON list of the metadata field paths stored (filters check names)
+# meta key: JSON {path: rows whose metadata has it}, so a delete or replace can take a field away (FIELDS_KEY
+# alone only grew); FIELDS_KEY is kept equal to its keys, for older versions and to notice their writes
+FIELD_COUNTS_KEY = "metadata_field_counts"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS docs (
@@ -333,8 +337,8 @@ class DocStore:
             self._update_digests(
                 add_ids=new_ids, add_rows=[_key_of(v) for v in written], drop_rows=[row_key(d) for d in old]
             )
-            self._record_fields(d["metadata"] for d, c in zip(rows, present_flags)
-                                if not c or on_duplicate == "replace")
+            self._record_fields([d["metadata"] for d, c in zip(rows, present_flags)
+                                 if not c or on_duplicate == "replace"], [d["metadata"] for d in old])
             return changed
 
     def delete(self, ids: Iterable[str]) -> list[str]:
@@ -347,6 +351,7 @@ class DocStore:
             self._conn.executemany("DELETE FROM docs WHERE id = ?", ((i,) for i in ids))
             gone = [d for d in docs if d is not None]
             self._update_digests(drop_ids=[d["id"] for d in gone], drop_rows=[row_key(d) for d in gone])
+            self._record_fields([], [d["metadata"] for d in gone])
         return missing
 
     # ------------------------------------------------------------------ digests
@@ -581,44 +586,64 @@ class DocStore:
                 self._conn.executemany(sql, rows)
 
     # ------------------------------------------------------------------ metadata fields and filters
-    def _record_fields(self, metadatas: Iterable[Mapping[str, Any]]) -> None:
-        """Add the field paths of newly written metadata to the ``metadata_fields`` meta key (same transaction)."""
-        new: set[str] = set()
-        for md in metadatas:
+    def _record_fields(self, added: Iterable[Mapping[str, Any]], removed: Iterable[Mapping[str, Any]] = ()) -> None:
+        """Count the field paths of metadata just written (``added``) or deleted / replaced (``removed``) in the
+        ``metadata_field_counts`` meta key (same transaction, after the rows changed), so that the fields a
+        filter may name are those some stored document has: an index changed by adds and deletes accepts the
+        filters a rebuild of its documents accepts. O(change), except once for a store written before the key
+        (or by a version that did not keep it), which is scanned."""
+        delta: Counter[str] = Counter()
+        for md in added:
             if md:
-                new |= metadata_fields(md)
-        known = self._stored_fields()
-        if known is None:  # a store written before the key existed: scan it once (inside this transaction)
-            known = self._scan_fields()
-        elif not new - known:
+                delta.update(metadata_fields(md))
+        for md in removed:
+            if md:
+                delta.subtract(metadata_fields(md))
+        if not any(delta.values()):
             return
-        self.set_meta(FIELDS_KEY, json.dumps(sorted(known | new), ensure_ascii=False))
+        counts = self._stored_counts()
+        if counts is None:  # the rows already hold this change: the scan counts it
+            counts = self._scan_fields()
+        else:
+            counts.update(delta)
+        counts = Counter({path: n for path, n in counts.items() if n > 0})
+        self.set_meta(FIELD_COUNTS_KEY, json.dumps(dict(sorted(counts.items())), ensure_ascii=False))
+        self.set_meta(FIELDS_KEY, json.dumps(sorted(counts), ensure_ascii=False))
 
-    def _stored_fields(self) -> set[str] | None:
-        value = self.get_meta(FIELDS_KEY)
-        return None if value is None else set(json.loads(value))
+    def _stored_counts(self) -> Counter[str] | None:
+        """The recorded field counts, or None when missing or out of step with ``FIELDS_KEY`` (an older
+        version added documents without counting them)."""
+        value, fields = self.get_meta(FIELD_COUNTS_KEY), self.get_meta(FIELDS_KEY)
+        if value is None or fields is None:
+            return None
+        counts = Counter(json.loads(value))
+        return counts if set(counts) == set(json.loads(fields)) else None
 
     @_locked
-    def _scan_fields(self) -> set[str]:
-        out: set[str] = set()
+    def _scan_fields(self) -> Counter[str]:
+        out: Counter[str] = Counter()
         for (meta,) in self._conn.execute("SELECT metadata FROM docs WHERE metadata != '{}'"):
-            out |= metadata_fields(json.loads(meta))
+            out.update(metadata_fields(json.loads(meta)))
         return out
 
     @_locked
     def metadata_fields(self) -> set[str]:
-        """Dotted paths of every metadata value ever stored (``source.name``; a superset after deletes).
+        """Dotted paths of the metadata values some stored document has (``source.name``).
 
-        Recorded at each ``add`` in the same transaction; a store written before that is scanned once.
+        Counted at each write in the same transaction. A store whose counts are missing is scanned (once
+        per connection when read-only: it cannot record them); one written before the counts but with the
+        older list of fields ever added uses that list, a superset after deletes, until its next write.
         """
-        known = self._stored_fields()
-        if known is None:
-            if self.readonly:  # cannot record it: scan once per connection
-                if self._scanned_fields is None:
-                    self._scanned_fields = self._scan_fields()
-                return set(self._scanned_fields)
-            known = self._scan_fields()
-        return known
+        counts = self._stored_counts()
+        if counts is not None:
+            return set(counts)
+        if (listed := self.get_meta(FIELDS_KEY)) is not None and self.get_meta(FIELD_COUNTS_KEY) is None:
+            return set(json.loads(listed))
+        if self.readonly:  # cannot record it: scan once per connection
+            if self._scanned_fields is None:
+                self._scanned_fields = set(self._scan_fields())
+            return set(self._scanned_fields)
+        return set(self._scan_fields())
 
     @_locked
     def matching_ids(self, flt: Filter) -> list[str]:

@@ -243,6 +243,23 @@ def _read_field(text: str, i: int) -> tuple[str, list[str], int]:
         return text[start:i], parts, i
 
 
+def _known_detail(known: set[str]) -> str:
+    """The known fields of an "unknown field" error, as a filter writes them; those a filter cannot name (a
+    key holding a back-quote, '"', '\\' or a control character: a quoted key cannot escape them) counted
+    apart, since listed they would be a spelling the parser refuses."""
+    if not known:
+        return "no document in the index has metadata"
+    listed = sorted(p for p in known if not any(_UNQUOTABLE.search(k) for k in p.split(".")))
+    shown = ", ".join(map(_written, listed[:_MAX_KNOWN_LISTED]))
+    if len(listed) > _MAX_KNOWN_LISTED:
+        shown += f", ... ({len(listed)} in all)"
+    if unnamed := len(known) - len(listed):
+        shown = (f"{shown}; {unnamed} more" if listed else f"none a filter can name: {unnamed}") + (
+            " whose keys hold a back-quote, a double quote, a backslash or a control character, which a filter "
+            "cannot name, even back-quoted")
+    return f"known fields: {shown}"
+
+
 def _written(path: str) -> str:
     """A dotted metadata path as a filter writes it: keys that are not names, or are keywords, back-quoted."""
     return ".".join(k if _IDENT.fullmatch(k) and k.lower() not in _KEYWORDS else f"`{k}`" for k in path.split("."))
@@ -333,7 +350,7 @@ class _Parser:
 
     def parse(self) -> _Node:
         if self.peek().kind == "end":
-            raise self.error("empty filter", self.peek())
+            raise self.error("empty filter (leave it out to search without one)", self.peek())
         node = self.or_expr()
         tok = self.peek()
         if tok.kind != "end":
@@ -657,16 +674,15 @@ class Filter:
         return {n.field for n in _walk(self._root) if isinstance(n, (_Cmp, _In))}
 
     def check_fields(self, known: Iterable[str], *, where: str = "filter") -> None:
-        """Raise ``FilterError`` at the first field not in ``known`` (the metadata fields stored)."""
+        """Raise ``FilterError`` at the first field not in ``known`` (the leaf paths of the metadata stored,
+        ``metadata_fields``) nor an object holding one of them (``src`` of ``src.name``: ``src != "x"`` is
+        true of it, as of any present value)."""
         known = set(known)
+        names = known | {".".join(keys[:j]) for keys in map(str.split, known, ".") for j in range(1, len(keys))}
         for n in _walk(self._root):
-            if isinstance(n, (_Cmp, _In)) and n.field not in known:
-                listed = sorted(known)
-                shown = ", ".join(map(_written, listed[:_MAX_KNOWN_LISTED]))
-                if len(listed) > _MAX_KNOWN_LISTED:
-                    shown += f", ... ({len(listed)} in all)"
-                detail = f"known fields: {shown}" if listed else "no document in the index has metadata"
-                raise FilterError(f"unknown field {_written(n.field)!r}", self.text, n.col, where=where, detail=detail)
+            if isinstance(n, (_Cmp, _In)) and n.field not in names:
+                raise FilterError(f"unknown field {_written(n.field)!r}", self.text, n.col, where=where,
+                                  detail=_known_detail(known))
 
     def matches(self, metadata: Mapping[str, Any]) -> bool:
         """Whether a document with this metadata passes the filter (true, not unknown: the reference semantics)."""
@@ -703,11 +719,13 @@ def parse_filter(text: str) -> Filter:
 
 
 def as_filter(value: str | Filter | None, *, where: str = "filter") -> Filter | None:
-    """``None``/blank -> None, a string -> parsed (errors named ``where``), a ``Filter`` -> itself."""
+    """``None`` -> None, a string -> parsed (errors named ``where``), a ``Filter`` -> itself.
+
+    A blank string is refused ("empty filter"), as ``--filter ""`` is: it was read as no filter, so an unset
+    variable searched every document without a word. (The HTTP service reads an empty form field as none.)
+    """
     if value is None or isinstance(value, Filter):
         return value
-    if isinstance(value, str) and not value.strip():
-        return None
     try:
         return parse_filter(value)
     except FilterError as e:

@@ -67,6 +67,7 @@ from typing import Any
 
 import numpy as np
 
+from twotower.common.errors import flags_need
 from twotower.indexing.docstore import DocStore
 from twotower.indexing.errors import IndexFormatError
 from twotower.indexing.integrity import combine, hex64, set_digest
@@ -235,8 +236,7 @@ class MilvusSpec:
 def milvus_flags_without_milvus(uri: str | None, collection: str | None) -> str | None:
     """What is wrong with giving Milvus's flags to a FAISS build ("" counts as given: it would be ignored), naming
     only the flags given (one given alone was reported as "--milvus-uri and --collection"), or None."""
-    given = [flag for flag, value in (("--milvus-uri", uri), ("--collection", collection)) if value is not None]
-    return f"{' and '.join(given)} need{'s' * (len(given) == 1)} --backend milvus" if given else None
+    return flags_need({"--milvus-uri": uri, "--collection": collection}, "--backend milvus")
 
 
 def milvus_spec(backend: str, uri: str | None, collection: str | None,
@@ -366,13 +366,13 @@ def check_target(spec: MilvusSpec, dim: int, metric: str, *, create: bool = Fals
     """Connect and check that `spec` can take a new index of this dimension and encoder; returns the client.
 
     Refused: a collection with another dimension, metric or encoder fingerprint, one not made by
-    twotower, or one holding vectors of another index. A collection left by a failed build of the
-    same directory (its owner has no manifest) is dropped. With ``create`` the collection is (re)made.
+    twotower, or one of another index, empty or not (`_owned_elsewhere`). A collection left by a failed
+    build of the same directory (its owner has no manifest) is dropped, as is, in a Milvus Lite file, one
+    whose directory holds no index or build any more. With ``create`` the collection is (re)made.
     """
     client = connect(spec.uri)
     name, where = spec.collection, f"Milvus collection {spec.collection!r} at {spec.uri}"
     props = describe(client, name)
-    owner = spec.owner
     if props is not None:
         if not props:
             raise ValueError(f"{where} exists and was not created by twotower; choose another --collection")
@@ -386,17 +386,38 @@ def check_target(spec: MilvusSpec, dim: int, metric: str, *, create: bool = Fals
             raise ValueError(f"{where} uses metric {props.get('metric')}, this index {metric}; choose another "
                              "--collection")
         client.load_collection(name)  # a collection of an earlier process starts released
-        rows = row_count(client, name)
-        prev = props.get("owner", "")
-        leftover = prev == owner and not os.path.exists(os.path.join(prev, "manifest.json"))
-        if rows and not leftover:
-            raise ValueError(f"{where} already holds {rows} vectors of the index {prev or '(unknown)'}; choose "
-                             "another --collection, or drop that one")
+        if problem := _owned_elsewhere(spec, props.get("owner", ""), row_count(client, name)):
+            raise ValueError(f"{where} {problem}; choose another --collection, or drop that one")
         if create:
             client.drop_collection(name)
     if create:
         _create_collection(client, spec, dim, metric, index_type)
     return client
+
+
+def _owned_elsewhere(spec: MilvusSpec, prev: str, rows: int) -> str | None:
+    """Why the collection recorded as belonging to directory `prev` is not free for `spec`, or None to take it over.
+
+    Taken over: the leftover of a failed build of the same directory (`prev` is `spec.owner`, and holds no
+    index), and, for a Milvus Lite file (whose directories are on this machine), one whose directory holds
+    neither an index nor an unfinished build (``<dir>.build``) any more. Why not by its row count alone: an
+    index whose documents were all deleted has an empty collection, and dropping it broke that index for good.
+    On a server the directory may be on another machine, so only the same directory's leftover is taken.
+    """
+    def has(path: str) -> bool:
+        return bool(prev) and os.path.exists(path)
+
+    if not has(os.path.join(prev, "manifest.json")):
+        if prev == spec.owner:
+            return None  # a failed build of this directory
+        if is_local(spec.uri) and prev and not has(f"{prev.rstrip(os.sep)}.build"):
+            return None  # its index was removed
+    held = f"already holds {rows} vectors of" if rows else "is empty but belongs to"
+    if has(os.path.join(prev, "manifest.json")):
+        return f"{held} the index {prev}"
+    if has(f"{prev.rstrip(os.sep)}.build"):
+        return f"{held} the unfinished build of {prev} (rerun that build, or remove {prev.rstrip(os.sep)}.build)"
+    return f"{held} the index {prev or '(unknown)'}"
 
 
 def _create_collection(client: Any, spec: MilvusSpec, dim: int, metric: str, index_type: str) -> None:

@@ -84,6 +84,55 @@ def _too_few_to_train(factory: str, need: int, n: int) -> FactoryError:
                         "or a Flat / HNSW index, for this many vectors")
 
 
+# FAISS's own spelling of the factory components a user may type in another case (`_factory_error`)
+_FAISS_NAMES = ("Flat", "HNSW", "IVF", "PQ", "SQ", "PCA", "OPQ", "RFlat", "Refine", "IDMap", "LSH", "NSG", "RaBitQ",
+                "L2norm", "ITQ", "RR", "Residual", "LSQ", "RQ", "PRQ", "PLSQ", "fsr", "fs")
+_FAISS_NAME_RE = re.compile("|".join(sorted(_FAISS_NAMES, key=len, reverse=True)), re.IGNORECASE)
+
+
+def _factory_error(factory: str, dim: int, metric: Metric, raw: str) -> FactoryError:
+    """A FAISS refusal of ``factory`` in words a user can act on.
+
+    Why: FAISS says "could not parse index string Flat" of ``"Flat "`` (the space invisible) and of ``"flat"``
+    (its strings are case-sensitive), and "'metric == METRIC_L2' failed" of an L2-only index (LSH) under
+    another metric; each message now says what is wrong, with the string that works when there is one.
+    """
+    msg = raw.strip().splitlines()[-1]
+    # FAISS prefixes "Error in <C++ signature> at <file>:<line>: " (and "Error: '<assertion>' failed: ")
+    if "'metric == METRIC_L2' failed" in msg:
+        return FactoryError(f"{factory!r} works only with the l2 metric (--metric l2), not {metric}: choose l2, "
+                            "or another index")
+    msg = re.sub(r"^Error in .*? at \S+:\d+: (Error: '.*?' failed: )?", "", msg)
+    if msg.startswith("could not parse index string"):
+        msg = "FAISS cannot parse it (factory strings are case-sensitive, with no spaces)"
+        fixed = _FAISS_NAME_RE.sub(lambda m: next(n for n in _FAISS_NAMES if n.lower() == m[0].lower()),
+                                   re.sub(r"\s+", "", factory))
+        if fixed != factory:
+            try:
+                faiss.index_factory(dim, fixed, _FAISS_METRIC[metric])
+                msg += f"; did you mean {fixed!r}?"
+            except RuntimeError:
+                pass
+    return FactoryError(f"invalid FAISS factory string {factory!r}: {msg}")
+
+
+def _fast_scan_ivf(factory: str, *, built: bool = False) -> FactoryError:
+    """The refusal of an IVF fast-scan index (``IVF…,PQ…x4fs``/``fsr``, ``IVF…,RaBitQfs``); ``built``: an
+    index made before they were refused, which can still be searched without a filter.
+
+    Why refused: FAISS packs their codes in blocks it cannot decode one vector at a time; reconstructing
+    stored vectors (the exact scan of a filtered search, the merge of segments at a commit) crashed the
+    process (segfault) on a saved index instead of raising. Plain IVF-PQ keeps the same lists and codes.
+    """
+    plain = re.sub(r"x4fsr?\b|fsr?\b", "", factory)
+    suggestion = f"{plain!r} (the same IVF lists, codes without fast-scan packing)" if plain != factory else "IVF…,PQ…"
+    what = (f"this index was built with {factory!r}, an IVF fast-scan index, which" if built
+            else f"{factory!r} is an IVF fast-scan index, which")
+    return FactoryError(f"{what} cannot return its stored vectors (filtered search and segment merges need them; "
+                        f"FAISS crashes instead of refusing): {'rebuild it with --factory' if built else 'use'} "
+                        f"{suggestion}, or a fast-scan PQ without IVF such as 'PQ8x4fs', or HNSW32 / Flat")
+
+
 def check_factory(factory: str, dim: int, metric: Metric, num_vectors: int) -> None:
     """Raise `FactoryError` if FAISS cannot build ``factory`` for ``dim``-dimensional vectors, or if
     ``num_vectors`` cannot train it: an index build calls this before encoding, so that a typo or an IVF
@@ -206,12 +255,11 @@ class VectorIndex:
         try:
             index = faiss.index_factory(self.dim, self.factory, _FAISS_METRIC[self.metric])
         except RuntimeError as e:
-            msg = str(e).strip().splitlines()[-1]
-            # FAISS prefixes "Error in <C++ signature> at <file>:<line>: " (and "Error: '<assertion>' failed: ")
-            msg = re.sub(r"^Error in .*? at \S+:\d+: (Error: '.*?' failed: )?", "", msg)
-            raise FactoryError(f"invalid FAISS factory string {self.factory!r}: {msg}") from None
+            raise _factory_error(self.factory, self.dim, self.metric, str(e)) from None
         kind = index_kind(index)
         core = unwrap(index)
+        if isinstance(core, faiss.IndexIVFFastScan):
+            raise _fast_scan_ivf(self.factory)
         if kind == "hnsw" and self.ef_construction is not None:
             core.hnsw.efConstruction = int(self.ef_construction)
         if kind != "ivf" and not isinstance(faiss.downcast_index(index), faiss.IndexIDMap):
@@ -515,6 +563,8 @@ class VectorIndex:
                 pos = pos_all[start : start + 65536]
                 out[start : start + len(pos)] = inner.reconstruct_batch(pos)
             return out
+        if isinstance(unwrap(index), faiss.IndexIVFFastScan):  # an index built before the factory was refused
+            raise _fast_scan_ivf(self.factory, built=True)
         ivf = faiss.extract_index_ivf(unwrap(index))
         if ivf.direct_map.type == faiss.DirectMap.NoMap:
             self._ensure_writable()

@@ -284,9 +284,11 @@ def iter_chunks(path: str, chunk_size: int, skip_lines: set[int] | None = None) 
         yield chunk
 
 
-def duplicates_note(dropped: int, on_duplicate: str) -> str:
-    """What a build or an add says about the copies it did not index (they were dropped without a word)."""
-    kept = "the first copy (or the one in the index)" if on_duplicate == "skip" else "the last copy"
+def duplicates_note(dropped: int, on_duplicate: str, *, into_index: bool = False) -> str:
+    """What a build or an add (`into_index`: the ids may be in the index already) says about the copies it did
+    not index (they were dropped without a word); a build has no index whose copy it could keep."""
+    kept = ("the last copy" if on_duplicate != "skip" else
+            "the first copy, or the one already in the index" if into_index else "the first copy")
     return f"{dropped:,} duplicate document{'s' if dropped != 1 else ''} not indexed: kept {kept} (on duplicate: {on_duplicate})"
 
 

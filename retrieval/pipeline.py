@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from twotower.common.errors import flags_need
 from twotower.common.ids import id_list
 from twotower.common.lines import query_problem
 from twotower.common.paths import path_argument
@@ -258,7 +259,8 @@ class SearchPipeline:
         splitter = None
         if passages or passage_window is not None or passage_stride is not None:
             if not passages:
-                raise ValueError("passage_window / passage_stride need passages=True (--passages)")
+                raise ValueError(flags_need({"passage_window": passage_window, "passage_stride": passage_stride},
+                                            "passages=True (--passages)"))
             defaults = PassageSettings()
             window = defaults.window if passage_window is None else passage_window
             stride = passage_stride if passage_stride is not None else (
@@ -388,7 +390,7 @@ class SearchPipeline:
             chunks = [rows[s:s + 4096] for s in range(0, len(rows), 4096)]
             dropped = len(given) - len(rows)
         if dropped:
-            logger.warning("%s", duplicates_note(dropped, on_duplicate))
+            logger.warning("%s", duplicates_note(dropped, on_duplicate, into_index=True))
         if num_empty:
             logger.warning("%s", empty_note(num_empty, empty_ids))
         added = 0
@@ -463,7 +465,7 @@ class SearchPipeline:
         rerank_alpha: float | None = None,
         rerank_k: int | None = None,
         classifier: Any = None,
-        aggregate: str = "max",
+        aggregate: str | None = None,
         filter: Filter | str | None = None,
     ) -> list[Hit] | list[list[Hit]]:
         """Top-`k` hits for one query (a list of Hit) or for each of several (a list of lists).
@@ -495,11 +497,12 @@ class SearchPipeline:
                 `encoder.TaskModel`): each returned hit gets ``label`` / ``label_score`` from
                 its text; run only on the k returned hits, never on the recall candidates.
             aggregate: how an index with passages scores a document from its passages' first-stage
-                scores: "max" (its best passage, MaxP), "sum" (of its passages among the rows fetched,
+                scores: "max" (None, the default: its best passage, MaxP), "sum" (of its passages among the rows fetched,
                 so it grows with recall_k) or "first" (its first passage only). The reranker scores each
                 candidate's best passage, or reads the whole document when it has windows of its own;
                 ``Hit.passage`` holds the best passage's character offsets in ``Hit.text`` (None for a
-                document stored whole).
+                document stored whole). Given on an index of whole documents, any value is refused (it
+                would be ignored), as ``--aggregate`` and the service's ``aggregate`` are.
             filter: a metadata filter (text or ``twotower.indexing.filters.Filter``, e.g.
                 ``'lang == "en" and year >= 2010'``): dense, BM25 and hybrid recall, and so the
                 reranker, see only matching documents; k hits whenever k match. ``FilterError``
@@ -518,9 +521,10 @@ class SearchPipeline:
             raise ValueError(f"rerank_k must be an int between 1 and recall_k ({recall_k}), got {rerank_k!r}")
         if fusion is not None and fusion not in FUSIONS:
             raise ValueError(f"fusion={fusion!r}; choose one of {FUSIONS}")
-        if aggregate not in AGGREGATIONS:
+        if aggregate is not None and aggregate not in AGGREGATIONS:
             raise ValueError(f"aggregate={aggregate!r}; choose one of {AGGREGATIONS}")
         self._refuse_ignored(rerank, rerank_k, rerank_alpha, aggregate)
+        aggregate = aggregate or "max"
         _refuse_ignored_fusion(hybrid, fusion, rrf_k, weights)
         fusion = fusion or "rrf"
         rrf_k = RRF_K if rrf_k is None else rrf_k
@@ -556,14 +560,15 @@ class SearchPipeline:
             self._label(hits, clf, batch_size)
         return hits[0] if single else hits
 
-    def _refuse_ignored(self, rerank: bool, rerank_k: int | None, rerank_alpha: float | None, aggregate: str) -> None:
+    def _refuse_ignored(self, rerank: bool, rerank_k: int | None, rerank_alpha: float | None,
+                        aggregate: str | None) -> None:
         """Arguments this search would ignore without a word, refused as the command line and the service do."""
         given = [name for name, value in (("rerank_k", rerank_k), ("rerank_alpha", rerank_alpha)) if value is not None]
         if given and not (rerank and self.reranker is not None):
             why = ("rerank=False turns reranking off" if self.reranker is not None else
                    "the pipeline has no reranker (load it with reranker=DIR, or reranker='default')")
             raise ValueError(f"{' and '.join(given)} set how the reranker reranks, but {why}")
-        if aggregate != "max" and self.passages is None:
+        if aggregate is not None and self.passages is None:  # "max" too: the command line refused it, this did not
             raise ValueError(f"aggregate={aggregate!r}: the index stores documents whole (built without "
                              "passages=True), so there are no passage scores to combine")
 

@@ -38,7 +38,7 @@ from typing import Any, NamedTuple
 
 from twotower.common.atomic import atomic_open
 from twotower.common.errors import DataError
-from twotower.common.lines import json_lines, numbered_lines
+from twotower.common.lines import is_blank, json_lines, numbered_lines
 from twotower.eval.io.trec import Qrels, parse_int
 
 QRELS_HEADER = "query-id\tcorpus-id\tscore"
@@ -98,10 +98,14 @@ def empty_document(doc_id: str, title: str, text: str) -> str | None:
     """Why a document has nothing to search (its ``text`` and ``title`` are both blank), or None.
 
     The one wording of the rule, for `parse_beir_document` and for the index build that skips such
-    documents under its ``--on-empty`` policy instead of stopping at the first.
+    documents under its ``--on-empty`` policy instead of stopping at the first. Blank is a query's blank
+    (`is_blank`): a text of zero-width spaces or a soft hyphen was indexed as the vector of an empty text,
+    which came up for any query, while the same text as a query was refused.
     """
-    if text.strip() or title.strip():
+    if not (is_blank(text) and is_blank(title)):
         return None
+    if text.strip() or title.strip():
+        return f"document {doc_id!r} has only control or invisible characters in 'text' and 'title'"
     return f"document {doc_id!r} has empty 'text' and 'title'"
 
 

@@ -125,10 +125,15 @@ def test_gzip_content_without_gz_name_gets_a_hint(tmp_path, capsys, no_encoding)
 
 
 @pytest.mark.parametrize("factory, message", [
-    ("Bogus", "--factory: invalid FAISS factory string 'Bogus': could not parse index string Bogus"),
+    ("Bogus", "--factory: invalid FAISS factory string 'Bogus': FAISS cannot parse it (factory strings are case-sensitive, with no spaces)"),
     ("PQ7", "should be a multiple of the number of subquantizers"),  # without FAISS's C++ signature and file
     ("IVF64,Flat", "--factory: 'IVF64,Flat' needs at least 64 training vectors, got 12"),
     ("IVF2,PQ4", "needs at least 256 training vectors, got 12"),  # the PQ codebooks' 2^8
+    ("Flat ", "--factory: invalid FAISS factory string 'Flat ': FAISS cannot parse it (factory strings are "
+              "case-sensitive, with no spaces); did you mean 'Flat'?"),
+    ("flat", "did you mean 'Flat'?"),
+    ("LSH", "--factory: 'LSH' works only with the l2 metric (--metric l2), not ip: choose l2"),
+    ("IVF2,PQ4x4fs", "--factory: 'IVF2,PQ4x4fs' is an IVF fast-scan index, which cannot return its stored vectors"),
 ])
 def test_a_factory_faiss_cannot_build_or_train_is_refused_before_encoding(tmp_path, capsys, no_encoding, factory,
                                                                           message):

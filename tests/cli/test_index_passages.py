@@ -17,7 +17,10 @@ def test_build_info_search_delete_with_passages(tmp_path, capsys):
     assert rc == 2 and "--passage-window" in err and "at most 38" in err
     rc, _, err = run_cli(capsys, "index", "build", "--corpus", corpus, "--out", idx, "--model", tiny_model_dir(),
                          "--passage-window", "16")
-    assert rc == 2 and "need --passages" in err
+    assert rc == 2 and "error: --passage-window needs --passages\n" in err  # it named --passage-stride, not given
+    rc, _, err = run_cli(capsys, "index", "build", "--corpus", corpus, "--out", idx, "--model", tiny_model_dir(),
+                         "--passage-window", "16", "--passage-stride", "8")
+    assert rc == 2 and "error: --passage-window and --passage-stride need --passages\n" in err
     rc, out, _ = run_cli(capsys, "index", "build", "--corpus", corpus, "--out", idx, "--model", tiny_model_dir(),
                          "--no-progress", "--passages", "--passage-window", "16", "--passage-stride", "12", "--bm25")
     assert rc == 0 and "built" in out and "14 documents (" in out and "passages)" in out
@@ -47,9 +50,10 @@ def test_delete_takes_no_passage_row_id_and_check_finds_a_document_an_old_delete
                    "--no-progress", "--passages", "--passage-window", "16", "--passage-stride", "12")[0] == 0
     ids_file = tmp_path / "ids.txt"
     ids_file.write_text("long2\x1f0\n")
-    for given in (["long1\x1f1"], ["--ids-file", str(ids_file)]):
+    for given, shown in ((["long1\x1f1"], r"'long1\x1f1'"), (["--ids-file", str(ids_file)], r"'long2\x1f0'")):
         rc, out, err = run_cli(capsys, "index", "delete", "--index", idx, *given)
-        assert rc == 1 and "deleted 0 documents" in out and "(now 14)" in out and "1 id(s) not in the index" in err
+        assert rc == 1 and "deleted 0 documents" in out and "(now 14)" in out
+        assert f"1 id(s) not in the index: {shown}\n" in err  # escaped: the raw \x1f is invisible on a terminal
     rc, out, err = run_cli(capsys, "search", "--index", idx, "--json", "-k", "14", "zorbania")
     assert rc == 0 and len(json.loads(out)[0]["hits"]) == 14, err
     assert run_cli(capsys, "index", "check", idx)[0] == 0

@@ -146,7 +146,11 @@ def test_add_delete_roundtrip(built, tmp_path, capsys):
     rc, out, _ = run_cli(capsys, "index", "add", "--index", str(idx), "--corpus", more, "--on-duplicate", "skip")
     assert rc == 0 and "added 0 documents" in out
     rc, out, _ = run_cli(capsys, "index", "add", "--index", str(idx), "--corpus", more, "--on-duplicate", "replace")
-    assert rc == 0 and "added 0 documents, replaced 1 to" in out and "(now 41)" in out  # was "added 1"
+    assert rc == 0 and f"replaced 1 document in {idx} (now 41)" in out  # was "added 1", then "added 0 ..., replaced 1 to"
+    both = write_corpus(str(tmp_path / "both.jsonl"), [{"_id": "new", "text": "green tea"}, {"_id": "n2", "text": "x"}])
+    rc, out, _ = run_cli(capsys, "index", "add", "--index", str(idx), "--corpus", both, "--on-duplicate", "replace")
+    assert rc == 0 and f"added 1 document and replaced 1 in {idx} (now 42)" in out
+    assert run_cli(capsys, "index", "delete", "--index", str(idx), "n2")[0] == 0
     rc, out, err = run_cli(capsys, "index", "delete", "--index", str(idx), "new", "d1", "ghost")
     assert rc == 1 and "deleted 2 documents" in out and "(now 39)" in out
     assert "1 id(s) not in the index: ghost" in err

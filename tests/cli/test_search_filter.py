@@ -40,6 +40,15 @@ def test_filter_syntax_error_exits_2_before_loading(capsys, tmp_path):
     assert caret.index("^") == first.index("year >= 2010 )") + 13  # under the ')'
 
 
+@pytest.mark.parametrize("blank", ["", "   "])
+def test_a_blank_filter_is_refused_as_in_python(capsys, tmp_path, blank):
+    """`--filter ""` (an unset variable) is refused, and says how to search without a filter; Python's
+    `filter=""` was read as no filter, and now is refused the same way."""
+    rc, out, err = run_cli(capsys, "search", "--index", str(tmp_path / "missing"), "--filter", blank, "q")
+    assert rc == 2 and out == ""
+    assert "error: --filter: empty filter (leave it out to search without one) at column" in err
+
+
 def test_filter_unknown_field_exits_2_with_known_fields(capsys, index):
     rc, _, err = run_cli(capsys, "search", "--index", index, "--no-rerank", "--filter", "yaer > 1", "tea")
     assert rc == 2

@@ -1,3 +1,5 @@
+import re
+
 import faiss
 import numpy as np
 import pytest
@@ -55,8 +57,26 @@ def test_factory_strings_build_the_expected_kind(factory, kind):
 
 
 def test_invalid_factory_string_is_a_clear_error():
-    with pytest.raises(FactoryError, match="invalid FAISS factory string 'NOPE12': could not parse index string NOPE12$"):
+    with pytest.raises(FactoryError, match=r"invalid FAISS factory string 'NOPE12': FAISS cannot parse it "
+                                           r"\(factory strings are case-sensitive, with no spaces\)$"):
         VectorIndex(8, "NOPE12")
+
+
+@pytest.mark.parametrize("factory,meant", [("Flat ", "Flat"), ("flat", "Flat"), ("hnsw32", "HNSW32"),
+                                           ("ivf4, sq8", "IVF4,SQ8"), ("pq4x4FS", "PQ4x4fs")])
+def test_a_factory_string_faiss_cannot_parse_names_the_one_that_works(factory, meant):
+    """FAISS's "could not parse index string Flat" hid the trailing space of "Flat " and did not say its
+    strings are case-sensitive ("flat"); the message shows the string with repr and the spelling FAISS takes."""
+    with pytest.raises(FactoryError, match=rf"invalid FAISS factory string {re.escape(repr(factory))}: FAISS cannot "
+                                           rf"parse it .*; did you mean {meant!r}\?$"):
+        VectorIndex(8, factory)
+
+
+def test_an_l2_only_factory_under_another_metric_names_the_metric():
+    """FAISS said only "'metric == METRIC_L2' failed" of LSH under cosine."""
+    with pytest.raises(FactoryError, match=r"^'LSH' works only with the l2 metric \(--metric l2\), not cosine: choose l2"):
+        VectorIndex(8, "LSH", "cosine")
+    assert VectorIndex(8, "LSH", "l2").kind == "flat"
 
 
 def test_check_factory_knows_what_training_needs_before_any_vector():
@@ -76,3 +96,34 @@ def test_factory_none_uses_auto_choice():
     assert VectorIndex(8, None, expected_size=100_000).factory == "HNSW32"
     with pytest.raises(ValueError, match="expected_size"):
         VectorIndex(8, None)
+
+
+@pytest.mark.parametrize("factory,plain", [("IVF4,PQ8x4fs", "IVF4,PQ8"), ("IVF4,PQ4x4fsr", "IVF4,PQ4"),
+                                           ("IVF4,RaBitQfs", "IVF4,RaBitQ"), ("PCA8,IVF4,PQ4x4fs", "PCA8,IVF4,PQ4")])
+def test_ivf_fast_scan_is_refused_before_anything_is_built(tmp_path, factory, plain):
+    """FAISS cannot decode an IVF fast-scan code alone: the exact scan of a filtered search and a segment
+    merge (reconstruct) crashed the process on a saved index. Refused up front, with the plain IVF form."""
+    from twotower.indexing import IndexStore
+
+    with pytest.raises(FactoryError, match=rf"{factory!r} is an IVF fast-scan index.*use {plain!r}"):
+        check_factory(factory, 16, "cosine", 10_000)
+    with pytest.raises(FactoryError, match="IVF fast-scan"):
+        IndexStore.create(tmp_path / "idx", dim=16, factory=factory)
+    assert not (tmp_path / "idx").exists()
+    VectorIndex(16, "PQ4x4fs")  # fast-scan without IVF reconstructs through IDMap2: still accepted
+    VectorIndex(16, plain)
+
+
+def test_an_ivf_fast_scan_index_built_before_the_refusal_raises_instead_of_crashing():
+    """An index saved by an older version still opens and searches without a filter; what needs its stored
+    vectors raises a FactoryError saying to rebuild it, instead of reaching FAISS's reconstruct."""
+    idx = VectorIndex(16, "IVF4,PQ4", "l2")
+    idx._index = faiss.index_factory(16, "IVF4,PQ4x4fs", faiss.METRIC_L2)  # what the old version built
+    idx.factory = "IVF4,PQ4x4fs"
+    x = np.random.default_rng(0).standard_normal((700, 16)).astype("float32")
+    idx.add([f"d{i}" for i in range(700)], x)
+    assert idx.search(x[:1], k=3).ids[0][0] != ""
+    with pytest.raises(FactoryError, match=r"built with 'IVF4,PQ4x4fs'.*rebuild it with --factory 'IVF4,PQ4'"):
+        idx.search(x[:1], k=3, allowed=["d1", "d2"])
+    with pytest.raises(FactoryError, match="rebuild it"):
+        idx.reconstruct(["d1"])

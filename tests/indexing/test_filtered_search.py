@@ -6,13 +6,15 @@ vectors for which of them are the top k (``tests.indexing.helpers.brute_force``)
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
 import twotower.indexing.vector_index as vector_index
 from tests.indexing.helpers import brute_force, clustered
 from twotower.indexing import BM25, DocStore, IndexStore, VectorIndex
-from twotower.indexing.docstore import FIELDS_KEY
+from twotower.indexing.docstore import FIELD_COUNTS_KEY, FIELDS_KEY
 from twotower.indexing.filters import FilterError, parse_filter
 
 
@@ -47,7 +49,46 @@ def test_docstore_records_fields_in_the_add_transaction(tmp_path):
         assert ds.metadata_fields() == {"lang", "src.name", "src.rank"}
         ds.add([{"id": "a", "text": "x", "metadata": {"year": 1}}], on_duplicate="replace")
     with DocStore(path, readonly=True) as ds:
-        assert ds.metadata_fields() == {"lang", "src.name", "src.rank", "year"}  # a superset: fields seen
+        assert ds.metadata_fields() == {"year"}  # the replaced metadata's fields went with it
+
+
+def test_a_field_whose_documents_are_all_deleted_or_replaced_is_no_longer_known(tmp_path):
+    """Fields were only ever added: after deleting every document with `zz`, `zz == 1` was accepted (and found
+    nothing) while a rebuild of the same documents refused it. The counts follow deletes and replaces."""
+    path = tmp_path / "d.sqlite"
+    with DocStore(path) as ds:
+        ds.add([{"id": "a", "text": "x", "metadata": {"zz": 1, "src": {"n": 1}}},
+                {"id": "b", "text": "y", "metadata": {"zz": 2, "lang": "en"}},
+                {"id": "c", "text": "z", "metadata": {"lang": "fr"}}])
+        ds.delete(["a"])
+        assert ds.metadata_fields() == {"zz", "lang"}
+        ds.add([{"id": "b", "text": "y", "metadata": {"lang": "en"}}], on_duplicate="replace")
+        assert ds.metadata_fields() == {"lang"}
+        ds.begin()
+        ds.delete(["b", "c"])
+        assert ds.metadata_fields() == set()
+        ds.rollback()
+    with DocStore(path, readonly=True) as ds:
+        assert ds.metadata_fields() == {"lang"}
+        with pytest.raises(FilterError, match="unknown field 'zz'.*known fields: lang"):
+            ds.matching_ids(parse_filter("zz == 1"))
+
+
+def test_a_store_without_field_counts_keeps_its_list_until_a_write_counts_them(tmp_path):
+    """An index written before the counts opens as before (its list of fields ever added, no scan on open);
+    its next write scans once and counts from then on."""
+    path = tmp_path / "d.sqlite"
+    with DocStore(path) as ds:
+        ds.add(docs(["d1", "d2"]) + [{"id": "z", "text": "t", "metadata": {"zz": 1}}])
+        ds.delete(["z"])
+        ds._conn.execute("DELETE FROM meta WHERE key = ?", (FIELD_COUNTS_KEY,))  # as an older version left it
+        ds.set_meta(FIELDS_KEY, json.dumps(["lang", "rare", "src.name", "year", "zz"]))
+    with DocStore(path, readonly=True) as ds:
+        assert ds.metadata_fields() == {"lang", "year", "src.name", "rare", "zz"}
+    with DocStore(path) as ds:
+        ds.delete(["d1"])
+        assert ds.metadata_fields() == {"lang", "year", "src.name", "rare"}
+        assert json.loads(ds.get_meta(FIELD_COUNTS_KEY)) == {"lang": 1, "rare": 1, "src.name": 1, "year": 1}
 
 
 def test_docstore_without_the_fields_key_scans_once(tmp_path):

@@ -241,6 +241,33 @@ def test_existing_collection_of_another_dimension_encoder_or_index_is_refused(tm
         assert len(a) == 1 and a.search(np.ones((1, 8), np.float32), 1).ids == [["x"]]
 
 
+def test_the_empty_collection_of_a_live_index_is_refused_and_taken_over_once_that_index_is_removed(tmp_path, uri):
+    """A collection with no rows was dropped and remade whoever owned it: an index whose documents were all
+    deleted was broken for good by a build naming its collection. Only a leftover (a failed build of the same
+    directory, or of a directory that holds no index or build any more) is taken over."""
+    s = spec(uri)
+    with IndexStore.create(tmp_path / "live", 8, None, "cosine", milvus=s) as live:
+        live.add(docs(["a"]), np.ones((1, 8), np.float32))
+        live.commit()
+        live.delete(["a"])
+        live.commit()
+    other = mv.MilvusSpec(uri, s.collection)
+    with pytest.raises(ValueError, match=rf"{s.collection}' at .* is empty but belongs to the index "
+                                         rf"{tmp_path / 'live'}; choose another --collection"):
+        IndexStore.create(tmp_path / "b", 8, None, "cosine", milvus=other)
+    assert not (tmp_path / "b").exists()
+    with IndexStore.open(tmp_path / "live") as live:  # untouched: still opens and takes documents
+        live.add(docs(["c"]), np.ones((1, 8), np.float32))
+        live.commit()
+        assert live.search(np.ones((1, 8), np.float32), 1).ids == [["c"]]
+    os.rename(tmp_path / "live", tmp_path / "live.build")  # an unfinished build of that directory
+    with pytest.raises(ValueError, match=r"already holds 1 vectors of the unfinished build of .*live \(rerun"):
+        IndexStore.create(tmp_path / "b", 8, None, "cosine", milvus=other)
+    os.rename(tmp_path / "live.build", tmp_path / "gone")  # the index removed: its collection is an orphan
+    with IndexStore.create(tmp_path / "b", 8, None, "cosine", milvus=other) as b:
+        assert len(b) == 0
+
+
 class Killed(BaseException):
     """A process dying at that point: no `except Exception` handler runs."""
 

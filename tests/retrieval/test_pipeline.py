@@ -288,7 +288,8 @@ def test_add_from_file_with_duplicates(tmp_path, encoder, docs, caplog):
         assert pipe.get(["r"])[0]["text"] == "two"
     # what was not indexed is counted (the lines were dropped without a word)
     assert [r.getMessage() for r in caplog.records if "duplicate" in r.getMessage()] == [
-        "1 duplicate document not indexed: kept the first copy (or the one in the index) (on duplicate: skip)",
+        "1 duplicate document not indexed: kept the first copy, or the one already in the index (on duplicate: "
+        "skip)",
         "1 duplicate document not indexed: kept the last copy (on duplicate: replace)"]
 
 

@@ -116,6 +116,18 @@ def test_empty_documents_stop_the_build_naming_the_flag_or_are_skipped_and_count
         validate_corpus(path, on_empty="keep")
 
 
+def test_a_document_of_invisible_characters_only_is_empty_as_such_a_query_is(tmp_path):
+    """Zero-width spaces, a word joiner, a soft hyphen or a byte-order mark passed `strip()`: such documents were
+    indexed as the vector of an empty text (found by any query) while the same text as a query was refused."""
+    path = _write(tmp_path, [_doc("a"), _doc("zw", "\u200b\u200b\u2060", title=" "), _doc("shy", "\u00ad"),
+                             _doc("bom", "\ufeff", title="\u200b"), _doc("c", "\u200bword")])
+    with pytest.raises(ValueError, match=r":2: document 'zw' has only control or invisible characters in 'text' and "
+                                         r"'title'; use --on-empty skip"):
+        validate_corpus(path)
+    plan = validate_corpus(path, on_empty="skip")
+    assert (plan.num_documents, plan.empty_ids) == (2, ["zw", "shy", "bom"])
+
+
 def test_an_empty_copy_of_an_id_is_left_out_before_the_duplicate_policy(tmp_path):
     path = _write(tmp_path, [_doc("a", "first a"), _doc("a", ""), _doc("b")])
     plan = validate_corpus(path, on_empty="skip")  # on_duplicate "error": the empty copy is not a duplicate

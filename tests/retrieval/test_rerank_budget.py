@@ -129,6 +129,8 @@ def test_arguments_a_search_would_ignore_are_refused_as_the_cli_and_the_service_
             pipe.search("tea", k=5, recall_k=30, rerank_k=10, rerank_alpha=0.5)
         with pytest.raises(ValueError, match=r"^aggregate='sum': the index stores documents whole"):
             pipe.search("tea", k=5, aggregate="sum")
+        with pytest.raises(ValueError, match=r"^aggregate='max': the index stores documents whole"):
+            pipe.search("tea", k=5, aggregate="max")  # refused as `--aggregate max` is (it was accepted here)
     stub = RecordingReranker(1.0)
     with _open(index, stub) as pipe:
         with pytest.raises(ValueError, match=r"^rerank_alpha set how the reranker reranks, but rerank=False turns"):

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from twotower.cli import CLIError
 from twotower.cli.checks import encoder_directory, index_directory, input_file, positive, reranker_directory
+from twotower.common.errors import flags_need
 
 if TYPE_CHECKING:
     from twotower.indexing import IndexStore
@@ -165,8 +166,9 @@ def run_build(args: argparse.Namespace) -> int:
     if args.backend == "milvus" and not args.milvus_uri:
         raise CLIError("--backend milvus needs --milvus-uri (a Milvus Lite file such as ./vectors.db, or "
                        "http://host:19530)")
-    if not args.passages and (args.passage_window is not None or args.passage_stride is not None):
-        raise CLIError("--passage-window and --passage-stride need --passages")
+    if not args.passages and (problem := flags_need({"--passage-window": args.passage_window,
+                                                     "--passage-stride": args.passage_stride}, "--passages")):
+        raise CLIError(problem)
     input_file("--corpus", args.corpus, inside="corpus.jsonl")
     _new_index_directory(args.out, args.corpus)
     if args.model:
@@ -224,8 +226,14 @@ def run_add(args: argparse.Namespace) -> int:
         n = pipe.add(args.corpus, on_duplicate=args.on_duplicate, on_empty=args.on_empty, batch_size=args.batch_size,
                      progress=not args.no_progress)
         new = len(pipe) - before  # `n` counts replaced documents too
-        replaced = f", replaced {n - new}" if n > new else ""
-        print(f"added {new:,} document{'s' * (new != 1)}{replaced} to {args.index} (now {len(pipe):,})")
+        replaced = n - new
+        if not replaced:
+            done = f"added {new:,} document{'s' * (new != 1)} to"
+        elif not new:
+            done = f"replaced {replaced:,} document{'s' * (replaced != 1)} in"
+        else:
+            done = f"added {new:,} document{'s' * (new != 1)} and replaced {replaced:,} in"
+        print(f"{done} {args.index} (now {len(pipe):,})")
     return 0
 
 
@@ -258,8 +266,9 @@ def run_delete(args: argparse.Namespace) -> int:
             left = document_counts(store.docstore)[0]
         deleted = len(set(ids)) - len(missing)
         print(f"deleted {deleted:,} document{'s' * (deleted != 1)} from {args.index} (now {left:,})")
-    if missing:
-        shown = ", ".join(missing[:20]) + (" ..." if len(missing) > 20 else "")
+    if missing:  # an id with a control character (a passage row's \x1f) shown escaped: it is invisible raw
+        shown = ", ".join(i if i.isprintable() else ascii(i) for i in missing[:20]) + (" ..." if len(missing) > 20
+                                                                                      else "")
         print(f"twotower index delete: {len(missing)} id(s) not in the index: {shown}", file=sys.stderr)
         return 1
     return 0

@@ -200,7 +200,7 @@ def run_search(args: argparse.Namespace) -> int:
                 results += pipe.search(batch, k=args.k, recall_k=args.recall_k, rerank=not args.no_rerank,
                                        hybrid=args.hybrid, fusion=args.fusion, batch_size=args.batch_size,
                                        rerank_alpha=args.rerank_alpha, rerank_k=args.rerank_k, filter=flt,
-                                       aggregate=args.aggregate or "max")
+                                       aggregate=args.aggregate)
             except FilterError as e:  # a field no document of the index has
                 raise CLIError(str(e.renamed("--filter", indent=len(ERROR_PREFIX)))) from None
     if args.run:

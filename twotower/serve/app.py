@@ -219,7 +219,7 @@ class SearchService:
                 raise ApiError(400, "aggregate: this index stores documents whole (built without --passages); "
                                     "leave aggregate out", "aggregate")
         return SearchParams(k=k, recall_k=recall_k, hybrid=hybrid, rerank=rerank, rerank_k=rerank_k, filter=flt,
-                            aggregate=aggregate or "max")
+                            aggregate=aggregate)
 
     async def answer(self, request: Request, future: Future[T], what: str) -> T:
         """The owner's answer to `future`, awaited while watching the client: if it disconnects, or the answer

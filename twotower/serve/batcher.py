@@ -92,10 +92,10 @@ class SearchParams:
     rerank: bool = False
     rerank_k: int | None = None  # candidates the cross-encoder scores (None: the pipeline's default)
     filter: Any = None  # a parsed metadata filter (twotower.indexing.filters.Filter), or None
-    aggregate: str = "max"  # an index with passages: a document's score from its passages' (SearchPipeline.search)
+    aggregate: str | None = None  # an index with passages: a document's score from its passages' (None: max)
 
     @property
-    def group(self) -> tuple[int, bool, bool, int | None, Any, str]:
+    def group(self) -> tuple[int, bool, bool, int | None, Any, str | None]:
         return (self.recall_k, self.hybrid, self.rerank, self.rerank_k if self.rerank else None, self.filter,
                 self.aggregate)
 
