@@ -367,8 +367,8 @@ def check_target(spec: MilvusSpec, dim: int, metric: str, *, create: bool = Fals
 
     Refused: a collection with another dimension, metric or encoder fingerprint, one not made by
     twotower, or one of another index, empty or not (`_owned_elsewhere`). A collection left by a failed
-    build of the same directory (its owner has no manifest) is dropped, as is, in a Milvus Lite file, one
-    whose directory holds no index or build any more. With ``create`` the collection is (re)made.
+    build of the same directory (its owner has no manifest) is dropped. With ``create`` the collection is
+    (re)made.
     """
     client = connect(spec.uri)
     name, where = spec.collection, f"Milvus collection {spec.collection!r} at {spec.uri}"
@@ -398,26 +398,20 @@ def check_target(spec: MilvusSpec, dim: int, metric: str, *, create: bool = Fals
 def _owned_elsewhere(spec: MilvusSpec, prev: str, rows: int) -> str | None:
     """Why the collection recorded as belonging to directory `prev` is not free for `spec`, or None to take it over.
 
-    Taken over: the leftover of a failed build of the same directory (`prev` is `spec.owner`, and holds no
-    index), and, for a Milvus Lite file (whose directories are on this machine), one whose directory holds
-    neither an index nor an unfinished build (``<dir>.build``) any more. Why not by its row count alone: an
-    index whose documents were all deleted has an empty collection, and dropping it broke that index for good.
-    On a server the directory may be on another machine, so only the same directory's leftover is taken.
+    Taken over: only the leftover of a failed build of the same directory (`prev` is `spec.owner`, and holds
+    no index). Not by its row count: an index whose documents were all deleted has an empty collection, and
+    dropping it broke that index for good. Nor because `prev` is gone: an index opens by its collection's
+    index id, not its path, so a moved index still owns its collection.
     """
-    def has(path: str) -> bool:
-        return bool(prev) and os.path.exists(path)
-
-    if not has(os.path.join(prev, "manifest.json")):
-        if prev == spec.owner:
-            return None  # a failed build of this directory
-        if is_local(spec.uri) and prev and not has(f"{prev.rstrip(os.sep)}.build"):
-            return None  # its index was removed
+    manifest = bool(prev) and os.path.exists(os.path.join(prev, "manifest.json"))
+    if prev == spec.owner and not manifest:
+        return None  # a failed build of this directory
     held = f"already holds {rows} vectors of" if rows else "is empty but belongs to"
-    if has(os.path.join(prev, "manifest.json")):
-        return f"{held} the index {prev}"
-    if has(f"{prev.rstrip(os.sep)}.build"):
-        return f"{held} the unfinished build of {prev} (rerun that build, or remove {prev.rstrip(os.sep)}.build)"
-    return f"{held} the index {prev or '(unknown)'}"
+    unfinished = f"{prev.rstrip(os.sep)}.build"
+    if prev and not manifest and os.path.exists(unfinished):
+        return f"{held} the unfinished build of {prev} (rerun that build, or remove {unfinished})"
+    moved = "" if manifest or not prev else " (no index there now: if it was moved, it still uses this collection)"
+    return f"{held} the index {prev or '(unknown)'}{moved}"
 
 
 def _create_collection(client: Any, spec: MilvusSpec, dim: int, metric: str, index_type: str) -> None:

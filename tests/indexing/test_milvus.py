@@ -243,8 +243,8 @@ def test_existing_collection_of_another_dimension_encoder_or_index_is_refused(tm
 
 def test_the_empty_collection_of_a_live_index_is_refused_and_taken_over_once_that_index_is_removed(tmp_path, uri):
     """A collection with no rows was dropped and remade whoever owned it: an index whose documents were all
-    deleted was broken for good by a build naming its collection. Only a leftover (a failed build of the same
-    directory, or of a directory that holds no index or build any more) is taken over."""
+    deleted was broken for good by a build naming its collection. Only a failed build's leftover of the same
+    directory is taken over: not a moved index's collection either, though no index is at its path now."""
     s = spec(uri)
     with IndexStore.create(tmp_path / "live", 8, None, "cosine", milvus=s) as live:
         live.add(docs(["a"]), np.ones((1, 8), np.float32))
@@ -263,9 +263,12 @@ def test_the_empty_collection_of_a_live_index_is_refused_and_taken_over_once_tha
     os.rename(tmp_path / "live", tmp_path / "live.build")  # an unfinished build of that directory
     with pytest.raises(ValueError, match=r"already holds 1 vectors of the unfinished build of .*live \(rerun"):
         IndexStore.create(tmp_path / "b", 8, None, "cosine", milvus=other)
-    os.rename(tmp_path / "live.build", tmp_path / "gone")  # the index removed: its collection is an orphan
-    with IndexStore.create(tmp_path / "b", 8, None, "cosine", milvus=other) as b:
-        assert len(b) == 0
+    os.rename(tmp_path / "live.build", tmp_path / "moved")  # moved: it opens by its collection's id, not its path
+    with pytest.raises(ValueError, match=r"already holds 1 vectors of the index .*live \(no index there now: if it "
+                                         r"was moved, it still uses this collection\)"):
+        IndexStore.create(tmp_path / "b", 8, None, "cosine", milvus=other)
+    with IndexStore.open(tmp_path / "moved") as moved:
+        assert moved.search(np.ones((1, 8), np.float32), 1).ids == [["c"]]
 
 
 class Killed(BaseException):
