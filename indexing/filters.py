@@ -678,7 +678,7 @@ class Filter:
         ``metadata_fields``) nor an object holding one of them (``src`` of ``src.name``: ``src != "x"`` is
         true of it, as of any present value)."""
         known = set(known)
-        names = known | {".".join(keys[:j]) for keys in map(str.split, known, ".") for j in range(1, len(keys))}
+        names = known | {".".join(keys[:j]) for keys in (path.split(".") for path in known) for j in range(1, len(keys))}
         for n in _walk(self._root):
             if isinstance(n, (_Cmp, _In)) and n.field not in names:
                 raise FilterError(f"unknown field {_written(n.field)!r}", self.text, n.col, where=where,

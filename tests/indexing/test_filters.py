@@ -240,6 +240,8 @@ def test_an_object_valued_field_is_a_known_field():
         flt.check_fields(known)
         assert [flt.matches(m) for m in metas] == expected == sql_matches(flt, metas), text
     parse_filter("a.b == 1").check_fields({"a.b.c"})
+    for field in ("a", "b", "c", "c.d"):  # every known path's objects, whatever the set's order
+        parse_filter(f"{field} != 1").check_fields({"a.x", "b.y", "c.d.e", "lang"})
     with pytest.raises(FilterError, match="unknown field 'sr'"):
         parse_filter("sr == 1").check_fields(known)
     with pytest.raises(FilterError, match="unknown field 'src.na'"):
