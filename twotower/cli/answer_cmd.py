@@ -30,21 +30,22 @@ from twotower.cli.help_format import DefaultsRawDescriptionHelpFormatter
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("answer", help="answer a question from an index with a QA reader",
                               description=__doc__, formatter_class=DefaultsRawDescriptionHelpFormatter)
-    p.add_argument("questions", nargs="+", metavar="QUESTION")
+    p.add_argument("questions", nargs="+", metavar="QUESTION", help="question text(s)")
     p.add_argument("--index", required=True, help="index directory built by `twotower index build`")
     p.add_argument("--reader", required=True, help="QA model directory from `twotower finetune qa`")
     p.add_argument("--reranker", help='cross-encoder directory, or "default" for the reranker twotower ships '
                                            "(default: the index's reranker, if any)")
-    p.add_argument("--no-rerank", action="store_true")
+    p.add_argument("--no-rerank", action="store_true",
+                   help="first-stage ranking only: no reranker, not even the index's")
     p.add_argument("--hybrid", action="store_true", help="fuse dense and BM25 recall")
     p.add_argument("--filter", metavar="EXPR",
                    help="read only documents whose metadata matches, e.g. 'lang == \"en\"' (as in `twotower search`)")
-    p.add_argument("-k", "--passages", type=int, default=5, help="passages read per question (default 5)")
+    p.add_argument("-k", "--passages", type=int, default=5, metavar="N", help="passages read per question")
     p.add_argument("--recall-k", type=int, help="first-stage candidates (default 100, or -k when larger)")
-    p.add_argument("--answers", type=int, default=3, help="answers shown per question (default 3)")
+    p.add_argument("--answers", type=int, default=3, metavar="N", help="answers shown per question")
     p.add_argument("--classifier", help="classification model directory: label each passage read")
     p.add_argument("--retrieval-weight", type=float, default=0.0,
-                   help="rank answers by span score + this * passage score (BERTserini; choose on dev; default 0)")
+                   help="rank answers by span score + this * passage score (BERTserini; choose on dev)")
     p.add_argument("--json", action="store_true", help="print JSON: one {question, answers, hits} per question")
     p.add_argument("--device", default="cpu", help="where the reader and reranker run: cpu, cuda, cuda:1 ...")
     p.set_defaults(func=run_answer)

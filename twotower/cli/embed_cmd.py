@@ -29,9 +29,9 @@ def register(subparsers) -> None:
                         "(the default)")
     p.add_argument("--input", required=True, metavar="FILE",
                    help="UTF-8 text, one text a line, or .jsonl with 'text' (and optional 'title'); either may be .gz")
-    p.add_argument("--out", required=True, metavar="FILE.npy")
+    p.add_argument("--out", required=True, metavar="FILE.npy", help="float32 (N, H) array, row i = text i")
     p.add_argument("--pooling", choices=["mean", "cls", "max"], default=None,
-                   help="default: the model's 1_Pooling/config.json, else mean")
+                   help="how token states become one vector (default: the model's 1_Pooling/config.json, else mean)")
     p.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None,
                    help="L2-normalise (default: whether modules.json has a Normalize module)")
     p.add_argument("--batch-size", type=int, default=None,
@@ -42,7 +42,7 @@ def register(subparsers) -> None:
                    help="token cap (default: sentence_bert_config.json max_seq_length, else the tokenizer's)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1")
     p.add_argument("--no-bf16", action="store_true", help="run in float32 even where bf16 is native")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
 

@@ -38,6 +38,7 @@ from twotower.cli.checks import (
     reranker_directory,
     searchable_queries,
 )
+from twotower.cli.help_format import DefaultsRawDescriptionHelpFormatter
 from twotower.cli.rerank_weight import print_weight_origin
 
 if TYPE_CHECKING:
@@ -55,7 +56,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "eval",
         help="score a run against qrels, or search a BEIR split and write a report",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=DefaultsRawDescriptionHelpFormatter,
     )
     scored = p.add_argument_group("score an existing run")
     scored.add_argument("--run", help="TREC run file: qid Q0 docid rank score tag")
@@ -74,7 +75,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     searched.add_argument("--rerank-alpha", type=float, default=None, metavar="A",
                           help="with --reranker: final = A * z(rerank) + (1 - A) * z(first stage); default: the "
                                "weight stored with the reranker for this first stage")
-    searched.add_argument("-k", "--k", type=int, help="documents kept per query (default 100)")
+    searched.add_argument("-k", "--k", type=int, metavar="N", help="documents kept per query (default 100)")
     searched.add_argument(
         "--recall-k", type=int, default=None, help="first-stage depth (default: max(k, 100))"
     )

@@ -17,6 +17,7 @@ from twotower.cli.checks import encoder_directory, input_file, model_directory, 
 from twotower.cli.help_format import DefaultsHelpFormatter
 
 TASKS = ("classify", "tag", "qa")
+TASK_HELP = "classify: a label per text or text pair; tag: BIO entity tags per word; qa: answer spans in a context"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -24,7 +25,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "finetune", help="fine-tune a classification, tagging or QA head",
         description="Fine-tune a task head on a BERT-family model; the best dev checkpoint goes to --out.",
         formatter_class=DefaultsHelpFormatter)
-    p.add_argument("task", choices=TASKS)
+    p.add_argument("task", choices=TASKS, help=TASK_HELP)
     p.add_argument("--model", required=True, metavar="DIR|default",
                    help="BERT-family model directory (HF layout), or 'default' for the embedded all-MiniLM-L6-v2")
     p.add_argument("--train", required=True, help="training file (.tsv/.jsonl, CoNLL, SQuAD .json; any of them .gz)")
@@ -81,7 +82,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "predict", help="predict with a fine-tuned classification, tagging or QA model",
         description="Predict with a fine-tuned model: one JSON line per input; gold labels, if every input has "
                     "one, are scored.", formatter_class=DefaultsHelpFormatter)
-    q.add_argument("task", choices=TASKS)
+    q.add_argument("task", choices=TASKS, help=TASK_HELP)
     q.add_argument("--model", required=True, help="directory written by `twotower finetune`")
     q.add_argument("--input", required=True,
                    help="file to predict on (gold labels are scored when every input has one; inputs without "

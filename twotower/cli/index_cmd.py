@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from twotower.cli import CLIError
 from twotower.cli.checks import encoder_directory, index_directory, input_file, positive, reranker_directory
+from twotower.cli.help_format import DefaultsHelpFormatter
 from twotower.common.errors import flags_need
 
 if TYPE_CHECKING:
@@ -39,7 +40,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="index_command", metavar="ACTION")
 
-    b = sub.add_parser("build", help="encode a corpus.jsonl into a new index directory")
+    b = sub.add_parser("build", help="encode a corpus.jsonl into a new index directory",
+                       formatter_class=DefaultsHelpFormatter)
     b.add_argument("--corpus", required=True, help="BEIR corpus.jsonl(.gz): one {_id, title, text} per line")
     b.add_argument("--out", required=True, help="index directory to create (must not exist or be empty)")
     b.add_argument("--model", help='dual encoder / HF BERT directory, or "default": all-MiniLM-L6-v2 (the default)')
@@ -54,7 +56,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     b.add_argument("--on-empty", choices=["error", "skip"], default="error", help=ON_EMPTY_HELP)
     b.add_argument("--batch-size", type=int, help=BATCH_HELP)
     b.add_argument("--shard-size", type=int, default=8192,
-                   help="documents per embedding shard, the unit of resume and of torchrun splitting (default 8192)")
+                   help="documents per embedding shard, the unit of resume and of torchrun splitting")
     b.add_argument("--keep-shards", action="store_true", help="keep OUT.build/ (the .npy shards) after success")
     b.add_argument("--no-progress", action="store_true", help="no progress bars")
     b.add_argument("--passages", action="store_true",
@@ -73,7 +75,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     b.set_defaults(func=run_build, torchrun=True, interrupted="the finished shards are kept in {out}.build/; run the same "
                                                 "command again to resume")
 
-    a = sub.add_parser("add", help="encode and add documents to an index")
+    a = sub.add_parser("add", help="encode and add documents to an index", formatter_class=DefaultsHelpFormatter)
     a.add_argument("--index", required=True, help="index directory")
     a.add_argument("--corpus", required=True, help="corpus.jsonl(.gz) with the new documents")
     a.add_argument("--model", help="the index's model directory if it has moved (default: from the manifest)")
@@ -81,22 +83,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="id already in the index or repeated: error (default), skip, or replace")
     a.add_argument("--on-empty", choices=["error", "skip"], default="error", help=ON_EMPTY_HELP)
     a.add_argument("--batch-size", type=int, help=BATCH_HELP)
-    a.add_argument("--no-progress", action="store_true")
+    a.add_argument("--no-progress", action="store_true", help="no progress bars")
     a.set_defaults(func=run_add, interrupted=NOTHING_COMMITTED)
 
-    d = sub.add_parser("delete", help="delete documents by id (unknown ids are reported, exit status 1)")
+    d = sub.add_parser("delete", help="delete documents by id (unknown ids are reported, exit status 1)",
+                       formatter_class=DefaultsHelpFormatter)
     d.add_argument("--index", required=True, help="index directory")
     d.add_argument("ids", nargs="*", metavar="ID", help="document ids")
     d.add_argument("--ids-file", help="file with one id per line")
     d.set_defaults(func=run_delete, interrupted=NOTHING_COMMITTED)
 
-    i = sub.add_parser("info", help="describe an index: size, model, FAISS type, versions")
+    i = sub.add_parser("info", help="describe an index: size, model, FAISS type, versions",
+                       formatter_class=DefaultsHelpFormatter)
     i.add_argument("--index", required=True, help="index directory")
     i.add_argument("--json", action="store_true", help="print the full description as JSON")
     i.set_defaults(func=run_info)
 
     c = sub.add_parser("check", help="verify every file of an index against its checksums (exit 2 if damaged, 3 if "
-                                     "its Milvus Lite file is in use by another process)")
+                                     "its Milvus Lite file is in use by another process)",
+                       formatter_class=DefaultsHelpFormatter)
     c.add_argument("index", metavar="DIR", help="index directory")
     c.add_argument("--json", action="store_true", help="print the report as JSON")
     c.set_defaults(func=run_check)

@@ -18,10 +18,12 @@ def register(subparsers) -> None:
                               description=__doc__.splitlines()[0],
                               formatter_class=DefaultsHelpFormatter)
     p.add_argument("--corpus", nargs="+", required=True, metavar="FILE", help=".txt, .txt.gz or .jsonl files")
-    p.add_argument("--tokenizer", required=True, metavar="DIR")
-    p.add_argument("--out", required=True, metavar="DIR")
+    p.add_argument("--tokenizer", required=True, metavar="DIR",
+                   help="tokenizer directory (`twotower tokenizer train`'s, or a checkpoint's own)")
+    p.add_argument("--out", required=True, metavar="DIR", help="the run directory, which is also the checkpoint")
     size = p.add_mutually_exclusive_group()
-    size.add_argument("--size", choices=["tiny", "mini", "small", "base"], default="mini")
+    size.add_argument("--size", choices=["tiny", "mini", "small", "base"], default="mini",
+                      help="architecture preset of a new model")
     size.add_argument("--config", metavar="JSON", help="an EncoderConfig / BertConfig JSON instead of --size")
     budget = p.add_mutually_exclusive_group(required=True)
     budget.add_argument("--budget", metavar="TIME", help="wall-clock budget, e.g. 30m, 2h, 1h30m")
@@ -34,35 +36,42 @@ def register(subparsers) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace whatever --out holds")
     p.add_argument("--valid", nargs="+", default=[], metavar="FILE", help="validation files (separate text)")
     p.add_argument("--valid-rows", type=int, default=512, help="rows of the fixed validation set")
-    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--seq-len", type=int, default=128, metavar="TOKENS", help="tokens per training row")
     p.add_argument("--batch-size", type=int, default=64, help="rows per micro-batch per process")
-    p.add_argument("--grad-accum", type=int, default=1)
-    p.add_argument("--lr", type=float, default=5e-4)
+    p.add_argument("--grad-accum", type=int, default=1, metavar="N", help="micro-batches per optimizer step")
+    p.add_argument("--lr", type=float, default=5e-4, help="peak learning rate (AdamW)")
     p.add_argument("--warmup", type=float, default=0.06, help="warmup fraction of the budget")
-    p.add_argument("--decay", choices=["linear", "cosine", "constant"], default="linear")
-    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--decay", choices=["linear", "cosine", "constant"], default="linear",
+                   help="learning-rate schedule after warmup, ending with the budget")
+    p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay")
     p.add_argument("--clip", type=float, default=1.0, help="gradient-norm clip (0: off)")
     p.add_argument("--dropout", type=float, default=None, help="override the config's dropout probabilities")
     p.add_argument("--wwm", action="store_true", help="whole-word masking")
     p.add_argument("--nsp", action="store_true", help="add next-sentence prediction (sentence-pair rows)")
     # each pair below: the second replaced the first without a word, so they are exclusive
     masks = p.add_mutually_exclusive_group()
-    masks.add_argument("--mask-rate", type=float, default=0.15)
-    masks.add_argument("--num-masks", type=int, default=None, help="exactly N targets per row (static shapes)")
+    masks.add_argument("--mask-rate", type=float, default=0.15, help="fraction of each row's tokens masked as targets")
+    masks.add_argument("--num-masks", type=int, default=None, metavar="N",
+                       help="exactly N targets per row (static shapes)")
     p.add_argument("--static-masks", type=int, default=0, metavar="COPIES",
                    help="static masking with COPIES fixed masks per row (default: dynamic)")
     evals = p.add_mutually_exclusive_group()
-    evals.add_argument("--evals", type=int, default=10, help="validations spread over the budget")
-    evals.add_argument("--eval-every-steps", type=int, default=None)
+    evals.add_argument("--evals", type=int, default=10,
+                       help="validations spread evenly over the budget, besides the one at the end")
+    evals.add_argument("--eval-every-steps", type=int, default=None, metavar="N",
+                       help="validate every N optimizer steps instead of --evals")
     ckpts = p.add_mutually_exclusive_group()
-    ckpts.add_argument("--ckpt-every-minutes", type=float, default=10.0)
-    ckpts.add_argument("--ckpt-every-steps", type=int, default=None)
-    p.add_argument("--log-every", type=int, default=10, help="steps between log lines")
-    p.add_argument("--max-steps", type=int, default=None, help="stop after N steps (schedule unchanged)")
-    p.add_argument("--seed", type=int, default=0)
+    ckpts.add_argument("--ckpt-every-minutes", type=float, default=10.0, metavar="MINUTES",
+                       help="minutes of training between checkpoints (0: every step)")
+    ckpts.add_argument("--ckpt-every-steps", type=int, default=None, metavar="N",
+                       help="checkpoint every N optimizer steps instead of --ckpt-every-minutes")
+    p.add_argument("--log-every", type=int, default=10, metavar="N", help="optimizer steps between log lines")
+    p.add_argument("--max-steps", type=int, default=None, metavar="N",
+                   help="stop after N optimizer steps, the schedule unchanged (--resume goes on)")
+    p.add_argument("--seed", type=int, default=0, help="seed of a new model's weights, the row order and the masks")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda if available)")
     p.add_argument("--no-bf16", action="store_true", help="never use bf16 autocast")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--cache-dir", default=None, help="tokenized-corpus cache (default ~/.cache/twotower/tokens)")
     p.add_argument("--dump-replicas", default=None, help=argparse.SUPPRESS)
     p.set_defaults(func=run, torchrun=True)

@@ -29,6 +29,7 @@ from twotower.cli.checks import (
     reranker_directory,
     searchable_queries,
 )
+from twotower.cli.help_format import DefaultsRawDescriptionHelpFormatter
 from twotower.cli.rerank_weight import print_weight_origin
 
 QUERY_BATCH = 256
@@ -36,13 +37,13 @@ QUERY_BATCH = 256
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("search", help="search an index (table, --json, or a TREC --run)",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                              description=__doc__, formatter_class=DefaultsRawDescriptionHelpFormatter)
     p.add_argument("queries", nargs="*", metavar="QUERY", help="query text(s)")
     p.add_argument("--index", required=True, help="index directory built by `twotower index build`")
     p.add_argument("--model", help="query encoder directory if the index's model moved (must be the same model)")
     p.add_argument("--reranker", help='cross-encoder directory, or "default" for the reranker twotower ships '
                                            "(default: the index's reranker, if any)")
-    p.add_argument("-k", "--k", type=int, default=10, help="hits per query (default 10)")
+    p.add_argument("-k", "--k", type=int, default=10, metavar="N", help="hits per query")
     p.add_argument("--recall-k", type=int, help="first-stage candidates (default 100, or -k when larger)")
     p.add_argument("--rerank-k", type=int, default=None, metavar="N",
                    help="how many of the first stage's top candidates the cross-encoder scores; the rest follow "
@@ -69,7 +70,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="queries.jsonl ({_id, text}) or .tsv (qid<TAB>text)")
     p.add_argument("--run", help="write a TREC run file (qid Q0 docid rank score tag)")
     p.add_argument("--tag", help="run tag for --run (default twotower)")
-    p.add_argument("--batch-size", type=int, default=64, help="texts per forward pass (default 64)")
+    p.add_argument("--batch-size", type=int, default=64, help="texts per forward pass")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run_search)
 

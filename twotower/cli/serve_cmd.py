@@ -28,30 +28,32 @@ import sys
 
 from twotower.cli import CLIError
 from twotower.cli.checks import index_directory, model_directory, positive, reranker_directory
+from twotower.cli.help_format import DefaultsRawDescriptionHelpFormatter
 
 logger = logging.getLogger(__name__)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("serve", help="serve an index over HTTP (JSON API + search page)",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                              description=__doc__, formatter_class=DefaultsRawDescriptionHelpFormatter)
     p.add_argument("--index", required=True, help="index directory built by `twotower index build`")
     p.add_argument("--reranker", help='cross-encoder directory, or "default" for the reranker twotower ships '
                                            "(default: the index's reranker, if any)")
     p.add_argument("--no-reranker", action="store_true", help="load no reranker, not even the index's default")
     p.add_argument("--model", help="query encoder directory if the index's model moved (must be the same model)")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to bind; the default, 127.0.0.1, is reachable from this machine only")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on")
     p.add_argument("--read-only", action="store_true",
                    help="refuse every write (POST/DELETE /documents); a token still guards reads")
     p.add_argument("--token-file", help="file whose first line is the bearer token for writes, and then for "
                                         "reads too (default: $TWOTOWER_TOKEN)")
     p.add_argument("--threads", type=int, help="torch/FAISS threads of the model owner (default: all cores in fp32, all but one with bf16)")
     p.add_argument("--max-batch", type=int, default=64,
-                   help="most queries encoded together (default 64); 4x as many may wait, more are refused (503)")
-    p.add_argument("--batch-wait-ms", type=float, default=3.0,
-                   help="longest wait for more queries to fill a batch (default 3 ms)")
-    p.add_argument("--max-body-mb", type=float, default=4.0, help="largest request body (default 4 MB)")
+                   help="most queries encoded together; 4x as many may wait, more are refused (503)")
+    p.add_argument("--batch-wait-ms", type=float, default=3.0, metavar="MS",
+                   help="longest wait for more queries to fill a batch, in milliseconds")
+    p.add_argument("--max-body-mb", type=float, default=4.0, metavar="MB", help="largest request body, in megabytes")
     p.add_argument("--access-log", action="store_true", help="log every request (uvicorn's access log)")
     p.set_defaults(func=run_serve)
 

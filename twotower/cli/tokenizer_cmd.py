@@ -26,15 +26,19 @@ def register(subparsers) -> None:
                            formatter_class=DefaultsHelpFormatter)
     t.add_argument("--input", nargs="+", required=True, metavar="FILE",
                    help=".txt / .txt.gz (one text a line) or .jsonl(.gz) with a 'text' field")
-    t.add_argument("--vocab-size", type=int, required=True, metavar="N")
+    t.add_argument("--vocab-size", type=int, required=True, metavar="N",
+                   help="tokens in the vocabulary, special tokens included (the alphabet, up to --limit-alphabet "
+                        "characters, is always kept, so it may come out larger; a corpus with fewer pieces gives "
+                        "fewer)")
     t.add_argument("--out", required=True, metavar="DIR",
                    help="a new or empty directory, or (with --overwrite) one an earlier `tokenizer train` wrote")
     t.add_argument("--overwrite", action="store_true",
                    help="replace the tokenizer --out already holds (a model or other files are never replaced)")
     t.add_argument("--no-lowercase", action="store_true", help="keep case (a cased vocabulary)")
-    t.add_argument("--min-frequency", type=int, default=2, help="drop merges seen fewer times")
-    t.add_argument("--limit-alphabet", type=int, default=1000, help="most frequent characters kept")
-    t.add_argument("--no-progress", action="store_true")
+    t.add_argument("--min-frequency", type=int, default=2, metavar="N", help="drop merges seen fewer than N times")
+    t.add_argument("--limit-alphabet", type=int, default=1000, metavar="N",
+                   help="keep the N most frequent characters as the initial alphabet")
+    t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.set_defaults(func=train)
 
     def _usage(args: argparse.Namespace) -> int:

@@ -77,7 +77,17 @@ def parse_ranks(flag: str, text: str) -> tuple[int, int]:
     return start, end
 
 
-def _common(p: argparse.ArgumentParser, mine: tuple[str, ...] = ("bm25", "none")) -> None:
+# What `train dual` and `train reranker` take when --lr or --mine-ranks is not given (both stay None in `args`, so
+# that `--lr 0` is told from no --lr): (learning rate, mining rank window).
+DUAL_DEFAULTS = (2e-5, (10, 100))
+RERANKER_DEFAULTS = (3e-5, (1, 100))
+
+
+def _common(p: argparse.ArgumentParser, defaults: tuple[float, tuple[int, int]],
+            mine: tuple[str, ...] = ("bm25", "none")) -> None:
+    """The flags `train dual` and `train reranker` share; `defaults`: the trainer's `DUAL_DEFAULTS` or
+    `RERANKER_DEFAULTS`, for --help."""
+    lr, (first, last) = defaults
     p.add_argument("--out", required=True, metavar="DIR", help="run directory (best checkpoint in DIR/best)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the run --out already holds, once the new run is complete (it is built in "
@@ -93,14 +103,19 @@ def _common(p: argparse.ArgumentParser, mine: tuple[str, ...] = ("bm25", "none")
     p.add_argument("--mine", choices=list(mine), default="bm25",
                    help="mine negatives before training when --negatives is not given"
                         + (" (dense: the --teacher's ranking)" if "dense" in mine else ""))
-    p.add_argument("--mine-ranks", default=None, metavar="A-B", help="rank window for --mine")
-    p.add_argument("--epochs", type=float, default=1.0)
-    p.add_argument("--max-steps", type=int, default=None)
+    p.add_argument("--mine-ranks", default=None, metavar="A-B",
+                   help=f"1-based inclusive rank window --mine draws negatives from (default {first}-{last})")
+    p.add_argument("--epochs", type=float, default=1.0,
+                   help="passes over the training queries (a fraction is allowed)")
+    p.add_argument("--max-steps", type=int, default=None, metavar="N",
+                   help="train N optimizer steps instead of --epochs (--time-budget may stop it sooner)")
     p.add_argument("--time-budget", default=None, help="stop after this long (e.g. 45m); the LR schedule follows it")
-    p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--lr", type=float, default=None,
+                   help=f"peak learning rate (AdamW; default {lr:.0e})".replace("e-0", "e-"))  # 2e-5, not 2e-05
     p.add_argument("--warmup", type=float, default=0.1, help="fraction of the run spent warming up")
-    p.add_argument("--weight-decay", type=float, default=0.01)
-    p.add_argument("--max-grad-norm", type=float, default=1.0)
+    p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay (not on biases and norms)")
+    p.add_argument("--max-grad-norm", type=float, default=1.0,
+                   help="clip the gradient to this norm before each step (inf: no clipping)")
     p.add_argument("--dev-fraction", type=float, default=0.1, help="share of train queries carved out as dev")
     p.add_argument("--dev-size", type=int, default=None, help="number of dev queries (overrides --dev-fraction)")
     p.add_argument("--dev-by", choices=["query", "document"], default="query",
@@ -108,13 +123,14 @@ def _common(p: argparse.ArgumentParser, mine: tuple[str, ...] = ("bm25", "none")
                         "(choose for documents training has not seen)")
     p.add_argument("--eval-every", type=int, default=None, help="steps between dev evaluations (default: an epoch)")
     p.add_argument("--eval-interval", default=None, help="also evaluate after this long (e.g. 10m)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the run's draws: the dev split (unless --dev-seed), batches, random negatives")
     p.add_argument("--dev-seed", type=int, default=None, help=DEV_SEED_HELP)
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda when available)")
     p.add_argument("--no-bf16", action="store_true", help="train in float32 even where bf16 is native")
     p.add_argument("--save-last", action="store_true", help="also keep the final weights in DIR/last")
     p.add_argument("--dry-run", action="store_true", help="one step and one evaluation, to check the setup")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
 def register(subparsers) -> None:
@@ -127,22 +143,31 @@ def register(subparsers) -> None:
                        formatter_class=DefaultsHelpFormatter)
     p.add_argument("--model", required=True, metavar="DIR|default",
                    help='starting HF BERT / sentence-transformers dir, or "default": the embedded all-MiniLM-L6-v2')
-    p.add_argument("--data", required=True, metavar="BEIR_DIR|FILE.jsonl")
-    _common(p)
+    p.add_argument("--data", required=True, metavar="BEIR_DIR|FILE.jsonl",
+                   help="training queries: a BEIR directory, or JSONL of {query, pos, neg} (texts, or ids with "
+                        "--corpus)")
+    _common(p, DUAL_DEFAULTS)
     p.add_argument("--separate-towers", action="store_true", help="untie query and document weights")
-    p.add_argument("--pooling", choices=["mean", "cls", "max"], default=None)
-    p.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--pooling", choices=["mean", "cls", "max"], default=None,
+                   help="how token states become one vector (default: the model directory's, else mean)")
+    p.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None,
+                   help="L2-normalise the vectors (default: the model directory's setting, else off)")
     p.add_argument("--query-prefix", default=None, help="text put before every query (default: the model directory's)")
     p.add_argument("--document-prefix", "--doc-prefix", dest="document_prefix", default=None,
                    help="text put before every document (default: the model directory's)")
     p.add_argument("--query-max-length", type=int, help="query tokens (default 64, or the model's maximum if less)")
     p.add_argument("--doc-max-length", type=int, help="document tokens (default 256, or the model's maximum if less)")
-    p.add_argument("--train-doc-max-length", type=int, default=None)
+    p.add_argument("--train-doc-max-length", type=int, default=None, metavar="N",
+                   help="document tokens while training, for cheaper steps; dev and the saved model keep "
+                        "--doc-max-length (default: --doc-max-length)")
     p.add_argument("--batch-size", type=int, default=32, help="queries per step (per rank under torchrun)")
     p.add_argument("--hard-negatives", type=int, default=1, help="hard negatives per query")
-    p.add_argument("--grad-cache-chunk", type=int, default=None, help="GradCache chunk size (memory bound)")
-    p.add_argument("--temperature", type=float, default=0.05)
-    p.add_argument("--learn-temperature", action="store_true")
+    p.add_argument("--grad-cache-chunk", type=int, default=None, metavar="N",
+                   help="GradCache: run the encoder on N texts at a time, so activation memory depends on N, not "
+                        "--batch-size (default: the whole batch at once)")
+    p.add_argument("--temperature", type=float, default=0.05, help="InfoNCE temperature the scores are divided by")
+    p.add_argument("--learn-temperature", action="store_true",
+                   help="train the temperature (kept in [0.01, 1]), starting from --temperature")
     p.add_argument("--symmetric", action="store_true", help="add the document->query loss")
     p.add_argument("--dev-pool", type=int, default=None, help="evaluate over dev positives + N documents")
     p.set_defaults(func=run_dual, torchrun=True)
@@ -152,13 +177,17 @@ def register(subparsers) -> None:
     p.add_argument("--model", required=True, metavar="DIR|default",
                    help="encoder checkpoint (a fresh head), reranker directory (continued), or 'default': "
                         "continue the reranker twotower ships on your labels")
-    p.add_argument("--pairs", required=True, metavar="FILE(.tsv|.jsonl)|BEIR_DIR")
-    _common(p, mine=("bm25", "dense", "none"))
+    p.add_argument("--pairs", required=True, metavar="FILE(.tsv|.jsonl)|BEIR_DIR",
+                   help="labeled pairs (query, passage, label as TSV or JSONL), a BEIR directory, or JSONL of "
+                        "{query, pos, neg}")
+    _common(p, RERANKER_DEFAULTS, mine=("bm25", "dense", "none"))
     p.add_argument("--first-stage", default=None, metavar="bm25|dense|RUN",
                    help="what dev reranks, where the checkpoint and the interpolation weight search applies are "
                         "chosen: BM25's ranking, the --teacher's (the default with --teacher: search reranks a "
                         "dense index's), or a TREC run of the dev queries (default: dense with --teacher, else bm25)")
-    p.add_argument("--loss", choices=["listwise", "pointwise"], default="listwise")
+    p.add_argument("--loss", choices=["listwise", "pointwise"], default="listwise",
+                   help="listwise: softmax cross-entropy over groups of a positive and negatives; pointwise: "
+                        "binary cross-entropy on labeled pairs")
     p.add_argument("--group-size", type=int, default=8, help="listwise: 1 positive + N-1 negatives")
     p.add_argument("--batch-size", type=int, default=4,
                    help="groups (listwise) or pairs (pointwise) per step (per rank under torchrun)")
@@ -167,7 +196,9 @@ def register(subparsers) -> None:
     p.add_argument("--dev-rerank-k", type=int, default=None,
                    help="first-stage depth each dev evaluation reranks, where the interpolation weight is chosen "
                         "(default 20: search's --rerank-k default)")
-    p.add_argument("--collapse-std", type=float, default=1e-3)
+    p.add_argument("--collapse-std", type=float, default=1e-3,
+                   help="stop when the standard deviation of dev scores, or of the training logits over the last "
+                        "20 steps, falls below this: a collapsed reranker ranks at random (0: never)")
     p.add_argument("--head-pooling", choices=["cls", "mean"], default="cls",
                    help="what a fresh relevance head reads: the [CLS] pooler (loads in transformers and "
                         "sentence-transformers) or the token mean (learns faster from mean-pooling sentence "
@@ -186,34 +217,42 @@ def register(subparsers) -> None:
 
     p = sub.add_parser("mine", help="mine hard negatives from BM25 or a dense model into JSONL",
                        formatter_class=DefaultsHelpFormatter)
-    p.add_argument("--data", required=True, metavar="BEIR_DIR|FILE.jsonl")
-    p.add_argument("--out", required=True, metavar="FILE.jsonl")
+    p.add_argument("--data", required=True, metavar="BEIR_DIR|FILE.jsonl",
+                   help="the training queries, as `train dual --data` reads them")
+    p.add_argument("--out", required=True, metavar="FILE.jsonl",
+                   help="the mined negatives (train dual|reranker --negatives), and the settings in FILE.meta.json")
     p.add_argument("--split", help="qrels split of a BEIR directory to mine for (default: train)")
-    p.add_argument("--corpus", default=None, metavar="FILE")
-    p.add_argument("--retriever", choices=["bm25", "dense"], default="bm25")
+    p.add_argument("--corpus", default=None, metavar="FILE", help="corpus.jsonl resolving document ids in JSONL data")
+    p.add_argument("--retriever", choices=["bm25", "dense"], default="bm25",
+                   help="what ranks the candidates: BM25, or the dual encoder --model")
     p.add_argument("--model", default=None, metavar="DIR|default",
                    help='dual encoder for --retriever dense ("default": the embedded all-MiniLM-L6-v2)')
     p.add_argument("--ranks", default="10-100", help="1-based inclusive rank window")
-    p.add_argument("--num-negatives", type=int, default=8)
+    p.add_argument("--num-negatives", type=int, default=8, metavar="N",
+                   help="negatives kept per query, drawn at random from the --ranks window")
     p.add_argument("--margin", type=float, default=None, help="drop candidates scored above positive - margin")
     p.add_argument("--max-ratio", type=float, default=None, help="drop candidates above ratio x positive score")
     p.add_argument("--random", type=int, default=0, help="random negatives added per query")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--seed", type=int, default=0, help="seed of the negatives drawn")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=run_mine)
 
     p = sub.add_parser("pairs", help="self-supervised pairs from a corpus (cropping / inverse cloze)",
                        formatter_class=DefaultsHelpFormatter)
     p.add_argument("--corpus", required=True, metavar="FILE", help="corpus.jsonl")
-    p.add_argument("--method", choices=["crop", "ict"], default="crop")
-    p.add_argument("--out", required=True, metavar="FILE.jsonl")
+    p.add_argument("--method", choices=["crop", "ict"], default="crop",
+                   help="crop: two random spans of a document; ict (inverse cloze): a sentence and the rest of "
+                        "its document")
+    p.add_argument("--out", required=True, metavar="FILE.jsonl",
+                   help="the pairs as {query, pos} JSONL (train dual --data)")
     p.add_argument("--pairs-per-document", type=int, default=1, help="crop: pairs drawn per document")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the spans and sentences drawn")
     p.set_defaults(func=run_pairs)
 
     p = sub.add_parser("demo-reranker", help="train the small reranker the README demo uses (minutes on a CPU)",
                        formatter_class=DefaultsHelpFormatter)
-    p.add_argument("--out", required=True, metavar="DIR")
+    p.add_argument("--out", required=True, metavar="DIR",
+                   help="run directory (the reranker in DIR/best); an earlier demo run there is reused or redone")
     p.add_argument("--model", default=None, metavar="DIR", help="default: all-MiniLM-L6-v2")
     p.add_argument("--corpus", default=None, metavar="FILE", help="default: the bundled SciFact sample")
     p.add_argument("--claims", default="bundled", metavar="FILE",
@@ -221,7 +260,7 @@ def register(subparsers) -> None:
                         "bundled sample; 'none' = self-supervised title/text pairs")
     p.add_argument("--titles", type=int, default=None, metavar="N",
                    help=f"with --claims none: documents whose titles become queries (default {DEMO_TITLES})")
-    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--steps", type=int, default=None, metavar="N", help="optimizer steps (default 150)")
     p.add_argument("--layers", type=int, default=None, help="keep only the first N encoder layers (default: all)")
     p.add_argument("--trainable-layers", type=int, default=None, metavar="N",
                    help="train only the top N encoder layers and the head (default: all)")
@@ -246,9 +285,10 @@ def register(subparsers) -> None:
     p.add_argument("--dev-by", choices=["query", "document"], default="query",
                    help="carve dev by claim, or by document: no dev claim's evidence is a training claim's")
     _window_flags(p)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the run's draws: the dev split (unless --dev-seed), batches, negatives")
     p.add_argument("--dev-seed", type=int, default=None, help=DEV_SEED_HELP)
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=run_demo)
 
     p = sub.add_parser("soup", help="average rerankers trained with different seeds into one, scored on their dev",
@@ -260,7 +300,7 @@ def register(subparsers) -> None:
                    help="the averaged reranker (use it as --reranker DIR): a new or empty directory, or an earlier "
                         "soup with --overwrite")
     p.add_argument("--overwrite", action="store_true", help="replace the earlier soup --out holds")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=run_soup)
 
 
@@ -379,8 +419,8 @@ def run_dual(args) -> int:
         train_doc_max_length=args.train_doc_max_length, batch_size=args.batch_size,
         hard_negatives=args.hard_negatives, chunk_size=args.grad_cache_chunk, temperature=args.temperature,
         learn_temperature=args.learn_temperature, symmetric=args.symmetric,
-        lr=2e-5 if args.lr is None else args.lr,  # --lr 0 is kept, not replaced by the default
-        dev_pool=args.dev_pool, **_settings(args, default_ranks=(10, 100)),
+        lr=DUAL_DEFAULTS[0] if args.lr is None else args.lr,  # --lr 0 is kept, not replaced by the default
+        dev_pool=args.dev_pool, **_settings(args, default_ranks=DUAL_DEFAULTS[1]),
     )
     args.model = encoder_directory("--model", args.model, dual=True)  # after the flags: their errors come first
     cfg = dataclasses.replace(cfg, model=args.model)
@@ -485,14 +525,14 @@ def run_reranker(args) -> int:
         model=args.model, pairs=args.pairs, first_stage=args.first_stage, loss=args.loss,
         group_size=args.group_size, batch_size=args.batch_size,
         max_length=RerankerTrainConfig.max_length if args.max_length is None else args.max_length,
-        lr=3e-5 if args.lr is None else args.lr,
+        lr=RERANKER_DEFAULTS[0] if args.lr is None else args.lr,
         dev_rerank_k=DEFAULT_RERANK_K if args.dev_rerank_k is None else args.dev_rerank_k,
         collapse_std=args.collapse_std, head_pooling=args.head_pooling,
         trainable_layers=args.trainable_layers, teacher=_teacher(args.teacher, args),
         distill_weight=_distill_weight(args),
         teacher_bm25=_teacher_bm25(args), residual=_residual(args), passage_window=window,
         passage_stride=stride, max_windows=keep, window_choice=args.window_choice,
-        **_settings(args, default_ranks=(1, 100)),
+        **_settings(args, default_ranks=RERANKER_DEFAULTS[1]),
     )
     reranker_directory("--model", args.model, head=False)  # an encoder gets a fresh head
     max_length_fits("--max-length", args.max_length, _base_dir(args.model))
