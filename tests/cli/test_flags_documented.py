@@ -8,6 +8,7 @@ never names is found only by reading the source. Walks `build_parser()`, so a ne
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 from pathlib import Path
 
@@ -92,3 +93,15 @@ def test_every_flag_is_in_the_guide() -> None:
             missing += [f"{_name(path)} {flag}" for flag in flags
                         if not re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", section)]
     assert not missing, f"flags docs/cli.md does not mention in the command's section: {missing}"
+
+
+def test_the_defaults_help_shows_for_lr_and_mine_ranks_are_the_trainers_own() -> None:
+    """`--lr` and `--mine-ranks` stay None in the arguments (so `--lr 0` is told from no --lr); the values
+    --help shows for them are the CLI's constants, which must be the training configs' defaults."""
+    from twotower.cli.train_cmd import DUAL_DEFAULTS, RERANKER_DEFAULTS
+    from twotower.retrieval.training.train_dual import DualTrainConfig
+    from twotower.retrieval.training.train_reranker import RerankerTrainConfig
+
+    for constants, config in ((DUAL_DEFAULTS, DualTrainConfig), (RERANKER_DEFAULTS, RerankerTrainConfig)):
+        fields = {f.name: f.default for f in dataclasses.fields(config)}
+        assert constants == (fields["lr"], fields["mine_ranks"]), config.__name__
