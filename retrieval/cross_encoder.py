@@ -116,6 +116,14 @@ def document_string(doc: PairDocument) -> str:
     return doc
 
 
+def check_two_segments(config, source: str) -> None:
+    """Refuse a model with one segment embedding, naming `source` (``--model DIR``): a pair's document tokens
+    have segment id 1, which was an IndexError traceback inside the embeddings at the first pair."""
+    if config.type_vocab_size < 2:
+        raise ValueError(f"{source} has one segment embedding (type_vocab_size 1); a reranker reads query and "
+                         "document as two segments: give a model with type_vocab_size 2")
+
+
 class CrossEncoder(nn.Module):
     """A BERT pair scorer: ``forward`` gives one logit per [CLS] query [SEP] doc [SEP] input.
 
@@ -141,6 +149,7 @@ class CrossEncoder(nn.Module):
         windows: RerankWindows | None = None,
     ) -> None:
         super().__init__()
+        check_two_segments(model.config, "the model")
         if model.num_labels != 1 or model.pooling not in POOLINGS:
             raise ValueError(f"a reranker scores with one logit pooled from {' or '.join(POOLINGS)}, got "
                              f"num_labels={model.num_labels} and pooling={model.pooling!r}")

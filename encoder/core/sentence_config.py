@@ -154,7 +154,9 @@ def write_sentence_config(directory: str, config: SentenceConfig, dim: int, mode
     os.makedirs(os.path.join(directory, "1_Pooling"), exist_ok=True)
     st = {"max_seq_length": config.max_length or model_max_length, "do_lower_case": False}
     version = {"__version__": {"sentence_transformers": "3.0.0"}, "prompts": {}, "default_prompt_name": None,
-               "similarity_fn_name": "cosine"}
+               # what twotower ranks by: the inner product of the vectors, a cosine only when they are normalised
+               # (it said cosine always, so SentenceTransformer.similarity ranked an unnormalised model otherwise)
+               "similarity_fn_name": "cosine" if config.normalize else "dot"}
     for name, obj in ((POOLING_CONFIG, pooling), (ST_CONFIG_NAME, st), (ST_VERSION_NAME, version),
                       (MODULES_NAME, modules)):
         atomic_write_text(os.path.join(directory, name), json.dumps(obj, indent=2) + "\n")

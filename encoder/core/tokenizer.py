@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from twotower.common.atomic import atomic_write_text
 from twotower.common.errors import DataError
@@ -79,6 +79,10 @@ class Tokenizer:
         self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
             hf.token_to_id(t) for t in SPECIAL_TOKENS
         )
+        # Registered as special, as transformers' BertTokenizerFast does: a tokenizer built from vocab.txt (or
+        # saved from one) had them as plain vocabulary, so decode(skip_special_tokens=True) kept [CLS] and
+        # [SEP], and a literal "[MASK]" in text became '[', 'mask', ']'. Tokens already registered are kept.
+        hf.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
         hf.no_padding()
         hf.no_truncation()
         hf.post_processor = processors.TemplateProcessing(

@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from twotower.common.atomic import (
+    TMP_MARKER,
     commit_staged_run,
     left_by_a_stopped_run,
     recover_replaced_dir,
@@ -53,7 +54,7 @@ from twotower.encoder.core.checkpoint import (
     split_prefix,
 )
 from twotower.encoder.core.config import EncoderConfig
-from twotower.encoder.core.tokenizer import Tokenizer
+from twotower.encoder.core.tokenizer import TOKENIZER_FILES, Tokenizer
 from twotower.encoder.pretraining.corpus import check_corpus_files, corpus_key, tokenize_corpus
 from twotower.encoder.pretraining.masking import MaskingSpec, TokenSpace
 from twotower.encoder.pretraining.mlm import BertForPreTraining
@@ -69,12 +70,21 @@ from twotower.encoder.pretraining.pretrain_data import (
 from twotower.encoder.training.budget import Budget, Clock
 from twotower.encoder.training.optim import check_optimizer_settings, lr_factor, make_optimizer, set_lr
 from twotower.encoder.training.run_log import RunLog, plot_curves
-from twotower.encoder.training.train_state import load_train_state, restore_train_state, save_train_state
+from twotower.encoder.training.train_state import (
+    load_train_state,
+    read_train_user,
+    restore_train_state,
+    save_train_state,
+)
 
 logger = logging.getLogger(__name__)
 
 RUN_FILE = "run.json"
 STATE_DIR = "trainer_state"
+# Every name a run writes into its directory (`start_out_dir`, `write_checkpoint`, the end of `_pretrain`,
+# `commit_staged_run`): --overwrite replaces a directory holding only these, never one holding a user's file.
+RUN_NAMES = frozenset({RUN_FILE, STATE_DIR, "log.jsonl", "log.jsonl.previous", "curve.png", "summary.json",
+                       CONFIG_NAME, WEIGHTS_NAME, *TOKENIZER_FILES})
 # Arguments that change what a step computes (or, valid_rows, what the log's validation scores mean):
 # resuming with another value would not be "the same run". Each is the flag --<name with dashes>.
 _RUN_SHAPE = ("seq_len", "batch_size", "grad_accum", "nsp", "wwm", "mask_rate", "num_masks", "static_masks",
@@ -82,6 +92,8 @@ _RUN_SHAPE = ("seq_len", "batch_size", "grad_accum", "nsp", "wwm", "mask_rate", 
 # Config fields set by a flag other than the architecture's (--size, --config or --init-from): config key -> flag.
 _CONFIG_FLAGS = {"vocab_size": "--tokenizer", "pad_token_id": "--tokenizer", "hidden_dropout_prob": "--dropout",
                  "attention_probs_dropout_prob": "--dropout"}
+# When a run first saves the state --resume continues from (said when there is none yet).
+FIRST_SAVE = "every --ckpt-every-minutes (or --ckpt-every-steps) and when --max-steps pauses it"
 # What to do when the run cannot be resumed from what --out holds ({out}: the run directory).
 _START_AGAIN = ("start the run again with --overwrite, or continue from its exported weights as a new run "
                 "(--init-from {out} --tokenizer {out} --out NEW_DIR: a fresh optimizer and schedule)")
@@ -154,6 +166,9 @@ class PretrainArgs:
 
 # ---- setup -----------------------------------------------------------------------------------------------
 def load_tokenizer(directory: str) -> Tokenizer:
+    if os.path.isfile(directory):  # a corpus given by mistake was "tokenizer directory not found"
+        raise ValueError(f"--tokenizer {directory}: a file, not a tokenizer directory (give the directory "
+                         "`twotower tokenizer train --out` wrote, or a checkpoint's)")
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"tokenizer directory not found: {directory}")
     try:
@@ -173,6 +188,13 @@ def resolve_config(args: PretrainArgs, tokenizer: Tokenizer) -> EncoderConfig:
         if config.vocab_size != tokenizer.vocab_size:
             raise ValueError(f"--init-from {args.init_from}: vocab_size={config.vocab_size} but the tokenizer "
                              f"{args.tokenizer} has {tokenizer.vocab_size} tokens; use the checkpoint's tokenizer")
+        own = _checkpoint_tokenizer(args.init_from)
+        # the same size is not the same vocabulary: each embedding row belongs to the checkpoint's token
+        if own is not None and own.fingerprint() != tokenizer.fingerprint():
+            raise ValueError(f"--tokenizer {args.tokenizer} is not the tokenizer of --init-from {args.init_from} "
+                             f"(the same {tokenizer.vocab_size} tokens in size, but other tokens or another "
+                             f"normalisation): its embeddings belong to its own tokens; pass --tokenizer "
+                             f"{args.init_from}")
     elif args.config:
         config = EncoderConfig.load(args.config)
         if config.vocab_size != tokenizer.vocab_size:
@@ -186,7 +208,31 @@ def resolve_config(args: PretrainArgs, tokenizer: Tokenizer) -> EncoderConfig:
     if args.seq_len > config.max_position_embeddings:
         raise ValueError(f"seq_len={args.seq_len}: the model reads at most {config.max_position_embeddings} positions "
                          "(--seq-len)")
+    if config.type_vocab_size < 2 and args.nsp:  # an IndexError inside the embeddings, after run.json was written
+        raise ValueError(f"--nsp reads sentence pairs as two segments, but {args.config or args.init_from} has one "
+                         "segment embedding (type_vocab_size 1); drop --nsp or give a config with type_vocab_size 2")
     return config
+
+
+def _checkpoint_tokenizer(directory: str) -> Tokenizer | None:
+    """The tokenizer a checkpoint directory holds (None: it holds none)."""
+    if not any(os.path.isfile(os.path.join(directory, n)) for n in ("tokenizer.json", "vocab.txt")):
+        return None
+    return Tokenizer.from_pretrained(directory)
+
+
+def trained_positions(args: PretrainArgs, config: EncoderConfig) -> int:
+    """The positions this run's weights have learned, saved as the tokenizer's ``model_max_length`` so that every
+    reader (ours, transformers, sentence-transformers) truncates to them by default: --seq-len, or the
+    --init-from checkpoint's own length where longer, never more than the model's position table.
+
+    Why: the tokenizer kept 512 whatever was trained, so a model of 96 positions crashed in transformers and one
+    trained on rows of 64 tokens embedded up to 512, reading position embeddings that never learned anything.
+    """
+    trained = args.seq_len
+    if args.init_from and (own := _checkpoint_tokenizer(args.init_from)) is not None:
+        trained = max(trained, own.model_max_length)
+    return min(trained, config.max_position_embeddings)
 
 
 def run_dir(args: PretrainArgs) -> str:
@@ -201,9 +247,34 @@ def run_dir(args: PretrainArgs) -> str:
     staged = staging_dir(args.out)
     if args.resume:
         recover_replaced_dir(os.path.join(staged, STATE_DIR))  # a save killed mid-swap: put the last state back
-        return staged if os.path.isdir(os.path.join(staged, STATE_DIR)) else args.out
+        return resume_dir(args.out)
     holds = os.path.isdir(args.out) and bool(os.listdir(args.out))
     return staged if args.overwrite and holds else args.out
+
+
+def resume_dir(out: str) -> str:
+    """Where the run ``--resume`` continues is: ``OUT.unfinished`` when a run replacing ``--out`` saved a state
+    there, else ``--out``."""
+    staged = staging_dir(out)
+    return staged if os.path.isdir(os.path.join(staged, STATE_DIR)) else out
+
+
+def saved_step(work: str) -> int | None:
+    """The step of the training state saved in `work` (None: none, or unreadable): what ``--resume`` would
+    continue from, as an interrupted run and a refusal say."""
+    try:
+        return int(read_train_user(os.path.join(work, STATE_DIR))["step"])
+    except (FileNotFoundError, DataError, KeyError, TypeError, ValueError):
+        return None
+
+
+def _finished(work: str, budget: Budget) -> bool:
+    """Whether the state saved in `work` has spent `budget` (a resume would train nothing)."""
+    try:
+        user = read_train_user(os.path.join(work, STATE_DIR))
+        return budget.progress(user["tokens"], user["step"], user["elapsed"]) >= 1.0
+    except (FileNotFoundError, DataError, KeyError, TypeError):
+        return False
 
 
 def finish_out_dir(args: PretrainArgs, work: str, info: DistInfo) -> str:
@@ -234,7 +305,9 @@ def check_out_dir(args: PretrainArgs, work: str, config: EncoderConfig, budget: 
     if args.resume:
         recover_replaced_dir(os.path.join(out, STATE_DIR))  # a save killed mid-swap: put the last state back
         if not os.path.isfile(os.path.join(out, STATE_DIR, "state.json")):
-            raise FileNotFoundError(f"--resume: no training state in {out} ({STATE_DIR}/ missing)")
+            again = "with --overwrite instead of --resume" if os.path.isfile(run_file) else "without --resume"
+            raise FileNotFoundError(f"--resume: no training state in {out} ({STATE_DIR}/ missing): a run saves one "
+                                    f"{FIRST_SAVE}; start the run again {again}")
         saved = read_run_record(run_file, out)
         differ = _settings_differ(saved, args, config, budget, info)
         if "data" in saved:
@@ -259,12 +332,30 @@ def check_out_dir(args: PretrainArgs, work: str, config: EncoderConfig, budget: 
             raise ValueError(f"cannot resume {out}: this command differs from the run it continues: "
                              f"{'; '.join(differ.values())}. Give the run's own settings (they are in {run_file})."
                              + budget_note)
+        if _finished(out, budget):  # it trained 0 steps, logged a second final validation, rewrote the weights
+            raise ValueError(f"--resume: the run in {out} finished (its budget is spent); nothing is left to "
+                             f"continue. To train longer, start a new run from its weights: --init-from {out} "
+                             f"--tokenizer {out} --out NEW_DIR")
         return
     if os.path.lexists(out) and not os.path.isdir(out):  # it was a FileExistsError traceback
         raise ValueError(f"--out {out}: a file; give a directory for the run (a new or empty one)")
-    if os.path.isdir(out) and os.listdir(out) and not args.overwrite:
-        what = "another training run" if os.path.isfile(run_file) else "other files"
-        raise ValueError(f"output directory {out} holds {what}; pass --resume to continue it or --overwrite")
+    names = sorted(os.listdir(out)) if os.path.isdir(out) else []
+    # --overwrite replaces a whole directory: only one holding nothing but a run's files (a corpus kept there,
+    # notes, another tool's output are the user's, and --overwrite removed them with the earlier run)
+    # (a tokenizer directory holds some of a run's names, but without run.json it is no run)
+    is_run = os.path.isfile(run_file)
+    foreign = [n for n in names if not is_run or (n not in RUN_NAMES and not (n.startswith(".") and TMP_MARKER in n))]
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        what = "a pretraining run and other files" if is_run else "other files, not a pretraining run"
+        raise ValueError(f"--out {out}: a directory holding {what} ({shown}), which --overwrite would remove; "
+                         "give a new or empty directory")
+    if names and not args.overwrite:
+        stopped = resume_dir(out)
+        resume = (f", or --resume to continue it from step {step} (saved in {stopped})"
+                  if (step := saved_step(stopped)) is not None and not _finished(stopped, budget) else "")
+        raise ValueError(f"output directory {out} holds another training run; pass --overwrite to replace it once "
+                         f"the new run's budget is spent{resume}, or give another --out")
     if work != out and os.path.lexists(work) and not left_by_a_stopped_run(work, RUN_FILE):
         raise ValueError(f"{work} is in the way: a run replacing {out} is built there; move it away")
 
@@ -498,6 +589,7 @@ def _pretrain(args: PretrainArgs, info: DistInfo) -> dict:
     retain_freed_memory_for(device)  # reuse freed activation memory across steps (common/malloc.py)
     tokenizer = load_tokenizer(args.tokenizer)
     config = resolve_config(args, tokenizer)
+    tokenizer.model_max_length = trained_positions(args, config)
     compute = _compute_record(bf16, device)
     work = run_dir(args)  # --out, or OUT.unfinished for a run replacing what --out holds
     check_out_dir(args, work, config, budget, tokenizer, corpus_paths, valid_paths, info, compute)
@@ -626,11 +718,12 @@ def _pretrain(args: PretrainArgs, info: DistInfo) -> dict:
     summary = {"steps": counters["step"], "tokens": counters["tokens"], "elapsed_s": counters["elapsed"],
                "budget": budget.to_dict(), "bf16": bf16, "device": str(device), "world_size": info.world_size,
                "parameters": sum(p.numel() for p in model.parameters())}
+    finished = progress() >= 1.0  # else stopped by --max-steps, to be resumed
     if valid:
         final = evaluate(model, valid, device, bf16, info)
-        log.write({"type": "valid", "step": counters["step"], "tokens": counters["tokens"], **final})
+        if finished:  # a paused run's is only printed: logged, it stayed in the resumed run's log as an extra
+            log.write({"type": "valid", "step": counters["step"], "tokens": counters["tokens"], **final})
         summary["valid"] = final
-    finished = progress() >= 1.0  # else stopped by --max-steps, to be resumed
     # where the run is: --out, or until its budget is spent a replacing run's OUT.unfinished
     summary["out"] = args.out if finished else work
     if info.is_main:

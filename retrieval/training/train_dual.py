@@ -35,7 +35,7 @@ import logging
 import os
 import random
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
@@ -86,9 +86,12 @@ class DualTrainConfig(TrainSettings):
         sampled negatives), dev evaluation is exact and cheap, and an index built with the starting model
         stays valid. Steps cost a query forward/backward only, which is what makes many epochs affordable
         on a CPU.
-    pooling / normalize / query_prefix / document_prefix: None = the starting directory's settings.
+    pooling / normalize / query_prefix / document_prefix: None = the starting directory's settings; a start
+        without sentence-transformers settings (an MLM checkpoint) gets mean pooling and normalisation, the
+        cosine scores InfoNCE at temperature 0.05 assumes (`start_settings`; not with freeze_documents).
     query_max_length / doc_max_length: token caps (doc_max_length is saved with the model and used for dev
-        evaluation); train_doc_max_length: a shorter cap while training (None = doc_max_length), which cuts
+        evaluation); None = 64 / 256, or the positions the model was trained on if fewer (`start_settings`);
+        train_doc_max_length: a shorter cap while training (None = doc_max_length), which cuts
         the cost of a step roughly in proportion.
     hard_negatives: k hard negatives per query (topped up with random corpus documents when a query has fewer).
     chunk_size: GradCache chunk (rows embedded at once); None = no caching.
@@ -108,8 +111,8 @@ class DualTrainConfig(TrainSettings):
     normalize: bool | None = None
     query_prefix: str | None = None
     document_prefix: str | None = None
-    query_max_length: int = 64
-    doc_max_length: int = 256
+    query_max_length: int | None = None
+    doc_max_length: int | None = None
     train_doc_max_length: int | None = None
     batch_size: int = 32
     hard_negatives: int = 1
@@ -129,6 +132,54 @@ class DualTrainConfig(TrainSettings):
         check_at_least(self, 1, {"batch_size": "--batch-size", "eval_batch_size": None, "chunk_size": "--grad-cache-chunk",
                                  "query_max_length": "--query-max-length", "doc_max_length": "--doc-max-length",
                                  "train_doc_max_length": "--train-doc-max-length"})
+
+
+def start_settings(cfg: DualTrainConfig) -> DualTrainConfig:
+    """`cfg` with the settings its start decides filled in, each said in the log and kept in training_args.json:
+
+    - normalize (and pooling), where the start has no sentence-transformers settings: on (mean), except with
+      freeze_documents, whose document vectors must stay the start's. Why: "the
+      starting directory's settings" of an MLM checkpoint were "off" by silence, and InfoNCE at temperature
+      0.05 over unnormalised dot products trained at losses of 4-15 to a tenth of the cosine run's nDCG.
+    - query_max_length / doc_max_length not given: 64 / 256 (all-MiniLM-L6-v2's), capped at the positions the
+      model was trained on (its tokenizer's model_max_length, its position table). Why: 256 on a model of 96
+      positions failed after the step-0 evaluation had saved a best/ that read 256 tokens.
+    """
+    from twotower.encoder.core.checkpoint import CONFIG_NAME
+    from twotower.encoder.core.config import EncoderConfig
+    from twotower.encoder.core.sentence_config import read_sentence_config, transformer_dir
+    from twotower.encoder.core.tokenizer import Tokenizer
+    from twotower.retrieval.dual_encoder import DUAL_CONFIG_NAME
+
+    directory = cfg.model
+    if directory == "default":
+        from twotower.retrieval.manifest import default_model_dir
+
+        directory = default_model_dir()
+    changes: dict[str, object] = {}
+    # (freeze_documents keeps the start's vectors as they are: an index built with it must stay valid)
+    bare = (not cfg.freeze_documents and os.path.isdir(directory)
+            and not os.path.isfile(os.path.join(directory, DUAL_CONFIG_NAME)) and read_sentence_config(directory) is None)
+    if bare and cfg.normalize is None:
+        changes["normalize"] = True
+    if bare and cfg.pooling is None:
+        changes["pooling"] = "mean"
+    if cfg.query_max_length is None or cfg.doc_max_length is None:
+        cap = None
+        try:  # a directory that cannot be read is named by loading it (`load_towers`)
+            base = transformer_dir(directory)
+            cap = min(EncoderConfig.load(os.path.join(base, CONFIG_NAME)).max_position_embeddings,
+                      Tokenizer.from_pretrained(base).model_max_length)
+        except (OSError, ValueError, TypeError):
+            pass
+        for name, default in (("query_max_length", 64), ("doc_max_length", 256)):
+            if getattr(cfg, name) is None:
+                changes[name] = default if cap is None else min(default, cap)
+    if changes:
+        logger.warning("train dual: %s (%s)", ", ".join(f"{k}={v}" for k, v in changes.items()),
+                       "the start has no sentence-transformers settings: cosine scores" if bare else
+                       "the start's defaults")
+    return replace(cfg, **changes)
 
 
 @dataclass
@@ -323,6 +374,7 @@ def evaluate_dual(dual, dev: Sequence[TrainExample], pool: dict[str, str], batch
 def train_dual(cfg: DualTrainConfig) -> DualTrainResult:
     """Train, evaluate on the dev split, keep the best checkpoint. See the module docstring."""
     R, me = world_size(), rank()
+    cfg = start_settings(cfg)
     run, rng, device, bf16 = start_run(cfg, cfg.out, enabled=me == 0, world_size=R)
 
     dual = load_towers(cfg, device)  # first: a bad model directory fails before any data work

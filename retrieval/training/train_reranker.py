@@ -552,6 +552,12 @@ def load_reranker(cfg: RerankerTrainConfig, device: torch.device) -> CrossEncode
     if cfg.model == default_reranker.NAME:
         return default_reranker.load(device=device, bf16=cfg.bf16, max_length=cfg.max_length)
 
+    from twotower.encoder.core.checkpoint import CONFIG_NAME
+    from twotower.encoder.core.config import EncoderConfig
+    from twotower.retrieval.cross_encoder import check_two_segments
+
+    if os.path.isfile(os.path.join(cfg.model, CONFIG_NAME)):  # else loading names what is wrong with it
+        check_two_segments(EncoderConfig.load(os.path.join(cfg.model, CONFIG_NAME)), f"--model {cfg.model}")
     path = os.path.join(cfg.model, "model.safetensors")
     has_head = False
     if os.path.isfile(path):

@@ -169,3 +169,15 @@ def test_a_tokenizer_larger_than_the_embedding_table_is_refused(tiny_dir, tmp_pa
                              "--no-progress")
     assert rc == 2, err
     assert f"{clf}: the tokenizer has {table + 2} tokens but the model's embedding table has {table}" in err
+
+
+def test_characters_past_limit_alphabet_are_said_to_become_unk(tmp_path, capsys):
+    """It said "the corpus's N single-character pieces are always kept" when --limit-alphabet had left out the
+    rarer characters, which become [UNK]."""
+    text = " ".join("abcdefghij"[i % 10] * 3 for i in range(300)) + " xq zv\\n"
+    (tmp_path / "c.txt").write_text(text.replace("\\n", "\n"), encoding="utf-8")
+    rc, out, err = _train(capsys, "--input", str(tmp_path / "c.txt"), "--vocab-size", "6", "--limit-alphabet",
+                          "10", "--out", str(tmp_path / "t"))
+    assert rc == 0, err
+    assert "the corpus's 10 most frequent characters (--limit-alphabet)" in out
+    assert "the 4 rarer characters past --limit-alphabet 10 have no piece and become [UNK]" in out

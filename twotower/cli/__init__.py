@@ -41,11 +41,16 @@ class CLIError(Exception):
     """Bad input from the user: printed as one line, exit status 2."""
 
 
+# When `twotower train` and `finetune` first save the state --resume continues from.
+FIRST_SAVE = "at the first dev evaluation after a step, or after --save-every steps"
+
+
 def resumable(args: argparse.Namespace, train: Callable[[], Any], saved_at: Callable[[], str | None],
-              holds_run: Callable[[], bool]) -> Any:
+              holds_run: Callable[[], bool], first_save: str = FIRST_SAVE) -> Any:
     """`train()` of a command with ``--resume``; on Ctrl-C the line `main` prints (``interrupted``) says what
-    ``--resume`` would continue from: `saved_at()` ("step 150"; None: no state saved yet), else how to start
-    over (with ``--overwrite`` where `holds_run()`: ``--out`` holds a run)."""
+    ``--resume`` would continue from: `saved_at()` ("step 150"; None: no state saved yet, which the command
+    first saves `first_save`), else how to start over (with ``--overwrite`` where `holds_run()`: ``--out``
+    holds a run)."""
     try:
         return train()
     except KeyboardInterrupt:
@@ -53,8 +58,8 @@ def resumable(args: argparse.Namespace, train: Callable[[], Any], saved_at: Call
         again = " with --overwrite" if where is None and holds_run() else ""
         args.interrupted = (f"the run's state after {where} is saved; run the same command with --resume to "
                             "continue from there" if where is not None else
-                            "no state was saved yet (the first is saved at the first dev evaluation after a step, "
-                            f"or after --save-every steps): run the command again{again} to start over")
+                            f"no state was saved yet (the first is saved {first_save}): run the command "
+                            f"again{again} to start over")
         raise
 
 

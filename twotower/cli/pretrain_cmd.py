@@ -33,7 +33,8 @@ def register(subparsers) -> None:
                    help="start from this checkpoint's weights and architecture (continued / domain-adaptive "
                         "pretraining on new text; pass its tokenizer too); optimizer and schedule start fresh")
     p.add_argument("--resume", action="store_true", help="continue the run in --out exactly")
-    p.add_argument("--overwrite", action="store_true", help="replace whatever --out holds")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the earlier pretraining run --out holds (a directory of other files is never replaced)")
     p.add_argument("--valid", nargs="+", default=[], metavar="FILE", help="validation files (separate text)")
     p.add_argument("--valid-rows", type=int, default=512, help="rows of the fixed validation set")
     p.add_argument("--seq-len", type=int, default=128, metavar="TOKENS", help="tokens per training row")
@@ -79,8 +80,18 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import json
+    import os
 
-    from twotower.encoder.pretraining.pretrain import PretrainArgs, pretrain
+    from twotower.cli import resumable
+    from twotower.encoder.pretraining.pretrain import (
+        FIRST_SAVE,
+        RUN_FILE,
+        PretrainArgs,
+        pretrain,
+        resume_dir,
+        run_dir,
+        saved_step,
+    )
 
     pargs = PretrainArgs(
         corpus=args.corpus, tokenizer=args.tokenizer, out=args.out, size=args.size, config=args.config, init_from=args.init_from,
@@ -94,6 +105,14 @@ def run(args: argparse.Namespace) -> int:
         device=args.device, seed=args.seed, resume=args.resume, overwrite=args.overwrite,
         progress=not args.no_progress, cache_dir=args.cache_dir, dump_replicas=args.dump_replicas,
     )
-    summary = pretrain(pargs)
+    # where this run saves its state (--out, or OUT.unfinished for one replacing an earlier run), as it starts
+    work = resume_dir(args.out) if args.resume else run_dir(pargs)
+
+    def saved_at() -> str | None:
+        step = saved_step(work)
+        return None if step is None else f"step {step}"
+
+    summary = resumable(args, lambda: pretrain(pargs), saved_at,
+                        lambda: os.path.isfile(os.path.join(args.out, RUN_FILE)), first_save=FIRST_SAVE)
     print(json.dumps(summary, indent=2))  # the result, as `train` prints it: --no-progress turns off bars, not this
     return 0

@@ -7,6 +7,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 from typing import TYPE_CHECKING
 
@@ -67,17 +68,21 @@ def train(args: argparse.Namespace) -> int:
     except StopIteration:
         raise CLIError(f"no text in {' '.join(args.input)}") from None
 
+    chars: set[str] = set()  # every character of the text, to say which ones --limit-alphabet left out
+
     def stream():
-        yield first
-        yield from texts
+        for text in itertools.chain([first], texts):
+            chars.update(text)
+            yield text
 
     tok = Tokenizer.train(iterator=stream(), vocab_size=args.vocab_size, lowercase=not args.no_lowercase,
                           min_frequency=args.min_frequency, limit_alphabet=args.limit_alphabet,
                           progress=not args.no_progress)
     # the four files are one unit: built in a sibling folder, then swapped in, so a failure leaves --out as it was
     write_model_dir(os.path.normpath(args.out), tok.save_pretrained)
-    print(f"wrote {args.out} (vocabulary {tok.vocab_size}{_size_note(tok, args.vocab_size, args.min_frequency)}, "
-          f"lowercase={tok.lowercase}, fingerprint {tok.fingerprint()})")
+    note = _size_note(tok, args.vocab_size, args.min_frequency, args.limit_alphabet, _left_out(tok, chars))
+    print(f"wrote {args.out} (vocabulary {tok.vocab_size}{note}, lowercase={tok.lowercase}, fingerprint "
+          f"{tok.fingerprint()})")
     return 0
 
 
@@ -117,7 +122,22 @@ def _check_out(out: str, overwrite: bool) -> None:
     raise CLIError(f"--out {out}: a directory that holds other files ({shown}); give a new or empty directory")
 
 
-def _size_note(tok: Tokenizer, asked: int, min_frequency: int) -> str:
+def _alphabet(tok: Tokenizer) -> set[str]:
+    """The characters the vocabulary holds as pieces of their own (alone or as ``##`` continuations)."""
+    from twotower.encoder.core.tokenizer import SPECIAL_TOKENS
+
+    return {t[-1] for t in tok.get_vocab() if t not in SPECIAL_TOKENS and (len(t) == 1 or (len(t) == 3 and t[:2] == "##"))}
+
+
+def _left_out(tok: Tokenizer, chars: set[str]) -> int:
+    """How many characters of the text (as the tokenizer normalises them) the vocabulary has no piece for:
+    those --limit-alphabet left out, which become [UNK]."""
+    alphabet = _alphabet(tok)
+    normalize = tok._tok.normalizer.normalize_str
+    return len({n for c in chars for n in normalize(c) if not n.isspace() and n not in alphabet})
+
+
+def _size_note(tok: Tokenizer, asked: int, min_frequency: int, limit_alphabet: int, left_out: int) -> str:
     """Why the learned vocabulary is not the --vocab-size asked for ("" when it is).
 
     The WordPiece trainer always keeps the special tokens and every character of the corpus (alone and
@@ -126,12 +146,16 @@ def _size_note(tok: Tokenizer, asked: int, min_frequency: int) -> str:
     """
     from twotower.encoder.core.tokenizer import SPECIAL_TOKENS
 
+    # Characters past --limit-alphabet are not kept: "all of the corpus's characters are kept" was false there.
+    unk = (f"; the {left_out} rarer characters past --limit-alphabet {limit_alphabet} have no piece and become "
+           "[UNK]" if left_out else "")
     size = tok.vocab_size
     if size == asked:
-        return ""
+        return f" ({unk[2:]})" if unk else ""
     if size > asked:
         chars = sum(1 for t in tok.get_vocab() if t not in SPECIAL_TOKENS and (len(t) == 1 or (len(t) == 3 and t[:2] == "##")))
-        return (f" (asked for {asked}: the {len(SPECIAL_TOKENS)} special tokens and the corpus's {chars} "
-                "single-character pieces are always kept)")
+        kept = (f"{len(_alphabet(tok))} most frequent characters (--limit-alphabet), as {chars} single-character "
+                "pieces," if left_out else f"{chars} single-character pieces")
+        return f" (asked for {asked}: the {len(SPECIAL_TOKENS)} special tokens and the corpus's {kept} are always kept{unk})"
     seen = f" seen {min_frequency} or more times, --min-frequency {min_frequency}" if min_frequency > 1 else ""
-    return f" (asked for {asked}: the corpus has no more distinct pieces{seen})"
+    return f" (asked for {asked}: the corpus has no more distinct pieces{seen}{unk})"

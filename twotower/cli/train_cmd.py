@@ -151,12 +151,14 @@ def register(subparsers) -> None:
     p.add_argument("--pooling", choices=["mean", "cls", "max"], default=None,
                    help="how token states become one vector (default: the model directory's, else mean)")
     p.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None,
-                   help="L2-normalise the vectors (default: the model directory's setting, else off)")
+                   help="L2-normalise the vectors: cosine scores (default: the model directory's setting, else on)")
     p.add_argument("--query-prefix", default=None, help="text put before every query (default: the model directory's)")
     p.add_argument("--document-prefix", "--doc-prefix", dest="document_prefix", default=None,
                    help="text put before every document (default: the model directory's)")
-    p.add_argument("--query-max-length", type=int, help="query tokens (default 64, or the model's maximum if less)")
-    p.add_argument("--doc-max-length", type=int, help="document tokens (default 256, or the model's maximum if less)")
+    p.add_argument("--query-max-length", type=int,
+                   help="query tokens (default 64, or the positions the model was trained on if fewer)")
+    p.add_argument("--doc-max-length", type=int,
+                   help="document tokens (default 256, or the positions the model was trained on if fewer)")
     p.add_argument("--train-doc-max-length", type=int, default=None, metavar="N",
                    help="document tokens while training, for cheaper steps; dev and the saved model keep "
                         "--doc-max-length (default: --doc-max-length)")
@@ -414,8 +416,7 @@ def run_dual(args) -> int:
     cfg = DualTrainConfig(
         model=args.model, data=args.data, shared=not args.separate_towers, pooling=args.pooling,
         normalize=args.normalize, query_prefix=args.query_prefix, document_prefix=args.document_prefix,
-        query_max_length=DualTrainConfig.query_max_length if args.query_max_length is None else args.query_max_length,
-        doc_max_length=DualTrainConfig.doc_max_length if args.doc_max_length is None else args.doc_max_length,
+        query_max_length=args.query_max_length, doc_max_length=args.doc_max_length,
         train_doc_max_length=args.train_doc_max_length, batch_size=args.batch_size,
         hard_negatives=args.hard_negatives, chunk_size=args.grad_cache_chunk, temperature=args.temperature,
         learn_temperature=args.learn_temperature, symmetric=args.symmetric,

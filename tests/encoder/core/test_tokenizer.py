@@ -306,3 +306,20 @@ def test_cli_tokenizer_bad_input(tmp_path, capsys):
         assert main(["tokenizer", "train", "--input", str(text), "--vocab-size", "60", "--out", str(tmp_path / "t"),
                      "--limit-alphabet", value]) == 2
         assert f"--limit-alphabet must be >= 1, got {value}" in capsys.readouterr().err
+
+
+def test_a_tokenizer_from_vocab_txt_treats_special_tokens_as_transformers_does(tmp_path):
+    """Built from vocab.txt, [CLS] [SEP] [MASK] were plain vocabulary: decode kept them and a literal "[MASK]"
+    in text became '[', 'mask', ']' (and pretrain saved the tokenizer that way)."""
+    transformers = pytest.importorskip("transformers")
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[", "]", "hello", "world", "mask", "x"]
+    (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    ours = Tokenizer.from_pretrained(str(tmp_path))
+    ours.save_pretrained(str(tmp_path / "saved"))
+    theirs = transformers.BertTokenizerFast.from_pretrained(str(tmp_path))
+    text = "Hello [MASK] world [SEP] x"
+    ids = theirs("hello world")["input_ids"]
+    for tok in (ours, Tokenizer.from_pretrained(str(tmp_path / "saved"))):
+        assert tok.tokenize(text) == theirs.tokenize(text) == ["hello", "[MASK]", "world", "[SEP]", "x"]
+        assert tok.decode(ids) == theirs.decode(ids, skip_special_tokens=True) == "hello world"
+        assert tok.encode([text]).input_ids.tolist() == [theirs(text)["input_ids"]]

@@ -556,3 +556,136 @@ def test_an_overwrite_run_is_built_apart_and_replaces_the_earlier_one_only_when_
     (tmp_path / "run.unfinished" / "mine.txt").write_text("mine\n")
     assert main(args) == 2
     assert "run.unfinished is in the way: a run replacing" in capsys.readouterr().err
+
+
+def test_overwrite_never_removes_files_that_are_not_a_runs(setup, tiny_tokenizer_dir, capsys):
+    """--overwrite replaced the whole --out: a corpus kept there (the one being trained on) and notes went too."""
+    d = setup["tmp"] / "d2"
+    d.mkdir()
+    mine = d / "mycorpus.txt"
+    mine.write_text(open(setup["corpus"], encoding="utf-8").read(), encoding="utf-8")
+    (d / "notes.md").write_text("notes\n")
+    before = _snapshot(str(d))
+    assert main(_args(setup, tiny_tokenizer_dir, str(d), "--steps", "2")) == 2
+    err = capsys.readouterr().err
+    assert "holding other files, not a pretraining run (mycorpus.txt, notes.md)" in err and "--resume" not in err
+    args = _args(setup, tiny_tokenizer_dir, str(d), "--steps", "2", "--overwrite")
+    args[args.index("--corpus") + 1] = str(mine)
+    assert main(args) == 2
+    assert "mycorpus.txt, notes.md" in capsys.readouterr().err
+    assert _snapshot(str(d)) == before
+    # a run with a user's file beside it: --overwrite would remove the file with the run
+    run = str(setup["tmp"] / "run")
+    assert main(_args(setup, tiny_tokenizer_dir, run, "--steps", "2")) == 0
+    (setup["tmp"] / "run" / "notes.md").write_text("notes\n")
+    assert main(_args(setup, tiny_tokenizer_dir, run, "--steps", "2", "--overwrite")) == 2
+    assert "a pretraining run and other files (notes.md)" in capsys.readouterr().err
+    assert (setup["tmp"] / "run" / "notes.md").read_text() == "notes\n"
+
+
+def test_a_finished_run_is_not_resumed_and_the_refusal_offers_resume_only_for_a_state(setup, tiny_tokenizer_dir,
+                                                                                       capsys):
+    out = str(setup["tmp"] / "run")
+    assert main(_args(setup, tiny_tokenizer_dir, out, "--steps", "2", "--valid", setup["valid"])) == 0
+    capsys.readouterr()
+    before = _snapshot(out)
+    assert main(_args(setup, tiny_tokenizer_dir, out, "--steps", "2", "--valid", setup["valid"], "--resume")) == 2
+    assert "the run in " + out + " finished (its budget is spent)" in capsys.readouterr().err
+    assert _snapshot(out) == before  # no second final validation, no rewritten checkpoint
+    assert main(_args(setup, tiny_tokenizer_dir, out, "--steps", "2")) == 2
+    assert "--resume" not in capsys.readouterr().err  # nothing to continue
+    part = str(setup["tmp"] / "part")
+    assert main(_args(setup, tiny_tokenizer_dir, part, "--steps", "4", "--max-steps", "2")) == 0
+    assert main(_args(setup, tiny_tokenizer_dir, part, "--steps", "4")) == 2
+    assert "or --resume to continue it from step 2" in capsys.readouterr().err
+
+
+def test_ctrl_c_says_what_resume_continues_from_or_how_to_start_again(setup, tiny_tokenizer_dir, capsys,
+                                                                      monkeypatch):
+    """It said only "interrupted"; the next command was refused with --resume offered, which found no state."""
+    import twotower.encoder.pretraining.pretrain as pt
+    from tests.encoder.task_fixtures import interrupted_at
+
+    out = str(setup["tmp"] / "run")
+    monkeypatch.setattr(pt, "set_lr", interrupted_at(2))  # before any checkpoint
+    assert main(_args(setup, tiny_tokenizer_dir, out, "--steps", "4")) == 130
+    err = capsys.readouterr().err
+    assert "interrupted: no state was saved yet" in err and "run the command again with --overwrite" in err
+    assert main(_args(setup, tiny_tokenizer_dir, out, "--steps", "4", "--resume")) == 2
+    assert "start the run again with --overwrite instead of --resume" in capsys.readouterr().err
+    monkeypatch.setattr(pt, "set_lr", interrupted_at(4))
+    assert main(_args(setup, tiny_tokenizer_dir, out, "--steps", "4", "--overwrite", "--ckpt-every-steps", "2")) == 130
+    assert "the run's state after step 2 is saved; run the same command with --resume" in capsys.readouterr().err
+    monkeypatch.undo()
+    assert main(_args(setup, tiny_tokenizer_dir, out, "--steps", "4", "--overwrite", "--ckpt-every-steps", "2",
+                      "--resume")) == 0
+    assert sorted(_train_losses(out)) == [1, 2, 3, 4]
+
+
+def test_a_paused_and_resumed_run_logs_what_an_uninterrupted_one_does(setup, tiny_tokenizer_dir):
+    """The paused run's final validation stayed in the log as an extra record at the pause step."""
+    def records(out: str) -> list[tuple]:
+        with open(os.path.join(out, "log.jsonl"), encoding="utf-8") as f:
+            return [(r["type"], r["step"]) for r in map(json.loads, f)]
+
+    whole, part = str(setup["tmp"] / "whole"), str(setup["tmp"] / "part")
+    common = ("--steps", "5", "--valid", setup["valid"], "--evals", "2")
+    assert main(_args(setup, tiny_tokenizer_dir, whole, *common)) == 0
+    assert main(_args(setup, tiny_tokenizer_dir, part, *common, "--max-steps", "2")) == 0
+    assert main(_args(setup, tiny_tokenizer_dir, part, *common, "--resume")) == 0
+    assert records(part) == records(whole)
+
+
+def test_init_from_with_another_tokenizer_of_the_same_size_is_refused(setup, tiny_tokenizer_dir, tmp_path, capsys):
+    first = str(tmp_path / "first")
+    assert main(_args(setup, tiny_tokenizer_dir, first, "--steps", "1")) == 0
+    other = tmp_path / "othertok"
+    other.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
+        text = open(os.path.join(tiny_tokenizer_dir, name), encoding="utf-8").read()
+        (other / name).write_text(text)
+    tj = json.loads((other / "tokenizer.json").read_text())
+    vocab = tj["model"]["vocab"]
+    a, b = [t for t in vocab if not t.startswith("[")][-2:]
+    vocab[a], vocab[b] = vocab[b], vocab[a]  # the same tokens and size, two rows swapped
+    (other / "tokenizer.json").write_text(json.dumps(tj))
+    args = _args(setup, str(other), str(tmp_path / "second"), "--steps", "1", "--init-from", first)
+    args.remove("--config")
+    args.remove(setup["config"])
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert f"--tokenizer {other} is not the tokenizer of --init-from {first}" in err
+    assert not os.path.exists(tmp_path / "second")
+
+
+def test_tokenizer_model_max_length_is_the_positions_trained(setup, tiny_tokenizer_dir, tmp_path):
+    """It stayed 512: transformers' tokenizer gave a model of fewer positions rows it could not read, and ours
+    embedded up to 512 tokens with a model trained on 32."""
+    out = str(tmp_path / "run")
+    assert main(_args(setup, tiny_tokenizer_dir, out, "--steps", "1")) == 0
+    with open(os.path.join(out, "tokenizer_config.json"), encoding="utf-8") as f:
+        assert json.load(f)["model_max_length"] == 32  # --seq-len 32 of a 64-position model
+    transformers = pytest.importorskip("transformers")
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    assert len(tok("word " * 200, truncation=True)["input_ids"]) == 32
+    cont = str(tmp_path / "cont")  # continued at a shorter length: the checkpoint's positions stay trained
+    args = _args(setup, out, cont, "--steps", "1", "--init-from", out, "--seq-len", "16")
+    args.remove("--config")
+    args.remove(setup["config"])
+    assert main(args) == 0
+    with open(os.path.join(cont, "tokenizer_config.json"), encoding="utf-8") as f:
+        assert json.load(f)["model_max_length"] == 32
+
+
+def test_nsp_with_one_segment_embedding_and_a_file_as_tokenizer_are_refused_naming_the_flag(setup, tiny_tokenizer_dir,
+                                                                                           tmp_path, capsys):
+    cfg = EncoderConfig.load(setup["config"])
+    cfg.type_vocab_size = 1
+    cfg.save(str(tmp_path / "one.json"))
+    args = _args(setup, tiny_tokenizer_dir, str(tmp_path / "nsp"), "--steps", "1", "--nsp")
+    args[args.index("--config") + 1] = str(tmp_path / "one.json")
+    assert main(args) == 2
+    assert "has one segment embedding (type_vocab_size 1)" in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "nsp")  # nothing written: the next attempt needs no --overwrite
+    assert main(_args(setup, setup["corpus"], str(tmp_path / "x"), "--steps", "1")) == 2
+    assert f"--tokenizer {setup['corpus']}: a file, not a tokenizer directory" in capsys.readouterr().err

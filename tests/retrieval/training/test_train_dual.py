@@ -216,3 +216,23 @@ def test_same_seed_same_run(tmp_path):
     wa, wb = (load_file(os.path.join(r.best_dir, "model.safetensors")) for r in (a, b))
     assert wa.keys() == wb.keys() and all(wa[k].equal(wb[k]) for k in wa)
     assert log_c != log_a  # another seed: another dev split and other negatives
+
+
+def test_a_start_without_sentence_settings_trains_cosine_at_the_models_positions(tmp_path):
+    """An MLM checkpoint (no modules.json) trained unnormalised dot products at temperature 0.05, silently, and
+    with doc_max_length 256 on a model of fewer positions; its export said "cosine" whatever it trained."""
+    res = train_dual(_cfg(tmp_path, max_steps=1, eval_every=1, doc_max_length=None))
+    args = json.load(open(os.path.join(res.best_dir, "training_args.json")))
+    assert (args["normalize"], args["pooling"]) == (True, "mean")
+    assert (args["query_max_length"], args["doc_max_length"]) == (64, 64)  # tiny_model_dir: 64 positions
+    modules = json.load(open(os.path.join(res.best_dir, "modules.json")))
+    assert modules[-1]["type"].endswith("Normalize")
+    assert json.load(open(os.path.join(res.best_dir, "sentence_bert_config.json")))["max_seq_length"] == 64
+    version = json.load(open(os.path.join(res.best_dir, "config_sentence_transformers.json")))
+    assert version["similarity_fn_name"] == "cosine"
+    # told to train dot products: the export says so, so sentence-transformers ranks as twotower does
+    res = train_dual(_cfg(tmp_path / "dot", max_steps=1, eval_every=1, normalize=False))
+    assert not any(m["type"].endswith("Normalize") for m in json.load(open(os.path.join(res.best_dir,
+                                                                                          "modules.json"))))
+    version = json.load(open(os.path.join(res.best_dir, "config_sentence_transformers.json")))
+    assert version["similarity_fn_name"] == "dot"

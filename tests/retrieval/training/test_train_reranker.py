@@ -1038,3 +1038,27 @@ def test_a_pairs_file_with_query_and_passage_swapped_is_named_in_a_warning(tmp_p
         load_reranker_data(_cfg(tmp_path, pairs=write("long", _pairs(8, 4, long_queries=True))))
         load_reranker_data(_cfg(tmp_path, pairs=write("few", [(p, q, label) for q, p, label in _pairs(3, 3)])))
     assert not caplog.records
+
+
+def test_a_model_with_one_segment_embedding_is_refused_naming_it_before_anything_is_written(tmp_path, capsys):
+    """Pair input on type_vocab_size 1 was an IndexError traceback from inside the embeddings."""
+    import shutil
+
+    from twotower.cli import main
+
+    model = str(tmp_path / "one")
+    shutil.copytree(tiny_model_dir(0.2), model)
+    cfg = json.load(open(os.path.join(model, "config.json")))
+    cfg["type_vocab_size"] = 1
+    json.dump(cfg, open(os.path.join(model, "config.json"), "w"))
+    shapes = os.path.join(model, "model.safetensors")
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(shapes)
+    weights = {k: v[:1] if "token_type_embeddings" in k else v for k, v in weights.items()}
+    save_file(weights, shapes)
+    rc = main(["train", "reranker", "--model", model, "--pairs", tiny_beir_dir(), "--out", str(tmp_path / "o"),
+               "--no-progress"])
+    assert rc == 2
+    assert f"--model {model} has one segment embedding (type_vocab_size 1)" in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "o")
