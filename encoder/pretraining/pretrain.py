@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from twotower.common.atomic import (
+    OLD_MARKER,
     TMP_MARKER,
     commit_staged_run,
     left_by_a_stopped_run,
@@ -344,7 +345,8 @@ def check_out_dir(args: PretrainArgs, work: str, config: EncoderConfig, budget: 
     # notes, another tool's output are the user's, and --overwrite removed them with the earlier run)
     # (a tokenizer directory holds some of a run's names, but without run.json it is no run)
     is_run = os.path.isfile(run_file)
-    foreign = [n for n in names if not is_run or (n not in RUN_NAMES and not (n.startswith(".") and TMP_MARKER in n))]
+    foreign = [n for n in names if not is_run or (n not in RUN_NAMES and not (n.startswith(".") and TMP_MARKER in n)
+                                                   and not n.startswith(STATE_DIR + OLD_MARKER))]
     if foreign:
         shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
         what = "a pretraining run and other files" if is_run else "other files, not a pretraining run"

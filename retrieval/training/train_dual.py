@@ -175,10 +175,14 @@ def start_settings(cfg: DualTrainConfig) -> DualTrainConfig:
         for name, default in (("query_max_length", 64), ("doc_max_length", 256)):
             if getattr(cfg, name) is None:
                 changes[name] = default if cap is None else min(default, cap)
+    # said where the start decided something a user may not expect (cosine for a bare checkpoint, lengths cut to
+    # a short model); the usual lengths of a sentence encoder are a detail (logged at INFO, kept in the args)
+    capped = any(changes.get(name, default) < default for name, default in (("query_max_length", 64),
+                                                                           ("doc_max_length", 256)))
     if changes:
-        logger.warning("train dual: %s (%s)", ", ".join(f"{k}={v}" for k, v in changes.items()),
-                       "the start has no sentence-transformers settings: cosine scores" if bare else
-                       "the start's defaults")
+        log = logger.warning if bare or capped else logger.info
+        log("train dual: %s (%s)", ", ".join(f"{k}={v}" for k, v in changes.items()),
+            "the start has no sentence-transformers settings: cosine scores" if bare else "the start's defaults")
     return replace(cfg, **changes)
 
 

@@ -581,6 +581,11 @@ def test_overwrite_never_removes_files_that_are_not_a_runs(setup, tiny_tokenizer
     assert main(_args(setup, tiny_tokenizer_dir, run, "--steps", "2", "--overwrite")) == 2
     assert "a pretraining run and other files (notes.md)" in capsys.readouterr().err
     assert (setup["tmp"] / "run" / "notes.md").read_text() == "notes\n"
+    # what a killed save left (a state moved aside, a temporary copy) is the run's own, not a user's file
+    (setup["tmp"] / "run" / "notes.md").unlink()
+    (setup["tmp"] / "run" / "trainer_state.old-123").mkdir()
+    (setup["tmp"] / "run" / ".trainer_state.tmp-ab12").mkdir()
+    assert main(_args(setup, tiny_tokenizer_dir, run, "--steps", "2", "--overwrite")) == 0
 
 
 def test_a_finished_run_is_not_resumed_and_the_refusal_offers_resume_only_for_a_state(setup, tiny_tokenizer_dir,

@@ -236,3 +236,13 @@ def test_a_start_without_sentence_settings_trains_cosine_at_the_models_positions
                                                                                           "modules.json"))))
     version = json.load(open(os.path.join(res.best_dir, "config_sentence_transformers.json")))
     assert version["similarity_fn_name"] == "dot"
+
+
+def test_a_sentence_encoder_start_keeps_its_settings_and_the_usual_lengths_say_nothing(caplog):
+    """all-MiniLM-L6-v2 (modules.json with Normalize, 512 positions): its own settings, 64 / 256 tokens, and
+    no warning (every ordinary run printed one about lengths it did not cut)."""
+    from twotower.retrieval.training.train_dual import DualTrainConfig, start_settings
+
+    cfg = start_settings(DualTrainConfig(model="default", data="unused", out="unused"))
+    assert (cfg.normalize, cfg.pooling, cfg.query_max_length, cfg.doc_max_length) == (None, None, 64, 256)
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
