@@ -24,7 +24,7 @@ def main() -> None:
     args = p.parse_args()
 
     from twotower.encoder.finetuning.finetune import FinetuneConfig
-    from twotower.encoder.finetuning.task_examples import carve_dev
+    from twotower.encoder.finetuning.task_examples import build_label_map, carve_dev
     from twotower.eval.metrics import classification_report, misclassified
     from twotower.eval.tasks import classify_metrics, read_text_examples
 
@@ -32,8 +32,8 @@ def main() -> None:
     train = read_text_examples(os.path.join(d, "train.tsv"), label_column=args.label_column)
     train, dev = carve_dev("classify", train, 0.1, seed=0)
     test = read_text_examples(os.path.join(d, "test.tsv"), label_column=args.label_column)
-    # every class, in a fixed order, for the per-class table
-    labels = sorted({ex.label for ex in train} | {ex.label for ex in dev})
+    # every class, in the run's label order, for the per-class table
+    labels = build_label_map([ex.label for ex in train + dev])
 
     def detail(preds, examples):
         r = classification_report([ex.label for ex in examples], [p.label for p in preds], labels=labels)

@@ -113,11 +113,16 @@ def read_text_examples(path: str, text_column: str | None = None, label_column: 
     if kind.endswith(".jsonl"):
         out = []
         for n, obj in _jsonl(path):
-            label = _field(path, n, obj, label_column or "label", (str, int), need_labels)
+            key = label_column or "label"
+            label = _field(path, n, obj, key, (str, int), need_labels)
+            label = None if label is None else str(label).strip()  # a TSV cell's rule: stripped, blank is none
+            if label == "":  # it was a class "" in training, and refused as outside the map in predict
+                if need_labels:
+                    raise DataError(path, n, f"empty label in field {key!r}")
+                label = None
             pair_key = pair_column or ("pair" if "pair" in obj else "text_pair")
             pair = _field(path, n, obj, pair_key, str, required=False)
-            out.append(TextExample(_field(path, n, obj, text_column or "text", str),
-                                   None if label is None else str(label), pair, f"{path}:{n}"))
+            out.append(TextExample(_field(path, n, obj, text_column or "text", str), label, pair, f"{path}:{n}"))
         return out
     if kind.endswith(".txt"):
         if need_labels:

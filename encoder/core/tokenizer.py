@@ -81,8 +81,11 @@ class Tokenizer:
         )
         # Registered as special, as transformers' BertTokenizerFast does: a tokenizer built from vocab.txt (or
         # saved from one) had them as plain vocabulary, so decode(skip_special_tokens=True) kept [CLS] and
-        # [SEP], and a literal "[MASK]" in text became '[', 'mask', ']'. Tokens already registered are kept.
-        hf.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+        # [SEP], and a literal "[MASK]" in text became '[', 'mask', ']'. Only those not registered yet: adding
+        # one again would reset its flags (a [MASK] with lstrip=True came back without it).
+        registered = {t.content for t in hf.get_added_tokens_decoder().values()}
+        hf.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS
+                               if t not in registered])
         hf.no_padding()
         hf.no_truncation()
         hf.post_processor = processors.TemplateProcessing(

@@ -56,6 +56,7 @@ import math
 import os
 import shutil
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -92,7 +93,11 @@ BEST_NAME = "best"  # the state's best.safetensors: the current seed's best weig
 # Settings that change how a run is watched or where it computes, not what it computes: a resume may differ.
 UNCHECKED = ("progress", "save_every", "device", "bf16")
 # The flag of a setting whose name is not the flag's (`--` + the name with dashes otherwise).
-FLAGS = {"max_train_examples": "--max-train", "head": "the task", "labels": "the label map"}
+FLAGS = {"max_train_examples": "--max-train", "head": "the task", "labels": "--labels (the label map)"}
+# How examples become model rows and splits, saved with a run's identity. 2: a lone text is encoded apart from
+# pairs, a tag word with no token is read as [UNK], --dev-fraction is stratified by label, integer labels are
+# ordered by value. A run started under another reading would resume on other rows: refused, saying why.
+READING = 2
 SPLIT_FLAGS = {"train": "--train", "dev": "--dev", "test": "--test"}
 MetricFn = Callable[[Sequence[Any], Sequence[Any]], dict[str, float]]
 
@@ -335,7 +340,7 @@ def run_identity(head: str, model_dir: str, cfg: FinetuneConfig, label_map: list
     model directory and label map, and the examples of each split (`examples_sha256`); and where the run
     computed (`compute`: device kind and bf16), which may differ with a warning."""
     settings = {k: v for k, v in plain(asdict(cfg)).items() if k not in UNCHECKED}
-    settings |= {"head": head, "model": model_dir, "labels": list(label_map)}
+    settings |= {"head": head, "model": model_dir, "labels": list(label_map), "reading": READING}
     inputs = {f"{SPLIT_FLAGS[name]} data": examples_sha256(examples) for name, examples in data.items() if examples}
     return {"settings": settings, "inputs": inputs, "compute": compute}
 
@@ -352,12 +357,17 @@ def _label_map(head: str, labels: Sequence[str] | None, train: Sequence, dev: Se
     miss and noted: the test set is not allowed to shape the model.
     """
     if head == "qa":
+        if labels is not None:  # it was ignored without a word
+            raise ValueError("labels= (--labels) is for classify and tag; a QA head predicts spans")
         return [], []
     task = get_task(head)
     word = "tag" if head == "tag" else "label"
     if labels is not None:
         label_map = list(labels)
-        repeated = sorted({label for label in label_map if label_map.count(label) > 1})
+        odd = next((label for label in label_map if not isinstance(label, str)), None)
+        if odd is not None:  # labels=[0, 1] matched no example ("'0' is not in the label map")
+            raise TypeError(f"labels={label_map}: labels are strings, as read from the files (got {odd!r})")
+        repeated = sorted(label for label, n in Counter(label_map).items() if n > 1)
         if not label_map or repeated:
             raise ValueError(f"labels={label_map}: give each {word} once, at least one (--labels)"
                              + (f"; repeated: {repeated}" if repeated else ""))
@@ -380,7 +390,8 @@ def _label_map(head: str, labels: Sequence[str] | None, train: Sequence, dev: Se
                      f"{'them' if n > 1 else 'it'}): {', '.join(map(repr, untrained[:10]))}"
                      + (f" and {n - 10} more" if n > 10 else ""))
     if test:
-        unknown = [label for label in task.labels_of(test) if label not in set(label_map)]
+        known = set(label_map)
+        unknown = [label for label in task.labels_of(test) if label not in known]
         if unknown:
             kinds = list(dict.fromkeys(unknown))
             notes.append(f"test: {len(unknown)} {word}{'s' * (len(unknown) > 1)} outside the label map, scored as "
@@ -457,6 +468,11 @@ def finetune(
     identity = run_identity(head, model_dir, cfg, label_map, data, {"device": device.type, "bf16": bf16})
     if state_dir:  # before any model or data work: a resume never trains another run under this one's report
         _, saved_identity = read_saved_identity(state_dir)
+        if saved_identity["settings"].get("reading") != READING:
+            raise ValueError(f"cannot resume {work}: the run was started by an earlier twotower, which read the "
+                             "examples into other rows (how lone texts beside pairs, tag words without a token, "
+                             "--dev-fraction and integer labels are read changed); start the run again without "
+                             "--resume")
         check_same_run(saved_identity, identity, work, FLAGS,
                        f"the 'config' of {os.path.join(work, REPORT_NAME)} lists them", "--device / --bf16")
     retain_freed_memory_for(device)  # reuse freed activation memory across steps (common/malloc.py)

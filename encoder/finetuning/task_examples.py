@@ -189,17 +189,32 @@ def carve_dev(task: str, examples: Sequence, fraction: float, seed: int = 0) -> 
 
 
 def _stratified_dev(examples: Sequence[TextExample], fraction: float, rng: np.random.Generator) -> set[int]:
-    """Indices of a classification dev split: per label ``round(n * fraction)`` examples, at most n - 1; if
-    that is none at all (a tiny set), one example of the most frequent label that has two."""
+    """Indices of a classification dev split of ``max(1, round(N * fraction))`` examples, shared out over the
+    labels in proportion to their size (largest remainders), each label keeping at least one example in train.
+
+    Why one total shared out: rounding each label on its own made dev 1 example where 5 were asked (10 labels
+    of 5 at 0.1) or 20 of 30 where 15 were (10 labels of 3 at 0.5). Where the labels' spare examples cannot
+    make up the total (most labels have one example), the rest is drawn from the examples left, as an
+    unstratified split would: such a label is then in dev only, which the run notes.
+    """
     by_label: dict[str | None, list[int]] = {}
     for i, ex in enumerate(examples):
         by_label.setdefault(ex.label, []).append(i)
+    groups = list(by_label.values())  # in first-seen order: the split does not depend on set or hash order
+    total = max(1, round(len(examples) * fraction))
+    exact = [len(g) * fraction for g in groups]
+    quota = [min(len(g) - 1, int(e)) for g, e in zip(groups, exact)]
+    # the examples still to place, to the labels whose share lost most to rounding down (ties: the larger label)
+    for k in sorted(range(len(groups)), key=lambda k: (-(exact[k] - int(exact[k])), -len(groups[k]), k)):
+        if sum(quota) >= total:
+            break
+        if quota[k] < len(groups[k]) - 1:
+            quota[k] += 1
     dev: set[int] = set()
-    for members in by_label.values():
-        take = min(len(members) - 1, round(len(members) * fraction))
-        dev.update(members[j] for j in rng.permutation(len(members))[:take])
-    if not dev and by_label:
-        members = max(by_label.values(), key=len)
-        if len(members) > 1:
-            dev.add(members[int(rng.integers(len(members)))])
+    for g, q in zip(groups, quota):
+        dev.update(g[j] for j in rng.permutation(len(g))[:q])
+    short = total - len(dev)
+    if short > 0:  # every label is down to its last example: the rest as an unstratified split draws it
+        rest = [i for i in range(len(examples)) if i not in dev]
+        dev.update(rest[j] for j in rng.permutation(len(rest))[:short])
     return dev

@@ -73,7 +73,6 @@ from twotower.encoder.training.optim import check_optimizer_settings, lr_factor,
 from twotower.encoder.training.run_log import RunLog, plot_curves
 from twotower.encoder.training.train_state import (
     load_train_state,
-    read_train_user,
     restore_train_state,
     save_train_state,
 )
@@ -211,7 +210,7 @@ def resolve_config(args: PretrainArgs, tokenizer: Tokenizer) -> EncoderConfig:
                          "(--seq-len)")
     if config.type_vocab_size < 2 and args.nsp:  # an IndexError inside the embeddings, after run.json was written
         raise ValueError(f"--nsp reads sentence pairs as two segments, but {args.config or args.init_from} has one "
-                         "segment embedding (type_vocab_size 1); drop --nsp or give a config with type_vocab_size 2")
+                         "segment embedding (type_vocab_size 1); drop --nsp, or start from a model with type_vocab_size 2")
     return config
 
 
@@ -260,21 +259,33 @@ def resume_dir(out: str) -> str:
     return staged if os.path.isdir(os.path.join(staged, STATE_DIR)) else out
 
 
+def _saved_user(work: str) -> dict | None:
+    """The scalars of the training state saved in `work` (None: none, or unreadable), read without putting
+    back a state a killed swap moved aside (`read_train_user` does): a refusal and a Ctrl-C line change no
+    files, and no rank moves a state while rank 0 may be saving one."""
+    try:
+        with open(os.path.join(work, STATE_DIR, "state.json"), encoding="utf-8") as f:
+            user = json.load(f)["user"]
+        return user if isinstance(user, dict) else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def saved_step(work: str) -> int | None:
     """The step of the training state saved in `work` (None: none, or unreadable): what ``--resume`` would
     continue from, as an interrupted run and a refusal say."""
     try:
-        return int(read_train_user(os.path.join(work, STATE_DIR))["step"])
-    except (FileNotFoundError, DataError, KeyError, TypeError, ValueError):
+        return int((_saved_user(work) or {})["step"])
+    except (KeyError, TypeError, ValueError):
         return None
 
 
 def _finished(work: str, budget: Budget) -> bool:
     """Whether the state saved in `work` has spent `budget` (a resume would train nothing)."""
+    user = _saved_user(work)
     try:
-        user = read_train_user(os.path.join(work, STATE_DIR))
-        return budget.progress(user["tokens"], user["step"], user["elapsed"]) >= 1.0
-    except (FileNotFoundError, DataError, KeyError, TypeError):
+        return user is not None and budget.progress(user["tokens"], user["step"], user["elapsed"]) >= 1.0
+    except (KeyError, TypeError, ValueError):
         return False
 
 
@@ -333,7 +344,9 @@ def check_out_dir(args: PretrainArgs, work: str, config: EncoderConfig, budget: 
             raise ValueError(f"cannot resume {out}: this command differs from the run it continues: "
                              f"{'; '.join(differ.values())}. Give the run's own settings (they are in {run_file})."
                              + budget_note)
-        if _finished(out, budget):  # it trained 0 steps, logged a second final validation, rewrote the weights
+        # it trained 0 steps, logged a second final validation, rewrote the weights; but a replacing run whose
+        # swap into --out was stopped (OUT.unfinished) finishes it by resuming
+        if out == args.out and _finished(out, budget):
             raise ValueError(f"--resume: the run in {out} finished (its budget is spent); nothing is left to "
                              f"continue. To train longer, start a new run from its weights: --init-from {out} "
                              f"--tokenizer {out} --out NEW_DIR")

@@ -134,8 +134,10 @@ class DualTrainConfig(TrainSettings):
                                  "train_doc_max_length": "--train-doc-max-length"})
 
 
-def start_settings(cfg: DualTrainConfig) -> DualTrainConfig:
-    """`cfg` with the settings its start decides filled in, each said in the log and kept in training_args.json:
+def start_settings(cfg: DualTrainConfig, say: bool = True) -> DualTrainConfig:
+    """`cfg` with the settings its start decides filled in, each said in the log (`say`: rank 0) and kept in
+    training_args.json. A resume takes those the command leaves unset from the run it continues (a run started
+    before they were filled in recorded them unset, and must go on as it trained):
 
     - normalize (and pooling), where the start has no sentence-transformers settings: on (mean), except with
       freeze_documents, whose document vectors must stay the start's. Why: "the
@@ -156,15 +158,20 @@ def start_settings(cfg: DualTrainConfig) -> DualTrainConfig:
         from twotower.retrieval.manifest import default_model_dir
 
         directory = default_model_dir()
+    decided = ("pooling", "normalize", "query_max_length", "doc_max_length")
+    saved = _saved_settings(cfg.out) if cfg.resume else {}
+    kept = {name: saved[name] for name in decided if getattr(cfg, name) is None and name in saved}
+    cfg = replace(cfg, **kept)
+    unset = {name for name in decided if getattr(cfg, name) is None and name not in kept}
     changes: dict[str, object] = {}
     # (freeze_documents keeps the start's vectors as they are: an index built with it must stay valid)
     bare = (not cfg.freeze_documents and os.path.isdir(directory)
             and not os.path.isfile(os.path.join(directory, DUAL_CONFIG_NAME)) and read_sentence_config(directory) is None)
-    if bare and cfg.normalize is None:
+    if bare and "normalize" in unset:
         changes["normalize"] = True
-    if bare and cfg.pooling is None:
+    if bare and "pooling" in unset:
         changes["pooling"] = "mean"
-    if cfg.query_max_length is None or cfg.doc_max_length is None:
+    if {"query_max_length", "doc_max_length"} & unset:
         cap = None
         try:  # a directory that cannot be read is named by loading it (`load_towers`)
             base = transformer_dir(directory)
@@ -173,17 +180,33 @@ def start_settings(cfg: DualTrainConfig) -> DualTrainConfig:
         except (OSError, ValueError, TypeError):
             pass
         for name, default in (("query_max_length", 64), ("doc_max_length", 256)):
-            if getattr(cfg, name) is None:
+            if name in unset:
                 changes[name] = default if cap is None else min(default, cap)
     # said where the start decided something a user may not expect (cosine for a bare checkpoint, lengths cut to
     # a short model); the usual lengths of a sentence encoder are a detail (logged at INFO, kept in the args)
     capped = any(changes.get(name, default) < default for name, default in (("query_max_length", 64),
                                                                            ("doc_max_length", 256)))
-    if changes:
-        log = logger.warning if bare or capped else logger.info
-        log("train dual: %s (%s)", ", ".join(f"{k}={v}" for k, v in changes.items()),
-            "the start has no sentence-transformers settings: cosine scores" if bare else "the start's defaults")
+    if changes and say:
+        why = ("the start has no sentence-transformers settings: cosine scores" if "normalize" in changes else
+               "the start has no sentence-transformers settings" if bare else
+               "the model reads fewer positions" if capped else "the start's defaults")
+        (logger.warning if bare or capped else logger.info)(
+            "train dual: %s (%s)", ", ".join(f"{k}={v}" for k, v in changes.items()), why)
     return replace(cfg, **changes)
+
+
+def _saved_settings(out: str) -> dict:
+    """The settings of the run a resume continues ({} when there is none: `start_run` then says why)."""
+    from twotower.encoder.training.same_run import locate_state, read_saved_identity
+    from twotower.retrieval.training.training_run import STATE_DIR
+
+    state = locate_state(out, STATE_DIR)
+    if state is None:
+        return {}
+    try:
+        return read_saved_identity(state)[1]["settings"]
+    except (OSError, ValueError):  # a damaged state: `start_run` names it
+        return {}
 
 
 @dataclass
@@ -378,7 +401,7 @@ def evaluate_dual(dual, dev: Sequence[TrainExample], pool: dict[str, str], batch
 def train_dual(cfg: DualTrainConfig) -> DualTrainResult:
     """Train, evaluate on the dev split, keep the best checkpoint. See the module docstring."""
     R, me = world_size(), rank()
-    cfg = start_settings(cfg)
+    cfg = start_settings(cfg, say=me == 0)
     run, rng, device, bf16 = start_run(cfg, cfg.out, enabled=me == 0, world_size=R)
 
     dual = load_towers(cfg, device)  # first: a bad model directory fails before any data work

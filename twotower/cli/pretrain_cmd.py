@@ -81,11 +81,13 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     import json
     import os
+    import time
 
     from twotower.cli import resumable
     from twotower.encoder.pretraining.pretrain import (
         FIRST_SAVE,
         RUN_FILE,
+        STATE_DIR,
         PretrainArgs,
         pretrain,
         resume_dir,
@@ -105,10 +107,16 @@ def run(args: argparse.Namespace) -> int:
         device=args.device, seed=args.seed, resume=args.resume, overwrite=args.overwrite,
         progress=not args.no_progress, cache_dir=args.cache_dir, dump_replicas=args.dump_replicas,
     )
-    # where this run saves its state (--out, or OUT.unfinished for one replacing an earlier run), as it starts
-    work = resume_dir(args.out) if args.resume else run_dir(pargs)
+    started = time.time()
 
     def saved_at() -> str | None:
+        """The step --resume would continue from, looked up when Ctrl-C comes: where the run saves its state
+        (--out, or OUT.unfinished for one replacing an earlier run) is known only once it has started. A new
+        run's state must be its own: until it starts, OUT.unfinished may still hold a stopped run's."""
+        work = resume_dir(args.out) if args.resume else run_dir(pargs)
+        state = os.path.join(work, STATE_DIR, "state.json")
+        if not args.resume and (not os.path.isfile(state) or os.path.getmtime(state) < started):
+            return None
         step = saved_step(work)
         return None if step is None else f"step {step}"
 

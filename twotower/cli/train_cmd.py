@@ -151,7 +151,8 @@ def register(subparsers) -> None:
     p.add_argument("--pooling", choices=["mean", "cls", "max"], default=None,
                    help="how token states become one vector (default: the model directory's, else mean)")
     p.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None,
-                   help="L2-normalise the vectors: cosine scores (default: the model directory's setting, else on)")
+                   help="L2-normalise the vectors: cosine scores (default: the model directory's setting, else on; "
+                        "with --freeze-documents, else off)")
     p.add_argument("--query-prefix", default=None, help="text put before every query (default: the model directory's)")
     p.add_argument("--document-prefix", "--doc-prefix", dest="document_prefix", default=None,
                    help="text put before every document (default: the model directory's)")

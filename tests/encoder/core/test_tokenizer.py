@@ -323,3 +323,11 @@ def test_a_tokenizer_from_vocab_txt_treats_special_tokens_as_transformers_does(t
         assert tok.tokenize(text) == theirs.tokenize(text) == ["hello", "[MASK]", "world", "[SEP]", "x"]
         assert tok.decode(ids) == theirs.decode(ids, skip_special_tokens=True) == "hello world"
         assert tok.encode([text]).input_ids.tolist() == [theirs(text)["input_ids"]]
+    # a tokenizer.json whose special token has flags of its own keeps them (adding it again reset them)
+    saved = json.loads((tmp_path / "saved" / "tokenizer.json").read_text(encoding="utf-8"))
+    for token in saved["added_tokens"]:
+        token["lstrip"] = token["content"] == "[MASK]"
+    (tmp_path / "saved" / "tokenizer.json").write_text(json.dumps(saved), encoding="utf-8")
+    again = Tokenizer.from_pretrained(str(tmp_path / "saved"))
+    flags = {t.content: t.lstrip for t in again._tok.get_added_tokens_decoder().values()}
+    assert flags["[MASK]"] is True and flags["[SEP]"] is False

@@ -151,6 +151,19 @@ def test_a_resume_of_another_run_of_none_or_of_a_finished_one_is_refused(tiny_di
         finetune("classify", tiny_dir, TRAIN, DEV, out, other, resume=True)
     with pytest.raises(ValueError, match=r"--train data has changed since the run read it"):
         finetune("classify", tiny_dir, TRAIN[:-1], DEV, out, cfg, resume=True)
+    # a run an earlier twotower started read its examples into other rows: refused, saying so
+    state = os.path.join(out, STATE_DIR, "state.json")
+    with open(state) as f:
+        saved = json.load(f)
+    reading = saved["user"]["run"]["settings"].pop("reading")
+    with open(state, "w") as f:
+        json.dump(saved, f)
+    with pytest.raises(ValueError, match=r"the run was started by an earlier twotower, which read the examples "
+                                         r"into other rows .*start the run again without --resume"):
+        finetune("classify", tiny_dir, TRAIN, DEV, out, cfg, resume=True)
+    saved["user"]["run"]["settings"]["reading"] = reading
+    with open(state, "w") as f:
+        json.dump(saved, f)
     # a fresh start into the stopped run is refused, and says that it can be resumed
     with pytest.raises(ValueError, match=r"holds an earlier fine-tuning run; .*or resume=True to continue the run "
                                          r"stopped in .*run: --resume"):

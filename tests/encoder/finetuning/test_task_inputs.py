@@ -34,7 +34,7 @@ def test_a_lone_text_is_read_alike_beside_pairs(tiny_dir):
 def test_integer_labels_are_ordered_by_value():
     """Sorted as strings, id 2 was class "10" and -1 / 0 / 1 gave id 0 to "-1" ... by accident."""
     assert build_label_map([str(k) for k in (3, 10, 0, 2, 11, 1)]) == ["0", "1", "2", "3", "10", "11"]
-    assert build_label_map(["1", "-1", "0"]) == ["-1", "0", "1"]
+    assert build_label_map(["5", "-1", "10"]) == ["-1", "5", "10"]  # as strings: "-1", "10", "5"
     assert build_label_map(["pos", "neg", "10", "2"]) == ["10", "2", "neg", "pos"]  # not all integers: strings
     assert build_label_map(["B-x", "O", "I-x"]) == ["O", "B-x", "I-x"]
 
@@ -49,6 +49,14 @@ def test_the_carved_dev_split_keeps_every_label_in_train():
         assert sum(ex.label == "common" for ex in dev) == 20 and len(train) + len(dev) == len(examples)
     train, dev = carve_dev("classify", examples[:3], 0.1)  # too few for a share of any label: still one in dev
     assert len(dev) == 1 and dev[0].label == "common"
+    # the size asked for, whatever the rounding of each label's share (10 labels of 5 at 0.1 gave 1, of 3 at
+    # 0.5 gave 20 of 30); labels of one example each: the rest drawn as an unstratified split would
+    for labels, size, fraction in ((10, 5, 0.1), (10, 3, 0.5), (10, 2, 0.3), (7, 3, 0.25), (40, 1, 0.1)):
+        examples = [TextExample(f"t{k}-{i}", str(k)) for k in range(labels) for i in range(size)]
+        train, dev = carve_dev("classify", examples, fraction)
+        assert len(dev) == round(labels * size * fraction), (labels, size, fraction)
+        if size > 1:
+            assert {ex.label for ex in train} == {str(k) for k in range(labels)}
 
 
 def test_a_dev_only_label_is_in_the_map_and_noted(tiny_dir, tmp_path):

@@ -694,3 +694,50 @@ def test_nsp_with_one_segment_embedding_and_a_file_as_tokenizer_are_refused_nami
     assert not os.path.exists(tmp_path / "nsp")  # nothing written: the next attempt needs no --overwrite
     assert main(_args(setup, setup["corpus"], str(tmp_path / "x"), "--steps", "1")) == 2
     assert f"--tokenizer {setup['corpus']}: a file, not a tokenizer directory" in capsys.readouterr().err
+
+
+def test_a_replacing_run_stopped_before_its_swap_is_swapped_in_by_resume(stopped_run, tiny_tokenizer_dir,
+                                                                        tmp_path, capsys, monkeypatch):
+    """A finished replacing run whose swap into --out was stopped (Ctrl-C, a full disk) was refused by --resume
+    as "finished", and --overwrite would have started it again: --resume now completes the swap."""
+    from twotower.encoder.pretraining import pretrain as pt
+
+    s = stopped_run[0]
+    out = _copy_run(stopped_run, tmp_path)
+    args = _args(s, tiny_tokenizer_dir, out, "--steps", "2", "--lr", "3e-3", "--overwrite")
+
+    def stopped(*_a, **_k):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(pt, "commit_staged_run", stopped)
+        assert main(args) == 130
+    capsys.readouterr()
+    staged = _snapshot(out + ".unfinished")
+    assert main([*args, "--resume"]) == 0
+    assert json.loads(capsys.readouterr().out)["out"] == out and not os.path.exists(out + ".unfinished")
+    assert open(os.path.join(out, "model.safetensors"), "rb").read() == staged["model.safetensors"]
+
+
+def test_ctrl_c_before_a_new_runs_first_save_names_no_earlier_runs_state(stopped_run, tiny_tokenizer_dir, tmp_path,
+                                                                         capsys, monkeypatch):
+    """A new --overwrite run interrupted before its first save said "the run's state after step 2 is saved; run
+    the same command with --resume": the state of the stopped replacing run its directory still held."""
+    from twotower.encoder.pretraining import pretrain as pt
+
+    s = stopped_run[0]
+    out = _copy_run(stopped_run, tmp_path)
+    args = _args(s, tiny_tokenizer_dir, out, "--steps", "4", "--lr", "3e-3", "--overwrite")
+    assert main([*args, "--max-steps", "2"]) == 0  # a replacing run stopped in OUT.unfinished, its state at step 2
+    state = os.path.join(out + ".unfinished", "trainer_state", "state.json")
+    os.utime(state, (time.time() - 60, time.time() - 60))
+    capsys.readouterr()
+
+    def interrupted(*_a, **_k):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(pt, "tokenize_corpus", interrupted)  # before the new run has saved (or removed) anything
+        assert main(args) == 130
+    err = capsys.readouterr().err
+    assert "no state was saved yet" in err and "step 2" not in err

@@ -246,3 +246,22 @@ def test_a_sentence_encoder_start_keeps_its_settings_and_the_usual_lengths_say_n
     cfg = start_settings(DualTrainConfig(model="default", data="unused", out="unused"))
     assert (cfg.normalize, cfg.pooling, cfg.query_max_length, cfg.doc_max_length) == (None, None, 64, 256)
     assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
+def test_a_resume_keeps_the_settings_its_run_recorded_unset(tmp_path, caplog):
+    """A run started from a bare checkpoint before cosine was filled in recorded normalize and pooling unset
+    (and trained unnormalised): resumed, it was refused as "--normalize true (the run: (not given))", with no
+    flag able to say "unset". The settings the command leaves unset come from the run it continues."""
+    from twotower.retrieval.training.train_dual import start_settings
+
+    state = tmp_path / "run" / "trainer_state"
+    state.mkdir(parents=True)
+    settings = {"normalize": None, "pooling": None, "query_max_length": 64, "doc_max_length": 256}
+    (state / "state.json").write_text(json.dumps({"optimizer": {"param_groups": []},
+                                                  "user": {"run": {"settings": settings, "inputs": {}}}}))
+    cfg = start_settings(_cfg(tmp_path, resume=True, doc_max_length=None, query_max_length=None))
+    assert (cfg.normalize, cfg.pooling, cfg.query_max_length, cfg.doc_max_length) == (None, None, 64, 256)
+    assert not caplog.records  # nothing decided: nothing said
+    fresh = start_settings(_cfg(tmp_path / "new", doc_max_length=None, query_max_length=None), say=False)
+    assert (fresh.normalize, fresh.pooling, fresh.doc_max_length) == (True, "mean", 64)
+    assert not caplog.records  # say=False: another rank than 0
