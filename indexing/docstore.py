@@ -47,6 +47,10 @@ FIELDS_KEY = "metadata_fields"  # meta key: JSON list of the metadata field path
 # meta key: JSON {path: rows whose metadata has it}, so a delete or replace can take a field away (FIELDS_KEY
 # alone only grew); FIELDS_KEY is kept equal to its keys, for older versions and to notice their writes
 FIELD_COUNTS_KEY = "metadata_field_counts"
+# meta key: the ``docs_digest`` the counts were made at. Every version changes that digest at every write, so a
+# write by a version that does not count (an older twotower) leaves the counts visibly stale: they are made
+# again by a scan instead of drifting (a delete then took a field another document still had to 0)
+FIELD_COUNTS_AT_KEY = "metadata_field_counts_at"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS docs (
@@ -168,7 +172,7 @@ class DocStore:
         self.path = Path(path)
         self.readonly = readonly
         self._lock = threading.RLock()
-        self._scanned_fields: set[str] | None = None
+        self._scanned_fields: tuple[str | None, set[str]] | None = None  # (docs_digest, fields) of a scan
         try:
             if readonly:
                 if not self.path.is_file():
@@ -329,6 +333,7 @@ class DocStore:
                     "pass on_duplicate='skip' or 'replace'"
                 )
             old = [d for d in self.get(present) if d is not None] if on_duplicate == "replace" else []
+            counted_at = self.get_meta("docs_digest")  # before this write: what valid counts were made at
             written = [v for v, c in zip(values, present_flags) if not c or on_duplicate == "replace"]
             new_ids = [v[0] for v, c in zip(values, present_flags) if not c]
             before = self._conn.total_changes
@@ -338,7 +343,7 @@ class DocStore:
                 add_ids=new_ids, add_rows=[_key_of(v) for v in written], drop_rows=[row_key(d) for d in old]
             )
             self._record_fields([d["metadata"] for d, c in zip(rows, present_flags)
-                                 if not c or on_duplicate == "replace"], [d["metadata"] for d in old])
+                                 if not c or on_duplicate == "replace"], [d["metadata"] for d in old], counted_at)
             return changed
 
     def delete(self, ids: Iterable[str]) -> list[str]:
@@ -347,11 +352,12 @@ class DocStore:
         ids = list(dict.fromkeys(id_list(ids, "delete")))
         with self._atomic():
             docs = self.get(ids)
+            counted_at = self.get_meta("docs_digest")
             missing = [i for i, d in zip(ids, docs) if d is None]
             self._conn.executemany("DELETE FROM docs WHERE id = ?", ((i,) for i in ids))
             gone = [d for d in docs if d is not None]
             self._update_digests(drop_ids=[d["id"] for d in gone], drop_rows=[row_key(d) for d in gone])
-            self._record_fields([], [d["metadata"] for d in gone])
+            self._record_fields([], [d["metadata"] for d in gone], counted_at)
         return missing
 
     # ------------------------------------------------------------------ digests
@@ -586,12 +592,14 @@ class DocStore:
                 self._conn.executemany(sql, rows)
 
     # ------------------------------------------------------------------ metadata fields and filters
-    def _record_fields(self, added: Iterable[Mapping[str, Any]], removed: Iterable[Mapping[str, Any]] = ()) -> None:
+    def _record_fields(self, added: Iterable[Mapping[str, Any]], removed: Iterable[Mapping[str, Any]],
+                       counted_at: str | None) -> None:
         """Count the field paths of metadata just written (``added``) or deleted / replaced (``removed``) in the
-        ``metadata_field_counts`` meta key (same transaction, after the rows changed), so that the fields a
-        filter may name are those some stored document has: an index changed by adds and deletes accepts the
-        filters a rebuild of its documents accepts. O(change), except once for a store written before the key
-        (or by a version that did not keep it), which is scanned."""
+        ``metadata_field_counts`` meta key (same transaction, after the rows and digests changed), so that the
+        fields a filter may name are those some stored document has: an index changed by adds and deletes
+        accepts the filters a rebuild of its documents accepts. `counted_at`: ``docs_digest`` before this
+        write; counts made at another (none yet, or a write by a version that does not count) are made again
+        by a scan. O(change) otherwise, plus the digest the counts are now at."""
         delta: Counter[str] = Counter()
         for md in added:
             if md:
@@ -599,25 +607,28 @@ class DocStore:
         for md in removed:
             if md:
                 delta.subtract(metadata_fields(md))
-        if not any(delta.values()):
-            return
-        counts = self._stored_counts()
+        counts = self._stored_counts(counted_at)
+        if counts is None and not any(delta.values()) and self.get_meta(FIELD_COUNTS_KEY) is None:
+            return  # a store written before the counts, unchanged in its fields: its list stays as it is
         if counts is None:  # the rows already hold this change: the scan counts it
             counts = self._scan_fields()
-        else:
+        elif any(delta.values()):
             counts.update(delta)
+        else:  # the same fields: only the digest they are at moves
+            self.set_meta(FIELD_COUNTS_AT_KEY, self.get_meta("docs_digest") or "")
+            return
         counts = Counter({path: n for path, n in counts.items() if n > 0})
         self.set_meta(FIELD_COUNTS_KEY, json.dumps(dict(sorted(counts.items())), ensure_ascii=False))
         self.set_meta(FIELDS_KEY, json.dumps(sorted(counts), ensure_ascii=False))
+        self.set_meta(FIELD_COUNTS_AT_KEY, self.get_meta("docs_digest") or "")
 
-    def _stored_counts(self) -> Counter[str] | None:
-        """The recorded field counts, or None when missing or out of step with ``FIELDS_KEY`` (an older
-        version added documents without counting them)."""
-        value, fields = self.get_meta(FIELD_COUNTS_KEY), self.get_meta(FIELDS_KEY)
-        if value is None or fields is None:
+    def _stored_counts(self, at: str | None) -> Counter[str] | None:
+        """The recorded field counts if they were made at ``docs_digest`` `at`, else None (missing, or stale:
+        a write by a version that does not count them changed the documents since)."""
+        value = self.get_meta(FIELD_COUNTS_KEY)
+        if value is None or self.get_meta(FIELD_COUNTS_AT_KEY) != (at or ""):
             return None
-        counts = Counter(json.loads(value))
-        return counts if set(counts) == set(json.loads(fields)) else None
+        return Counter(json.loads(value))
 
     @_locked
     def _scan_fields(self) -> Counter[str]:
@@ -630,20 +641,19 @@ class DocStore:
     def metadata_fields(self) -> set[str]:
         """Dotted paths of the metadata values some stored document has (``source.name``).
 
-        Counted at each write in the same transaction. A store whose counts are missing is scanned (once
-        per connection when read-only: it cannot record them); one written before the counts but with the
-        older list of fields ever added uses that list, a superset after deletes, until its next write.
+        Counted at each write in the same transaction. A store written before the counts uses the older list
+        of fields ever added (a superset after deletes) until its next write; one whose counts are stale (an
+        older twotower wrote since) is scanned, once per connection and commit, until its next write.
         """
-        counts = self._stored_counts()
+        at = self.get_meta("docs_digest")
+        counts = self._stored_counts(at)
         if counts is not None:
             return set(counts)
         if (listed := self.get_meta(FIELDS_KEY)) is not None and self.get_meta(FIELD_COUNTS_KEY) is None:
             return set(json.loads(listed))
-        if self.readonly:  # cannot record it: scan once per connection
-            if self._scanned_fields is None:
-                self._scanned_fields = set(self._scan_fields())
-            return set(self._scanned_fields)
-        return set(self._scan_fields())
+        if self._scanned_fields is None or self._scanned_fields[0] != at:
+            self._scanned_fields = (at, set(self._scan_fields()))
+        return set(self._scanned_fields[1])
 
     @_locked
     def matching_ids(self, flt: Filter) -> list[str]:

@@ -14,7 +14,7 @@ import pytest
 import twotower.indexing.vector_index as vector_index
 from tests.indexing.helpers import brute_force, clustered
 from twotower.indexing import BM25, DocStore, IndexStore, VectorIndex
-from twotower.indexing.docstore import FIELD_COUNTS_KEY, FIELDS_KEY
+from twotower.indexing.docstore import FIELD_COUNTS_AT_KEY, FIELD_COUNTS_KEY, FIELDS_KEY
 from twotower.indexing.filters import FilterError, parse_filter
 
 
@@ -89,6 +89,23 @@ def test_a_store_without_field_counts_keeps_its_list_until_a_write_counts_them(t
         ds.delete(["d1"])
         assert ds.metadata_fields() == {"lang", "year", "src.name", "rare"}
         assert json.loads(ds.get_meta(FIELD_COUNTS_KEY)) == {"lang": 1, "rare": 1, "src.name": 1, "year": 1}
+
+
+def test_counts_an_older_writer_left_stale_are_made_again_not_drifted(tmp_path):
+    """An older twotower adds a document of a field already listed without counting it; a later delete by this
+    version took the count to 0 and the field away, though the older writer's document still had it
+    ("unknown field 'a'"). Counts are made at a documents digest, which every version changes at every write."""
+    path = tmp_path / "d.sqlite"
+    with DocStore(path) as ds:
+        ds.add([{"id": "x", "text": "t", "metadata": {"a": 1}}])
+        counts, at = ds.get_meta(FIELD_COUNTS_KEY), ds.get_meta(FIELD_COUNTS_AT_KEY)
+        ds.add([{"id": "y", "text": "t", "metadata": {"a": 2}}])
+        ds.set_meta(FIELD_COUNTS_KEY, counts)  # as an older version leaves them: only its rows and digests change
+        ds.set_meta(FIELD_COUNTS_AT_KEY, at)
+        assert ds.metadata_fields() == {"a"}  # stale counts are not trusted: scanned
+        ds.delete(["x"])
+        assert ds.metadata_fields() == {"a"} and json.loads(ds.get_meta(FIELD_COUNTS_KEY)) == {"a": 1}
+        assert [d for d in ds.matching_ids(parse_filter("a == 2"))] == ["y"]
 
 
 def test_docstore_without_the_fields_key_scans_once(tmp_path):

@@ -218,6 +218,8 @@ class SearchService:
             if not owner.has_passages:  # it would be ignored without a word
                 raise ApiError(400, "aggregate: this index stores documents whole (built without --passages); "
                                     "leave aggregate out", "aggregate")
+        if aggregate is None and owner.has_passages:  # the default, spelled out: one batch with those saying "max"
+            aggregate = "max"
         return SearchParams(k=k, recall_k=recall_k, hybrid=hybrid, rerank=rerank, rerank_k=rerank_k, filter=flt,
                             aggregate=aggregate)
 
