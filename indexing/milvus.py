@@ -399,15 +399,18 @@ def _owned_elsewhere(spec: MilvusSpec, prev: str, rows: int) -> str | None:
     """Why the collection recorded as belonging to directory `prev` is not free for `spec`, or None to take it over.
 
     Taken over: only the leftover of a failed build of the same directory (`prev` is `spec.owner`, and holds
-    no index). Not by its row count: an index whose documents were all deleted has an empty collection, and
-    dropping it broke that index for good. Nor because `prev` is gone: an index opens by its collection's
-    index id, not its path, so a moved index still owns its collection.
+    no index; the collection is empty, or the build's ``<out>.build`` is there). Not by its row count alone:
+    an index whose documents were all deleted has an empty collection, and dropping it broke that index for
+    good. Nor because `prev` is gone: an index opens by its collection's index id, not its path, so a moved
+    index still owns its collection, also against a new build at its old path.
     """
     manifest = bool(prev) and os.path.exists(os.path.join(prev, "manifest.json"))
-    if prev == spec.owner and not manifest:
-        return None  # a failed build of this directory
-    held = f"already holds {rows} vectors of" if rows else "is empty but belongs to"
     unfinished = f"{prev.rstrip(os.sep)}.build"
+    # a failed build of this directory: killed before its first vector, or in an `index build` whose work
+    # directory is still there; vectors with neither are a moved index's (`mv X Y`, then a build at X)
+    if prev == spec.owner and not manifest and (not rows or os.path.isdir(unfinished)):
+        return None
+    held = f"already holds {rows} vectors of" if rows else "is empty but belongs to"
     if prev and not manifest and os.path.exists(unfinished):
         return f"{held} the unfinished build of {prev} (rerun that build, or remove {unfinished})"
     moved = "" if manifest or not prev else " (no index there now: if it was moved, it still uses this collection)"

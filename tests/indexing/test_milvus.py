@@ -269,6 +269,11 @@ def test_the_empty_collection_of_a_live_index_is_refused_and_taken_over_once_tha
         IndexStore.create(tmp_path / "b", 8, None, "cosine", milvus=other)
     with IndexStore.open(tmp_path / "moved") as moved:
         assert moved.search(np.ones((1, 8), np.float32), 1).ids == [["c"]]
+    # nor by a new index at the moved one's old path (a failed build there has no vectors, or its OUT.build)
+    with pytest.raises(ValueError, match=r"already holds 1 vectors of the index .*live \(no index there now"):
+        IndexStore.create(tmp_path / "live", 8, None, "cosine", milvus=mv.MilvusSpec(uri, s.collection))
+    with IndexStore.open(tmp_path / "moved") as moved:
+        assert moved.search(np.ones((1, 8), np.float32), 1).ids == [["c"]]
 
 
 class Killed(BaseException):
