@@ -205,11 +205,13 @@ def _stratified_dev(examples: Sequence[TextExample], fraction: float, rng: np.ra
     exact = [len(g) * fraction for g in groups]
     quota = [min(len(g) - 1, int(e)) for g, e in zip(groups, exact)]
     # the examples still to place, to the labels whose share lost most to rounding down (ties: the larger label)
+    placed = sum(quota)
     for k in sorted(range(len(groups)), key=lambda k: (-(exact[k] - int(exact[k])), -len(groups[k]), k)):
-        if sum(quota) >= total:
+        if placed >= total:
             break
         if quota[k] < len(groups[k]) - 1:
             quota[k] += 1
+            placed += 1
     dev: set[int] = set()
     for g, q in zip(groups, quota):
         dev.update(g[j] for j in rng.permutation(len(g))[:q])

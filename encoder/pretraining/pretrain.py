@@ -73,6 +73,7 @@ from twotower.encoder.training.optim import check_optimizer_settings, lr_factor,
 from twotower.encoder.training.run_log import RunLog, plot_curves
 from twotower.encoder.training.train_state import (
     load_train_state,
+    read_train_user,
     restore_train_state,
     save_train_state,
 )
@@ -261,13 +262,10 @@ def resume_dir(out: str) -> str:
 
 def _saved_user(work: str) -> dict | None:
     """The scalars of the training state saved in `work` (None: none, or unreadable), read without putting
-    back a state a killed swap moved aside (`read_train_user` does): a refusal and a Ctrl-C line change no
-    files, and no rank moves a state while rank 0 may be saving one."""
+    back a state a killed swap moved aside: a refusal and a Ctrl-C line change no files."""
     try:
-        with open(os.path.join(work, STATE_DIR, "state.json"), encoding="utf-8") as f:
-            user = json.load(f)["user"]
-        return user if isinstance(user, dict) else None
-    except (OSError, ValueError, KeyError, TypeError):
+        return read_train_user(os.path.join(work, STATE_DIR), recover=False)
+    except (OSError, DataError):
         return None
 
 

@@ -176,11 +176,13 @@ def load_train_state(directory: str, map_location: str | torch.device = "cpu",
     )
 
 
-def read_train_user(directory: str) -> dict:
+def read_train_user(directory: str, recover: bool = True) -> dict:
     """The caller's scalars of the state in `directory` (its ``state.json``), without reading a tensor: what a
-    resume checks before any model or data work. A state a kill left moved aside is put back first; a missing
+    resume checks before any model or data work. A state a kill left moved aside is put back first (unless
+    `recover` is False: a look that must change no files, on any rank, while rank 0 may be saving); a missing
     or damaged ``state.json`` is named as in `load_train_state`."""
-    recover_replaced_dir(directory)
+    if recover:
+        recover_replaced_dir(directory)
     path = os.path.join(directory, "state.json")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"training state incomplete: {path} is missing")

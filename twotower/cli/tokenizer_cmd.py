@@ -122,17 +122,17 @@ def _check_out(out: str, overwrite: bool) -> None:
     raise CLIError(f"--out {out}: a directory that holds other files ({shown}); give a new or empty directory")
 
 
-def _alphabet(tok: Tokenizer) -> set[str]:
-    """The characters the vocabulary holds as pieces of their own (alone or as ``##`` continuations)."""
+def _single_pieces(tok: Tokenizer) -> list[str]:
+    """The vocabulary's single-character pieces, alone or as ``##`` continuations (special tokens aside)."""
     from twotower.encoder.core.tokenizer import SPECIAL_TOKENS
 
-    return {t[-1] for t in tok.get_vocab() if t not in SPECIAL_TOKENS and (len(t) == 1 or (len(t) == 3 and t[:2] == "##"))}
+    return [t for t in tok.get_vocab() if t not in SPECIAL_TOKENS and (len(t) == 1 or (len(t) == 3 and t[:2] == "##"))]
 
 
 def _left_out(tok: Tokenizer, chars: set[str]) -> int:
     """How many characters of the text (as the tokenizer normalises them) the vocabulary has no piece for:
     those --limit-alphabet left out, which become [UNK]."""
-    alphabet = _alphabet(tok)
+    alphabet = {t[-1] for t in _single_pieces(tok)}
     normalize = tok._tok.normalizer.normalize_str
     return len({n for c in chars for n in normalize(c) if not n.isspace() and n not in alphabet})
 
@@ -153,9 +153,10 @@ def _size_note(tok: Tokenizer, asked: int, min_frequency: int, limit_alphabet: i
     if size == asked:
         return f" ({unk[2:]})" if unk else ""
     if size > asked:
-        chars = sum(1 for t in tok.get_vocab() if t not in SPECIAL_TOKENS and (len(t) == 1 or (len(t) == 3 and t[:2] == "##")))
-        kept = (f"{len(_alphabet(tok))} most frequent characters (--limit-alphabet), as {chars} single-character "
-                "pieces," if left_out else f"{chars} single-character pieces")
+        pieces = _single_pieces(tok)
+        chars = len(pieces)
+        kept = (f"{len({t[-1] for t in pieces})} most frequent characters (--limit-alphabet), as {chars} "
+                "single-character pieces," if left_out else f"{chars} single-character pieces")
         return f" (asked for {asked}: the {len(SPECIAL_TOKENS)} special tokens and the corpus's {kept} are always kept{unk})"
     seen = f" seen {min_frequency} or more times, --min-frequency {min_frequency}" if min_frequency > 1 else ""
     return f" (asked for {asked}: the corpus has no more distinct pieces{seen}{unk})"
