@@ -46,7 +46,13 @@ import numpy as np
 from twotower.indexing.errors import IndexFormatError
 from twotower.indexing.integrity import combine, file_sha256, hex64, set_digest
 from twotower.indexing.search_result import MISSING_ID, SearchResult, empty_result
-from twotower.indexing.vector_index import DuplicatePolicy, Metric, VectorIndex
+from twotower.indexing.vector_index import (
+    DuplicatePolicy,
+    FastScanIVFError,
+    Metric,
+    VectorIndex,
+    fast_scan_ivf_error,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -210,11 +216,14 @@ class Segments:
     def template(self) -> VectorIndex:
         """An empty index of this configuration, trained when the factory needs training and any segment is."""
         if self._template is None:
+            try:
+                fresh = VectorIndex(self.dim, self.factory, self.metric, **self._vi_options())
+            except FastScanIVFError:
+                if not self.segments:
+                    raise
+                raise fast_scan_ivf_error(self.factory, built=True) from None  # built before it was refused
             trained = next((s.base for s in self.segments if s.base.is_trained), None)
-            if trained is not None and not VectorIndex(self.dim, self.factory, self.metric, **self._vi_options()).is_trained:
-                self._template = trained.empty_copy()
-            else:
-                self._template = VectorIndex(self.dim, self.factory, self.metric, **self._vi_options())
+            self._template = trained.empty_copy() if trained is not None and not fresh.is_trained else fresh
         return self._template
 
     def _vi_options(self) -> dict[str, Any]:

@@ -78,6 +78,11 @@ class FactoryError(ValueError):
     """A FAISS factory string that FAISS cannot build, or whose training needs more vectors than there are."""
 
 
+class FastScanIVFError(FactoryError):
+    """An IVF fast-scan factory, refused (`fast_scan_ivf_error`); its own class so that a caller which knows the
+    index already exists can say "rebuild it" instead of "use"."""
+
+
 def _too_few_to_train(factory: str, need: int, n: int) -> FactoryError:
     return FactoryError(f"{factory!r} needs at least {need} training vectors, got {n}; "
                         "IVF needs a vector a list and PQ 2^bits a codebook: use a smaller nlist or fewer PQ bits, "
@@ -109,14 +114,21 @@ def _factory_error(factory: str, dim: int, metric: Metric, raw: str) -> FactoryE
                                    re.sub(r"\s+", "", factory))
         if fixed != factory:
             try:
-                faiss.index_factory(dim, fixed, _FAISS_METRIC[metric])
+                if isinstance(unwrap(faiss.index_factory(dim, fixed, _FAISS_METRIC[metric])), faiss.IndexIVFFastScan):
+                    fixed = _without_fast_scan(fixed)  # never suggest what the next step refuses
+                    faiss.index_factory(dim, fixed, _FAISS_METRIC[metric])
                 msg += f"; did you mean {fixed!r}?"
             except RuntimeError:
                 pass
     return FactoryError(f"invalid FAISS factory string {factory!r}: {msg}")
 
 
-def _fast_scan_ivf(factory: str, *, built: bool = False) -> FactoryError:
+def _without_fast_scan(factory: str) -> str:
+    """``factory`` with its fast-scan packing dropped (``IVF4,PQ8x4fs_64`` -> ``IVF4,PQ8``)."""
+    return re.sub(r"(?:x4)?fsr?(?:_\d+)?\b", "", factory)
+
+
+def fast_scan_ivf_error(factory: str, *, built: bool = False) -> FastScanIVFError:
     """The refusal of an IVF fast-scan index (``IVF…,PQ…x4fs``/``fsr``, ``IVF…,RaBitQfs``); ``built``: an
     index made before they were refused, which can still be searched without a filter.
 
@@ -124,11 +136,11 @@ def _fast_scan_ivf(factory: str, *, built: bool = False) -> FactoryError:
     stored vectors (the exact scan of a filtered search, the merge of segments at a commit) crashed the
     process (segfault) on a saved index instead of raising. Plain IVF-PQ keeps the same lists and codes.
     """
-    plain = re.sub(r"x4fsr?\b|fsr?\b", "", factory)
+    plain = _without_fast_scan(factory)
     suggestion = f"{plain!r} (the same IVF lists, codes without fast-scan packing)" if plain != factory else "IVF…,PQ…"
     what = (f"this index was built with {factory!r}, an IVF fast-scan index, which" if built
             else f"{factory!r} is an IVF fast-scan index, which")
-    return FactoryError(f"{what} cannot return its stored vectors (filtered search and segment merges need them; "
+    return FastScanIVFError(f"{what} cannot return its stored vectors (filtered search and segment merges need them; "
                         f"FAISS crashes instead of refusing): {'rebuild it with --factory' if built else 'use'} "
                         f"{suggestion}, or a fast-scan PQ without IVF such as 'PQ8x4fs', or HNSW32 / Flat")
 
@@ -259,7 +271,7 @@ class VectorIndex:
         kind = index_kind(index)
         core = unwrap(index)
         if isinstance(core, faiss.IndexIVFFastScan):
-            raise _fast_scan_ivf(self.factory)
+            raise fast_scan_ivf_error(self.factory)
         if kind == "hnsw" and self.ef_construction is not None:
             core.hnsw.efConstruction = int(self.ef_construction)
         if kind != "ivf" and not isinstance(faiss.downcast_index(index), faiss.IndexIDMap):
@@ -547,6 +559,8 @@ class VectorIndex:
         if len(labels) == 0:
             return out
         index = faiss.downcast_index(self._index)
+        if isinstance(unwrap(index), faiss.IndexIVFFastScan):  # an index built before the factory was refused
+            raise fast_scan_ivf_error(self.factory, built=True)  # (FAISS segfaults or says "direct map")
         if isinstance(index, faiss.IndexIDMap):
             inner = index.index
             stored = faiss.vector_to_array(index.id_map)  # (ntotal,) label at each position
@@ -563,8 +577,6 @@ class VectorIndex:
                 pos = pos_all[start : start + 65536]
                 out[start : start + len(pos)] = inner.reconstruct_batch(pos)
             return out
-        if isinstance(unwrap(index), faiss.IndexIVFFastScan):  # an index built before the factory was refused
-            raise _fast_scan_ivf(self.factory, built=True)
         ivf = faiss.extract_index_ivf(unwrap(index))
         if ivf.direct_map.type == faiss.DirectMap.NoMap:
             self._ensure_writable()

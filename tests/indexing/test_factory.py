@@ -63,7 +63,8 @@ def test_invalid_factory_string_is_a_clear_error():
 
 
 @pytest.mark.parametrize("factory,meant", [("Flat ", "Flat"), ("flat", "Flat"), ("hnsw32", "HNSW32"),
-                                           ("ivf4, sq8", "IVF4,SQ8"), ("pq4x4FS", "PQ4x4fs")])
+                                           ("ivf4, sq8", "IVF4,SQ8"), ("pq4x4FS", "PQ4x4fs"),
+                                           ("ivf4,pq4x4FS", "IVF4,PQ4")])  # never a refused IVF fast-scan
 def test_a_factory_string_faiss_cannot_parse_names_the_one_that_works(factory, meant):
     """FAISS's "could not parse index string Flat" hid the trailing space of "Flat " and did not say its
     strings are case-sensitive ("flat"); the message shows the string with repr and the spelling FAISS takes."""
@@ -99,7 +100,8 @@ def test_factory_none_uses_auto_choice():
 
 
 @pytest.mark.parametrize("factory,plain", [("IVF4,PQ8x4fs", "IVF4,PQ8"), ("IVF4,PQ4x4fsr", "IVF4,PQ4"),
-                                           ("IVF4,RaBitQfs", "IVF4,RaBitQ"), ("PCA8,IVF4,PQ4x4fs", "PCA8,IVF4,PQ4")])
+                                           ("IVF4,RaBitQfs", "IVF4,RaBitQ"), ("PCA8,IVF4,PQ4x4fs", "PCA8,IVF4,PQ4"),
+                                           ("IVF4,PQ8x4fs_64", "IVF4,PQ8"), ("IVF4,RaBitQfs_64", "IVF4,RaBitQ")])
 def test_ivf_fast_scan_is_refused_before_anything_is_built(tmp_path, factory, plain):
     """FAISS cannot decode an IVF fast-scan code alone: the exact scan of a filtered search and a segment
     merge (reconstruct) crashed the process on a saved index. Refused up front, with the plain IVF form."""
@@ -114,11 +116,15 @@ def test_ivf_fast_scan_is_refused_before_anything_is_built(tmp_path, factory, pl
     VectorIndex(16, plain)
 
 
-def test_an_ivf_fast_scan_index_built_before_the_refusal_raises_instead_of_crashing():
+@pytest.mark.parametrize("id_map", [False, True])
+def test_an_ivf_fast_scan_index_built_before_the_refusal_raises_instead_of_crashing(id_map):
     """An index saved by an older version still opens and searches without a filter; what needs its stored
-    vectors raises a FactoryError saying to rebuild it, instead of reaching FAISS's reconstruct."""
+    vectors raises a FactoryError saying to rebuild it, instead of reaching FAISS's reconstruct (which, inside
+    an IDMap2, failed with FAISS's own "direct map" error)."""
     idx = VectorIndex(16, "IVF4,PQ4", "l2")
     idx._index = faiss.index_factory(16, "IVF4,PQ4x4fs", faiss.METRIC_L2)  # what the old version built
+    if id_map:
+        idx._index = faiss.IndexIDMap2(idx._index)
     idx.factory = "IVF4,PQ4x4fs"
     x = np.random.default_rng(0).standard_normal((700, 16)).astype("float32")
     idx.add([f"d{i}" for i in range(700)], x)
@@ -127,3 +133,19 @@ def test_an_ivf_fast_scan_index_built_before_the_refusal_raises_instead_of_crash
         idx.search(x[:1], k=3, allowed=["d1", "d2"])
     with pytest.raises(FactoryError, match="rebuild it"):
         idx.reconstruct(["d1"])
+
+
+def test_an_index_store_built_with_ivf_fast_scan_says_rebuild_on_add(tmp_path, monkeypatch):
+    """An index an older version built with an IVF fast-scan factory still searches; an add to it needs a
+    new segment of that factory, which is refused: the message says to rebuild it, not to "use" another."""
+    from twotower.indexing import IndexStore
+
+    monkeypatch.setattr(faiss, "IndexIVFFastScan", type("NotRefused", (), {}))  # what the old version allowed
+    x = np.random.default_rng(0).standard_normal((700, 16)).astype("float32")
+    with IndexStore.create(tmp_path / "idx", dim=16, factory="IVF4,PQ4x4fs", metric="l2") as store:
+        store.add([{"id": f"d{i}", "text": "t"} for i in range(700)], x)
+    monkeypatch.undo()
+    assert IndexStore.open(tmp_path / "idx", readonly=True).search(x[:1], k=3).ids[0][0] == "d0"
+    with IndexStore.open(tmp_path / "idx") as store:
+        with pytest.raises(FactoryError, match=r"built with 'IVF4,PQ4x4fs'.*rebuild it with --factory 'IVF4,PQ4'"):
+            store.add([{"id": "new", "text": "t"}], x[:1])
