@@ -74,6 +74,7 @@ import sqlite3
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -169,6 +170,14 @@ class IndexLockedError(RuntimeError):
 
 
 _NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+# directories this process holds the write lock of, so that a second writer here is told it is its own
+_WRITING_HERE: set[Path] = set()
+
+
+def _release_lock(fd: int, held: Path) -> None:
+    _WRITING_HERE.discard(held)
+    os.close(fd)
 
 
 class IndexNotWritableError(OSError):
@@ -552,8 +561,15 @@ class IndexStore:
                 raise
             raise IndexNotWritableError(self.directory, e) from None
         if fd is None:
+            if self.directory.resolve() in _WRITING_HERE:  # flock conflicts between two descriptors of one process
+                raise IndexLockedError(f"{self.directory}: already open for writing by another IndexStore of this "
+                                       "process: close that one first, or open this one with readonly=True")
             raise IndexLockedError(f"{self.directory}: open for writing by another process")
         self._lock_fd = fd
+        held = self.directory.resolve()
+        _WRITING_HERE.add(held)
+        # a writer dropped without close() must not keep the directory locked for the rest of the process
+        self._unlock = weakref.finalize(self, _release_lock, fd, held)
 
     # ------------------------------------------------------------------ loading a commit
     def _hash_max(self) -> int | None:
@@ -1196,7 +1212,7 @@ class IndexStore:
             uri, self._milvus_uri = self._milvus_uri, None
             mv.release(uri)  # the last store of the process closes the client (Milvus Lite: unlocks its file)
         if self._lock_fd is not None:
-            os.close(self._lock_fd)  # releases the flock
+            self._unlock()  # closes the descriptor: releases the flock
             self._lock_fd = None
 
     def __enter__(self) -> IndexStore:

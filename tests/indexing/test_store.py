@@ -128,7 +128,8 @@ def test_close_discards_uncommitted_and_context_manager_commits(tmp_path, vecs):
 
 def test_single_writer_lock_and_readers(tmp_path, vecs):
     writer = IndexStore.create(tmp_path / "i", DIM, "Flat")
-    with pytest.raises(IndexLockedError, match="open for writing"):
+    with pytest.raises(IndexLockedError, match="already open for writing by another IndexStore of this process: "
+                                               "close that one first, or open this one with readonly=True"):
         IndexStore.open(tmp_path / "i")
     writer.add(docs(0, 5), vecs[:5])
     writer.commit()
@@ -441,3 +442,18 @@ def test_search_keywords_are_checked_and_named(tmp_path, vecs):
     with pytest.raises(ValueError, match="nprobe tunes the search of an IVF index, but this index is 'HNSW16'"):
         hnsw.search(vecs[:1], 3, nprobe=4)
     hnsw.close()
+
+
+def test_a_writer_dropped_without_close_releases_its_lock(tmp_path, vecs):
+    """Like a file object, a writer nobody closed gives its lock back when it is collected: the directory
+    can be opened for writing again in this process, and its staged, uncommitted change is gone."""
+    import gc
+
+    with IndexStore.create(tmp_path / "i", DIM, "Flat") as s:
+        s.add(docs(0, 3), vecs[:3])
+    writer = IndexStore.open(tmp_path / "i")
+    writer.add(docs(3, 5), vecs[3:5])
+    del writer
+    gc.collect()
+    with IndexStore.open(tmp_path / "i") as again:
+        assert len(again) == 3
