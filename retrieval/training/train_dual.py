@@ -31,6 +31,7 @@ Example:
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import os
 import random
@@ -172,16 +173,25 @@ def start_settings(cfg: DualTrainConfig, say: bool = True) -> DualTrainConfig:
     if bare and "pooling" in unset:
         changes["pooling"] = "mean"
     if {"query_max_length", "doc_max_length"} & unset:
-        cap = None
-        try:  # a directory that cannot be read is named by loading it (`load_towers`)
-            base = transformer_dir(directory)
-            cap = min(EncoderConfig.load(os.path.join(base, CONFIG_NAME)).max_position_embeddings,
-                      Tokenizer.from_pretrained(base).model_max_length)
-        except (OSError, ValueError, TypeError):
+        towers = {"query_max_length": directory, "doc_max_length": directory}
+        try:  # separate towers: each length is capped by its own tower
+            with open(os.path.join(directory, DUAL_CONFIG_NAME), encoding="utf-8") as f:
+                named = json.load(f)
+            towers = {"query_max_length": os.path.join(directory, named["query"]),
+                      "doc_max_length": os.path.join(directory, named["document"])}
+        except (OSError, ValueError, TypeError, KeyError):
             pass
         for name, default in (("query_max_length", 64), ("doc_max_length", 256)):
-            if name in unset:
-                changes[name] = default if cap is None else min(default, cap)
+            if name not in unset:
+                continue
+            cap = None
+            try:  # a directory that cannot be read is named by loading it (`load_towers`)
+                base = transformer_dir(towers[name])
+                cap = min(EncoderConfig.load(os.path.join(base, CONFIG_NAME)).max_position_embeddings,
+                          Tokenizer.from_pretrained(base).model_max_length)
+            except (OSError, ValueError, TypeError):
+                pass
+            changes[name] = default if cap is None else min(default, cap)
     # said where the start decided something a user may not expect (cosine for a bare checkpoint, lengths cut to
     # a short model); the usual lengths of a sentence encoder are a detail (logged at INFO, kept in the args)
     capped = any(changes.get(name, default) < default for name, default in (("query_max_length", 64),

@@ -265,3 +265,18 @@ def test_a_resume_keeps_the_settings_its_run_recorded_unset(tmp_path, caplog):
     fresh = start_settings(_cfg(tmp_path / "new", doc_max_length=None, query_max_length=None), say=False)
     assert (fresh.normalize, fresh.pooling, fresh.doc_max_length) == (True, "mean", 64)
     assert not caplog.records  # say=False: another rank than 0
+
+
+def test_separate_towers_cap_each_length_at_their_own_positions(tmp_path):
+    """A directory of two towers (dual_encoder.json) has no config.json of its own: the lengths were left at
+    64 / 256 on towers of 64 positions. Each is now capped by its tower."""
+    import shutil
+
+    from twotower.retrieval.training.train_dual import start_settings
+
+    towers = tmp_path / "towers"
+    shutil.copytree(tiny_model_dir(), towers / "q")  # 64 positions
+    shutil.copytree(tiny_model_dir(), towers / "d")
+    (towers / "dual_encoder.json").write_text(json.dumps({"query": "q", "document": "d"}))
+    cfg = start_settings(_cfg(tmp_path, model=str(towers), doc_max_length=None, query_max_length=None), say=False)
+    assert (cfg.query_max_length, cfg.doc_max_length) == (64, 64)
