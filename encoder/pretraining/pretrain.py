@@ -231,9 +231,26 @@ def trained_positions(args: PretrainArgs, config: EncoderConfig) -> int:
     trained on rows of 64 tokens embedded up to 512, reading position embeddings that never learned anything.
     """
     trained = args.seq_len
-    if args.init_from and (own := _checkpoint_tokenizer(args.init_from)) is not None:
-        trained = max(trained, own.model_max_length)
+    if args.init_from:
+        recorded = _recorded_positions(args.init_from)
+        if recorded is not None:
+            trained = max(trained, recorded)
+        elif (own := _checkpoint_tokenizer(args.init_from)) is not None:
+            trained = max(trained, own.model_max_length)
     return min(trained, config.max_position_embeddings)
+
+
+def _recorded_positions(directory: str) -> int | None:
+    """The positions an earlier pretraining run in ``directory`` trained, from its ``run.json``: the
+    ``positions`` it recorded, or, for a run from before they were recorded (whose tokenizer says 512 whatever
+    it trained), its ``--seq-len``. None where ``directory`` holds no readable run.json (another checkpoint)."""
+    try:
+        with open(os.path.join(directory, RUN_FILE), encoding="utf-8") as f:
+            record = json.load(f)
+        positions = record.get("positions", record["args"]["seq_len"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return positions if isinstance(positions, int) and not isinstance(positions, bool) and positions > 0 else None
 
 
 def run_dir(args: PretrainArgs) -> str:
@@ -473,7 +490,7 @@ def _compute_shown(compute: dict) -> str:
 
 
 def start_out_dir(args: PretrainArgs, work: str, config: EncoderConfig, data: dict, info: DistInfo,
-                  compute: dict) -> None:
+                  compute: dict, positions: int) -> None:
     """Write a new run's ``run.json`` into `work` (`run_dir`): ``--out``, empty or new, or the staging directory
     of a run replacing what ``--out`` holds, where what a stopped replacing run left is removed first.
 
@@ -488,7 +505,7 @@ def start_out_dir(args: PretrainArgs, work: str, config: EncoderConfig, data: di
         from twotower.common.atomic import atomic_write_text
 
         record = {"args": asdict(args), "config": config.to_dict(), "world_size": info.world_size, "data": data,
-                  "compute": compute}
+                  "compute": compute, "positions": positions}
         atomic_write_text(os.path.join(out, RUN_FILE), json.dumps(record, indent=2) + "\n")
     barrier(info)
 
@@ -635,7 +652,7 @@ def _pretrain(args: PretrainArgs, info: DistInfo) -> dict:
     else:
         start_out_dir(args, work, config, _data_record(rows.corpus.meta["files"],
                                                  vrows.corpus.meta["files"] if vrows else [], tokenizer), info,
-                      compute)
+                      compute, tokenizer.model_max_length)
     ddp = model
     if info.enabled:
         from torch.nn.parallel import DistributedDataParallel

@@ -680,6 +680,17 @@ def test_tokenizer_model_max_length_is_the_positions_trained(setup, tiny_tokeniz
     assert main(args) == 0
     with open(os.path.join(cont, "tokenizer_config.json"), encoding="utf-8") as f:
         assert json.load(f)["model_max_length"] == 32
+    # a run from before the positions were recorded: its tokenizer says 512, its run.json the --seq-len it trained
+    for name, key, value in (("tokenizer_config.json", "model_max_length", 512), ("run.json", "positions", None)):
+        with open(os.path.join(out, name), encoding="utf-8") as f:
+            saved = json.load(f)
+        saved.pop(key, None) if value is None else saved.update({key: value})
+        with open(os.path.join(out, name), "w", encoding="utf-8") as f:
+            json.dump(saved, f)
+    args[args.index(cont)] = cont = str(tmp_path / "cont-old")
+    assert main(args) == 0
+    with open(os.path.join(cont, "tokenizer_config.json"), encoding="utf-8") as f:
+        assert json.load(f)["model_max_length"] == 32  # not the 64 of the position table
 
 
 def test_nsp_with_one_segment_embedding_and_a_file_as_tokenizer_are_refused_naming_the_flag(setup, tiny_tokenizer_dir,
