@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import json
 import math
 import os
@@ -33,7 +34,7 @@ from twotower.cli.checks import (
     reranker_directory,
 )
 from twotower.cli.help_format import DefaultsHelpFormatter
-from twotower.retrieval.training.demo_reranker import TITLES as DEMO_TITLES  # stdlib only: cheap at start-up
+from twotower.retrieval.training.demo_reranker import train_demo_reranker as _demo_reranker  # stdlib: cheap
 
 TEACHER_HELP = ("dual encoder whose scores the reranker also learns (listwise distillation); an index built from "
                 "{corpus} lends its vectors and query encoder (no document is encoded again); "
@@ -79,6 +80,8 @@ def parse_ranks(flag: str, text: str) -> tuple[int, int]:
 
 # What `train dual` and `train reranker` take when --lr or --mine-ranks is not given (both stay None in `args`, so
 # that `--lr 0` is told from no --lr): (learning rate, mining rank window).
+# demo-reranker's defaults, for --help: the trainer's own
+_DEMO = {name: p.default for name, p in inspect.signature(_demo_reranker).parameters.items()}
 DUAL_DEFAULTS = (2e-5, (10, 100))
 RERANKER_DEFAULTS = (3e-5, (1, 100))
 
@@ -262,22 +265,22 @@ def register(subparsers) -> None:
                    help="{query, pos: [doc ids]} JSONL over --corpus; 'bundled' = SciFact train claims for the "
                         "bundled sample; 'none' = self-supervised title/text pairs")
     p.add_argument("--titles", type=int, default=None, metavar="N",
-                   help=f"with --claims none: documents whose titles become queries (default {DEMO_TITLES})")
-    p.add_argument("--steps", type=int, default=None, metavar="N", help="optimizer steps (default 150)")
+                   help=f"with --claims none: documents whose titles become queries (default {_DEMO['titles']})")
+    p.add_argument("--steps", type=int, default=None, metavar="N", help=f"optimizer steps (default {_DEMO['steps']})")
     p.add_argument("--layers", type=int, default=None, help="keep only the first N encoder layers (default: all)")
     p.add_argument("--trainable-layers", type=int, default=None, metavar="N",
                    help="train only the top N encoder layers and the head (default: all)")
-    p.add_argument("--max-length", type=int, default=None, help="tokens per claim/abstract pair (default 192)")
+    p.add_argument("--max-length", type=int, default=None, help=f"tokens per claim/abstract pair (default {_DEMO['max_length']})")
     p.add_argument("--evals", type=int, default=None,
-                   help="dev evaluations, evenly spaced, the last at the end (default 2; the runs in "
+                   help=f"dev evaluations, evenly spaced, the last at the end (default {_DEMO['evals']}; the runs in "
                         "docs/results.md before this flag used 3)")
     p.add_argument("--head-pooling", choices=["cls", "mean"], default=None,
                    help="what the relevance head reads: the [CLS] pooler (default) or the token mean")
-    p.add_argument("--lr", type=float, default=None, help="learning rate (default 1e-4)")
+    p.add_argument("--lr", type=float, default=None, help=f"learning rate (default {_DEMO['lr']:g})")
     p.add_argument("--teacher", default=None, metavar="DIR|INDEX|default",
                    help=TEACHER_HELP.format(corpus="--corpus"))
     p.add_argument("--distill-weight", type=float, default=None,
-                   help="with --teacher: weight of the distillation term (default 1)")
+                   help=f"with --teacher: weight of the distillation term (default {_DEMO['distill_weight']:g})")
     p.add_argument("--teacher-bm25", type=float, default=0.0, metavar="W", help=TEACHER_BM25_HELP)
     p.add_argument("--residual", action="store_true", help=RESIDUAL_HELP)
     p.add_argument("--mine", choices=["bm25", "dense"], default="bm25",
@@ -655,7 +658,6 @@ def _base_dir(model: str | None) -> str:
 def run_demo(args) -> int:
     _check_out(args.out)
     max_length_fits("--max-length", args.max_length, _base_dir(args.model))
-    from twotower.retrieval.training.demo_reranker import train_demo_reranker
 
     window, stride, keep = _windows(args)
     kw = {k: v for k, v in (("steps", args.steps), ("layers", args.layers), ("lr", args.lr),
@@ -677,7 +679,7 @@ def run_demo(args) -> int:
     from twotower.retrieval.training.demo_reranker import NoCheckpointError
 
     try:
-        path = train_demo_reranker(args.out, model=args.model, corpus=args.corpus, claims=claims, seed=args.seed,
+        path = _demo_reranker(args.out, model=args.model, corpus=args.corpus, claims=claims, seed=args.seed,
                                    progress=not args.no_progress, **kw)
     except NoCheckpointError as e:  # as `train reranker` ends a collapsed run: status 1, no traceback
         print(f"twotower train demo-reranker: {e}", file=sys.stderr)
