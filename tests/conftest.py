@@ -9,6 +9,8 @@ training run is not free on 2 cores.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 
 import pytest
 
@@ -20,6 +22,32 @@ TINY_CORPUS = [
     "the quick brown fox jumps over the lazy dog", "unbelievable performance by the whole team",
     "cats and dogs are friends", "rain falls on the green hills", "sentences of different lengths",
 ]
+
+
+_RUN_TEMP: dict[str, str | None] = {}
+
+
+def pytest_configure(config):
+    """One temporary directory for this run, removed at its end: the fixtures' model copies (`mkdtemp`) and
+    what the processes the tests start leave (torchrun's ``torchelastic_*``) went to /tmp and piled up there,
+    hundreds of directories a run."""
+    _RUN_TEMP["dir"] = run_temp = tempfile.mkdtemp(prefix="twotower-tests-")
+    _RUN_TEMP["TMPDIR"] = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = run_temp  # the processes the tests start
+    tempfile.tempdir = run_temp  # this one
+
+
+def pytest_unconfigure(config):
+    run_temp = _RUN_TEMP.pop("dir", None)
+    if run_temp is None:
+        return
+    tempfile.tempdir = None
+    previous = _RUN_TEMP.pop("TMPDIR", None)
+    if previous is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = previous
+    shutil.rmtree(run_temp, ignore_errors=True)
 
 
 def _tiny_config_kwargs(vocab_size: int) -> dict:
