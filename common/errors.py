@@ -75,3 +75,15 @@ def flags_need(given: dict[str, object], needed: str) -> str | None:
     """
     names = [flag for flag, value in given.items() if value is not None]
     return f"{' and '.join(names)} need{'s' * (len(names) == 1)} {needed}" if names else None
+
+
+def refuse_keywords(call: str, given: dict[str, object], takes: str, hints: dict[str, str]) -> None:
+    """Raise Python's TypeError for the first keyword of `given`, saying what `call` takes and, for a name another
+    library uses (`hints`: name -> the way here), what to write instead.
+
+    Why: ``search(top_k=5)`` or sentence-transformers' ``encode(..., show_progress_bar=True)`` failed deep inside
+    (naming an internal class) or with a bare "unexpected keyword argument", which does not say the way here.
+    """
+    for name in given:
+        hint = f" ({hints[name]})" if name in hints else ""
+        raise TypeError(f"{call}() got an unexpected keyword argument {name!r}{hint}; it takes {takes}")

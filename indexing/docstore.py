@@ -36,6 +36,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, NotRequired, TypedDict
 
+from twotower.common.documents import check_for_index, parse_beir_document
+from twotower.common.errors import DataError
 from twotower.common.ids import id_list
 from twotower.indexing.errors import IndexDiskFullError, IndexFormatError
 from twotower.indexing.filters import Filter, metadata_fields
@@ -95,36 +97,34 @@ class Document(TypedDict):
 
 
 def as_document(doc: Mapping[str, Any], where: str = "document") -> Document:
-    """Validate a mapping into a ``Document``; accepts BEIR's ``_id`` for ``id``.
+    """Validate a record into a ``Document`` by the rules ``SearchPipeline.build`` and ``add`` read documents by
+    (`twotower.common.documents`, [formats](docs/formats.md), Corpus).
 
-    ``title`` defaults to ``""`` and ``metadata`` to ``{}``; ``text`` is required.
-    Errors name ``where`` (e.g. ``"docs[3]"``) and the field.
+    ``_id`` (or, without one, ``id``; beside an ``_id`` an ``id`` is metadata), an integer id as its decimal
+    text; ``text`` required; ``title`` and ``metadata`` (an object) optional; any other top-level field is
+    metadata; ids and metadata must be ones an index can give back (`check_for_index`). A blank document is
+    accepted here: leaving such documents out is the pipeline's ``on_empty`` policy. Errors are ``DataError``
+    (a ValueError) naming ``where`` (e.g. ``"docs[3]"``) and the field.
+
+    Why one reading: with its own rules ``IndexStore.add`` stored ``{"_id": "A", "id": "B"}`` as B where the
+    pipeline stored A, turned metadata ``[]`` into ``{}``, dropped extra fields and refused integer ids.
+
+    A *passage row* (the pipeline's, with ``parent`` and ``start``/``end``) keeps its internal id.
     """
-    if not isinstance(doc, Mapping):
-        raise ValueError(f"{where}: expected a mapping with id/title/text/metadata, got {type(doc).__name__}")
-    doc_id = doc.get("id", doc.get("_id"))
-    if not isinstance(doc_id, str) or not doc_id:
-        raise ValueError(f"{where}: field 'id' must be a non-empty string, got {doc_id!r}")
-    title = doc.get("title", "") or ""
-    text = doc.get("text")
-    metadata = doc.get("metadata") or {}
-    if not isinstance(title, str):
-        raise ValueError(
-            f"{where} (id {doc_id!r}): field 'title' must be a string, got {type(title).__name__}"
-        )
-    if not isinstance(text, str):
-        raise ValueError(f"{where} (id {doc_id!r}): field 'text' must be a string, got {type(text).__name__}")
-    if not isinstance(metadata, Mapping):
-        raise ValueError(
-            f"{where} (id {doc_id!r}): field 'metadata' must be an object, got {type(metadata).__name__}"
-        )
-    out = Document(id=doc_id, title=title, text=text, metadata=dict(metadata))
-    if doc.get("parent") is not None:  # a passage row: its document and span
+    if isinstance(doc, Mapping) and doc.get("parent") is not None:  # a passage row: its document and span
         parent, start, end = doc["parent"], doc.get("start"), doc.get("end")
+        row_id = doc.get("id")
         if not isinstance(parent, str) or not isinstance(start, int) or not isinstance(end, int) or start > end:
-            raise ValueError(f"{where} (id {doc_id!r}): a passage row needs a string 'parent' and int 'start' <= 'end'")
-        out.update(parent=parent, start=start, end=end)
-    return out
+            raise DataError(where, None, f"(id {row_id!r}) a passage row needs a string 'parent' and int "
+                                         "'start' <= 'end'")
+        record = {k: v for k, v in doc.items() if k not in ("id", "_id", "parent", "start", "end")}
+        body = parse_beir_document({"_id": "row", **record}, where)  # the row id is internal (DOC\x1fN)
+        if not isinstance(row_id, str) or not row_id:
+            raise DataError(where, None, f"field 'id' must be a non-empty string, got {row_id!r}", field="id")
+        return Document(id=row_id, title=body.title, text=body.text, metadata=dict(body.metadata),
+                        parent=parent, start=start, end=end)
+    rec = check_for_index(parse_beir_document(doc, where), where, None)
+    return Document(id=rec.doc_id, title=rec.title, text=rec.text, metadata=dict(rec.metadata))
 
 
 _PASSAGE_COLUMNS = ("parent", "char_start", "char_end")

@@ -71,7 +71,7 @@ from twotower.common.errors import flags_need
 from twotower.indexing.docstore import DocStore
 from twotower.indexing.errors import IndexFormatError
 from twotower.indexing.integrity import combine, hex64, set_digest
-from twotower.indexing.search_result import MISSING_ID, MISSING_SCORE, SearchResult
+from twotower.indexing.search_result import MISSING_ID, MISSING_SCORE, SearchResult, check_k
 from twotower.indexing.segments import CommitPlan
 from twotower.indexing.vector_index import VectorIndex
 
@@ -705,8 +705,7 @@ class MilvusVectors:
         """
         q = np.asarray(queries, dtype=np.float32)
         single = q.ndim == 1
-        if not isinstance(k, int | np.integer) or k < 1:
-            raise ValueError(f"search: k must be a positive int, got {k!r}")
+        k = check_k(k)
         if q.ndim not in (1, 2) or q.shape[-1] != self.dim:
             raise ValueError(f"queries have shape {q.shape}; this index holds vectors of dimension {self.dim}")
         q = q.reshape(-1, self.dim)  # (Q, D)

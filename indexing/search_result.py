@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import numbers
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -22,12 +23,43 @@ class SearchResult(NamedTuple):
     scores: np.ndarray  # (Q, k) float32
 
 
+def is_count(value: Any) -> bool:
+    """Whether `value` is an integer (numpy's too) and not a bool: the rule for k and the other depths."""
+    return not isinstance(value, bool) and isinstance(value, numbers.Integral)
+
+
+def check_k(k: Any, prefix: str = "search: ") -> int:
+    """``k`` (the number of hits) as an int: any integer (``np.int64(2)`` too), never a bool or below 1.
+
+    Why one check: ``IndexStore.search`` took numpy integers that ``SearchPipeline.search`` refused, and
+    both took ``k=True`` as 1. `prefix` starts the message (``"search: "``; the pipeline passes ``""``).
+    """
+    if not is_count(k) or k < 1:
+        raise ValueError(f"{prefix}k must be a positive int, got {k!r}")
+    return int(k)
+
+
 def empty_result(num_queries: int, k: int) -> SearchResult:
     """All-padding result, e.g. for an empty index."""
     return SearchResult(
         ids=[[MISSING_ID] * k for _ in range(num_queries)],
         scores=np.full((num_queries, k), MISSING_SCORE, dtype=np.float32),
     )
+
+
+def padded(result: SearchResult, k: int) -> SearchResult:
+    """`result` (fewer than ``k`` columns) padded to ``k`` with ``""`` / ``-inf``.
+
+    Why: a search asked for more hits than the index stores (``k=3_000_000`` on four documents) does
+    its work for the stored ones and pads once at the end; padding every intermediate array to ``k``
+    took seconds and hundreds of MB for one query.
+    """
+    n = result.scores.shape[1]
+    if n >= k:
+        return result
+    scores = np.full((len(result.ids), k), MISSING_SCORE, dtype=np.float32)  # (Q, k)
+    scores[:, :n] = result.scores
+    return SearchResult(ids=[row + [MISSING_ID] * (k - len(row)) for row in result.ids], scores=scores)
 
 
 def ties_by_id(result: SearchResult, k: int) -> SearchResult:

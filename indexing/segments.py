@@ -45,7 +45,7 @@ import numpy as np
 
 from twotower.indexing.errors import IndexFormatError
 from twotower.indexing.integrity import combine, file_sha256, hex64, set_digest
-from twotower.indexing.search_result import MISSING_ID, SearchResult, empty_result
+from twotower.indexing.search_result import MISSING_ID, SearchResult, check_k, empty_result
 from twotower.indexing.vector_index import (
     DuplicatePolicy,
     FastScanIVFError,
@@ -364,8 +364,7 @@ class Segments:
             return parts[0].search(queries, k, **params)
         if not parts:
             q = np.asarray(queries)
-            if not isinstance(k, int | np.integer) or k < 1:
-                raise ValueError(f"search: k must be a positive int, got {k!r}")
+            k = check_k(k)
             if q.ndim not in (1, 2) or q.shape[-1] != self.dim:
                 raise ValueError(f"queries have shape {q.shape}; this index holds vectors of dimension {self.dim}")
             return empty_result(1 if q.ndim == 1 else q.shape[0], k)

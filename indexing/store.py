@@ -83,6 +83,7 @@ from typing import Any, Literal
 import numpy as np
 
 from twotower.common.atomic import TMP_MARKER, fsync_dir
+from twotower.common.errors import refuse_keywords
 from twotower.common.file_lock import try_lock
 from twotower.common.ids import id_list
 from twotower.common.paths import path_argument
@@ -93,7 +94,7 @@ from twotower.indexing.filters import Filter, as_filter
 from twotower.indexing.integrity import file_sha256, hex64, set_digest
 from twotower.indexing.manifest import MANIFEST_NAME, Manifest
 from twotower.indexing.milvus import MilvusSpec
-from twotower.indexing.search_result import SearchResult, tie_at_cut, ties_by_id
+from twotower.indexing.search_result import SearchResult, check_k, padded, tie_at_cut, ties_by_id
 from twotower.indexing.segments import (
     HASH_ON_OPEN_MAX,
     VECTOR_OPTIONS,
@@ -221,6 +222,14 @@ def _built_aside(directory: Path) -> Iterator[Path]:
 # each one tunes: given to another kind, it was passed on and ignored without a word (nprobe=4 on a Flat index).
 SEARCH_OPTIONS = {"ef_search": "hnsw", "nprobe": "ivf"}
 
+# From this k on, `Snapshot.search` counts the rows first and searches at most that many (padding the rest):
+# a k far past the index's size (k=3_000_000 on four documents) cost seconds and hundreds of MB in padding.
+COUNT_FROM_K = 1024
+
+
+# what other libraries call the number of hits (`search_options`)
+_K_NAMES = dict.fromkeys(("top_k", "topk", "limit", "n", "num", "size"), "the number of hits is k")
+
 
 def search_options(vectors: VectorBackend, params: Mapping[str, Any]) -> dict[str, Any]:
     """The search keywords of ``search(**params)`` that apply to `vectors`' index (None values dropped).
@@ -228,12 +237,10 @@ def search_options(vectors: VectorBackend, params: Mapping[str, Any]) -> dict[st
     Why here: an unknown keyword failed deep in the backend, naming its class ("VectorIndex.search() got an
     unexpected keyword argument 'top_k'"), and a known one that the index kind has no use for was ignored.
     """
+    refuse_keywords("search", {name: v for name, v in params.items() if name not in SEARCH_OPTIONS},
+                    "queries, k, filter, and ef_search (HNSW) or nprobe (IVF)", _K_NAMES)
     out = {}
     for name, value in params.items():
-        if name not in SEARCH_OPTIONS:
-            hint = " (the number of hits is k)" if name in ("top_k", "topk", "limit", "n", "num", "size") else ""
-            raise TypeError(f"search() got an unexpected keyword argument {name!r}{hint}; it takes queries, k, "
-                            "filter, and ef_search (HNSW) or nprobe (IVF)")
         if value is None:
             continue
         if vectors.kind != SEARCH_OPTIONS[name]:
@@ -309,8 +316,11 @@ class Snapshot:
         smaller ``k`` are the first hits of a larger one: the backend is asked for one hit more, and
         deeper while documents tie across the cut, since which of them it keeps is its own choice.
         """
-        if not isinstance(k, int | np.integer) or k < 1:
-            raise ValueError(f"search: k must be a positive int, got {k!r}")
+        k = check_k(k)
+        if k > COUNT_FROM_K:  # a k deeper than the index: search the stored rows, pad once at the end
+            n = max(1, len(self.vectors))  # counted only for a deep k (Milvus counts its rows in SQLite)
+            if k > n:
+                return padded(self.search(queries, n, filter=filter, **params), k)
         if params:
             params = search_options(self.vectors, params)
         flt = as_filter(filter)
@@ -394,8 +404,9 @@ class Snapshot:
                             f"search_bm25([{queries!r}])")
         bm = self.bm25
         if bm is None:
-            raise ValueError(f"{self.directory}: created without BM25, which hybrid search needs; build it with "
-                             "bm25=True (SearchPipeline.build(..., bm25=True) or IndexStore.create(..., bm25=True))")
+            raise ValueError(f"{self.directory}: created without BM25, which BM25 search (search_bm25, and hybrid "
+                             "search) needs; build it with bm25=True (SearchPipeline.build(..., bm25=True) or "
+                             "IndexStore.create(..., bm25=True); on the command line `twotower index build --bm25`)")
         flt = as_filter(filter)
         return bm.search(queries, k, allowed=None if flt is None else self.allowed_ids(flt))
 
@@ -418,6 +429,7 @@ class IndexStore:
         self._lock_fd: int | None = None
         self._manifest_dirty = False
         self._refresh_lock = threading.Lock()  # one refresh at a time
+        self._made_here: str | None = None  # set by create (FAISS): "made" or "emptied" the directory
         self._swap_lock = threading.Lock()  # guards replacing / acquiring the current snapshot
         self._probe: DocStore | None = None
         self._writer_docs: DocStore | None = None
@@ -483,6 +495,10 @@ class IndexStore:
         if milvus is not None:
             return cls._create_milvus(directory, dim, factory, metric, bm25=bm25, extra=extra, spec=milvus,
                                       **vector_options)
+        if factory is None and expected_size is None:  # VectorIndex named itself and its auto_factory
+            raise ValueError("IndexStore.create: pass factory= (a FAISS factory string such as 'Flat' or 'HNSW32') "
+                             "or expected_size= (how many vectors you expect; a factory is chosen for that size)")
+        existed = directory.is_dir()
         vectors = VectorIndex(dim, factory, metric, expected_size=expected_size, **vector_options)
         bm25_args = _bm25_args(bm25)
         policy = merge_policy or MergePolicy()
@@ -490,8 +506,10 @@ class IndexStore:
         options.update(dim=vectors.dim, metric=metric, factory=vectors.factory)
         manifest = Manifest(dim=vectors.dim, metric=metric, factory=vectors.factory, bm25=bm25_args,
                             extra=dict(extra or {}))
-        return cls._lay_out(directory, manifest, {"vector_layout": LAYOUT, "vector_options": json.dumps(options),
-                                                  "merge_policy": json.dumps(asdict(policy))})
+        store = cls._lay_out(directory, manifest, {"vector_layout": LAYOUT, "vector_options": json.dumps(options),
+                                                   "merge_policy": json.dumps(asdict(policy))})
+        store._made_here = "emptied" if existed else "made"
+        return store
 
     @classmethod
     def _lay_out(cls, directory: Path, manifest: Manifest, meta: Mapping[str, str],
@@ -1223,7 +1241,21 @@ class IndexStore:
             if exc_type is None and not self.readonly and self._lock_fd is not None and self._snap is not None:
                 self.commit()
         finally:
+            unborn = exc_type is not None and self._made_here is not None and self._snap is not None \
+                and self.generation == 0
             self.close()
+            if unborn:
+                self._remove_unborn()
+
+    def _remove_unborn(self) -> None:
+        """Remove the directory ``create`` made (an empty one the caller had is left, empty).
+
+        Why: a first ``with IndexStore.create(...)`` block that raised before any commit left an empty committed
+        index behind, so running the script again, fixed, failed with FileExistsError.
+        """
+        shutil.rmtree(self.directory, ignore_errors=True)
+        if self._made_here == "emptied":
+            self.directory.mkdir(exist_ok=True)
 
     def __repr__(self) -> str:
         snap = self._snap

@@ -48,7 +48,7 @@ from twotower.indexing.factory import (
     unwrap,
 )
 from twotower.indexing.id_map import IdMap
-from twotower.indexing.search_result import MISSING_ID, SearchResult, empty_result
+from twotower.indexing.search_result import MISSING_ID, SearchResult, check_k, empty_result, padded
 from twotower.indexing.vector_file import read_vector_file, write_vector_file
 
 logger = logging.getLogger(__name__)
@@ -604,13 +604,14 @@ class VectorIndex:
         the hits to those ids (ids not in the index are ignored), or to those labels when it is an
         int64 array (``allowed_labels``); see ``search_allowed`` for how k hits are guaranteed.
         """
-        if not isinstance(k, int | np.integer) or k < 1:
-            raise ValueError(f"search: k must be a positive int, got {k!r}")
+        k = check_k(k)
         q = self._prepare(queries, "queries")  # (Q, D)
         num_q = q.shape[0]
         live = len(self)
         if live == 0 or num_q == 0:
             return empty_result(num_q, k)
+        if k > live:  # the work is for the stored vectors; the padding to k comes once, at the end
+            return padded(self.search(q, live, ef_search=ef_search, nprobe=nprobe, allowed=allowed), k)
         if allowed is not None:
             labels = allowed if isinstance(allowed, np.ndarray) else self.allowed_labels(allowed)
             return self._search_allowed(q, int(k), labels, ef_search, nprobe)

@@ -55,6 +55,7 @@ from twotower.common.distributed import from_main
 from twotower.common.file_lock import lock_note, try_lock
 from twotower.indexing import IndexFormatError, IndexLockedError, IndexStore, document_text
 from twotower.indexing.integrity import file_sha256
+from twotower.indexing.manifest import MANIFEST_NAME
 from twotower.indexing.milvus import MilvusSpec, check_target
 from twotower.indexing.store import is_disk_full
 from twotower.indexing.vector_index import VECTOR_METRICS, check_factory
@@ -641,6 +642,19 @@ def _occupied(out: str) -> bool:
 
 
 def _refuse_existing(out: str) -> None:
-    if _occupied(out):
-        raise FileExistsError(f"{out}: already exists; add documents with `twotower index add` or remove it first")
+    """Refuse an occupied `out`, saying which case it is and the way on, in Python's words.
+
+    Why: this said "add documents with `twotower index add`" to a Python caller, and for a plain file or
+    someone's own directory too, where adding was the wrong advice (the command line says it with flags:
+    ``twotower.cli.index_cmd``).
+    """
+    if not _occupied(out):
+        return
+    if not os.path.isdir(out):
+        raise FileExistsError(f"{out}: a file; give the name of a new directory for the index")
+    if os.path.isfile(os.path.join(out, MANIFEST_NAME)):
+        raise FileExistsError(f"{out}: already an index; add the documents to it with SearchPipeline.load({out!r}, "
+                              "readonly=False).add(docs) (on the command line: `twotower index add`), or remove "
+                              "it first")
+    raise FileExistsError(f"{out}: a directory that is not empty; give a new or empty directory for the index")
 

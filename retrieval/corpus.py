@@ -26,13 +26,12 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-import unicodedata
 from collections.abc import Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from twotower.common.documents import check_for_index
 from twotower.common.errors import DataError
-from twotower.common.lines import json_problem
 from twotower.eval.io.beir import BeirDocument, empty_document, iter_beir_corpus, parse_beir_document
 from twotower.indexing import Document
 
@@ -40,70 +39,6 @@ DUPLICATE_POLICIES = ("error", "skip", "replace")
 EMPTY_POLICIES = ("error", "skip")
 SKIP_EMPTY_HINT = "use --on-empty skip to leave such documents out"
 EMPTY_EXAMPLES = 5  # ids of skipped empty documents a note names
-MAX_ID_BYTES = 512  # UTF-8 bytes; MS MARCO / BEIR ids are < 40, URLs used as ids fit
-MAX_METADATA_DEPTH = 32  # nesting levels; deeper is a hostile or broken record, not metadata
-MAX_METADATA_INT_BITS = 64  # JSON readers elsewhere (JavaScript, SQLite) hold no wider integers
-
-
-def _id_problem(doc_id: str) -> str | None:
-    """Why `doc_id` cannot be an index id, or None (the fast path: printable ASCII without a space)."""
-    if doc_id.isascii() and doc_id.isprintable() and " " not in doc_id:
-        size = len(doc_id)
-    else:
-        for i, ch in enumerate(doc_id):
-            if ch.isspace() or unicodedata.category(ch) == "Cc":
-                return (f"document id {doc_id!r} contains whitespace or a control character ({ch!r} at "
-                        f"character {i}); TREC run files separate fields by whitespace, so it could not be "
-                        "evaluated: rename it (for example replace spaces with '_')")
-            if unicodedata.category(ch) == "Cs":
-                return (f"document id {ascii(doc_id)} holds a lone surrogate {ascii(ch)} (an unpaired \\u escape), "
-                        "which is not Unicode text")
-        size = len(doc_id.encode("utf-8"))
-    if size > MAX_ID_BYTES:
-        return f"document id of {size} bytes ({doc_id[:20]!r}...) is longer than the limit of {MAX_ID_BYTES} bytes"
-    return None
-
-
-def _key_problem(metadata: Mapping[str, Any]) -> str | None:
-    """A metadata key a filter would misread: empty, or holding a '.' (filters read ``a.b`` as the key ``b``
-    inside ``a``, so ``{"a.b": 1}`` matched no filter at all)."""
-    stack: list[tuple[Mapping[str, Any], str]] = [(metadata, "metadata")]
-    while stack:
-        obj, where = stack.pop()
-        for key, value in obj.items():
-            if not key.strip():
-                return f"{where} has an empty key {key!r}; a filter cannot name it"
-            if "." in key:
-                parts = key.split(".")
-                nested = "{" + ": {".join(f'"{p}"' for p in parts) + ": ..." + "}" * len(parts)
-                return (f"{where} has the key {key!r}: filters read a '.' as nesting, so it could never match; "
-                        f"nest it ({nested}) or rename it")
-            if isinstance(value, Mapping):
-                stack.append((value, f"{where}.{key}"))
-    return None
-
-
-def check_for_index(doc: BeirDocument, path: str, line: int | None, strings: bool = True) -> BeirDocument:
-    """Refuse a document an index could store but not give back intact (the rules of the module docstring).
-
-    `strings=False` skips the lone-surrogate scan of text and title, for documents read by
-    `json_lines`, which has already scanned every line that could decode to one.
-
-    Raises:
-        DataError naming `path` (and `line`): the id, a string field or the metadata, and what is wrong.
-    """
-    problem, field = _id_problem(doc.doc_id), "_id"
-    if problem is None and strings:
-        for field, value in (("text", doc.text), ("title", doc.title)):
-            if problem := json_problem(value, f"field {field!r}"):
-                break
-    if problem is None and doc.metadata:
-        field = "metadata"
-        problem = json_problem(dict(doc.metadata), "metadata", max_depth=MAX_METADATA_DEPTH, allow_nan=False,
-                               max_int_bits=MAX_METADATA_INT_BITS) or _key_problem(doc.metadata)
-    if problem is not None:
-        raise DataError(path, line, problem, field=field)
-    return doc
 
 
 def _as_document(doc: BeirDocument) -> Document:

@@ -55,12 +55,14 @@ import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
 from twotower.common.device import resolve_bf16
+from twotower.common.errors import refuse_keywords
 from twotower.encoder.core.checkpoint import (
     CONFIG_NAME,
     WEIGHTS_NAME,
@@ -74,6 +76,7 @@ from twotower.encoder.core.config import EncoderConfig
 from twotower.encoder.core.heads import BertForSequenceClassification
 from twotower.encoder.core.model import BertModel
 from twotower.encoder.core.tokenizer import Batch, Tokenizer
+from twotower.retrieval.dual_encoder import ST_KEYWORDS
 from twotower.retrieval.interpolation import read_alpha, read_first_stage_alphas, write_alpha
 from twotower.retrieval.passages import passage_spans
 
@@ -368,7 +371,7 @@ class CrossEncoder(nn.Module):
     @torch.inference_mode()
     def predict(
         self, pairs: Sequence[tuple[str, PairDocument]] | tuple[str, PairDocument], batch_size: int = 32,
-        progress: bool = False,
+        progress: bool = False, **st_keywords: Any,
     ) -> np.ndarray | float:
         """Relevance logits for (query, document) pairs, in input order. Returns (N,) float32; for one pair given
         alone, ``("query", "document")``, its score as a float (as sentence-transformers' ``predict`` does).
@@ -379,7 +382,9 @@ class CrossEncoder(nn.Module):
         batch pads to similar lengths.  With bf16 (where the device supports it) the
         forward runs on a bf16 copy of the weights, made once and refreshed only when
         the weights change (`twotower.encoder.core.encode.inference_copy`): faster than autocast on CPUs.
+        sentence-transformers' keywords (``show_progress_bar``, ...) are a TypeError saying the way here.
         """
+        refuse_keywords("predict", st_keywords, "pairs, batch_size and progress", ST_KEYWORDS)
         if _is_one_pair(pairs):
             return float(self.predict([tuple(pairs)], batch_size=batch_size, progress=progress)[0])
         pairs = _check_pairs(pairs, "predict")

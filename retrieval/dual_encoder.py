@@ -29,12 +29,14 @@ import json
 import logging
 import os
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
 from twotower.common.atomic import atomic_write_text
-from twotower.encoder.core.encode import SentenceEncoder
+from twotower.common.errors import refuse_keywords
+from twotower.encoder.core.encode import SentenceEncoder, check_texts
 from twotower.encoder.core.sentence_config import ST_VERSION_NAME
 
 logger = logging.getLogger(__name__)
@@ -43,6 +45,19 @@ DUAL_CONFIG_NAME = "dual_encoder.json"
 # Keys sentence-transformers models use in `prompts` for each side (E5, BGE, GTE ...).
 _QUERY_PROMPT_KEYS = ("query",)
 _DOCUMENT_PROMPT_KEYS = ("document", "passage", "corpus")
+
+
+# sentence-transformers' keywords of `encode` / `predict` and the way to say each here (`refuse_keywords`): refused,
+# never accepted silently, since what they ask for is set elsewhere (or is always so) in twotower
+ST_KEYWORDS = {
+    "show_progress_bar": "use progress=True",
+    "normalize_embeddings": "normalisation is the model's setting: DualEncoder.from_pretrained(..., normalize=True)",
+    "convert_to_numpy": "the result is always a numpy array",
+    "convert_to_tensor": "the result is a numpy array; torch.from_numpy(...) makes it a tensor",
+    "device": "the device is the model's: from_pretrained(..., device=...)",
+    "prompt_name": "the prefixes are the model's: from_pretrained(..., query_prefix=..., document_prefix=...)",
+    "prompt": "the prefixes are the model's: from_pretrained(..., query_prefix=..., document_prefix=...)",
+}
 
 
 def weights_digest(model: torch.nn.Module) -> str:
@@ -253,13 +268,16 @@ class DualEncoder:
         texts = [self.query_prefix + q for q in queries]
         return self.query_tower.tokenizer.lengths(texts, max_length=1 << 30)
 
-    def encode_queries(self, queries: str | Sequence[str], batch_size: int = 64, progress: bool = False) -> np.ndarray:
+    def encode_queries(self, queries: str | Sequence[str], batch_size: int = 64, progress: bool = False,
+                       **st_keywords: Any) -> np.ndarray:
         """(Q,) query strings -> (Q, H) float32; one string -> its (H,) vector (as sentence-transformers'
-        ``encode`` returns one). The query prefix is prepended."""
-        if isinstance(queries, str):
-            return self.encode_queries([queries], batch_size=batch_size, progress=progress)[0]
+        ``encode`` returns one). The query prefix is prepended. A non-string query is a TypeError naming its
+        position; sentence-transformers' keywords (`ST_KEYWORDS`) a TypeError saying the way here."""
+        refuse_keywords("encode_queries", st_keywords, "queries, batch_size and progress", ST_KEYWORDS)
+        queries, single = check_texts(queries, "queries", "query {i}")
         texts = [self.query_prefix + q for q in queries]
-        return self.query_tower.encode(texts, batch_size=batch_size, progress=progress)
+        vecs = self.query_tower.encode(texts, batch_size=batch_size, progress=progress)
+        return vecs[0] if single else vecs
 
     def encode_documents(
         self,
@@ -267,6 +285,7 @@ class DualEncoder:
         batch_size: int | None = None,
         progress: bool = False,
         out: np.ndarray | None = None,
+        **st_keywords: Any,
     ) -> np.ndarray:
         """(N,) document strings -> (N, H) float32 (into `out` when given); one string -> its (H,) vector. The
         document prefix is prepended.
@@ -274,17 +293,20 @@ class DualEncoder:
         batch_size: texts per forward pass; None (the default) fills batches by tokens, length-sorted
         (`encode_texts`'s `batch_tokens`). Why not a fixed count: with 64 documents a batch the demo's index
         (2,000 abstracts, all-MiniLM-L6-v2, fp32) took 101-106 s to build on an AVX2 CPU, against 91 s
-        (docs/results.md, embedding throughput).
+        (docs/results.md, embedding throughput). Non-strings and sentence-transformers' keywords: as
+        `encode_queries`.
         """
-        if isinstance(texts, str):
+        refuse_keywords("encode_documents", st_keywords, "texts, batch_size, progress and out", ST_KEYWORDS)
+        texts, single = check_texts(texts, "texts", "text {i}")
+        if single:
             if out is not None:
                 raise TypeError("encode_documents: out= takes the (N, H) rows of a list of texts; pass [text]")
-            return self.encode_documents([texts], batch_size=batch_size, progress=progress)[0]
+            return self.encode_documents(texts, batch_size=batch_size, progress=progress)[0]
         texts = [self.document_prefix + t for t in texts]
         return self.document_tower.encode(texts, batch_size=batch_size, progress=progress, out=out)
 
     def encode(self, sentences: str | Sequence[str], batch_size: int | None = None,
-               progress: bool = False) -> np.ndarray:
+               progress: bool = False, **st_keywords: Any) -> np.ndarray:
         """sentence-transformers' ``encode`` for a symmetric model: (N,) strings -> (N, H) float32, one string
         -> (H,). Symmetric means one tower and no prefixes (all-MiniLM-L6-v2, the default), where a query and a
         document are encoded alike (this is `encode_documents`).
@@ -293,6 +315,8 @@ class DualEncoder:
         encode a text, and guessing a side gives vectors that do not match what the index holds or what a
         search encodes; call `encode_queries` or `encode_documents`.
         """
+        refuse_keywords("encode", st_keywords, "sentences, batch_size and progress", ST_KEYWORDS)
+        check_texts(sentences, "sentences", "sentence {i}")
         if not self.shared or self.query_prefix or self.document_prefix:
             raise ValueError("encode is for a symmetric model (one tower, no prefixes); this one encodes queries "
                              "and documents differently: call encode_queries or encode_documents")

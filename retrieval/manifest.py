@@ -106,7 +106,8 @@ def resolve_model_source(source: Any, manifest_path: str) -> str:
         if not os.path.isdir(source["path"]):
             raise FileNotFoundError(
                 f"{manifest_path}: the index was built with the model at {source['path']}, which no longer "
-                "exists; pass the same model with --model"
+                "exists; pass the same model: SearchPipeline.load(..., model=DIR) in Python, --model DIR on the "
+                "command line"
             )
         return source["path"]
     raise IndexFormatError(manifest_path, f"pipeline.encoder.model is invalid: {source!r}")

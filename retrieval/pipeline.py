@@ -36,10 +36,12 @@ from twotower.common.errors import flags_need
 from twotower.common.ids import id_list
 from twotower.common.lines import query_problem
 from twotower.common.paths import path_argument
+from twotower.encoder.core.encode import check_texts
 from twotower.indexing import MISSING_ID, Document, IndexStore, Snapshot, document_text
 from twotower.indexing.filters import Filter, as_filter
 from twotower.indexing.manifest import MANIFEST_NAME
 from twotower.indexing.milvus import check_index_type, milvus_spec
+from twotower.indexing.search_result import check_k, is_count
 from twotower.retrieval.build import DEFAULT_SHARD_SIZE, build_index
 from twotower.retrieval.candidates import Candidate, dense_candidates, fused_candidates
 from twotower.retrieval.corpus import (
@@ -62,6 +64,7 @@ from twotower.retrieval.interpolation import interpolate
 from twotower.retrieval.manifest import (
     PIPELINE_FORMAT,
     PIPELINE_KEY,
+    EncoderMismatchError,
     check_encoder,
     default_model_dir,
     library_versions,
@@ -106,6 +109,27 @@ def _load_encoder(model: DualEncoder | str | os.PathLike | None, bf16: bool | st
                                        bf16=bf16, device=device)
 
 
+def _recorded_encoder(source: str, recorded: Mapping[str, Any], bf16: bool | str, device: str) -> DualEncoder:
+    """The encoder a manifest describes: its model directory with the recorded prefixes, pooling,
+    normalisation and maximum lengths (each where recorded), so ``load(dir)`` rebuilds the encoder an index
+    was built with in memory (``DualEncoder.from_pretrained("default", query_prefix="query: ", ...)``).
+
+    Why: the manifest records the directory (here, only the package) and these settings, but a load with
+    model=None read the directory alone and refused the index it had built (EncoderMismatchError).
+    """
+    pooling = recorded.get("pooling")
+    if pooling != recorded.get("document_pooling", pooling):
+        pooling = None  # two towers pooled differently: from_pretrained sets one pooling; the directory's stands
+    encoder = DualEncoder.from_pretrained(source, pooling=pooling, normalize=recorded.get("normalize"),
+                                          query_prefix=recorded.get("query_prefix"),
+                                          document_prefix=recorded.get("document_prefix"), bf16=bf16, device=device)
+    for tower, key in ((encoder.query_tower, "query_max_length"), (encoder.document_tower, "document_max_length")):
+        length = recorded.get(key)
+        if isinstance(length, int) and length != tower.max_length:
+            tower.sentence_config = dataclasses.replace(tower.sentence_config, max_length=length)
+    return encoder
+
+
 def reranker_source(reranker: Any) -> str | None:
     """What a manifest records for a build's reranker: "default" (the shipped one), an absolute path, or None."""
     from twotower.retrieval import default_reranker
@@ -132,20 +156,12 @@ def check_queries(queries: str | Sequence[str]) -> tuple[list[str], bool]:
     """(the queries as a list, whether one string was given). Every query must be a string with text to
     search (`twotower.common.lines.query_problem`); errors name the query's position (``search(5)`` said "'int' object is not iterable", and
     ``search(b"tea")`` "query 0 is int")."""
-    if isinstance(queries, str):
-        return check_queries([queries])[0], True
-    if isinstance(queries, (bytes, bytearray)) or not isinstance(queries, Iterable):
-        raise TypeError(f"queries must be a str or a list of str, got {type(queries).__name__}")
-    queries = list(queries)
-    out = []
+    queries, single = check_texts(queries, "queries", "query {i}")  # the encoder's own check of strings
     for i, q in enumerate(queries):
-        if not isinstance(q, str):
-            raise TypeError(f"query {i} is {type(q).__name__}, not str")
         problem = query_problem(q, f"query {i}" if len(queries) > 1 else "query")
         if problem:
             raise ValueError(problem)
-        out.append(q)
-    return out, False
+    return queries, single
 
 
 def _refuse_ignored_fusion(hybrid: bool, fusion: str | None, rrf_k: float | None,
@@ -339,13 +355,25 @@ class SearchPipeline:
         try:
             block = pipeline_block(store.manifest.extra, os.path.join(directory, MANIFEST_NAME))
             if model is None:
-                model = resolve_model_source(block["encoder"].get("model"), os.path.join(directory, MANIFEST_NAME))
-            encoder = _load_encoder(model, bf16, device)
+                source = resolve_model_source(block["encoder"].get("model"), os.path.join(directory, MANIFEST_NAME))
+                encoder = _recorded_encoder(source, block["encoder"], bf16, device)
+            else:
+                encoder = _load_encoder(model, bf16, device)
             if reranker is None and use_default_reranker:
                 reranker = resolve_reranker_source(block.get("reranker"), directory)
             if reranker is None:
                 reranker = fallback_reranker
-            return cls(store, encoder, _load_reranker(reranker, bf16, device))
+            cross_encoder = _load_reranker(reranker, bf16, device)
+            try:
+                return cls(store, encoder, cross_encoder)
+            except EncoderMismatchError as exc:
+                if model is not None:
+                    raise
+                # the manifest describes the directory and settings, not weights changed in memory
+                raise EncoderMismatchError(f"{exc}; the index was built with an encoder its manifest cannot "
+                                           "rebuild (weights changed in memory, or another model saved over its "
+                                           "directory): pass that encoder as model=, or save it with "
+                                           "DualEncoder.save_pretrained(DIR) and pass model=DIR") from None
         except BaseException:
             store.close()
             raise
@@ -511,13 +539,12 @@ class SearchPipeline:
         Queries longer than the query encoder's maximum are truncated, with a warning.
         """
         queries, single = check_queries(query)
-        if not isinstance(k, int) or k < 1:
-            raise ValueError(f"k must be a positive int, got {k!r}")
-        if recall_k is not None and (not isinstance(recall_k, int) or recall_k < k):
+        k = check_k(k, "")
+        if recall_k is not None and (not is_count(recall_k) or recall_k < k):
             raise ValueError(f"recall_k ({recall_k!r}) must be an int >= k ({k}); leave it out to recall "
                              f"max({DEFAULT_RECALL_K}, k)")
-        recall_k = recall_depth(recall_k, k)
-        if rerank_k is not None and (not isinstance(rerank_k, int) or not 1 <= rerank_k <= recall_k):
+        recall_k = recall_depth(None if recall_k is None else int(recall_k), k)
+        if rerank_k is not None and (not is_count(rerank_k) or not 1 <= rerank_k <= recall_k):
             raise ValueError(f"rerank_k must be an int between 1 and recall_k ({recall_k}), got {rerank_k!r}")
         if fusion is not None and fusion not in FUSIONS:
             raise ValueError(f"fusion={fusion!r}; choose one of {FUSIONS}")
@@ -547,12 +574,14 @@ class SearchPipeline:
                             for qi in range(len(queries))]
                 return dense_candidates(dense)
 
-            candidates = document_candidates(first_stage, recall_k, rows, aggregate, self.passages is not None)
+            # no deeper than the index: recall_k=3_000_000 on four documents asked every layer for 3M rows
+            depth_k = min(recall_k, max(1, rows))
+            candidates = document_candidates(first_stage, depth_k, rows, aggregate, self.passages is not None)
             cross_scores = final_scores = None
             if rerank and self.reranker is not None:
                 alpha = self.rerank_alpha(rerank_alpha, hybrid=hybrid)
                 if alpha > 0.0:  # alpha 0 keeps the first-stage ranking: scoring pairs would change nothing
-                    depth = rerank_depth(rerank_k, recall_k)
+                    depth = min(rerank_depth(rerank_k, recall_k), depth_k)
                     candidates, cross_scores, final_scores = self._rerank(queries, candidates, k, batch_size,
                                                                            progress, alpha, depth)
             hits = self._hits(candidates, k, cross_scores, fetch_documents, final_scores)
@@ -638,15 +667,17 @@ class SearchPipeline:
     def search_vectors(
         self, query_vectors: np.ndarray, k: int = 10, fetch_documents: bool = True,
         filter: Filter | str | None = None,
-    ) -> list[list[Hit]]:
-        """Dense-only search with query vectors encoded elsewhere: (Q, D) -> Q lists of k Hits.
+    ) -> list[Hit] | list[list[Hit]]:
+        """Dense-only search with query vectors encoded elsewhere: (Q, D) -> Q lists of k Hits; one (D,)
+        vector -> one list of Hits (as `search` returns for one query string).
 
         filter: only documents whose metadata matches (`search`); k hits whenever k match.
         """
-        if not isinstance(k, int) or k < 1:
-            raise ValueError(f"k must be a positive int, got {k!r}")
+        k = check_k(k, "")
         flt = as_filter(filter)
         vectors = np.asarray(query_vectors)
+        if vectors.ndim == 1:
+            return self.search_vectors(vectors[None, :], k, fetch_documents, filter)[0]
         with self._one_commit() as view:
             if self.passages is not None:  # rows are passages: aggregate to documents (MaxP)
                 rows = len(view) if flt is None else len(view.allowed_ids(flt))
@@ -830,6 +861,16 @@ class SearchPipeline:
         if self.passages is None:
             return len(self.store)
         return document_counts(self.store.docstore)[0]
+
+    def refresh(self) -> bool:
+        """Move to the index's newest commit (another process's add or delete); returns whether it changed.
+
+        Why: a loaded pipeline searches the commit it opened, so a long-lived reader (a notebook, a
+        worker) never saw documents another process added or deleted. Searches running in other
+        threads finish on the commit they started with. A read-only pipeline only (the default of
+        ``load``): a writer's pipeline always sees its own state, and refreshing one is a ValueError.
+        """
+        return self.store.refresh()
 
     def close(self) -> None:
         """Release the index: its writer lock (so another process may write), its database and a Milvus client

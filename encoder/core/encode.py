@@ -28,8 +28,9 @@ from __future__ import annotations
 import copy
 import logging
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 import torch
@@ -110,14 +111,29 @@ def batch_spans(sorted_lengths: np.ndarray, batch_size: int | None, batch_tokens
     return spans
 
 
-def _check_texts(texts: Sequence[str]) -> list[str]:
+def check_texts(texts: Any, plural: str = "texts", item: str = "texts[{i}]") -> tuple[list[str], bool]:
+    """(`texts` as a list, whether one string was given); a TypeError naming the position of a non-string
+    (`item`, e.g. ``"query {i}"``) or saying what `plural` must be.
+
+    Why one check: ``DualEncoder.encode(["ok", None])`` failed inside with "unsupported operand type(s) for +"
+    and ``encode(5)`` with "'int' object is not iterable", where the pipeline's queries said "query 1 is
+    NoneType, not str"; the encoders and the pipeline now say it alike.
+    """
     if isinstance(texts, str):
-        raise TypeError("texts must be a list of strings; wrap a single text in a list")
+        return [texts], True
+    if isinstance(texts, (bytes, bytearray)) or not isinstance(texts, Iterable):
+        raise TypeError(f"{plural} must be a str or a list of str, got {type(texts).__name__}")
     texts = list(texts)
     for i, t in enumerate(texts):
         if not isinstance(t, str):
-            raise TypeError(f"texts[{i}] is {type(t).__name__}, not str")
-    return texts
+            raise TypeError(f"{item.format(i=i)} is {type(t).__name__}, not str")
+    return texts, False
+
+
+def _check_texts(texts: Sequence[str]) -> list[str]:
+    if isinstance(texts, str):
+        raise TypeError("texts must be a list of strings; wrap a single text in a list")
+    return check_texts(texts)[0]
 
 
 def _model_device(model: nn.Module) -> torch.device:

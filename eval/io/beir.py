@@ -6,9 +6,10 @@ Layout (Thakur et al. 2021, the BEIR benchmark):
 * ``queries.jsonl``: ``{"_id", "text"}``;
 * ``qrels/<split>.tsv``: tab-separated ``query-id corpus-id score`` with that header line.
 
-``parse_beir_document`` is the project's one reading of a corpus record: the
-evaluation readers here and the index builds of ``twotower.retrieval.corpus``
-both call it, so a file accepted by one is accepted by the other.  Its rules:
+``parse_beir_document`` (in ``twotower.common.documents``, re-exported here) is the project's one
+reading of a corpus record: the evaluation readers here, the index builds of
+``twotower.retrieval.corpus`` and ``IndexStore.add`` all call it, so a file accepted by one is
+accepted by the others.  Its rules:
 ``_id`` (or ``id``) is a non-empty string, an integer id is turned into one
 (run files and qrels compare ids as text); ``text`` is a string; ``title`` is
 a string or absent; ``metadata`` is an object or absent.  Any other top-level
@@ -33,24 +34,21 @@ import json
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from twotower.common.atomic import atomic_open
+from twotower.common.documents import (  # noqa: F401 - BeirDocument, empty_document: re-exported here
+    BeirDocument,
+    empty_document,
+    parse_beir_document,
+    record_id,
+    record_text,
+)
 from twotower.common.errors import DataError
-from twotower.common.lines import is_blank, json_lines, numbered_lines
+from twotower.common.lines import json_lines, numbered_lines
 from twotower.eval.io.trec import Qrels, parse_int
 
 QRELS_HEADER = "query-id\tcorpus-id\tscore"
-_NO_METADATA: Mapping[str, Any] = MappingProxyType({})
-_RECORD_KEYS = frozenset({"_id", "id", "title", "text", "metadata"})  # every other key of a record is metadata
-
-
-class BeirDocument(NamedTuple):
-    doc_id: str
-    title: str
-    text: str
-    metadata: Mapping[str, Any] = _NO_METADATA
 
 
 class BeirDataset(NamedTuple):
@@ -69,94 +67,6 @@ class BeirDataset(NamedTuple):
     def split_queries(self) -> dict[str, str]:
         """The queries that have judgments in this split, in qrels order."""
         return {qid: self.queries[qid] for qid in self.qrels if qid in self.queries}
-
-
-def _record_id(obj: Mapping[str, Any], path: str | os.PathLike[str], line: int | None) -> str:
-    """The ``_id`` (or, without one, ``id``) of a record as a non-empty string; an integer id becomes its decimal
-    text."""
-    value = obj.get("_id")
-    if value is None:
-        value = obj.get("id")
-    if value is None:
-        raise DataError(path, line, "missing field '_id'", field="_id")
-    if isinstance(value, int) and not isinstance(value, bool):
-        value = str(value)
-    if not isinstance(value, str) or not value.strip():
-        raise DataError(path, line, f"field '_id' must be a non-empty string, got {value!r}", field="_id")
-    return value
-
-
-def _record_text(obj: Mapping[str, Any], path: str | os.PathLike[str], line: int | None) -> str:
-    value = obj.get("text")
-    if not isinstance(value, str):
-        found = "" if value is None else f" (got {type(value).__name__})"
-        raise DataError(path, line, f"missing string field 'text'{found}", field="text")
-    return value
-
-
-def empty_document(doc_id: str, title: str, text: str) -> str | None:
-    """Why a document has nothing to search (its ``text`` and ``title`` are both blank), or None.
-
-    The one wording of the rule, for `parse_beir_document` and for the index build that skips such
-    documents under its ``--on-empty`` policy instead of stopping at the first. Blank is a query's blank
-    (`is_blank`): a text of zero-width spaces or a soft hyphen was indexed as the vector of an empty text,
-    which came up for any query, while the same text as a query was refused.
-    """
-    if not (is_blank(text) and is_blank(title)):
-        return None
-    if text.strip() or title.strip():
-        return f"document {doc_id!r} has only control or invisible characters in 'text' and 'title'"
-    return f"document {doc_id!r} has empty 'text' and 'title'"
-
-
-def parse_beir_document(
-    obj: Any, path: str | os.PathLike[str], line: int | None = None, require_content: bool = False
-) -> BeirDocument:
-    """Check one decoded corpus record and return it as a ``BeirDocument``.
-
-    Args:
-        obj: the decoded JSON value of one line (or an in-memory mapping).
-        path, line: where it came from, for the error (``path`` may name a record, e.g. ``"docs[3]"``).
-        require_content: refuse a document whose ``text`` and ``title`` are both blank.
-
-    Raises:
-        DataError: naming ``path:line`` and the field, by the rules of the module docstring.
-
-    Example:
-        >>> parse_beir_document({"_id": 7, "text": "tea"}, "corpus.jsonl", 1)
-        BeirDocument(doc_id='7', title='', text='tea', metadata=mappingproxy({}))
-        >>> parse_beir_document({"_id": "a", "title": 3, "text": "x"}, "corpus.jsonl", 2)
-        Traceback (most recent call last):
-        ...
-        twotower.common.errors.DataError: corpus.jsonl:2: field 'title' must be a string, got int
-    """
-    if not isinstance(obj, Mapping):
-        raise DataError(path, line, f"expected a JSON object, got {type(obj).__name__}")
-    doc_id = _record_id(obj, path, line)
-    text = _record_text(obj, path, line)
-    title = obj.get("title")
-    if title is None:
-        title = ""
-    if not isinstance(title, str):
-        raise DataError(path, line, f"field 'title' must be a string, got {type(title).__name__}", field="title")
-    if require_content and (empty := empty_document(doc_id, title, text)):
-        raise DataError(path, line, empty, field="text")
-    metadata = obj.get("metadata")
-    if metadata is None:
-        metadata = _NO_METADATA
-    elif not isinstance(metadata, Mapping):
-        raise DataError(path, line, f"field 'metadata' must be an object, got {type(metadata).__name__}",
-                        field="metadata")
-    # beside an `_id`, an `id` is a field like any other (it was dropped without a word)
-    keys = _RECORD_KEYS if obj.get("_id") is None else _RECORD_KEYS - {"id"}
-    extra = {k: v for k, v in obj.items() if k not in keys}
-    if extra:
-        both = sorted(set(extra) & set(metadata))
-        if both:
-            raise DataError(path, line, f"field {both[0]!r} is both a top-level field and a key of 'metadata'; "
-                            "keep one of them", field=both[0])
-        metadata = {**metadata, **extra}
-    return BeirDocument(doc_id, title, text, metadata)
 
 
 def iter_beir_corpus(
@@ -185,11 +95,11 @@ def iter_beir_queries(path: str | os.PathLike[str]) -> Iterator[tuple[int, str, 
     """
     seen: set[str] = set()
     for number, obj in json_lines(path):
-        qid = _record_id(obj, path, number)
+        qid = record_id(obj, path, number)
         if qid in seen:
             raise DataError(path, number, f"query id {qid!r} appears twice")
         seen.add(qid)
-        yield number, qid, _record_text(obj, path, number)
+        yield number, qid, record_text(obj, path, number)
 
 
 def read_beir_queries(path: str | os.PathLike[str]) -> dict[str, str]:

@@ -2,6 +2,7 @@ import sqlite3
 
 import pytest
 
+from twotower.common.errors import DataError
 from twotower.indexing import DocStore, IndexFormatError, as_document
 
 
@@ -62,11 +63,11 @@ def test_duplicate_policies_are_atomic(store):
 
 
 def test_bad_documents_name_the_field(store):
-    with pytest.raises(ValueError, match=r"docs\[1\].*'text' must be a string"):
+    with pytest.raises(DataError, match=r"^docs\[1\]: missing string field 'text' \(got int\)"):
         store.add([{"id": "a", "text": "ok"}, {"id": "b", "text": 3}])
-    with pytest.raises(ValueError, match=r"docs\[0\].*'id' must be a non-empty string"):
+    with pytest.raises(DataError, match=r"^docs\[0\]: missing field '_id'"):
         store.add([{"text": "no id"}])
-    with pytest.raises(ValueError, match=r"metadata is not JSON-serialisable"):
+    with pytest.raises(DataError, match=r"^docs\[0\]: metadata"):
         store.add([{"id": "m", "text": "", "metadata": {"f": object()}}])
     with pytest.raises(ValueError, match="'metadata' must be an object"):
         as_document({"id": "m", "text": "", "metadata": [1]})
@@ -165,3 +166,23 @@ def test_readonly_open_works_on_read_only_storage(tmp_path):
     finally:
         writer.close()
     assert (res.returncode, res.stdout.strip()) == (0, "4"), res.stderr
+
+
+def test_documents_are_read_by_the_pipelines_rules():
+    """IndexStore.add had rules of its own: `{"_id": "A", "id": "B"}` stored B (the pipeline: A, with `id` as
+    metadata), metadata `[]` or `""` became `{}` while `[1]` was refused, other top-level fields were dropped,
+    integer ids refused, and the errors were plain ValueErrors, not the documented DataError."""
+    assert as_document({"_id": "A", "id": "B", "text": "t"}) == \
+        {"id": "A", "title": "", "text": "t", "metadata": {"id": "B"}}
+    assert as_document({"id": "a", "text": "t", "lang": "en", "metadata": {"year": 2001}})["metadata"] == \
+        {"year": 2001, "lang": "en"}
+    assert as_document({"id": 7, "text": "t", "title": None})["id"] == "7"
+    for bad in ([], "", [1], "tag1 tag2"):
+        with pytest.raises(DataError, match=r"^docs\[2\]: field 'metadata' must be an object"):
+            as_document({"id": "m", "text": "t", "metadata": bad}, "docs[2]")
+    with pytest.raises(DataError, match="contains whitespace"):
+        as_document({"id": "a b", "text": "t"})
+    with pytest.raises(DataError, match="both a top-level field and a key of 'metadata'"):
+        as_document({"id": "a", "text": "t", "lang": "en", "metadata": {"lang": "fr"}})
+    row = as_document({"id": "a\x1f0", "text": "t", "metadata": {}, "parent": "a", "start": 0, "end": 1})
+    assert (row["id"], row["parent"], row["start"], row["end"]) == ("a\x1f0", "a", 0, 1)  # a passage row's own id

@@ -457,3 +457,90 @@ def test_a_writer_dropped_without_close_releases_its_lock(tmp_path, vecs):
     gc.collect()
     with IndexStore.open(tmp_path / "i") as again:
         assert len(again) == 3
+
+
+def test_a_k_past_the_index_searches_the_stored_vectors_and_pads_at_the_end(tmp_path, vecs, monkeypatch):
+    """k=3_000_000 on four documents took 3.8 s and 632 MB for one query: every layer was asked for k rows and
+    padded to k. The backend is now asked for the stored count; the (Q, k) padding comes once, at the end."""
+    from twotower.indexing.vector_index import VectorIndex
+
+    store = IndexStore.create(tmp_path / "idx", DIM, "Flat", "cosine")
+    store.add(docs(0, 4), vecs[:4])
+    store.commit()
+    asked = []
+    search = VectorIndex.search
+    monkeypatch.setattr(VectorIndex, "search", lambda self, q, k=10, **kw: (asked.append(k), search(self, q, k, **kw))[1])
+    k = 3_000_000
+    res = store.search(vecs[:2], k)
+    assert asked and max(asked) <= 4 + 1  # the stored count, plus the one more that finds ties at the cut
+    assert len(res.ids) == 2 and all(len(row) == k for row in res.ids) and res.scores.shape == (2, k)
+    assert sorted(res.ids[0][:4]) == ["d0", "d1", "d2", "d3"] and res.ids[0][0] == "d0"
+    assert set(res.ids[0][4:]) == {""} and np.isneginf(res.scores[:, 4:]).all()
+    assert np.isfinite(res.scores[:, :4]).all()
+    asked.clear()
+    assert store.vectors.segments[0].index.search(vecs[:1], 10).ids[0][4:] == [""] * 6  # the backend pads too
+    store.close()
+
+
+def test_k_is_any_integer_but_not_a_bool(tmp_path, vecs):
+    store = IndexStore.create(tmp_path / "idx", DIM, "Flat", "cosine")
+    store.add(docs(0, 4), vecs[:4])
+    assert store.search(vecs[:1], np.int64(2)).scores.shape == (1, 2)
+    with pytest.raises(ValueError, match="k must be a positive int, got True"):
+        store.search(vecs[:1], True)  # it was taken as k=1
+    store.close()
+
+
+def test_create_without_a_factory_names_its_own_arguments(tmp_path):
+    """It said "VectorIndex: pass factory=... or expected_size=... (for auto_factory)": internal names."""
+    with pytest.raises(ValueError, match=r"^IndexStore\.create: pass factory= .* or expected_size=") as e:
+        IndexStore.create(tmp_path / "b", DIM)
+    assert "VectorIndex" not in str(e.value) and "auto_factory" not in str(e.value)
+
+
+def test_bm25_search_without_bm25_says_what_needs_it(tmp_path, vecs):
+    store = IndexStore.create(tmp_path / "idx", DIM, "Flat", "cosine")
+    with pytest.raises(ValueError, match=r"created without BM25, which BM25 search \(search_bm25.*bm25=True.*--bm25"):
+        store.search_bm25(["tea"])
+    store.close()
+
+
+def test_a_failed_first_with_block_leaves_no_index_behind(tmp_path, vecs):
+    """A `with IndexStore.create(...)` block that raised before any commit left an empty committed index, so
+    running the script again failed with FileExistsError. What create made is removed; nothing else is."""
+    d = tmp_path / "idx"
+    with pytest.raises(RuntimeError), IndexStore.create(d, DIM, "Flat", "cosine") as store:
+        store.add(docs(0, 2), vecs[:2])
+        raise RuntimeError("boom")
+    assert not d.exists()
+    with IndexStore.create(d, DIM, "Flat", "cosine") as store:  # the rerun works
+        store.add(docs(0, 2), vecs[:2])
+    assert IndexStore.open(d, readonly=True).generation == 1
+    empty = tmp_path / "mine"
+    empty.mkdir()  # the caller's own empty directory stays, empty
+    with pytest.raises(RuntimeError), IndexStore.create(empty, DIM, "Flat", "cosine"):
+        raise RuntimeError("boom")
+    assert empty.is_dir() and not any(empty.iterdir())
+    with pytest.raises(RuntimeError), IndexStore.create(tmp_path / "kept", DIM, "Flat", "cosine") as store:
+        store.add(docs(0, 2), vecs[:2])
+        store.commit()  # something committed: the index is the user's now
+        raise RuntimeError("boom")
+    assert IndexStore.open(tmp_path / "kept", readonly=True).generation == 1
+    with pytest.raises(RuntimeError), IndexStore.open(tmp_path / "kept") as store:  # opened, not created: kept
+        raise RuntimeError("boom")
+    assert (tmp_path / "kept").is_dir()
+
+
+def test_add_reads_documents_as_the_pipeline_does(tmp_path, vecs):
+    """`{"_id": "A", "id": "B"}` was stored as B by IndexStore.add and as A (id B kept as metadata) by
+    SearchPipeline.build, as docs/formats.md says; extra fields were dropped, integer ids refused."""
+    from twotower.common.errors import DataError
+
+    store = IndexStore.create(tmp_path / "idx", DIM, "Flat", "cosine")
+    store.add([{"_id": "A", "id": "B", "text": "t", "lang": "en"}, {"id": 7, "text": "u"}], vecs[:2])
+    assert store.get(["A", "B", "7"]) == [{"id": "A", "title": "", "text": "t", "metadata": {"id": "B", "lang": "en"}},
+                                         None, {"id": "7", "title": "", "text": "u", "metadata": {}}]
+    assert store.search(vecs[:1], 1, filter='lang == "en"').ids == [["A"]]
+    with pytest.raises(DataError, match=r"^docs\[0\]: field 'metadata' must be an object, got list"):
+        store.add([{"id": "m", "text": "t", "metadata": []}], vecs[2:3])
+    store.close()

@@ -410,3 +410,11 @@ def test_a_fresh_head_is_the_one_the_seed_always_drew_and_the_callers_random_str
             assert torch.equal(ce.bert.pooler.dense.weight, old.bert.pooler.dense.weight)
         assert torch.equal(ce.model.classifier.weight, old.classifier.weight), seed
         assert torch.equal(ce.model.classifier.bias, old.classifier.bias)
+
+
+def test_predict_refuses_show_progress_bar_naming_progress(saved):
+    """sentence-transformers' ``predict(..., show_progress_bar=True)`` was a bare TypeError."""
+    ce, _ = saved
+    with pytest.raises(TypeError, match=r"predict\(\) got an unexpected keyword argument 'show_progress_bar' "
+                                        r"\(use progress=True\)"):
+        ce.predict([("q", "d")], show_progress_bar=True)

@@ -3,6 +3,8 @@ sentence-transformers on all-MiniLM-L6-v2."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -174,3 +176,27 @@ def test_minilm_matches_sentence_transformers():
     texts = ["A man is eating food.", "Aspirin inhibits the production of PGE2.", "x " * 400]
     ref = SentenceTransformer(path, device="cpu").encode(texts, convert_to_numpy=True)
     np.testing.assert_allclose(de.encode_documents(texts), ref, atol=1e-5)
+
+
+@pytest.mark.parametrize("method", ["encode", "encode_queries", "encode_documents"])
+def test_non_strings_are_named_by_position(de, method):
+    """``encode(["ok", None])`` failed inside ("unsupported operand type(s) for +") and ``encode(5)`` with "'int'
+    object is not iterable"; each now says which input is not a string, as the pipeline's queries do."""
+    call = getattr(de, method)
+    with pytest.raises(TypeError, match=r"^\w+ 1 is NoneType, not str$"):
+        call(["ok", None])
+    for bad in (None, 5):
+        with pytest.raises(TypeError, match=rf"must be a str or a list of str, got {type(bad).__name__}$"):
+            call(bad)
+
+
+@pytest.mark.parametrize("keyword, says", [("show_progress_bar", "progress=True"),
+                                           ("normalize_embeddings", "normalisation is the model's setting"),
+                                           ("convert_to_numpy", "always a numpy array"),
+                                           ("convert_to_tensor", "torch.from_numpy")])
+def test_sentence_transformers_keywords_say_the_way_here(de, keyword, says):
+    """Refused (never silently accepted) with what to write instead, not a bare "unexpected keyword argument"."""
+    for method in ("encode", "encode_queries", "encode_documents"):
+        with pytest.raises(TypeError, match=rf"{method}\(\) got an unexpected keyword argument '{keyword}' \(.*"
+                                            rf"{re.escape(says)}"):
+            getattr(de, method)(TEXTS, **{keyword: True})

@@ -357,11 +357,69 @@ def test_bad_in_memory_documents_are_named_by_position(tmp_path, encoder):
 
 
 def test_build_refuses_existing_directory(tmp_path, encoder, docs):
+    """Each case in Python's words: it said "add documents with `twotower index add`" to a Python caller, for a
+    plain file and someone's own directory too."""
+    corpus = write_corpus(str(tmp_path / "c.jsonl"), docs[:3])
     out = tmp_path / "idx"
     out.mkdir()
     (out / "something").write_text("x")
-    with pytest.raises(FileExistsError, match="already exists"):
-        SearchPipeline.build(write_corpus(str(tmp_path / "c.jsonl"), docs[:3]), out, encoder, progress=False)
+    with pytest.raises(FileExistsError, match="a directory that is not empty; give a new or empty directory for the index"):
+        SearchPipeline.build(corpus, out, encoder, progress=False)
+    with pytest.raises(FileExistsError, match="a file; give the name of a new directory for the index"):
+        SearchPipeline.build(corpus, out / "something", encoder, progress=False)
+    SearchPipeline.build(corpus, tmp_path / "index", encoder, progress=False).close()
+    with pytest.raises(FileExistsError, match=r"already an index; add the documents to it with SearchPipeline\.load"
+                                              r"\(.*readonly=False\)\.add\(docs\) \(on the command line: `twotower "
+                                              r"index add`\)"):
+        SearchPipeline.build(corpus, tmp_path / "index", encoder, progress=False)
+
+
+def test_a_k_past_the_index_recalls_no_deeper_than_the_index(built, monkeypatch):
+    """k=3_000_000 on a small index took 7.7 s: recall_k = max(100, k) went down to every layer."""
+    from twotower.indexing import Snapshot
+
+    asked = []
+    search = Snapshot.search
+    monkeypatch.setattr(Snapshot, "search", lambda self, q, k=10, **kw: (asked.append(k), search(self, q, k, **kw))[1])
+    hits = built.search("tea", k=3_000_000, hybrid=True)
+    assert len(hits) == N_DOCS and asked and max(asked) <= N_DOCS
+    assert [h.id for h in hits[:5]] == [h.id for h in built.search("tea", k=5, hybrid=True)]
+
+
+def test_k_is_any_integer_but_not_a_bool(built):
+    """k=np.int64(2) was refused where IndexStore.search takes it, and k=True was searched as k=1."""
+    assert len(built.search("tea", k=np.int64(2), recall_k=np.int64(5))) == 2
+    vec = built.encoder.encode_queries(["tea"])
+    assert len(built.search_vectors(vec, k=np.int64(2))[0]) == 2
+    for call in (lambda: built.search("tea", k=True), lambda: built.search_vectors(vec, k=True)):
+        with pytest.raises(ValueError, match="k must be a positive int, got True"):
+            call()
+    with pytest.raises(ValueError, match="recall_k"):
+        built.search("tea", k=1, recall_k=True)
+
+
+def test_search_vectors_with_one_vector_returns_one_list(built):
+    """As search("text") returns one list of hits; a (D,) vector gave a list of one list."""
+    vec = built.encoder.encode_queries("tea")  # (D,)
+    one = built.search_vectors(vec, k=3)
+    assert len(one) == 3 and all(isinstance(h, Hit) for h in one)
+    assert [h.id for h in one] == [h.id for h in built.search_vectors(vec[None, :], k=3)[0]]
+    assert [h.id for h in built.search_vectors(vec, k=3, fetch_documents=False)] == [h.id for h in one]
+
+
+def test_refresh_moves_a_reader_to_the_newest_commit(tmp_path, encoder, docs):
+    """A loaded pipeline never saw another process's add or delete; only the internal store.refresh() did."""
+    with SearchPipeline.build(docs[:5], tmp_path / "idx", encoder, progress=False) as writer:
+        reader = SearchPipeline.load(tmp_path / "idx", encoder)
+        assert reader.refresh() is False
+        writer.delete([docs[0]["_id"]])
+        assert reader.contains([docs[0]["_id"]]) == [True]  # still the commit it opened
+        assert reader.refresh() is True
+        assert reader.contains([docs[0]["_id"]]) == [False] and len(reader) == 4
+        assert docs[0]["_id"] not in [h.id for h in reader.search("tea", k=5)]
+        reader.close()
+        with pytest.raises(ValueError, match="refresh"):
+            writer.refresh()
 
 
 def test_a_large_k_alone_raises_the_recall_depth(built):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from tests.retrieval.pipeline_fixtures import tiny_model_dir, toy_docs, write_corpus
 from twotower.indexing import IndexFormatError, IndexStore
@@ -352,7 +353,36 @@ def test_index_from_a_newer_version_or_without_pipeline_block(index_dir, tmp_pat
 def test_moved_model_is_reported(index_dir, tmp_path):
     target = _copy(index_dir, tmp_path)
     _edit_manifest(target, lambda m: m["extra"]["pipeline"]["encoder"].update(model={"path": "/no/such/model"}))
-    with pytest.raises(FileNotFoundError, match="/no/such/model, which no longer exists; pass the same model"):
+    # in the words of both callers: it said only "--model" to a Python call
+    with pytest.raises(FileNotFoundError, match=r"/no/such/model, which no longer exists; pass the same model: "
+                                                r"SearchPipeline\.load\(\.\.\., model=DIR\) in Python, --model DIR"):
         SearchPipeline.load(target)
     with SearchPipeline.load(target, tiny_model_dir()) as pipe:  # giving it explicitly works
         assert len(pipe.search("tea", k=2)) == 2
+
+
+def test_load_rebuilds_the_encoder_the_manifest_describes(tmp_path):
+    """Built with an in-memory encoder (prefixes, pooling, normalisation, lengths not in the model directory),
+    the index recorded the directory and those settings, but load(dir) read the directory alone and refused
+    the index (EncoderMismatchError). model=None now rebuilds the encoder the manifest describes."""
+    model = tiny_model_dir()
+    built = DualEncoder.from_pretrained(model, pooling="cls", normalize=False, max_length=24,
+                                        query_prefix="query: ", document_prefix="passage: ", bf16=False)
+    docs = toy_docs(8)
+    with SearchPipeline.build(docs, tmp_path / "idx", built, progress=False) as pipe:
+        want = [h.id for h in pipe.search("tea", k=3)]
+    with SearchPipeline.load(tmp_path / "idx", bf16=False) as pipe:
+        enc = pipe.encoder
+        assert enc.fingerprint() == built.fingerprint()
+        assert (enc.query_prefix, enc.document_prefix, enc.query_tower.pooling, enc.normalize) == \
+            ("query: ", "passage: ", "cls", False)
+        assert (enc.query_max_length, enc.document_tower.max_length) == (24, 24)
+        assert [h.id for h in pipe.search("tea", k=3)] == want
+    # weights changed in memory: no manifest can rebuild those, so the error says what to pass
+    with torch.no_grad():
+        next(built.query_tower.model.parameters()).add_(1.0)
+    with SearchPipeline.build(docs, tmp_path / "tuned", built, progress=False):
+        pass
+    with pytest.raises(EncoderMismatchError, match=r"pass that encoder as model=, or save it with "
+                                                   r"DualEncoder\.save_pretrained\(DIR\) and pass model=DIR"):
+        SearchPipeline.load(tmp_path / "tuned", bf16=False)
