@@ -871,9 +871,19 @@ class MilvusVectors:
         return len(lost), lost[:limit] if limit else lost
 
     def close(self) -> None:
-        """Writer close: delete every superseded row (no reader of this process needs them any more)."""
+        """Writer close: delete the superseded rows no reader can still need.
+
+        All of them when this writer is the only store of the process on a Milvus Lite file (no other process can
+        open it); otherwise only those past ``RETAIN_SECONDS``. Why: `twotower serve` searches through a store of
+        its own on the same client, still on the commit before until it moves to the new one, and its searches
+        answered 0 hits for the documents a write had just replaced or deleted when their rows went at close.
+        The rest are deleted by a later writer (its commit, or its open).
+        """
+        uri = self.record["uri"]
+        with _clients_lock:
+            alone = is_local(uri) and _holders.get(uri, 0) <= 1
         try:
-            self.collect(grace=False)
+            self.collect(grace=not alone)
         except Exception as e:  # noqa: BLE001 - kept in the garbage table for the next writer
             logger.warning("Milvus collection %s: superseded rows not deleted (%s)", self.collection, e)
 

@@ -78,7 +78,7 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 
@@ -168,6 +168,31 @@ def is_disk_full(exc: BaseException) -> bool:
 
 class IndexLockedError(RuntimeError):
     """Another process holds the directory open for writing."""
+
+
+_T = TypeVar("_T")
+LOCK_WAIT_S = 10.0  # how long a write waits for another writer's lock (`twotower serve`, `twotower index add`)
+
+
+def wait_for_lock(open_writer: Callable[[], _T], wait_s: float = LOCK_WAIT_S,
+                  stop: Callable[[], bool] = lambda: False) -> _T:
+    """`open_writer()` (it opens an index for writing), retried while another writer holds the index's lock.
+
+    Why: writers take turns on the lock for the length of one commit (`twotower serve` between its writes,
+    `twotower index add`); failing at once made a write collide with one that would finish in a second.
+    Gives up with the last `IndexLockedError` after `wait_s` seconds, or as soon as `stop()` is true.
+    """
+    deadline = time.monotonic() + wait_s
+    delay = 0.02
+    while True:
+        try:
+            return open_writer()
+        except IndexLockedError:
+            left = deadline - time.monotonic()
+            if left <= 0 or stop():
+                raise
+            time.sleep(min(delay, left))
+            delay = min(delay * 2, 0.5)
 
 
 _NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 
 import pytest
 
 from tests.cli.cli_run import build_index, run_cli
 from tests.indexing.helpers import run_read_only
 from tests.retrieval.pipeline_fixtures import tiny_model_dir
+from twotower.common.file_lock import try_lock
 from twotower.indexing import IndexStore
 
 
@@ -59,3 +62,62 @@ def test_ctrl_c_after_the_commit_says_the_change_is_in(built, capsys, monkeypatc
     assert rc == 130
     assert err.strip() == f"twotower index {action}: interrupted: the change was committed: {idx} is at generation 2 " \
                           "with it"
+
+
+class _OtherWriterFinishes:
+    """`time` for `twotower.indexing.store`: the first wait for the lock is when the other writer lets it go."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd, self.waits = fd, 0
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+    def sleep(self, seconds: float) -> None:
+        self.waits += 1
+        if self.fd is not None:
+            os.close(self.fd)  # releases its flock
+            self.fd = None
+
+
+@pytest.mark.parametrize("action", ["add", "delete"])
+def test_add_and_delete_wait_for_another_writers_lock(built, capsys, monkeypatch, action):
+    """While `twotower serve` was writing, `index add` / `delete` failed at once ("open for writing by another
+    process", exit 2), where the server waits 10 s for theirs; they wait up to --lock-wait seconds too."""
+    from twotower.indexing import store as store_module
+
+    idx = built / "idx"
+    other = _OtherWriterFinishes(try_lock(idx / store_module.LOCK_NAME))  # as another process holds it
+    assert other.fd is not None
+    monkeypatch.setattr(store_module, "time", other)
+    argv = (["index", "add", "--index", str(idx), "--corpus", str(built / "corpus.jsonl"), "--on-duplicate",
+             "replace", "--model", tiny_model_dir(), "--no-progress"] if action == "add"
+            else ["index", "delete", "--index", str(idx), "d0"])
+    rc, _, err = run_cli(capsys, *argv)
+    monkeypatch.undo()
+    assert (rc, other.waits) == (0, 1), err
+    with IndexStore.open(idx, readonly=True) as store:
+        assert store.generation == 2
+
+
+@pytest.mark.parametrize("action", ["add", "delete"])
+def test_a_writer_that_keeps_the_lock_past_lock_wait_is_one_line_saying_who_and_to_retry(built, capsys, action):
+    """It said "open for writing by another process" alone: not which (the server writes between searches) nor
+    that the command may simply be run again."""
+    from twotower.indexing.store import LOCK_NAME
+
+    idx = built / "idx"
+    fd = try_lock(idx / LOCK_NAME)
+    try:
+        argv = (["index", "add", "--index", str(idx), "--corpus", str(built / "corpus.jsonl"), "--no-progress"]
+                if action == "add" else ["index", "delete", "--index", str(idx), "d0"])
+        rc, _, err = run_cli(capsys, *argv, "--lock-wait", "0.05")
+    finally:
+        os.close(fd)
+    assert rc == 2
+    assert err.strip() == (f"twotower index {action}: error: --index {idx}: open for writing by another process (a "
+                           "`twotower serve` writing to it, or another `twotower index add` or `delete`) for longer "
+                           "than --lock-wait 0.05 s; nothing was written: retry once that write is done, or give a "
+                           "longer --lock-wait")
+    rc, _, err = run_cli(capsys, *argv, "--lock-wait", "-1")
+    assert rc == 2 and "--lock-wait must be a number of seconds >= 0, got -1.0" in err

@@ -163,6 +163,35 @@ def test_reader_answers_from_its_commit_until_refresh(tmp_path, uri, monkeypatch
     w.close()
 
 
+def test_a_closing_writer_keeps_the_rows_a_reader_of_its_process_still_answers_from(tmp_path, uri):
+    """`twotower serve` closed each write's store before its searches moved to the new commit, and the close deleted
+    every superseded row at once: searches on the commit before answered 0 hits for the documents just replaced
+    or deleted. Rows stay RETAIN_SECONDS while another store of the process holds the client; alone, it deletes
+    them all (the first test)."""
+    filters = pytest.importorskip("twotower.indexing.filters")
+    x = clustered(40, 8, seed=8)
+    meta = {"src": "a"}
+    w = IndexStore.create(tmp_path / "idx", 8, None, "cosine", milvus=spec(uri))
+    w.add(docs([f"d{i}" for i in range(40)], lambda i: meta), x)
+    w.commit()
+    w.close()
+    r = IndexStore.open(tmp_path / "idx", readonly=True)
+    q, flt = x[:2] + 0.01, filters.parse_filter('src == "a"')
+    before = r.search(q, 3, filter=flt).ids
+    assert before[0][0] == "d0" and before[1][0] == "d1"
+    w = IndexStore.open(tmp_path / "idx")
+    w.add(docs(["d0"], lambda i: meta), -x[:1], on_duplicate="replace")
+    w.delete(["d1"])
+    w.commit()
+    w.close()
+    assert r.generation == 1 and r.search(q, 3, filter=flt).ids == before  # still the commit it is on
+    assert r.refresh() and r.search(q, 3, filter=flt).ids[1][0] != "d1"
+    r.close()
+    IndexStore.open(tmp_path / "idx").close()  # a writer alone in the process deletes them
+    with IndexStore.open(tmp_path / "idx", readonly=True) as r:
+        assert r.vectors.tombstone_count == 0
+
+
 def test_search_returns_k_live_hits_past_many_stale_rows(tmp_path, uri, monkeypatch):
     monkeypatch.setattr(mv, "RETAIN_SECONDS", 3600.0)
     x = clustered(300, 8, seed=4)
@@ -221,8 +250,10 @@ def test_manifest_records_backend_and_info_shows_it(tmp_path, uri):
     m = IndexStore.open(tmp_path / "idx", readonly=True)
     assert m.manifest.milvus["fingerprint"] == "enc-1" and m.manifest.milvus["index_id"] == s.index_id
     m.close()
+    w = IndexStore.open(tmp_path / "idx")
     with pytest.raises(ValueError, match="collection"):
-        IndexStore.open(tmp_path / "idx").copy_to(tmp_path / "copy")
+        w.copy_to(tmp_path / "copy")
+    w.close()  # an open store of the process keeps a closing writer's superseded rows (the tests after this)
 
 
 def test_existing_collection_of_another_dimension_encoder_or_index_is_refused(tmp_path, uri):

@@ -9,7 +9,7 @@ import threading
 import httpx
 
 from tests.retrieval.pipeline_fixtures import tiny_model_dir, toy_docs
-from tests.serve.serve_fixtures import AUTH, TOKEN, client, live_server, stats
+from tests.serve.serve_fixtures import AUTH, TOKEN, client, live_server, stats, wait_until
 from twotower.indexing import IndexStore, document_text
 
 ADDS = 4  # commits made while the searches run
@@ -34,6 +34,16 @@ def test_a_commit_by_another_process_is_picked_up_without_restart(index_dir):
         assert c.get(f"/documents/{doc['_id']}").json()["text"] == doc["text"]
         after = stats(c)
         assert (after["documents"], after["generation"]) == (before["documents"] + 1, before["generation"] + 1)
+
+
+def test_stats_show_a_commit_by_another_process_at_once(index_dir):
+    """/stats showed the count and generation of the commit before until a search or lookup moved the server."""
+    with client(index_dir) as c:
+        before = stats(c)
+        with IndexStore.open(index_dir, readonly=False) as other:  # as `twotower index delete` would
+            other.delete(["d0"])
+        after = stats(c)
+        assert (after["documents"], after["generation"]) == (before["documents"] - 1, before["generation"] + 1)
 
 
 def test_searches_during_adds_answer_from_whole_commits(index_dir):
@@ -120,3 +130,67 @@ def test_a_write_waits_for_another_writers_lock_then_gives_503(index_dir):
             other.close()
         assert stats(c, AUTH)["documents"] == 40
         assert c.post("/documents", json=doc, headers=AUTH).status_code == 200
+
+
+def _write_cut_off_by_the_shutdown(index_dir: str, monkeypatch, hold_commit: bool) -> tuple[httpx.Response, int]:
+    """POST one document to a server stopped (grace 0.2 s) while the write is held — in its encoding, or in its
+    commit (`hold_commit`) — until the writer has been told to stop: (the answer, the generation before)."""
+    entered, release = threading.Event(), threading.Event()
+    answers: list = []
+    with live_server(index_dir, token=TOKEN, graceful_shutdown_s=0.2) as (url, app):
+        service = app.state.service
+        before = service.owner.view.generation
+        if hold_commit:
+            commit = IndexStore.commit
+
+            def held(store, *a, **kw):
+                entered.set()
+                assert release.wait(30)
+                return commit(store, *a, **kw)
+
+            monkeypatch.setattr(IndexStore, "commit", held)
+        else:
+            encoder = service.owner.encoder
+            encode = encoder.encode_documents
+
+            def held(texts, *a, **kw):
+                entered.set()
+                assert release.wait(30)
+                return encode(texts, *a, **kw)
+
+            monkeypatch.setattr(encoder, "encode_documents", held)
+
+        def add() -> None:
+            with httpx.Client(base_url=url, headers=AUTH, timeout=60) as h:
+                answers.append(h.post("/documents", json={"documents": [{"_id": "cut", "text": "green tea"}]}))
+
+        thread = threading.Thread(target=add)
+        thread.start()
+        try:
+            assert entered.wait(30), "the write never started"
+            app.state.server.should_exit = True  # past the grace period the request is cancelled
+            # (a server that does not wait for the write answers at once: then the answer is checked)
+            wait_until(lambda: answers or getattr(service.writer, "stopping", False), "the writer was told to stop")
+        finally:
+            release.set()
+            thread.join(60)
+    return answers[0], before
+
+
+def test_a_write_the_shutdown_cuts_off_before_its_commit_is_a_json_503_and_not_written(index_dir, monkeypatch):
+    """Past uvicorn's graceful deadline a write was answered a plain-text 500 (the log: a CancelledError) while its
+    thread went on. It stops at its next chunk of documents, before its commit, and says so."""
+    r, before = _write_cut_off_by_the_shutdown(index_dir, monkeypatch, hold_commit=False)
+    assert r.status_code == 503 and r.headers["content-type"] == "application/json"
+    assert r.json()["message"].startswith("the server is stopping; nothing was written")
+    with IndexStore.open(index_dir, readonly=True) as store:
+        assert (store.generation, len(store), "cut" in store.vectors) == (before, 40, False)
+
+
+def test_a_write_the_shutdown_cuts_off_in_its_commit_is_answered_as_committed(index_dir, monkeypatch):
+    """A commit already under way finishes, and the client is told so (not "nothing was written")."""
+    r, before = _write_cut_off_by_the_shutdown(index_dir, monkeypatch, hold_commit=True)
+    assert r.status_code == 200, r.text
+    assert r.json()["ids"] == ["cut"] and r.json()["generation"] == before + 1
+    with IndexStore.open(index_dir, readonly=True) as store:
+        assert (store.generation, len(store), "cut" in store.vectors) == (before + 1, 41, True)

@@ -13,10 +13,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import sys
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, TypeVar
 
 from twotower.cli import CLIError
 from twotower.cli.checks import encoder_directory, index_directory, input_file, positive, reranker_directory
@@ -31,6 +32,9 @@ NOTHING_COMMITTED = "nothing was committed; {index} is as it was"  # what Ctrl-C
 
 ON_EMPTY_HELP = ("document with blank text and title (nothing to search): stop with an error (default), or leave it "
                  "out, counted in a warning")
+LOCK_WAIT_HELP = ("seconds to wait while another process writes to the index (`twotower serve`, another `index add` "
+                  "or `delete`) before giving up, as the server waits for them")
+T = TypeVar("T")
 BATCH_HELP = ("texts per forward pass (default: length-sorted batches of about 4,096 tokens on a CPU, 65,536 on a "
               "GPU; faster than a fixed count)")
 
@@ -84,6 +88,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     a.add_argument("--on-empty", choices=["error", "skip"], default="error", help=ON_EMPTY_HELP)
     a.add_argument("--batch-size", type=int, help=BATCH_HELP)
     a.add_argument("--no-progress", action="store_true", help="no progress bars")
+    a.add_argument("--lock-wait", type=float, default=10.0, metavar="SECONDS", help=LOCK_WAIT_HELP)
     a.set_defaults(func=run_add, interrupted=NOTHING_COMMITTED)
 
     d = sub.add_parser("delete", help="delete documents by id (unknown ids are reported, exit status 1)",
@@ -91,6 +96,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     d.add_argument("--index", required=True, help="index directory")
     d.add_argument("ids", nargs="*", metavar="ID", help="document ids")
     d.add_argument("--ids-file", help="file with one id per line")
+    d.add_argument("--lock-wait", type=float, default=10.0, metavar="SECONDS", help=LOCK_WAIT_HELP)
     d.set_defaults(func=run_delete, interrupted=NOTHING_COMMITTED)
 
     i = sub.add_parser("info", help="describe an index: size, model, FAISS type, versions",
@@ -213,19 +219,41 @@ def run_build(args: argparse.Namespace) -> int:
     return 0
 
 
+def lock_wait(seconds: float) -> None:
+    if not (math.isfinite(seconds) and seconds >= 0):
+        raise CLIError(f"--lock-wait must be a number of seconds >= 0, got {seconds}")
+
+
+def _open_writer(args: argparse.Namespace, open_writer: Callable[[], T]) -> T:
+    """`open_writer()`, waiting up to ``--lock-wait`` seconds for another process's write lock on ``--index``.
+
+    Why: `twotower serve` holds the lock for the length of each write, and it waits for ours
+    (`twotower.indexing.store.wait_for_lock`); `index add` failed at once, though a retry a second later worked.
+    """
+    from twotower.indexing import IndexLockedError, IndexNotWritableError
+    from twotower.indexing.store import wait_for_lock
+
+    try:
+        return wait_for_lock(open_writer, args.lock_wait)
+    except IndexNotWritableError as exc:
+        raise CLIError(f"--index {exc}") from None
+    except IndexLockedError as exc:
+        raise CLIError(f"--index {exc} (a `twotower serve` writing to it, or another `twotower index add` or "
+                       f"`delete`) for longer than --lock-wait {args.lock_wait:g} s; nothing was written: retry "
+                       "once that write is done, or give a longer --lock-wait") from None
+
+
 def run_add(args: argparse.Namespace) -> int:
     positive("--batch-size", args.batch_size)
     index_directory("--index", args.index)
     input_file("--corpus", args.corpus, inside="corpus.jsonl")
     if args.model:
         args.model = encoder_directory("--model", args.model, dual=True)
-    from twotower.indexing import IndexLockedError, IndexNotWritableError
     from twotower.retrieval.pipeline import SearchPipeline
 
-    try:
-        pipe = SearchPipeline.load(args.index, args.model, readonly=False, use_default_reranker=False)
-    except (IndexLockedError, IndexNotWritableError) as exc:
-        raise CLIError(f"--index {exc}") from None
+    lock_wait(args.lock_wait)
+    pipe = _open_writer(args, lambda: SearchPipeline.load(args.index, args.model, readonly=False,
+                                                          use_default_reranker=False))
     with _interrupt_tells_the_commit(args, pipe.store), pipe:
         before = len(pipe)
         n = pipe.add(args.corpus, on_duplicate=args.on_duplicate, on_empty=args.on_empty, batch_size=args.batch_size,
@@ -252,15 +280,13 @@ def run_delete(args: argparse.Namespace) -> int:
         ids += [line.strip() for _, line in numbered_lines(args.ids_file) if line.strip()]
     if not ids:
         raise CLIError("give document ids to delete (arguments or --ids-file)")
-    from twotower.indexing import IndexLockedError, IndexNotWritableError, IndexStore
+    lock_wait(args.lock_wait)
+    from twotower.indexing import IndexStore
     from twotower.retrieval.manifest import pipeline_block
     from twotower.retrieval.passages import document_counts, expand_ids
 
     # Deleting needs no model: the documents and vectors are removed by id (all passages of a split one).
-    try:
-        store = IndexStore.open(args.index)
-    except (IndexLockedError, IndexNotWritableError) as exc:
-        raise CLIError(f"--index {exc}") from None
+    store = _open_writer(args, lambda: IndexStore.open(args.index))
     with _interrupt_tells_the_commit(args, store):
         with store:
             pipeline_block(store.manifest.extra, os.path.join(args.index, "manifest.json"))

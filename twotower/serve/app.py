@@ -24,6 +24,7 @@ import contextlib
 import json
 import os
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
@@ -171,6 +172,37 @@ class SearchService:
         self.owner = ModelOwner(load, threads=config.threads, max_batch=config.max_batch,
                                 max_wait_ms=config.max_wait_ms, max_queued=config.max_queued)
         self.writer = IndexWriter(config.index, self.owner, config.lock_wait_s)
+        self._writing: set[asyncio.Task] = set()  # the requests a write runs for, until each has answered
+
+    async def write(self, job: Callable[[], T]) -> T:
+        """The answer of `job` (a write, blocking: run in a thread), even when a shutdown cancels this handler.
+
+        Why: past the graceful shutdown's deadline uvicorn cancels the requests in flight; a write's was answered
+        a plain-text 500 while its thread went on, and could still commit. Now the handler tells the writer to stop
+        (`IndexWriter.stop`: before its commit, at its next chunk of documents) and waits for it, so the client
+        hears what happened: 503 "nothing was written", or the commit it made. `stop_writes` waits for these
+        answers before the model owner stops.
+        """
+        task = asyncio.current_task()
+        if task is not None:
+            self._writing.add(task)
+            task.add_done_callback(self._writing.discard)  # once the answer is sent (the task is uvicorn's)
+        running = asyncio.ensure_future(asyncio.to_thread(job))
+        try:
+            return await asyncio.shield(running)
+        except asyncio.CancelledError:
+            if running.done():
+                raise
+            self.writer.stop()
+            return await running
+
+    async def stop_writes(self) -> None:
+        """Before the model owner stops: the write in progress stops (or finishes its commit) and is answered."""
+        self.writer.stop()
+        me = asyncio.current_task()
+        waiting = [t for t in self._writing if t is not me and not t.done()]
+        if waiting:
+            await asyncio.wait(waiting)
 
     # ---- input checks (the request's own names in every message)
     def query(self, q: str, name: str) -> str:
@@ -358,6 +390,7 @@ def create_app(config: ServeConfig) -> FastAPI:
         try:
             yield
         finally:
+            await service.stop_writes()  # they need the owner to the end (encoding, the move to their commit)
             await asyncio.to_thread(service.owner.stop)
 
     app = FastAPI(title="twotower search", version=__version__, lifespan=lifespan, docs_url=None,
@@ -409,7 +442,10 @@ def create_app(config: ServeConfig) -> FastAPI:
                              "took_ms": round((time.perf_counter() - start) * 1000, 3)})
 
     @app.post("/documents", dependencies=[writer], summary="Add documents (or replace them with replace=true)")
-    def add_documents(request: Request, body: AddDocumentsBody) -> dict[str, Any]:
+    async def add_documents(request: Request, body: AddDocumentsBody) -> dict[str, Any]:
+        return await service.write(lambda: _add_documents(request, body))
+
+    def _add_documents(request: Request, body: AddDocumentsBody) -> dict[str, Any]:
         from twotower.retrieval.corpus import parse_document
 
         _reject_unknown(request, ())
@@ -435,7 +471,10 @@ def create_app(config: ServeConfig) -> FastAPI:
         return service.writer.add(docs, body.replace)
 
     @app.delete("/documents", dependencies=[writer], summary="Delete documents by id (all or none)")
-    def delete_documents(request: Request, body: DeleteDocumentsBody) -> dict[str, Any]:
+    async def delete_documents(request: Request, body: DeleteDocumentsBody) -> dict[str, Any]:
+        return await service.write(lambda: _delete_documents(request, body))
+
+    def _delete_documents(request: Request, body: DeleteDocumentsBody) -> dict[str, Any]:
         _reject_unknown(request, ())
         if not body.ids:
             raise ApiError(400, "ids: give at least one id", "ids")
@@ -472,7 +511,13 @@ def create_app(config: ServeConfig) -> FastAPI:
         return JSONResponse(body, status_code=status, headers=retry)
 
     @app.get("/stats", dependencies=[reader], summary="Documents, fingerprints, request counts and latency")
-    async def stats() -> dict[str, Any]:
+    async def stats(request: Request) -> dict[str, Any]:
+        owner = service.owner
+        owner.check_ready()
+        if owner.newest_generation() != owner.view.generation:  # one read of the commit record
+            # another process committed: any job of the owner first moves it there (/stats showed the old counts
+            # until the next search or lookup)
+            await service.answer(request, owner.call(lambda pipe: None, bounded=True), "stats")
         return service.stats_body()
 
     @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)  # HEAD: uptime probes

@@ -13,6 +13,11 @@ with a ``warning``, and the failure is logged; the owner tries again before its 
 (It used to be a 500, and the client's retry of the add a 409.)  A write waits at most
 ``lock_wait_s`` for the write in progress before a 503 with ``Retry-After``.
 
+A server stopping past its graceful deadline calls `IndexWriter.stop`: the write in progress stops at its next
+chunk of documents, before its commit, rolled back (`WriteStopped`, a 503 "nothing was written"); a write already
+committing finishes, and is answered as committed.  The route waits for the write either way, so no client is
+told "nothing was written" about a write that then commits.
+
 Documents are encoded by the model owner (`OwnerEncoder`), a chunk at a time between
 search batches: one torch forward at a time on the machine, and searches keep being
 answered from the previous commit while a large add is encoded.
@@ -23,14 +28,19 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from twotower.indexing.docstore import Document
-from twotower.indexing.store import IndexLockedError, IndexNotWritableError, IndexStore
+from twotower.indexing.store import (
+    LOCK_WAIT_S,
+    IndexLockedError,
+    IndexNotWritableError,
+    IndexStore,
+    wait_for_lock,
+)
 from twotower.retrieval.passages import contains_documents
 from twotower.serve.batcher import ModelOwner
 from twotower.serve.errors import ApiError
@@ -44,6 +54,14 @@ logger = logging.getLogger(__name__)
 ENCODE_CHUNK = 8
 
 
+class WriteStopped(ApiError):
+    """The server is stopping: the write stopped before its commit, so nothing of it was written."""
+
+    def __init__(self) -> None:
+        super().__init__(503, "the server is stopping; nothing was written (retry once it is back)",
+                         headers={"Retry-After": "5"})
+
+
 class OwnerEncoder:
     """The served dual encoder as seen from a writer thread: `encode_documents` runs in the model owner.
 
@@ -51,9 +69,10 @@ class OwnerEncoder:
     it does everywhere else while its forwards happen in the one thread that owns the model.
     """
 
-    def __init__(self, owner: ModelOwner, chunk: int = ENCODE_CHUNK) -> None:
+    def __init__(self, owner: ModelOwner, chunk: int = ENCODE_CHUNK, stopping: threading.Event | None = None) -> None:
         self._owner = owner
         self._chunk = chunk
+        self._stopping = stopping or threading.Event()
 
     def describe(self) -> dict[str, Any]:
         return dict(self._owner.encoder_describe)
@@ -69,14 +88,24 @@ class OwnerEncoder:
 
     def encode_documents(self, texts: Sequence[str], batch_size: int | None = None, progress: bool = False,
                          out: np.ndarray | None = None) -> np.ndarray:
-        """(N,) texts -> (N, D) float32, encoded by the owner in chunks queued all at once (they keep their order)."""
+        """(N,) texts -> (N, D) float32, encoded by the owner in chunks queued all at once (they keep their order).
+
+        Once the server is stopping (`IndexWriter.stop`), `WriteStopped` at the next chunk boundary: the chunks
+        still queued are withdrawn, and the add (not committed yet) is rolled back.
+        """
         texts = list(texts)
         # background: a lookup, or a move to a commit, queued after these chunks runs before the next of them
         futures = [self._owner.call(lambda pipe, part=texts[s:s + self._chunk]:
                                     pipe.encoder.encode_documents(part, batch_size=batch_size), background=True)
                    for s in range(0, len(texts), self._chunk)]
         dim = int(self._owner.encoder_describe["dim"])
-        parts = [f.result() for f in futures]
+        parts = []
+        for j, f in enumerate(futures):
+            parts.append(f.result())
+            if self._stopping.is_set():
+                for rest in futures[j + 1:]:
+                    rest.cancel()  # withdrawn: the owner never runs a job cancelled before it started
+                raise WriteStopped()
         vecs = np.concatenate(parts, axis=0) if parts else np.zeros((0, dim), dtype=np.float32)  # (N, D)
         if out is not None:
             out[...] = vecs
@@ -94,32 +123,41 @@ class IndexWriter:
             lock on the index) before a 503 with Retry-After.
     """
 
-    def __init__(self, directory: str, owner: ModelOwner, lock_wait_s: float = 10.0) -> None:
+    def __init__(self, directory: str, owner: ModelOwner, lock_wait_s: float = LOCK_WAIT_S) -> None:
         self.directory = directory
         self.owner = owner
         self.lock_wait_s = lock_wait_s
         self._lock = threading.Lock()
+        self._stopping = threading.Event()
         self.writes = 0
 
+    def stop(self) -> None:
+        """The server is stopping: the write in progress stops before its commit (at its next chunk of documents),
+        and no write starts any more; a commit already under way finishes."""
+        self._stopping.set()
+
+    @property
+    def stopping(self) -> bool:
+        """Whether `stop` was called (writes are answered 503 "nothing was written" from then on)."""
+        return self._stopping.is_set()
+
+    def _check_stopping(self) -> None:
+        if self._stopping.is_set():
+            raise WriteStopped()
+
     def _open(self) -> IndexStore:
-        deadline = time.monotonic() + self.lock_wait_s
-        delay = 0.02
-        while True:
-            try:
-                store = IndexStore.open(self.directory, readonly=False)
-            except IndexNotWritableError as e:  # storage or permissions, not this request: refused like --read-only
-                raise ApiError(403, f"writes are refused: {e}") from None
-            except IndexLockedError:
-                if time.monotonic() >= deadline:
-                    raise ApiError(503, f"the index is being written by another process (waited "
-                                        f"{self.lock_wait_s:g} s for its lock); retry", headers={"Retry-After": "5"}
-                                   ) from None
-                time.sleep(delay)
-                delay = min(delay * 2, 0.5)
-                continue
-            if store.manifest.bm25 is not None:
-                _ = store.bm25  # load it now so the change updates it and the commit saves it for readers
-            return store
+        try:
+            store = wait_for_lock(lambda: IndexStore.open(self.directory, readonly=False), self.lock_wait_s,
+                                  stop=self._stopping.is_set)
+        except IndexNotWritableError as e:  # storage or permissions, not this request: refused like --read-only
+            raise ApiError(403, f"writes are refused: {e}") from None
+        except IndexLockedError:
+            self._check_stopping()
+            raise ApiError(503, f"the index is being written by another process (waited {self.lock_wait_s:g} s "
+                                "for its lock); retry", headers={"Retry-After": "5"}) from None
+        if store.manifest.bm25 is not None:
+            _ = store.bm25  # load it now so the change updates it and the commit saves it for readers
+        return store
 
     @contextlib.contextmanager
     def _turn(self) -> Iterator[None]:
@@ -128,6 +166,7 @@ class IndexWriter:
             raise ApiError(503, f"another write is in progress (waited {self.lock_wait_s:g} s for it); retry",
                            headers={"Retry-After": "5"})
         try:
+            self._check_stopping()
             yield
         finally:
             self._lock.release()
@@ -151,7 +190,7 @@ class IndexWriter:
     def _pipeline(self, store: IndexStore):
         from twotower.retrieval.pipeline import SearchPipeline
 
-        return SearchPipeline(store, OwnerEncoder(self.owner), None)
+        return SearchPipeline(store, OwnerEncoder(self.owner, stopping=self._stopping), None)
 
     def add(self, docs: list[Document], replace: bool) -> dict[str, Any]:
         """Add (or with `replace`, add or replace) validated documents; 409 naming the ids already present."""
