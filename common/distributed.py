@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     import torch
 
 T = TypeVar("T")
+E = TypeVar("E", bound=BaseException)
 
 
 @dataclass
@@ -39,6 +40,23 @@ class DistInfo:
 
 class PeerStopped(Exception):
     """Another rank stopped the collective work and reported why; this rank has nothing of its own to say."""
+
+
+def this_rank_only(error: E) -> E:
+    """Mark `error` as one this rank may have met alone (its share of the work, its own saved generator), and
+    return it: the command line prints a marked error on any rank, naming the rank.
+
+    Why: under torchrun rank 0 alone prints errors, since every rank runs the same checks on the same input and
+    would say the same thing once per rank; an error raised on rank 1 alone then ended the run with no word of
+    ours, only torchrun's summary.
+    """
+    error.this_rank_only = True  # type: ignore[attr-defined]
+    return error
+
+
+def met_by_this_rank_only(error: BaseException) -> bool:
+    """Whether `error` was marked by `this_rank_only`."""
+    return bool(getattr(error, "this_rank_only", False))
 
 
 def launched_as() -> DistInfo:
@@ -127,9 +145,13 @@ def _comm_device() -> torch.device:
 
 def _stopped_anywhere(error: BaseException | None, info: DistInfo, who: str) -> None:
     """Every rank learns whether any failed (one all-reduce): the failed rank re-raises its error, the others
-    raise `PeerStopped`, so none waits in a later collective for ever."""
-    failed = all_reduce_sum([1.0 if error is not None else 0.0], info, _comm_device())[0]
+    raise `PeerStopped`, so none waits in a later collective for ever. An error rank 0 did not meet is marked
+    `this_rank_only`, so that the rank that met it says it (rank 0, which speaks for all, has nothing to say)."""
+    failed, main_failed = all_reduce_sum([1.0 if error is not None else 0.0,
+                                          1.0 if error is not None and info.is_main else 0.0], info, _comm_device())
     if error is not None:
+        if not main_failed:
+            this_rank_only(error)
         raise error
     if failed:
         raise PeerStopped(f"{who} stopped; its error message says why")
