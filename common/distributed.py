@@ -143,10 +143,16 @@ def _comm_device() -> torch.device:
     return torch.device("cpu")
 
 
-def _stopped_anywhere(error: BaseException | None, info: DistInfo, who: str) -> None:
-    """Every rank learns whether any failed (one all-reduce): the failed rank re-raises its error, the others
-    raise `PeerStopped`, so none waits in a later collective for ever. An error rank 0 did not meet is marked
-    `this_rank_only`, so that the rank that met it says it (rank 0, which speaks for all, has nothing to say)."""
+def stopped_anywhere(error: BaseException | None, info: DistInfo, who: str) -> None:
+    """Every rank learns whether any failed (one all-reduce; alone: `error` is raised, if any): the failed rank
+    re-raises its error, the others raise `PeerStopped`, so none waits in a later collective for ever (or fails
+    there with gloo's "Connection closed by peer" once the failed rank has exited). An error rank 0 did not meet
+    is marked `this_rank_only`, so that the rank that met it says it (rank 0, which speaks for all, has nothing
+    to say)."""
+    if not info.enabled:
+        if error is not None:
+            raise error
+        return
     failed, main_failed = all_reduce_sum([1.0 if error is not None else 0.0,
                                           1.0 if error is not None and info.is_main else 0.0], info, _comm_device())
     if error is not None:
@@ -174,7 +180,7 @@ def from_main(info: DistInfo, compute: Callable[[], T], share: Callable[[T], Any
             result = compute()
         except Exception as exc:  # noqa: BLE001 - re-raised below, after the other ranks heard of it
             error = exc
-    _stopped_anywhere(error, info, "rank 0")
+    stopped_anywhere(error, info, "rank 0")
     if share is None:
         return result
     value = _broadcast_json(share(result) if info.is_main else None)
@@ -219,7 +225,7 @@ def gather_shards(items: Sequence[Any], compute: Callable[[list], np.ndarray], i
         part = np.asarray(compute(mine), dtype=np.float32) if mine else None  # (n_r, H)
     except Exception as exc:  # noqa: BLE001 - re-raised below, after the other ranks heard of it
         error = exc
-    _stopped_anywhere(error, info, "another rank")
+    stopped_anywhere(error, info, "another rank")
     device = _comm_device()
     shape = torch.tensor(part.shape if part is not None else (0, -1), dtype=torch.int64, device=device)
     shapes = [torch.empty_like(shape) for _ in range(info.world_size)]

@@ -49,7 +49,7 @@ from typing import Any
 import torch
 
 from twotower.common.device import resolve_bf16, training_device
-from twotower.common.distributed import DistInfo, all_reduce_sum, gather_states, this_rank_only
+from twotower.common.distributed import DistInfo, all_reduce_sum, gather_states, stopped_anywhere
 from twotower.common.errors import DataError, check_at_least, check_setting
 from twotower.common.malloc import retain_freed_memory_for
 from twotower.encoder.training.optim import check_optimizer_settings, lr_factor, set_lr
@@ -520,10 +520,11 @@ class TrainingLoop:
         me = self._dist.rank
         own = ({k: v for k, v in state.rng.items() if "/" not in k} if me == 0 else
                {k.split("/", 1)[1]: v for k, v in state.rng.items() if k.startswith(f"rank{me}/")})
-        if not own:  # this rank's own: the others may have theirs, and rank 0 alone would say nothing
-            raise this_rank_only(DataError(os.path.join(directory, "rng.safetensors"), None,
-                                           f"damaged: it holds no random generator of rank {me}; start the run "
-                                           "again without --resume"))
+        # this rank's own, which the others may have: the rank without says so (rank 0, which speaks for all,
+        # would not), and the others stop with it instead of failing in their next collective
+        stopped_anywhere(None if own else DataError(os.path.join(directory, "rng.safetensors"), None,
+                                                    f"damaged: it holds no random generator of rank {me}; start "
+                                                    "the run again without --resume"), self._dist, "another rank")
         try:
             steps, lr_state = int(user["steps"]), user["lr_state"]
             for done in range(steps):  # the batches of the steps done: the next one is the uninterrupted run's
