@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     import torch
 
 T = TypeVar("T")
+E = TypeVar("E", bound=BaseException)
 
 
 @dataclass
@@ -39,6 +40,23 @@ class DistInfo:
 
 class PeerStopped(Exception):
     """Another rank stopped the collective work and reported why; this rank has nothing of its own to say."""
+
+
+def this_rank_only(error: E) -> E:
+    """Mark `error` as one this rank may have met alone (its share of the work, its own saved generator), and
+    return it: the command line prints a marked error on any rank, naming the rank.
+
+    Why: under torchrun rank 0 alone prints errors, since every rank runs the same checks on the same input and
+    would say the same thing once per rank; an error raised on rank 1 alone then ended the run with no word of
+    ours, only torchrun's summary.
+    """
+    error.this_rank_only = True  # type: ignore[attr-defined]
+    return error
+
+
+def met_by_this_rank_only(error: BaseException) -> bool:
+    """Whether `error` was marked by `this_rank_only`."""
+    return bool(getattr(error, "this_rank_only", False))
 
 
 def launched_as() -> DistInfo:
@@ -125,11 +143,21 @@ def _comm_device() -> torch.device:
     return torch.device("cpu")
 
 
-def _stopped_anywhere(error: BaseException | None, info: DistInfo, who: str) -> None:
-    """Every rank learns whether any failed (one all-reduce): the failed rank re-raises its error, the others
-    raise `PeerStopped`, so none waits in a later collective for ever."""
-    failed = all_reduce_sum([1.0 if error is not None else 0.0], info, _comm_device())[0]
+def stopped_anywhere(error: BaseException | None, info: DistInfo, who: str) -> None:
+    """Every rank learns whether any failed (one all-reduce; alone: `error` is raised, if any): the failed rank
+    re-raises its error, the others raise `PeerStopped`, so none waits in a later collective for ever (or fails
+    there with gloo's "Connection closed by peer" once the failed rank has exited). An error rank 0 did not meet
+    is marked `this_rank_only`, so that the rank that met it says it (rank 0, which speaks for all, has nothing
+    to say)."""
+    if not info.enabled:
+        if error is not None:
+            raise error
+        return
+    failed, main_failed = all_reduce_sum([1.0 if error is not None else 0.0,
+                                          1.0 if error is not None and info.is_main else 0.0], info, _comm_device())
     if error is not None:
+        if not main_failed:
+            this_rank_only(error)
         raise error
     if failed:
         raise PeerStopped(f"{who} stopped; its error message says why")
@@ -152,7 +180,7 @@ def from_main(info: DistInfo, compute: Callable[[], T], share: Callable[[T], Any
             result = compute()
         except Exception as exc:  # noqa: BLE001 - re-raised below, after the other ranks heard of it
             error = exc
-    _stopped_anywhere(error, info, "rank 0")
+    stopped_anywhere(error, info, "rank 0")
     if share is None:
         return result
     value = _broadcast_json(share(result) if info.is_main else None)
@@ -197,7 +225,7 @@ def gather_shards(items: Sequence[Any], compute: Callable[[list], np.ndarray], i
         part = np.asarray(compute(mine), dtype=np.float32) if mine else None  # (n_r, H)
     except Exception as exc:  # noqa: BLE001 - re-raised below, after the other ranks heard of it
         error = exc
-    _stopped_anywhere(error, info, "another rank")
+    stopped_anywhere(error, info, "another rank")
     device = _comm_device()
     shape = torch.tensor(part.shape if part is not None else (0, -1), dtype=torch.int64, device=device)
     shapes = [torch.empty_like(shape) for _ in range(info.world_size)]

@@ -76,7 +76,13 @@ from twotower.encoder.finetuning.task_model import TaskModel, batch_order, model
 from twotower.encoder.finetuning.tasks import Featurized, TaskInfo, get_task
 from twotower.encoder.finetuning.windows import qa_window, tag_window
 from twotower.encoder.training.optim import check_optimizer_settings, lr_factor, make_optimizer, set_lr
-from twotower.encoder.training.same_run import check_same_run, locate_state, plain, read_saved_identity
+from twotower.encoder.training.same_run import (
+    check_same_run,
+    locate_state,
+    plain,
+    read_saved_identity,
+    real_path,
+)
 from twotower.encoder.training.train_state import (
     TrainState,
     load_train_state,
@@ -340,7 +346,7 @@ def run_identity(head: str, model_dir: str, cfg: FinetuneConfig, label_map: list
     model directory and label map, and the examples of each split (`examples_sha256`); and where the run
     computed (`compute`: device kind and bf16), which may differ with a warning."""
     settings = {k: v for k, v in plain(asdict(cfg)).items() if k not in UNCHECKED}
-    settings |= {"head": head, "model": model_dir, "labels": list(label_map), "reading": READING}
+    settings |= {"head": head, "model": real_path(model_dir), "labels": list(label_map), "reading": READING}
     inputs = {f"{SPLIT_FLAGS[name]} data": examples_sha256(examples) for name, examples in data.items() if examples}
     return {"settings": settings, "inputs": inputs, "compute": compute}
 
@@ -474,7 +480,8 @@ def finetune(
                              "--dev-fraction and integer labels are read changed); start the run again without "
                              "--resume")
         check_same_run(saved_identity, identity, work, FLAGS,
-                       f"the 'config' of {os.path.join(work, REPORT_NAME)} lists them", "--device / --bf16")
+                       f"the 'config' of {os.path.join(work, REPORT_NAME)} lists them", "--device / --bf16",
+                       paths=("model",))
     retain_freed_memory_for(device)  # reuse freed activation memory across steps (common/malloc.py)
     metric = cfg.metric or task.main_metric
     score = metric_fn or task.score

@@ -23,6 +23,7 @@ import os
 from typing import Any
 
 from twotower.common.atomic import recover_replaced_dir, staging_dir
+from twotower.common.distributed import launched_as
 from twotower.common.errors import DataError
 from twotower.encoder.training.train_state import read_train_user
 
@@ -54,6 +55,18 @@ def locate_state(out: str, name: str) -> str | None:
     return None
 
 
+def real_path(value: Any) -> Any:
+    """A setting that names an existing file or directory as its real path (absolute, links resolved); any other
+    value (None, ``"default"``) as it is.
+
+    Why: a setting that names a model is compared by what it names, not by how it was typed: ``./m``,
+    ``/abs/m`` and ``m`` from another working directory are the same model, and a resume of one spelled
+    otherwise was refused as another run. Applied to the saved value too, so a state saved with the path as
+    typed compares the same way.
+    """
+    return os.path.realpath(value) if isinstance(value, str) and os.path.exists(value) else value
+
+
 def flag_of(name: str, flags: dict[str, str]) -> str:
     """A setting's flag as the user types it: `flags`' entry for a setting named otherwise, else ``--`` and
     the name with dashes (``max_steps`` -> ``--max-steps``)."""
@@ -72,13 +85,15 @@ def read_saved_identity(state: str) -> tuple[dict, dict]:
 
 
 def check_same_run(saved: dict, now: dict, out: str, flags: dict[str, str], listed: str,
-                   compute_flags: str) -> None:
+                   compute_flags: str, paths: tuple[str, ...] = (), ignored: tuple[str, ...] = ()) -> None:
     """Refuse a resume of the run in `out` that would continue another run than the one saved, naming each
     difference in flags (`flags`: the flags of settings named otherwise, `flag_of`; `listed`: where the run's
-    own settings can be read);
+    own settings can be read); the settings in `paths` name files or directories and are compared by their
+    `real_path`, those in `ignored` not at all (a state saved before they were left out of the identity);
     warn when it computes elsewhere (`compute_flags`: the flags that choose that)."""
     differ = []
-    before, after = saved["settings"], now["settings"]
+    before, after = ({k: real_path(v) if k in paths else v for k, v in side["settings"].items() if k not in ignored}
+                     for side in (saved, now))
     for name in sorted(set(before) | set(after)):
         if before.get(name) != after.get(name):
             differ.append(f"{flag_of(name, flags)} {shown(after.get(name))} (the run: {shown(before.get(name))})")
@@ -95,7 +110,7 @@ def check_same_run(saved: dict, now: dict, out: str, flags: dict[str, str], list
     if differ:
         raise ValueError(f"cannot resume {out}: this command differs from the run it continues: {'; '.join(differ)}. "
                          f"Give the run's own settings and files ({listed})")
-    if saved.get("compute") and saved["compute"] != now["compute"]:
+    if saved.get("compute") and saved["compute"] != now["compute"] and launched_as().is_main:  # said once
         logger.warning("resuming %s on %s; the run trained on %s (%s): the steps from here are computed "
                        "differently, so the result will not equal an uninterrupted run", out,
                        _compute_shown(now["compute"]), _compute_shown(saved["compute"]), compute_flags)

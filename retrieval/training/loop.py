@@ -49,7 +49,7 @@ from typing import Any
 import torch
 
 from twotower.common.device import resolve_bf16, training_device
-from twotower.common.distributed import DistInfo, all_reduce_sum, gather_states
+from twotower.common.distributed import DistInfo, all_reduce_sum, gather_states, stopped_anywhere
 from twotower.common.errors import DataError, check_at_least, check_setting
 from twotower.common.malloc import retain_freed_memory_for
 from twotower.encoder.training.optim import check_optimizer_settings, lr_factor, set_lr
@@ -479,9 +479,10 @@ class TrainingLoop:
             return
         if step <= self.steps or not math.isfinite(score):  # the state's own best, or none of this run's
             return
-        logger.warning("%s holds the checkpoint of step %d, saved after the training state (step %d); it stays "
-                       "the best so far unless a later evaluation beats its dev score %.4f",
-                       os.path.dirname(path), step, self.steps, score)
+        if self.main_process:  # every rank adopts it; one says so
+            logger.warning("%s holds the checkpoint of step %d, saved after the training state (step %d); it "
+                           "stays the best so far unless a later evaluation beats its dev score %.4f",
+                           os.path.dirname(path), step, self.steps, score)
         self.best_dir, self.best_step, self.best_score = os.path.dirname(path), step, score
 
     def _save_state(self, last_eval: float, stopped_by: str | None) -> None:
@@ -516,15 +517,18 @@ class TrainingLoop:
         state = load_train_state(directory, map_location=device)
         user = state.user
         where = os.path.join(directory, "state.json")
+        me = self._dist.rank
+        own = ({k: v for k, v in state.rng.items() if "/" not in k} if me == 0 else
+               {k.split("/", 1)[1]: v for k, v in state.rng.items() if k.startswith(f"rank{me}/")})
+        # this rank's own, which the others may have: the rank without says so (rank 0, which speaks for all,
+        # would not), and the others stop with it instead of failing in their next collective
+        stopped_anywhere(None if own else DataError(os.path.join(directory, "rng.safetensors"), None,
+                                                    f"damaged: it holds no random generator of rank {me}; start "
+                                                    "the run again without --resume"), self._dist, "another rank")
         try:
             steps, lr_state = int(user["steps"]), user["lr_state"]
             for done in range(steps):  # the batches of the steps done: the next one is the uninterrupted run's
                 self.skip(done)
-            me = self._dist.rank
-            own = ({k: v for k, v in state.rng.items() if "/" not in k} if me == 0 else
-                   {k.split("/", 1)[1]: v for k, v in state.rng.items() if k.startswith(f"rank{me}/")})
-            if not own:
-                raise KeyError(f"rank{me}'s random generator")
             restore_train_state(dataclasses.replace(state, rng=own), directory, self.state_module, self.optimizer)
             self.steps = steps
             self.lr_state = LrState(**lr_state) if lr_state is not None else None

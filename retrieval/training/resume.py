@@ -31,13 +31,17 @@ from typing import Any
 
 from twotower.common.errors import DataError
 from twotower.encoder.training import same_run
-from twotower.encoder.training.same_run import flag_of, locate_state, plain
+from twotower.encoder.training.same_run import flag_of, locate_state, plain, real_path
 from twotower.encoder.training.train_state import read_train_user
 from twotower.indexing.integrity import file_sha256
 from twotower.retrieval.training.training_run import STATE_DIR
 
 # Settings that change how a run is watched or where it computes, not what it computes: a resume may differ.
-UNCHECKED = ("progress", "overwrite", "resume", "save_every", "resumable", "device", "bf16")
+# `out` is where the run is: a run directory moved or copied elsewhere, or named otherwise (`runs/s1/`, an
+# absolute path, from another working directory), is resumed where it is.
+UNCHECKED = ("progress", "overwrite", "resume", "save_every", "resumable", "device", "bf16", "out")
+# Settings that name a model directory: compared by the directory they name (`same_run.real_path`).
+PATH_FIELDS = ("model", "teacher")
 # Settings that name input files: compared by content (`input_fingerprints`), not by path.
 INPUT_FIELDS = ("pairs", "data", "corpus", "negatives", "first_stage")
 # What a BEIR directory's reader reads, besides the qrels split trained on (gzip or not).
@@ -73,7 +77,8 @@ def saved_steps(out: str) -> int | None:
 def run_identity(cfg: Any, world_size: int, compute: dict) -> dict:
     """What a resume must match (`check_same_run`): the settings, the input files' SHA-256, the process count;
     and where the run computed (`compute`: device kind and bf16), which may differ with a warning."""
-    settings = {k: v for k, v in plain(asdict(cfg)).items() if k not in UNCHECKED and k not in INPUT_FIELDS}
+    settings = {k: real_path(v) if k in PATH_FIELDS else v for k, v in plain(asdict(cfg)).items()
+                if k not in UNCHECKED and k not in INPUT_FIELDS}
     return {"settings": settings, "inputs": input_fingerprints(cfg), "world_size": world_size, "compute": compute}
 
 
@@ -100,4 +105,5 @@ def check_same_run(saved: dict, now: dict, out: str) -> None:
     """Refuse a resume that would continue another run than the one saved, naming each difference in flags
     (`twotower.encoder.training.same_run`)."""
     same_run.check_same_run(saved, now, out, FLAGS, "its first 'config' record in "
-                            f"{os.path.join(out, 'train_log.jsonl')} lists them", "--device / --no-bf16")
+                            f"{os.path.join(out, 'train_log.jsonl')} lists them", "--device / --no-bf16",
+                            paths=PATH_FIELDS, ignored=UNCHECKED)

@@ -426,7 +426,7 @@ def train_dual(cfg: DualTrainConfig) -> DualTrainResult:
         train = mine_negatives(train, data.corpus, run, method=cfg.mine, ranks=cfg.mine_ranks,
                                num_negatives=max(cfg.hard_negatives * 4, 8), seed=cfg.seed, progress=cfg.progress,
                                info=DistInfo(R, me))  # under torchrun: mined once, on rank 0
-    if data.skipped:
+    if data.skipped and me == 0:  # every rank read the same data: said once
         logger.warning("training data: skipped %s", data.skipped.summary())
     run.log("data", source=data.source, train_queries=len(train), dev_queries=len(dev),
             corpus=len(data.corpus), skipped=data.skipped.as_dict(), skipped_where=data.skipped.where)
@@ -456,7 +456,9 @@ def train_dual(cfg: DualTrainConfig) -> DualTrainResult:
 
     def save(directory: str, step: int, score: float | None = None) -> None:
         dual.save_pretrained(directory)
-        write_training_args(directory, {**asdict(cfg), "step": step, "dev_queries": len(dev), "dev_ndcg@10": score})
+        # world_size: --batch-size is per rank, so the global batch (world_size x batch_size) is rebuilt from it
+        write_training_args(directory, {**asdict(cfg), "world_size": R, "step": step, "dev_queries": len(dev),
+                                        "dev_ndcg@10": score})
 
     def evaluate(step: int) -> dict:
         metrics = (evaluate_dual(dual, dev, pool, cfg.eval_batch_size, cfg.progress, doc_matrix, corpus_ids)

@@ -766,13 +766,19 @@ def train_reranker(cfg: RerankerTrainConfig) -> RerankerTrainResult:
         best_scores.clear()
         best_scores.update(last_alpha["run"])
         model.save_pretrained(directory)
-        write_training_args(directory, {**asdict(cfg), "step": step, "dev_ndcg@10": score})
+        write_training_args(directory, {**asdict(cfg), "world_size": R, "step": step, "dev_ndcg@10": score})
         write_dev_alpha(directory, cfg, last_alpha["alpha"], last_alpha["curve"], len(dev))
+
+    def save_last(directory: str, steps: int) -> None:
+        """``last/``: the final weights and, as in ``best/``, what trained them (world_size: --batch-size is per
+        rank, so the global batch is world_size x batch_size)."""
+        model.save_pretrained(directory)
+        write_training_args(directory, {**asdict(cfg), "world_size": R, "step": steps, "dev_ndcg@10": None})
 
     result = TrainingLoop(
         run, Schedule.of(cfg, per_epoch, cfg.lr, eval_at_start=cfg.eval_at_start), opt, params, cfg.max_grad_norm, [model],
         step, evaluate, save, guard=CollapseGuard(cfg.collapse_std, cfg.collapse_window),
-        save_last=(lambda directory, steps: model.save_pretrained(directory)) if cfg.save_last else None,
+        save_last=save_last if cfg.save_last else None,
         main_process=world.is_main, progress=cfg.progress, desc=f"train reranker ({cfg.loss})",
         metric="interpolated_ndcg10" if cfg.residual else "ndcg@10",
         plot_title=f"reranker: dev nDCG@10 of first-stage top-{cfg.dev_rerank_k} ({len(dev)} queries)",

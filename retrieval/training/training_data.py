@@ -32,6 +32,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from twotower.common.distributed import launched_as
 from twotower.common.lines import is_json_lines, json_lines, numbered_lines
 from twotower.indexing import document_text
 from twotower.retrieval.corpus import example_ids, is_empty, iter_documents
@@ -141,7 +142,7 @@ def read_corpus(path: str) -> dict[str, str]:
     if not corpus:
         raise ValueError(f"{path}: corpus is empty" + (f" ({len(empty)} documents with blank text and title)"
                                                        if empty else ""))
-    if empty:
+    if empty and launched_as().is_main:  # under torchrun every rank reads the corpus: said once
         logger.warning("%s: %d document%s with blank text and title left out (judgments of them are skipped as "
                        "missing from the corpus): %s", path, len(empty), "s" * (len(empty) != 1),
                        example_ids(empty, len(empty)))

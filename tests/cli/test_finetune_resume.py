@@ -56,7 +56,10 @@ def test_an_interrupted_replacing_finetune_is_continued_by_the_same_command_with
     assert rc == 2 and "this command differs from the run it continues: --lr 0.003 (the run: 0.002)" in err
     assert _files(out) == earlier
 
-    rc, stdout, err = run_cli(capsys, *argv, "--out", out, "--overwrite", "--resume")
+    # the same model and run named otherwise, from another working directory: --model ./m for /abs/m was refused
+    monkeypatch.chdir(tmp_path)
+    same = [os.path.join(".", os.path.relpath(tiny_dir, tmp_path)) if a == tiny_dir else a for a in argv]
+    rc, stdout, err = run_cli(capsys, *same, "--out", "run/", "--overwrite", "--resume")
     assert rc == 0, err
     assert "dev accuracy" in stdout and not os.path.exists(out + ".unfinished")
     assert not os.path.exists(os.path.join(out, "trainer_state"))

@@ -58,3 +58,57 @@ def test_train_joins_with_the_backend_of_its_device_flag(joined, monkeypatch, tm
         main(["train", command, "--model", tiny_model_dir(), *data, "--out", str(tmp_path / "o"), "--device", "cpu",
               "--no-progress"])
     assert [kw["backend"] for kw in joined] == ["gloo"]
+
+
+def _shards_worker(rank_id: int, world: int, init_file: str, failing: tuple[int, ...], out: str) -> None:
+    """`gather_shards` on a gloo world of `world` whose compute fails on the ranks in `failing`; writes what this
+    rank raised to OUT/rank<r>.json."""
+    import json
+
+    from twotower.common.distributed import (
+        DistInfo,
+        PeerStopped,
+        cleanup,
+        gather_shards,
+        met_by_this_rank_only,
+    )
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank_id, world_size=world)
+    info = DistInfo(world, rank_id, rank_id)
+
+    def compute(items):
+        if rank_id in failing:
+            raise ValueError(f"rank {rank_id}'s share is bad")
+        import numpy as np
+
+        return np.zeros((len(items), 2), dtype=np.float32)
+
+    try:
+        gather_shards(list(range(8)), compute, info)
+        said = {"raised": None}
+    except PeerStopped:
+        said = {"raised": "PeerStopped"}
+    except ValueError as exc:
+        said = {"raised": str(exc), "this_rank_only": met_by_this_rank_only(exc)}
+    with open(f"{out}/rank{rank_id}.json", "w", encoding="utf-8") as f:
+        json.dump(said, f)
+    cleanup(info)
+
+
+@pytest.mark.parametrize("failing", [(1,), (0, 1)])
+def test_a_share_that_failed_on_a_rank_rank_0_did_not_is_marked_for_that_rank_to_say(tmp_path, failing):
+    """Rank 1's failed share was re-raised on rank 1 alone, whose errors the command line does not print (rank 0
+    speaks for all): the run ended with no word of why. Marked `this_rank_only`, rank 1 says it; when rank 0
+    failed too, rank 0's says it and rank 1's stays unmarked (not said twice)."""
+    import json
+
+    import torch.multiprocessing as mp
+
+    mp.spawn(_shards_worker, args=(2, str(tmp_path / "init"), failing, str(tmp_path)), nprocs=2, join=True)
+    said = [json.load(open(tmp_path / f"rank{r}.json")) for r in range(2)]
+    if failing == (1,):
+        assert said == [{"raised": "PeerStopped"}, {"raised": "rank 1's share is bad", "this_rank_only": True}]
+    else:
+        assert said == [{"raised": "rank 0's share is bad", "this_rank_only": False},
+                        {"raised": "rank 1's share is bad", "this_rank_only": False}]

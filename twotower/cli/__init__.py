@@ -9,8 +9,10 @@ command's bad input is reported before anything large loads.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import importlib
+import io
 import logging
 import os
 import sys
@@ -47,10 +49,15 @@ FIRST_SAVE = "at the first dev evaluation after a step, or after --save-every st
 
 def resumable(args: argparse.Namespace, train: Callable[[], Any], saved_at: Callable[[], str | None],
               holds_run: Callable[[], bool], first_save: str = FIRST_SAVE) -> Any:
-    """`train()` of a command with ``--resume``; on Ctrl-C the line `main` prints (``interrupted``) says what
+    """`train()` of a command with ``--resume``; on Ctrl-C or SIGTERM the line `main` prints (``interrupted``) says what
     ``--resume`` would continue from: `saved_at()` ("step 150"; None: no state saved yet, which the command
     first saves `first_save`), else how to start over (with ``--overwrite`` where `holds_run()`: ``--out``
     holds a run)."""
+    import signal
+
+    # SIGTERM (SLURM's scancel, `kill`; torchrun passes it on to every rank) ends the run as Ctrl-C does: it
+    # killed the process where it stood, with no word of what --resume would continue from
+    before = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         return train()
     except KeyboardInterrupt:
@@ -61,6 +68,8 @@ def resumable(args: argparse.Namespace, train: Callable[[], Any], saved_at: Call
                             f"no state was saved yet (the first is saved {first_save}): run the command "
                             f"again{again} to start over")
         raise
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,23 +91,31 @@ def _prog(args: argparse.Namespace) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from twotower.common.distributed import PeerStopped, launched_as, met_by_this_rank_only
+
+    launch = launched_as()
+    say = launch.is_main  # under torchrun rank 0 speaks: every rank runs the same checks on the same input
     parser = build_parser()
-    args = parser.parse_args(argv)
+    if say:
+        args = parser.parse_args(argv)
+    else:  # a bad flag's usage error (and --help) once, from rank 0; the exit status is every rank's
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
     if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
-    from twotower.common.distributed import PeerStopped, launched_as
-
-    launch = launched_as()
-    say = launch.is_main  # under torchrun rank 0 speaks: every rank runs the same checks on the same input
-
-    def error(message: str) -> None:
         if say:
-            print(f"{_prog(args)}: error: {message}", file=sys.stderr)
+            parser.print_help()
+        return 2
+
+    def error(message: str, exc: BaseException | None = None) -> None:
+        """Rank 0 says it; an error only some rank met (`this_rank_only`) is said by that rank, naming it."""
+        alone = exc is not None and launch.enabled and met_by_this_rank_only(exc)
+        if say or alone:
+            where = f"rank {launch.rank}: " if alone else ""
+            print(f"{_prog(args)}: error: {where}{message}", file=sys.stderr)
 
     if launch.enabled and not getattr(args, "torchrun", False):
         # every rank would run the whole command: duplicated work, and writers racing on the same --out
@@ -118,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
     except (CLIError, FileNotFoundError, ValueError) as exc:
-        error(str(exc))
+        error(str(exc), exc)
         return 2
     except PeerStopped:
         return 1  # rank 0 said why
@@ -130,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{_prog(args)}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        # Ctrl-C is the user's, not a bug: one line (it was a traceback from inside torch), saying what is kept
+        # Ctrl-C (and SIGTERM while training, `resumable`) is the user's, not a bug: one line (it was a traceback from inside torch), saying what is kept
         # when the command says (`set_defaults(interrupted=...)`, formatted with the arguments)
         kept = getattr(args, "interrupted", None)
         if say:

@@ -307,3 +307,28 @@ def test_a_new_run_in_the_directory_of_a_stopped_one_sets_its_state_aside(tmp_pa
             train_reranker(_reranker(tmp_path, **cfg))
     with pytest.raises(ValueError, match="no training state"):
         train_reranker(_reranker(tmp_path, resume=True, **cfg))
+
+
+def test_a_rank_whose_own_generator_is_missing_from_the_state_says_so_itself(tmp_path, monkeypatch):
+    """Rank 1 found no generator of its own and raised; rank 0, which alone prints errors, had nothing to say
+    (it failed in its next collective, "Connection closed by peer"), so a torchrun resume ended with no word of
+    ours. The ranks now learn of it together: rank 1's error is marked as its alone, naming the file, and rank 0
+    stops quietly (`PeerStopped`)."""
+    import twotower.common.distributed as distributed
+    from twotower.common.distributed import DistInfo, PeerStopped, met_by_this_rank_only
+    from twotower.common.errors import DataError
+
+    clock = [0.0]
+    with pytest.raises(KeyboardInterrupt):
+        _clocked_loop(str(tmp_path / "cut"), monkeypatch, clock, stop_at=6).train()  # saved at 4, by one process
+    resumed = _clocked_loop(str(tmp_path / "cut"), monkeypatch, clock, resume=True)
+    # the ranks' exchange, stood in for: of two ranks, rank 1 failed (the state holds rank 0's generator alone)
+    monkeypatch.setattr(distributed, "_comm_device", lambda: "cpu")
+    monkeypatch.setattr(distributed, "all_reduce_sum", lambda values, info, device: [1.0, 0.0])
+    resumed._dist = DistInfo(2, 1)
+    with pytest.raises(DataError, match=r"rng.safetensors: damaged: it holds no random generator of rank 1") as info:
+        resumed._resume()
+    assert met_by_this_rank_only(info.value)
+    resumed._dist = DistInfo(2, 0)  # rank 0's is there: it stops with rank 1
+    with pytest.raises(PeerStopped):
+        resumed._resume()

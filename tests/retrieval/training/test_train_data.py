@@ -328,3 +328,20 @@ def test_documents_with_blank_text_and_title_are_left_out_and_counted(beir, capl
                                       "queries with no positive in the corpus": 2}
     (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert f"{path}: 2 documents with blank text and title left out" in warning and "'d9', 'e2'" in warning
+
+
+def test_under_torchrun_the_blank_documents_are_said_by_rank_0_alone(beir, caplog, monkeypatch):
+    """Every rank reads the corpus: the warning came once per rank."""
+    import logging
+
+    with open(os.path.join(beir, "corpus.jsonl"), "a", encoding="utf-8") as f:
+        f.write(json.dumps({"_id": "d9", "title": " ", "text": ""}) + "\n")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    said = []
+    for rank in ("0", "1"):
+        monkeypatch.setenv("RANK", rank)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="twotower.retrieval.training.training_data"):
+            read_beir_training(beir, "train")
+        said.append(sum("blank text and title" in r.getMessage() for r in caplog.records))
+    assert said == [1, 0]
