@@ -130,7 +130,11 @@ def atomic_replace_dir(build_dir: str, target: str) -> None:
     directory is renamed to ``TARGET.old-PID`` first; a kill between that rename and the next leaves no
     `target`, which `recover_replaced_dir` (called here, and by the readers of such directories) undoes.
     A reader never finds a half-written `target`.
+
+    Both paths are made absolute first: the kernel refuses to rename ``.`` (EBUSY), so ``--out .`` was a
+    traceback, and the fallback's ``TARGET.old-PID`` of ``.`` named an entry inside it.
     """
+    build_dir, target = os.path.abspath(build_dir), os.path.abspath(target)
     fsync_dir(build_dir)
     recover_replaced_dir(target)
     parent = os.path.dirname(os.path.abspath(target))
@@ -192,8 +196,14 @@ def sweep_temporaries(directory: str, of: str | None = None) -> list[str]:
 
 def staging_dir(out_dir: str) -> str:
     """Where a run that replaces the earlier run in `out_dir` is built until it is complete (then swapped in
-    with `atomic_replace_dir`), so that a stopped run never costs the earlier one."""
-    return out_dir.rstrip(os.sep) + STAGING_SUFFIX
+    with `atomic_replace_dir`), so that a stopped run never costs the earlier one.
+
+    A name that is ``.`` or ``..`` is made absolute first: ``..unfinished`` was an entry inside the current
+    directory, not beside it, and could not be swapped in."""
+    base = out_dir.rstrip(os.sep)
+    if os.path.basename(base) in ("", ".", ".."):
+        base = os.path.abspath(out_dir)
+    return base + STAGING_SUFFIX
 
 
 def commit_staged_run(staged: str, target: str, log_name: str) -> None:

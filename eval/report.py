@@ -41,6 +41,9 @@ AVERAGING_NOTE = (
     "run queries without judgments are skipped"
 )
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
+# Every name `write_report` writes into its directory (runs/ holds only <system>.trec): a directory holding
+# anything else is not an earlier report, and replacing it whole would remove the user's files.
+REPORT_NAMES = frozenset({"runs", "metrics.json", "report.md", "recall_at_k.tsv", "recall_at_k.png"})
 
 
 class ReportResult(NamedTuple):

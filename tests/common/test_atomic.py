@@ -19,6 +19,7 @@ from twotower.common.atomic import (
     atomic_write_json,
     atomic_write_text,
     recover_replaced_dir,
+    staging_dir,
     sweep_temporaries,
 )
 
@@ -153,3 +154,24 @@ def test_sweep_of_one_entry_leaves_the_temporaries_of_others(tmp_path):
         (tmp_path / name).mkdir()
     assert sweep_temporaries(str(tmp_path), of="run") == [f".run{TMP_MARKER}7"]
     assert sorted(os.listdir(tmp_path)) == [f".other{TMP_MARKER}7", f".run.unfinished{TMP_MARKER}7", "run"]
+
+
+def test_replace_dir_takes_a_relative_dot_target(tmp_path, monkeypatch):
+    """``.`` as the target was a traceback (EBUSY: the kernel refuses to rename ``.``); it is resolved first."""
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "old.txt").write_text("old")
+    build = tmp_path / "build"
+    build.mkdir()
+    (build / "new.txt").write_text("new")
+    monkeypatch.chdir(target)
+    atomic_replace_dir(str(build), ".")
+    assert sorted(p.name for p in target.iterdir()) == ["new.txt"] and not build.exists()
+
+
+def test_staging_dir_of_dot_sits_beside_the_directory_not_inside_it(tmp_path, monkeypatch):
+    """``--out .`` was staged in ``./..unfinished``, inside the directory it was to replace."""
+    monkeypatch.chdir(tmp_path)
+    assert staging_dir(".") == f"{tmp_path}.unfinished"
+    assert staging_dir("..") == f"{tmp_path.parent}.unfinished"
+    assert staging_dir("runs/a/") == "runs/a.unfinished"  # other names are kept as given

@@ -136,7 +136,7 @@ def test_out_is_new_empty_or_an_earlier_report_and_never_an_input(files, capsys)
     (tmp / "mine").mkdir()
     (tmp / "mine" / "notes.txt").write_text("x")
     assert main([*args, str(tmp / "mine")]) == 2
-    assert "holding other files, not an earlier report" in capsys.readouterr().err
+    assert "holding other files (notes.txt), not an earlier report" in capsys.readouterr().err
     assert sorted(p.name for p in (tmp / "mine").iterdir()) == ["notes.txt"]
     (tmp / "rep" / "runs").mkdir(parents=True)
     shutil.copy(tmp / "run.trec", tmp / "rep" / "runs" / "old.trec")
@@ -377,3 +377,40 @@ def test_index_mode_checks_paths_first(tmp_path, beir_dir, capsys):
     ]
     assert main(argv) == 2
     assert "splits found: test" in capsys.readouterr().err
+
+
+def test_out_holding_a_report_name_beside_other_files_is_refused_and_kept(files, capsys):
+    """A report.md of the user's beside their code made --out "an earlier report", and the code went with it."""
+    tmp, _, _ = files
+    out = tmp / "proj"
+    (out / "code").mkdir(parents=True)
+    (out / "report.md").write_text("# my notes\n")
+    (out / "important.txt").write_text("important\n")
+    (out / "code" / "main.py").write_text("print(1)\n")
+    args = ["eval", "--run", str(tmp / "run.trec"), "--qrels", str(tmp / "qrels.tsv"), "--out"]
+    assert main([*args, str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {out}: a directory holding other files (code, important.txt), not an earlier report" in err
+    assert sorted(p.name for p in out.rglob("*")) == ["code", "important.txt", "main.py", "report.md"]
+    assert main([*args, str(tmp / "rep")]) == 0  # a report's own directory is replaced: nothing else is there
+    (tmp / "rep" / "runs" / "notes.txt").write_text("mine\n")
+    assert main([*args, str(tmp / "rep")]) == 2
+    assert "(runs/notes.txt)" in capsys.readouterr().err and (tmp / "rep" / "runs" / "notes.txt").is_file()
+    (tmp / "rep" / "runs" / "notes.txt").unlink()
+    assert main([*args, str(tmp / "rep")]) == 0
+
+
+def test_out_the_current_directory_is_refused_before_any_work(files, capsys, monkeypatch):
+    """``--out .`` was a traceback (EBUSY) after the report was written; its swap would also leave the shell in
+    the removed directory."""
+    tmp, _, _ = files
+    (tmp / "empty").mkdir()
+    (tmp / "here" / "below").mkdir(parents=True)
+    args = ["eval", "--run", str(tmp / "run.trec"), "--qrels", str(tmp / "qrels.tsv"), "--out"]
+    monkeypatch.chdir(tmp / "empty")
+    assert main([*args, "."]) == 2
+    err = capsys.readouterr().err
+    assert "--out .: the current directory; the report replaces its directory whole" in err and "Traceback" not in err
+    monkeypatch.chdir(tmp / "here" / "below")
+    assert main([*args, ".."]) == 2 and "the current directory or one above it" in capsys.readouterr().err
+    assert not any((tmp / "empty").iterdir()) and not any((tmp / "here").rglob("*.trec"))

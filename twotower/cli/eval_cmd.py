@@ -106,12 +106,39 @@ _SEARCH_FLAGS = (("dataset", "--dataset"), ("split", "--split"), ("reranker", "-
 REPORT_FILES = ("metrics.json", "report.md")  # what marks a directory as an earlier report
 
 
+def _not_a_report(out: str) -> list[str]:
+    """The entries of directory `out` that no report writes (``runs/NAME`` for one inside ``runs/``); all of
+    them when `out` holds neither metrics.json nor report.md.
+
+    Why: a directory holding a report.md of the user's notes beside their code was taken for an earlier
+    report and replaced whole, the code with it; only what `write_report` writes (and the temporaries
+    of its atomic writes) may go with an earlier report.
+    """
+    from twotower.common.atomic import TMP_MARKER
+    from twotower.eval.report import REPORT_NAMES
+
+    names = sorted(os.listdir(out))
+    if not any(os.path.isfile(os.path.join(out, f)) for f in REPORT_FILES):
+        return names
+    foreign = [n for n in names if n not in REPORT_NAMES and not (n.startswith(".") and TMP_MARKER in n)]
+    runs = os.path.join(out, "runs")
+    if os.path.isdir(runs) and not os.path.islink(runs):
+        foreign += [f"runs/{n}" for n in sorted(os.listdir(runs))
+                    if not (n.endswith(".trec") and os.path.isfile(os.path.join(runs, n)))
+                    and not (n.startswith(".") and TMP_MARKER in n)]
+    elif os.path.lexists(runs):
+        foreign.append("runs")
+    return foreign
+
+
 def _report_out(args: argparse.Namespace) -> None:
     """--out before any work: a new or empty directory, or an earlier report, which the new one replaces whole.
 
     Why: a file there was a traceback (after the whole search in --index mode); the index directory, or a
     directory of other files, took the report's files beside its own; an input run under ``OUT/runs/`` was
     rewritten with another tag; and an earlier report's runs that this one does not write stayed beside it.
+    The current directory (or one above it) is refused: the swap that replaces it would leave the shell in
+    the removed directory, where the report is not to be seen.
     """
     out = args.out
     if out is None:
@@ -120,6 +147,11 @@ def _report_out(args: argparse.Namespace) -> None:
         raise CLIError(f"--out {out}: a file; give a directory for the report (a new one, or an earlier report)")
     parent_is_a_file("--out", out)
     here = os.path.realpath(out)
+    cwd = os.path.realpath(os.getcwd())
+    if cwd == here or cwd.startswith(here.rstrip(os.sep) + os.sep):
+        raise CLIError(f"--out {out}: the current directory{' or one above it' if cwd != here else ''}; the report "
+                       "replaces its directory whole, which would leave your shell in a removed directory; give a "
+                       "directory below it, e.g. --out report")
     for flag, given in (("--index", args.index), ("--dataset", args.dataset), ("--run", args.run),
                         ("--qrels", args.qrels)):
         there = os.path.realpath(given) if given else None
@@ -128,9 +160,11 @@ def _report_out(args: argparse.Namespace) -> None:
         if there and there.startswith(here + os.sep):
             raise CLIError(f"--out {out}: holds the input {flag} {given}, which the report would replace; write "
                            "the report elsewhere")
-    if os.path.isdir(out) and os.listdir(out) and not any(os.path.isfile(os.path.join(out, f)) for f in REPORT_FILES):
-        raise CLIError(f"--out {out}: a directory holding other files, not an earlier report; give a new or empty "
-                       "directory")
+    foreign = _not_a_report(out) if os.path.isdir(out) else []
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise CLIError(f"--out {out}: a directory holding other files ({shown}), not an earlier report, which the "
+                       "new report would replace whole; give a new or empty directory")
 
 
 def _write_report_into(out: str, write: Callable[[str], ReportResult]) -> ReportResult:
