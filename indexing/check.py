@@ -63,7 +63,7 @@ class CheckReport:
 
 def check_index(directory: str | os.PathLike) -> CheckReport:
     """Verify the last commit of `directory` completely (see the module docstring); never raises for damage."""
-    from twotower.indexing.store import DOCS_NAME, bm25_name, vectors_name
+    from twotower.indexing.store import DOCS_NAME, bm25_name, vector_options, vectors_name
 
     d = Path(directory)
     report = CheckReport(str(d))
@@ -93,6 +93,12 @@ def check_index(directory: str | os.PathLike) -> CheckReport:
         if report.generation is None:
             report.problem(db, f"missing or invalid 'generation' ({gen!r})")
             return report
+        try:  # first: a segment's dim or metric compared with an edited manifest blamed the segment
+            vector_options(docs, manifest, d / MANIFEST_NAME)
+            shape: tuple[int, str] | None = (manifest.dim, manifest.metric)
+        except IndexFormatError as e:
+            report.problem(e.path, str(e).removeprefix(f"{e.path}: "))
+            shape = None
         if manifest.backend == "milvus":
             _check_milvus(d, docs, manifest, report.generation, report)
             _check_bm25(d / bm25_name(report.generation), docs, manifest, report)
@@ -104,7 +110,7 @@ def check_index(directory: str | os.PathLike) -> CheckReport:
         tombs = docs.tombstone_ids()
         vector_ids, unreadable = 0, False
         for rec in rows:
-            digest = _check_segment(d, rec, tombs.pop(rec["name"], []), manifest, report)
+            digest = _check_segment(d, rec, tombs.pop(rec["name"], []), shape, report)
             unreadable |= digest is None
             vector_ids = combine(vector_ids, digest or 0)
         report.segments = len(rows)
@@ -161,9 +167,12 @@ def _check_passages(docs: DocStore, report: CheckReport) -> None:
                                   "delete each such document (twotower index delete ID) and add it again")
 
 
-def _check_segment(d: Path, rec: dict[str, Any], hidden: list[str], manifest: Manifest,
+def _check_segment(d: Path, rec: dict[str, Any], hidden: list[str], shape: tuple[int, str] | None,
                    report: CheckReport) -> int | None:
-    """Check one segment file against its record; returns the digest of its live ids (None if unreadable)."""
+    """Check one segment file against its record; returns the digest of its live ids (None if unreadable).
+
+    `shape` is the manifest's (dim, metric), None when the manifest itself disagrees with docs.sqlite (that
+    is reported once, against manifest.json, not against every segment)."""
     path = d / rec["name"]
     if path.is_file():
         report.bytes_checked += path.stat().st_size
@@ -175,9 +184,9 @@ def _check_segment(d: Path, rec: dict[str, Any], hidden: list[str], manifest: Ma
     except IndexFormatError as e:
         report.problem(path, str(e).removeprefix(f"{path}: ").removesuffix(CHECK_HINT))
         return None
-    if (index.dim, index.metric) != (manifest.dim, manifest.metric):
-        report.problem(path, f"holds dim={index.dim} metric={index.metric}, manifest says dim={manifest.dim} "
-                             f"metric={manifest.metric}")
+    if shape is not None and (index.dim, index.metric) != shape:
+        report.problem(path, f"holds dim={index.dim} metric={index.metric}, manifest says dim={shape[0]} "
+                             f"metric={shape[1]}")
     missing = index.hide(hidden)
     if missing:
         report.problem(d / "docs.sqlite", f"tombstones of {rec['name']} name ids it does not hold, e.g. {missing[:3]}")

@@ -151,6 +151,23 @@ def _bm25_args(bm25: bool | Mapping[str, Any]) -> dict[str, Any] | None:
     return args
 
 
+def vector_options(docs: DocStore, manifest: Manifest, manifest_path: Path) -> dict[str, Any]:
+    """The vector options `docs` records, less dim, metric and factory, which must be the manifest's.
+
+    Raises IndexFormatError naming manifest.json where they differ. Why one function: opening an index
+    and ``index check`` must blame the same file (the check blamed the segments for an edited manifest).
+    """
+    options = json.loads(docs.get_meta("vector_options") or "{}")
+    m = manifest
+    described = options.pop("dim", m.dim), options.pop("metric", m.metric), options.pop("factory", m.factory)
+    if described != (m.dim, m.metric, m.factory):
+        raise IndexFormatError(manifest_path,
+                               f"manifest says dim={m.dim} metric={m.metric} factory={m.factory}, but {DOCS_NAME} "
+                               f"records dim={described[0]} metric={described[1]} factory={described[2]} (the "
+                               "manifest was edited or belongs to another index)")
+    return options
+
+
 def is_disk_full(exc: BaseException) -> bool:
     """Whether `exc` (or an exception it was raised from) says the disk is full: OSError ENOSPC / EDQUOT,
     SQLite's "database or disk is full", FAISS's RuntimeError quoting strerror."""
@@ -628,14 +645,8 @@ class IndexStore:
         gen = docs.get_meta("generation")
         if gen is None or not gen.isdigit():
             raise IndexFormatError(docs.path, f"missing or invalid 'generation' ({gen!r})")
-        options = json.loads(docs.get_meta("vector_options") or "{}")
+        options = vector_options(docs, self.manifest, self.directory / MANIFEST_NAME)
         m = self.manifest
-        described = options.pop("dim", m.dim), options.pop("metric", m.metric), options.pop("factory", m.factory)
-        if described != (m.dim, m.metric, m.factory):
-            raise IndexFormatError(self.directory / MANIFEST_NAME,
-                                   f"manifest says dim={m.dim} metric={m.metric} factory={m.factory}, but {DOCS_NAME} "
-                                   f"records dim={described[0]} metric={described[1]} factory={described[2]} (the "
-                                   "manifest was edited or belongs to another index)")
         if m.backend == "milvus" or docs.get_meta("milvus") is not None:
             return int(gen), self._load_milvus(docs, int(gen), options)
         policy = MergePolicy(**json.loads(docs.get_meta("merge_policy") or "{}"))

@@ -149,3 +149,15 @@ def test_missing_or_truncated_segment_is_named(tmp_path, damage):
 def test_check_of_a_directory_that_is_not_an_index(tmp_path):
     r = _check(tmp_path / "nothing-here")
     assert r.returncode == 2 and "not found" in r.stderr
+
+
+def test_check_names_an_edited_manifest_not_the_segments(tmp_path):
+    """``index check`` compared each segment with an edited manifest and blamed the segments ("holds dim=8 ...,
+    manifest says dim=9"); opening the index named manifest.json. Both compare it with docs.sqlite first."""
+    d = _build(tmp_path / "idx")
+    manifest = json.loads((d / "manifest.json").read_text())
+    (d / "manifest.json").write_text(json.dumps({**manifest, "dim": DIM + 1}))
+    r = _check(d)
+    assert r.returncode == 2, r.stderr
+    assert f"{d / 'manifest.json'}: manifest says dim={DIM + 1}" in r.stderr, r.stderr
+    assert f"records dim={DIM}" in r.stderr and ".faiss" not in r.stderr, r.stderr
