@@ -414,3 +414,35 @@ def test_out_the_current_directory_is_refused_before_any_work(files, capsys, mon
     monkeypatch.chdir(tmp / "here" / "below")
     assert main([*args, ".."]) == 2 and "the current directory or one above it" in capsys.readouterr().err
     assert not any((tmp / "empty").iterdir()) and not any((tmp / "here").rglob("*.trec"))
+
+
+def test_cutoffs_deeper_than_the_run_are_warned_once_and_noted_in_the_report(files, capsys):
+    """A run of 3 documents a query reported recall@100 (really recall@3) without a word; the numbers stay."""
+    tmp, run, qrels = files
+    argv = ["eval", "--run", str(tmp / "run.trec"), "--qrels", str(tmp / "qrels.tsv"), "--json"]
+    assert main([*argv, "--metrics", "map,p@3,recall@100,ndcg@10", "--out", str(tmp / "rep")]) == 0
+    captured = capsys.readouterr()
+    note = ("recall@100, ndcg@10 cut deeper than the deepest list of the run (3 documents): they count only those; "
+            "search deeper to score them in full (twotower search -k 100)")
+    assert captured.err.count("warning:") == 1 and f"twotower eval: warning: {note}\n" in captured.err
+    assert json.loads(captured.out)["recall@100"] == pytest.approx(evaluate(run, qrels, ["recall@100"]).means[
+        "recall@100"])
+    assert f"- cutoffs deeper than the run: {note}" in (tmp / "rep" / "report.md").read_text()
+    assert json.loads((tmp / "rep" / "metrics.json").read_text())["settings"]["cutoffs deeper than the run"] == note
+    assert main([*argv, "--metrics", "map,p@3,recall"]) == 0
+    assert "warning" not in capsys.readouterr().err  # cutoffs within the run, or none
+
+
+def test_index_mode_warns_of_cutoffs_deeper_than_k(tmp_path, beir_dir, monkeypatch, capsys):
+    module = types.ModuleType("twotower.retrieval.pipeline")
+    module.SearchPipeline = _FakePipeline
+    monkeypatch.setitem(sys.modules, "twotower.retrieval.pipeline", module)
+    _FakePipeline.calls = []
+    (tmp_path / "idx").mkdir()
+    (tmp_path / "idx" / "manifest.json").write_text("{}")
+    assert main(["eval", "--index", str(tmp_path / "idx"), "--dataset", str(beir_dir), "--out", str(tmp_path / "r"),
+                 "-k", "5", "--no-progress", "--json"]) == 0
+    note = ("ndcg@10, mrr@10, recall@10, recall@100, p@10 cut deeper than the deepest list of the run (5 "
+            "documents): they count only those; -k 100 scores them in full")
+    assert f"twotower eval: warning: {note}\n" in capsys.readouterr().err
+    assert json.loads((tmp_path / "r" / "metrics.json").read_text())["settings"]["cutoffs deeper than the runs"] == note

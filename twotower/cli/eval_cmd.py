@@ -221,6 +221,25 @@ def _metrics(text: str | None, default: str) -> list:
         raise CLIError(f"--metrics: {e}") from None
 
 
+def _shallow_cutoffs(specs: list, runs: dict, deeper: str) -> str | None:
+    """Say (stderr, once) when a metric's cutoff is deeper than the runs' deepest list, and return the note
+    for the report; None when every cutoff fits. `deeper`: how to make the run deeper, in the user's flags.
+
+    Why: trec_eval's numbers are kept (they are right for the run as it is), but a run searched with
+    ``-k 10`` reported a recall@100 that is recall@10, and nothing said so.
+    """
+    depth = max((len(docs) for run in runs.values() for docs in run.values()), default=0)
+    shallow = [s for s in specs if s.k is not None and s.k > depth]
+    if not shallow:
+        return None
+    deepest = max(s.k for s in shallow)
+    note = (f"{', '.join(s.label for s in shallow)} cut deeper than the deepest list of the run{'s' * (len(runs) > 1)} "
+            f"({depth} document{'s' * (depth != 1)}): {'they count' if len(shallow) > 1 else 'it counts'} only "
+            f"those; {deeper.format(k=deepest)}")
+    print(f"twotower eval: warning: {note}", file=sys.stderr)
+    return note
+
+
 def _score_run(args: argparse.Namespace) -> int:
     from twotower.eval.io import read_qrels, read_trec_run
     from twotower.eval.metrics import evaluate
@@ -237,6 +256,7 @@ def _score_run(args: argparse.Namespace) -> int:
     if not run:  # every judged query scored 0 without a word
         raise CLIError(f"--run {args.run}: no results (the file is empty)")
     result = evaluate(run, qrels, specs, drop_self_hits=args.drop_self_hits)
+    shallow = _shallow_cutoffs(specs, {"run": run}, "search deeper to score them in full (twotower search -k {k})")
     if args.out:
         # the system's name is the run's file name as a file name may be: `_x.txt` and `ü.txt` were refused
         name = "".join(ch if (ch.isascii() and ch.isalnum()) or ch in "_.+-" else "_" for ch in Path(args.run).stem)
@@ -247,7 +267,8 @@ def _score_run(args: argparse.Namespace) -> int:
             out,
             metrics=[s.label for s in specs],
             drop_self_hits=args.drop_self_hits,
-            settings={"run": args.run, "qrels": args.qrels},
+            settings={"run": args.run, "qrels": args.qrels,
+                      **({"cutoffs deeper than the run": shallow} if shallow else {})},
         ))
     if args.json:
         payload: dict = dict(result.means)
@@ -356,6 +377,7 @@ def _search_and_report(args: argparse.Namespace) -> int:
                     run[qid] = {hit.id: float(hit.score) for hit in hits}
             runs[name] = run
 
+    shallow = _shallow_cutoffs(specs, runs, "-k {k} scores them in full")
     report = _write_report_into(args.out, lambda out: write_report(
         runs,
         dataset.qrels,
@@ -372,6 +394,7 @@ def _search_and_report(args: argparse.Namespace) -> int:
             "k": args.k,
             "recall_k": recall_k,
             **weight,
+            **({"cutoffs deeper than the runs": shallow} if shallow else {}),
         },
     ))
     if args.json:
