@@ -470,3 +470,12 @@ def test_a_bad_query_of_a_queries_file_is_named_by_file_line_and_id(built, tmp_p
     queries.write_text(content, encoding="utf-8")
     rc, _, err = run_cli(capsys, "search", "--index", str(built / "idx"), "--queries", str(queries))
     assert rc == 2 and err.strip() == f"twotower search: error: {queries}:{line}: {message}"
+
+
+@pytest.mark.parametrize("tag", ["", "my tag"])
+def test_an_empty_tag_is_refused_as_a_spaced_one_is(built, tmp_path, capsys, tag):
+    """`--tag ""` silently became the default tag, while `--tag "my tag"` was refused (after the search)."""
+    run = tmp_path / "r.trec"
+    rc, _, err = run_cli(capsys, "search", "--index", str(built / "idx"), "--run", str(run), "--tag", tag, "tea")
+    assert rc == 2 and f"--tag {tag!r} is empty or contains whitespace; TREC files cannot hold it" in err, err
+    assert not run.exists()

@@ -134,6 +134,13 @@ def run_search(args: argparse.Namespace) -> int:
         raise CLIError("--fusion sets how --hybrid fuses dense and BM25 recall: add --hybrid, or leave it out")
     if args.tag is not None and not args.run:
         raise CLIError("--tag names the run that --run writes: add --run FILE, or leave it out")
+    if args.tag is not None:  # before the search: `--tag ""` became "twotower", and "my tag" failed after it
+        from twotower.eval.io.trec import check_trec_token
+
+        try:
+            check_trec_token("--tag", args.tag)
+        except ValueError as e:
+            raise CLIError(str(e)) from None
     if args.json and args.run:
         raise CLIError("--run writes the results to a file and prints no hits: give --json or --run, not both")
     output_file("--run", args.run, "run.trec", inputs=(("--queries", args.queries_file),))  # it replaced them
@@ -208,7 +215,7 @@ def run_search(args: argparse.Namespace) -> int:
         from twotower.eval.io import write_trec_run
 
         run = {qid: {h.id: h.score for h in hits} for (qid, _), hits in zip(items, results)}
-        write_trec_run(run, args.run, tag=args.tag or "twotower")
+        write_trec_run(run, args.run, tag="twotower" if args.tag is None else args.tag)
         lines = sum(len(scores) for scores in run.values())
         print(f"wrote {lines} lines for {len(items)} queries to {args.run}", file=sys.stderr)
         return 0
