@@ -238,7 +238,13 @@ class _FakePipeline:
         return None
 
     def contains(self, ids):
-        return [True for _ in ids]
+        return [i not in self.absent for i in ids]
+
+    absent: set = set()  # document ids the stand-in index lacks
+
+    def info(self):  # as SearchPipeline.info: the manifest's pipeline block under "extra"
+        encoder = {"fingerprint": "0123456789abcdef", "dim": 4, "model": {"path": "/models/enc"}}
+        return {"generation": 3, "documents": 11, "extra": {"pipeline": {"format": 1, "encoder": encoder}}}
 
     def search(self, queries, k=10, recall_k=100, rerank=True, hybrid=False, *, rerank_k=None, rerank_alpha=None,
                fetch_documents=True, progress=False):
@@ -446,3 +452,30 @@ def test_index_mode_warns_of_cutoffs_deeper_than_k(tmp_path, beir_dir, monkeypat
             "documents): they count only those; -k 100 scores them in full")
     assert f"twotower eval: warning: {note}\n" in capsys.readouterr().err
     assert json.loads((tmp_path / "r" / "metrics.json").read_text())["settings"]["cutoffs deeper than the runs"] == note
+
+
+def test_index_mode_report_records_the_index_encoder_fusion_and_unreachable_documents(
+        tmp_path, beir_dir, monkeypatch, capsys):
+    """The report named the index as typed and nothing else: not the encoder, the commit searched, the
+    documents in it, the fusion of --hybrid, nor the warning that relevant documents are not in the index."""
+    module = types.ModuleType("twotower.retrieval.pipeline")
+    module.SearchPipeline = _FakePipeline
+    monkeypatch.setitem(sys.modules, "twotower.retrieval.pipeline", module)
+    monkeypatch.setattr(_FakePipeline, "absent", {"d4"})
+    _FakePipeline.calls = []
+    (tmp_path / "idx").mkdir()
+    Manifest(dim=4, metric="ip", factory="Flat", bm25={}).write(tmp_path / "idx" / "manifest.json")
+    monkeypatch.chdir(tmp_path)
+    assert main(["eval", "--index", "idx", "--dataset", str(beir_dir), "--out", "r", "--hybrid", "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    settings = json.loads((tmp_path / "r" / "metrics.json").read_text())["settings"]
+    assert settings["index"] == str(tmp_path / "idx")
+    assert (settings["index generation"], settings["index documents"]) == (3, 11)
+    assert (settings["encoder model"], settings["encoder fingerprint"]) == ("/models/enc", "0123456789abcdef")
+    assert settings["fusion"] == "rrf (reciprocal-rank fusion of dense and BM25, k=60)"
+    warning = settings["relevant documents not in --index"]
+    assert warning.startswith("1 of the 7 relevant documents of --split test are not in --index idx (d4)")
+    assert f"twotower eval: warning: {warning}\n" in err
+    report = (tmp_path / "r" / "report.md").read_text()
+    assert f"- index: {tmp_path / 'idx'}\n" in report and "- encoder fingerprint: 0123456789abcdef\n" in report
+    assert f"- relevant documents not in --index: {warning}\n" in report

@@ -58,7 +58,7 @@ def test_index_mode_with_the_real_pipeline(tmp_path, capsys):
     out = capsys.readouterr()
     means = json.loads(out.out)
     assert list(means) == ["dense", "hybrid", "hybrid+rerank"]
-    assert "warning" not in out.err  # every relevant document is in the index
+    assert "relevant documents" not in out.err  # every relevant document is in the index
 
     dense = read_trec_run(tmp_path / "rep" / "runs" / "dense.trec")
     assert set(dense) == set(queries)
@@ -70,6 +70,9 @@ def test_index_mode_with_the_real_pipeline(tmp_path, capsys):
     report = json.loads((tmp_path / "rep" / "metrics.json").read_text())
     assert set(report["significance"]) == {"hybrid", "hybrid+rerank"}
     assert (tmp_path / "rep" / "recall_at_k.png").stat().st_size > 0
+    encoder = json.loads((tmp_path / "idx" / "manifest.json").read_text())["extra"]["pipeline"]["encoder"]
+    assert report["settings"]["encoder fingerprint"] == encoder["fingerprint"]  # what the index was built with
+    assert report["settings"]["index documents"] == len(docs) and report["settings"]["index generation"] >= 1
     # a reranker without a stored weight: pure reranking of the top 20, recorded with the report
     assert {k: report["settings"][k] for k in ("rerank_k", "rerank_alpha", "rerank_alpha_chosen_over")} == {
         "rerank_k": 20, "rerank_alpha": 1.0, "rerank_alpha_chosen_over": None}

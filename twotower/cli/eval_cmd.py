@@ -26,7 +26,7 @@ import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from twotower.cli import CLIError
 from twotower.cli.checks import (
@@ -285,22 +285,50 @@ def _score_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _warn_unreachable(args: argparse.Namespace, pipeline, qrels: dict, queries: dict) -> None:
+def _warn_unreachable(args: argparse.Namespace, pipeline, qrels: dict, queries: dict) -> str | None:
     """Say when relevant documents of the split are not in the index: their queries cannot score them, and the
-    scores came out low without a word (an index built from another corpus, or from part of this one)."""
+    scores came out low without a word (an index built from another corpus, or from part of this one).
+    Returns the warning, for the report (it was on stderr only), or None."""
     judged = sorted({d for q in queries for d, rel in qrels.get(q, {}).items() if rel > 0})
     if not judged:
-        return
+        return None
     present = pipeline.contains(judged)
     missing = [d for d, here in zip(judged, present) if not here]
-    if missing:
-        lost = set(missing)
-        hit = sum(any(d in lost and rel > 0 for d, rel in qrels.get(q, {}).items()) for q in queries)
-        shown = ", ".join(missing[:5]) + (", ..." if len(missing) > 5 else "")
-        print(f"twotower eval: warning: {len(missing):,} of the {len(judged):,} relevant documents of --split "
-              f"{args.split} are not in --index {args.index} ({shown}); {hit:,} quer{'y' if hit == 1 else 'ies'} "
-              f"cannot reach them. Was the index built from {os.path.join(args.dataset, 'corpus.jsonl')}?",
-              file=sys.stderr)
+    if not missing:
+        return None
+    lost = set(missing)
+    hit = sum(any(d in lost and rel > 0 for d, rel in qrels.get(q, {}).items()) for q in queries)
+    shown = ", ".join(missing[:5]) + (", ..." if len(missing) > 5 else "")
+    warning = (f"{len(missing):,} of the {len(judged):,} relevant documents of --split {args.split} are not in "
+               f"--index {args.index} ({shown}); {hit:,} quer{'y' if hit == 1 else 'ies'} cannot reach them. Was "
+               f"the index built from {os.path.join(args.dataset, 'corpus.jsonl')}?")
+    print(f"twotower eval: warning: {warning}", file=sys.stderr)
+    return warning
+
+
+def _index_record(args: argparse.Namespace, pipeline) -> dict[str, Any]:
+    """What the report records of the index searched, from its manifest (`SearchPipeline.info`): its absolute
+    path, generation and document count, the encoder's model and fingerprint, and the fusion of --hybrid.
+
+    Why: a report said only the path as typed, so which index, which commit of it and which encoder made
+    the numbers could not be told afterwards (an index grows, and is rebuilt with other models in place).
+    """
+    from twotower.retrieval.fusion import RRF_K
+    from twotower.retrieval.manifest import pipeline_block
+
+    info = pipeline.info()
+    encoder = pipeline_block(info["extra"], os.path.join(args.index, "manifest.json"))["encoder"]
+    model = encoder.get("model") or {}
+    record: dict[str, Any] = {
+        "index": os.path.abspath(args.index),
+        "index generation": info["generation"],
+        "index documents": info["documents"],
+        "encoder model": model.get("package") or model.get("path") or "(given at build time, not recorded)",
+        "encoder fingerprint": encoder["fingerprint"],
+    }
+    if args.hybrid:  # the fusion `SearchPipeline.search` applies when none is given
+        record["fusion"] = f"rrf (reciprocal-rank fusion of dense and BM25, k={RRF_K})"
+    return record
 
 
 def _search_and_report(args: argparse.Namespace) -> int:
@@ -343,7 +371,8 @@ def _search_and_report(args: argparse.Namespace) -> int:
 
     # rerank only when asked: a cross-encoder pass is slow, so the index's default reranker is not loaded
     pipeline = SearchPipeline.load(args.index, reranker=args.reranker, use_default_reranker=False)
-    _warn_unreachable(args, pipeline, dataset.qrels, queries)
+    unreachable = _warn_unreachable(args, pipeline, dataset.qrels, queries)
+    index_record = _index_record(args, pipeline)
     systems: list[tuple[str, bool, bool]] = [("dense", False, False)]  # (name, rerank, hybrid)
     if args.hybrid:
         systems.append(("hybrid", False, True))
@@ -389,12 +418,13 @@ def _search_and_report(args: argparse.Namespace) -> int:
         settings={
             "dataset": args.dataset,
             "split": args.split,
-            "index": args.index,
+            **index_record,
             "reranker": args.reranker or "none",
             "k": args.k,
             "recall_k": recall_k,
             **weight,
             **({"cutoffs deeper than the runs": shallow} if shallow else {}),
+            **({"relevant documents not in --index": unreachable} if unreachable else {}),
         },
     ))
     if args.json:
