@@ -29,3 +29,22 @@ def test_values_still_show_their_default(capsys):
     text = _help(capsys, "train", "reranker")
     assert "fraction of the run spent warming up (default: 0.1)" in text
     assert "steps between dev evaluations (default: an epoch) --eval-interval" in text
+
+
+def _parsers(parser, path=()):
+    """Every (sub)command's parser, with the words that reach it."""
+    import argparse
+
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _parsers(sub, (*path, name))
+
+
+def test_descriptions_are_plain_text():
+    """The module docstrings that `--help` shows printed reStructuredText (``--bm25``) and internal names
+    (SearchPipeline, twotower.eval.metrics.retrieval)."""
+    for path, parser in _parsers(build_parser()):
+        text = parser.description or ""
+        assert "`" not in text and "SearchPipeline" not in text and "twotower.eval." not in text, (path, text)

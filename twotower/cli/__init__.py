@@ -1,4 +1,4 @@
-"""The `twotower` command line: one entry point, one module per command group.
+"""The twotower command line: one entry point, one module per command group.
 
 Each command module exposes ``register(subparsers)``; it adds its sub-command
 and sets ``func`` on the parser defaults.  Heavy imports (torch, faiss) happen

@@ -1,10 +1,10 @@
-"""``twotower answer``: retrieve, rerank, then read answer spans from the top passages.
+"""twotower answer: retrieve, rerank, then read answer spans from the top passages.
 
-The reader is a QA model from ``twotower finetune qa``; its "no answer"
+The reader is a QA model from twotower finetune qa; its "no answer"
 threshold (chosen on dev) decides when a passage holds no answer, and when
 none does the command says so instead of printing the highest-scoring guess.
-``--classifier DIR`` adds a label from a classification head to each hit read.
-"""
+--classifier DIR adds a label from a classification head to each hit read.
+"""  # plain text, not reStructuredText: it is `twotower answer --help`'s description
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`twotower embed`: encode texts into a (N, H) float32 .npy, row i = text i.
+"""twotower embed: encode texts into a (N, H) float32 .npy, row i = text i.
 
 Pooling, normalisation and the token cap default to the model directory's
 sentence-transformers files when it has them (all-MiniLM-L6-v2: mean,

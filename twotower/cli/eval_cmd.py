@@ -1,21 +1,21 @@
-"""``twotower eval``: score a run against qrels, or search a BEIR split and write a comparison report.
+"""twotower eval: score a run against qrels, or search a BEIR split and write a comparison report.
 
 Two modes:
 
-* ``--run RUN --qrels QRELS``: trec_eval-exact metrics of an existing TREC run.
+* --run RUN --qrels QRELS: trec_eval-exact metrics of an existing TREC run.
   Qrels may be BEIR TSV (3 columns, header) or TREC (4 columns); the format
-  is detected.  Prints a table, or with ``--json`` one object
-  ``{<metric as typed>: mean, ..., "num_queries", "skipped_unjudged",
-  "missing_from_run", "drop_self_hits", "per_query": {qid: {metric: value}}}``.
-  ``--out DIR`` also writes the full report (runs, metrics.json, report.md, Recall@k plot).
-* ``--index IDX --dataset BEIR_DIR --split test --out DIR``: run the
-  ``SearchPipeline`` over the split's queries as dense recall, plus
-  ``--hybrid`` and/or ``--reranker DIR`` systems, and write one report
-  comparing them (significance against the first system).  A reranked system
-  is added only for ``--reranker``; an index's default reranker is not loaded.
+  is detected.  Prints a table, or with --json one object
+  {<metric as typed>: mean, ..., "num_queries", "skipped_unjudged",
+  "missing_from_run", "drop_self_hits", "per_query": {qid: {metric: value}}}.
+  --out DIR also writes the full report (runs, metrics.json, report.md, Recall@k plot).
+* --index IDX --dataset BEIR_DIR --split test --out DIR: search the index
+  with the split's queries (dense recall), plus --hybrid and/or
+  --reranker DIR systems, and write one report comparing them
+  (significance against the first system).  A reranked system is added
+  only for --reranker; an index's default reranker is not loaded.
 
-Means are over every judged query (``trec_eval -c``); see ``twotower.eval.metrics.retrieval``.
-"""
+Means are over every judged query, as trec_eval -c computes them.
+"""  # plain text, not reStructuredText: it is `twotower eval --help`'s description
 
 from __future__ import annotations
 

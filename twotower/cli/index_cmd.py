@@ -1,12 +1,12 @@
-"""``twotower index build|add|delete|info|check``: create, maintain and verify a search index directory.
+"""twotower index build|add|delete|info|check: create, maintain and verify a search index directory.
 
-``build`` encodes a BEIR ``corpus.jsonl`` ({_id, title, text}) with the dual
+build encodes a BEIR corpus.jsonl ({_id, title, text}) with the dual
 encoder (default all-MiniLM-L6-v2) into a new index directory: SQLite documents
-+ FAISS vectors (+ BM25 with ``--bm25``).  It is resumable: rerun the same
++ FAISS vectors (+ BM25 with --bm25).  It is resumable: rerun the same
 command after an interruption and finished embedding shards are reused.  Under
-``torchrun --nproc_per_node N -m twotower index build ...`` the encoding is
+torchrun --nproc_per_node N -m twotower index build ... the encoding is
 split across the N processes.
-"""
+"""  # plain text, not reStructuredText: it is `twotower index --help`'s description
 
 from __future__ import annotations
 

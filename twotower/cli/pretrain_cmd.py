@@ -1,4 +1,4 @@
-"""`twotower pretrain`: MLM (+ optional NSP) pretraining from scratch under a token or wall-clock budget.
+"""twotower pretrain: MLM (+ optional NSP) pretraining from scratch under a token or wall-clock budget.
 
 Example:
     twotower pretrain --corpus train.txt.gz --valid valid.txt.gz --tokenizer tok/ --out runs/mini \\

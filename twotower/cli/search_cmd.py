@@ -1,11 +1,11 @@
-"""``twotower search``: query an index — a table for a person, JSON for programs, a TREC run for evaluation.
+"""twotower search: query an index — a table for a person, JSON for programs, a TREC run for evaluation.
 
-Recall takes the top ``--recall-k`` documents by dense similarity (with
-``--hybrid``: dense and BM25 fused by reciprocal rank, k=60); a cross-encoder
-(``--reranker DIR``, or the index's default) reranks them and the top ``-k``
-are shown.  ``--queries FILE`` reads BEIR ``queries.jsonl`` ({_id, text}) or a
-TSV of ``qid<TAB>text``; ``--run FILE`` writes ``qid Q0 docid rank score tag``.
-"""
+Recall takes the top --recall-k documents by dense similarity (with
+--hybrid: dense and BM25 fused by reciprocal rank, k=60); a cross-encoder
+(--reranker DIR, or the index's default) reranks them and the top -k
+are shown.  --queries FILE reads BEIR queries.jsonl ({_id, text}) or a
+TSV of qid<TAB>text; --run FILE writes "qid Q0 docid rank score tag".
+"""  # plain text, not reStructuredText: it is `twotower search --help`'s description
 
 from __future__ import annotations
 

@@ -1,19 +1,20 @@
-"""``twotower serve``: keep an index loaded behind an HTTP API, with a search page at ``/``.
+"""twotower serve: keep an index loaded behind an HTTP API, with a search page at /.
 
 The index, its encoder and the reranker load once; concurrent queries are encoded
-together (micro-batching) by one model-owner thread.  Endpoints: ``GET /search``,
-``POST /search`` (a batch), ``POST``/``DELETE /documents``, ``GET /documents/ID``,
-``GET /health``, ``GET /stats``; the API reference is at ``/docs``.
+together (micro-batching) by one model-owner thread.  Endpoints: GET /search,
+POST /search (a batch), POST/DELETE /documents, GET /documents/ID,
+GET /health, GET /stats; the API reference is at /docs.
 
-Binds 127.0.0.1 unless ``--host`` says otherwise.  Writes need a bearer token
-(``--token-file FILE`` or the ``TWOTOWER_TOKEN`` environment variable) and, with a
-token set, so do reads; ``--read-only`` refuses writes (a token then guards reads alone).
+Binds 127.0.0.1 unless --host says otherwise.  Writes need a bearer token
+(--token-file FILE or the TWOTOWER_TOKEN environment variable) and, with a
+token set, so do reads; --read-only refuses writes (a token then guards reads alone).
 docs/serve.md has the details.
 
 SIGTERM or Ctrl-C (SIGINT) stops it gracefully, as uvicorn does: no new connections, the requests in flight
-answered (those still running after 30 s are cancelled), then the model owner stopped; `_Server` says so on stderr, and uvicorn then re-raises the signal, so
-the exit status is the signal's (143 for SIGTERM), as a supervisor expects of a process it stopped.
-"""
+answered (those still running after 30 s are cancelled), then the model owner stopped; the server says so on
+stderr, and uvicorn then re-raises the signal, so the exit status is the signal's (143 for SIGTERM), as a
+supervisor expects of a process it stopped.
+"""  # plain text, not reStructuredText: it is `twotower serve --help`'s description
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`twotower tokenizer train`: learn a BERT WordPiece vocabulary from text files.
+"""twotower tokenizer train: learn a BERT WordPiece vocabulary from text files.
 
 Example:
     twotower tokenizer train --input corpus.txt.gz more.jsonl --vocab-size 16000 --out tok/

@@ -1,4 +1,4 @@
-"""`twotower train dual|reranker|mine|pairs|demo-reranker`: contrastive and reranker training from the shell.
+"""twotower train dual|reranker|mine|pairs|demo-reranker: contrastive and reranker training from the shell.
 
 Examples:
     twotower train dual --model MINILM_DIR --data data/beir-scifact --out runs/dual --mine bm25 --time-budget 40m
