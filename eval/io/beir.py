@@ -151,8 +151,9 @@ def load_beir(directory: str | os.PathLike[str], split: str = "test", corpus: bo
         DataError: a malformed line, or judged queries that are missing from ``queries.jsonl``.
     """
     root = Path(directory)
-    if not root.is_dir():
-        raise FileNotFoundError(f"{root}: not a BEIR directory (no such folder)")
+    if not root.is_dir():  # a file was "no such folder" too, which it is not
+        raise FileNotFoundError(f"{root}: not a BEIR directory ("
+                                f"{'a file; give the folder holding queries.jsonl and qrels/' if root.exists() else 'no such folder'})")
     qrels_path = root / "qrels" / f"{split}.tsv"
     if not qrels_path.is_file():
         found = ", ".join(available_splits(root)) or "none"

@@ -268,12 +268,15 @@ def test_in_memory_documents_follow_the_same_rules(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
-def test_delete_ids_file_with_a_bad_byte_names_the_line(tmp_path, capsys):
+def test_delete_ids_file_with_a_bad_byte_names_the_line_and_an_empty_one_is_said_empty(tmp_path, capsys):
     build_index(tmp_path, 5)
     ids = tmp_path / "ids.txt"
     ids.write_bytes(b"d0\n\nd1\nd\xff2\n")
     rc, _, err = run_cli(capsys, "index", "delete", "--index", str(tmp_path / "idx"), "--ids-file", str(ids))
     assert rc == 2 and f"{ids}:4: not valid UTF-8" in err, err
+    ids.write_text("\n \n")  # it said "give document ids to delete", with the file given
+    rc, _, err = run_cli(capsys, "index", "delete", "--index", str(tmp_path / "idx"), "--ids-file", str(ids))
+    assert rc == 2 and f"--ids-file {ids}: empty (no ids, or only blank lines); nothing to delete" in err, err
 
 
 # ---------------------------------------------------------------------- reranker in the manifest, --rerank-alpha

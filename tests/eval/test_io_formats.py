@@ -135,6 +135,8 @@ def test_beir_errors(tmp_path):
         load_beir(root, "dev")
     with pytest.raises(FileNotFoundError, match="no such folder"):
         load_beir(tmp_path / "nope")
+    with pytest.raises(FileNotFoundError, match=r"c0.jsonl: not a BEIR directory \(a file; give the folder holding"):
+        load_beir(_write(tmp_path / "c0.jsonl", '{"_id": "a", "text": "x"}\n'))  # it said "no such folder"
     corpus = _write(tmp_path / "c.jsonl", '{"_id": "a", "text": "x"}\n{"_id": "b", "text": 3}\n')
     _raises_at(corpus, 2, read_beir_corpus, r"missing string field 'text' \(got int\)")
     corpus = _write(tmp_path / "c2.jsonl", '{"_id": "a", "text": "x"}\n{"_id": "a", "text": "y"}\n')

@@ -278,6 +278,8 @@ def run_delete(args: argparse.Namespace) -> int:
         from twotower.common.lines import numbered_lines  # a bad byte is reported with its line
 
         ids += [line.strip() for _, line in numbered_lines(args.ids_file) if line.strip()]
+    if not ids and args.ids_file:  # it said "give document ids", with the file given
+        raise CLIError(f"--ids-file {args.ids_file}: empty (no ids, or only blank lines); nothing to delete")
     if not ids:
         raise CLIError("give document ids to delete (arguments or --ids-file)")
     lock_wait(args.lock_wait)
