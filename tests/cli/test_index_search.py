@@ -479,3 +479,14 @@ def test_an_empty_tag_is_refused_as_a_spaced_one_is(built, tmp_path, capsys, tag
     rc, _, err = run_cli(capsys, "search", "--index", str(built / "idx"), "--run", str(run), "--tag", tag, "tea")
     assert rc == 2 and f"--tag {tag!r} is empty or contains whitespace; TREC files cannot hold it" in err, err
     assert not run.exists()
+
+
+def test_counts_of_one_are_singular(tmp_path, capsys):
+    """"built ...: 1 documents" and "wrote 1 lines for 1 queries"."""
+    corpus = write_corpus(str(tmp_path / "corpus.jsonl"), toy_docs(1))
+    rc, out, err = run_cli(capsys, "index", "build", "--corpus", corpus, "--out", str(tmp_path / "idx"), "--model",
+                           tiny_model_dir(), "--no-progress")
+    assert rc == 0 and f"built {tmp_path / 'idx'}: 1 document, dim" in out, err
+    rc, _, err = run_cli(capsys, "search", "--index", str(tmp_path / "idx"), "-k", "1", "--run",
+                         str(tmp_path / "r.trec"), "tea")
+    assert rc == 0 and f"wrote 1 line for 1 query to {tmp_path / 'r.trec'}" in err, err

@@ -213,8 +213,9 @@ def run_build(args: argparse.Namespace) -> int:
         return 0
     with pipe:
         info = pipe.info()
-        split = f" ({info['passages']} passages)" if info.get("passage_settings") else ""
-        print(f"built {args.out}: {info['documents']} documents{split}, dim {info['dim']}, {info['factory']} "
+        n, rows = info["documents"], info["passages"]
+        split = f" ({rows:,} passage{'s' * (rows != 1)})" if info.get("passage_settings") else ""
+        print(f"built {args.out}: {n:,} document{'s' * (n != 1)}{split}, dim {info['dim']}, {info['factory']} "
               f"({info['metric']}){', BM25' if info['bm25'] else ''}")
     return 0
 

@@ -217,7 +217,8 @@ def run_search(args: argparse.Namespace) -> int:
         run = {qid: {h.id: h.score for h in hits} for (qid, _), hits in zip(items, results)}
         write_trec_run(run, args.run, tag="twotower" if args.tag is None else args.tag)
         lines = sum(len(scores) for scores in run.values())
-        print(f"wrote {lines} lines for {len(items)} queries to {args.run}", file=sys.stderr)
+        print(f"wrote {lines:,} line{'s' * (lines != 1)} for {len(items):,} quer{'y' if len(items) == 1 else 'ies'} "
+              f"to {args.run}", file=sys.stderr)
         return 0
     if args.json:
         print(json.dumps([{"qid": qid, "query": text, "hits": [h.to_dict() for h in hits]}
