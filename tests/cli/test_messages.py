@@ -294,3 +294,17 @@ def test_a_reranker_given_as_the_embedding_model_is_refused(tmp_path, capsys, ar
     if argv[0] == "embed":  # the control: an encoder is taken
         rc, _, err = run_cli(capsys, *args, "--model", tiny_model_dir())
         assert rc == 0, err
+
+
+def test_library_messages_name_the_flag_without_the_python_keyword(tmp_path, capsys):
+    """On the command line "--passage-window (passage_window)" and "build with --passages (passages=True)" quoted
+    keywords the user never typed: the error and the log warning name the flag alone."""
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(json.dumps({"_id": "long", "text": "tea coffee " * 400}) + "\n")
+    argv = ["index", "build", "--corpus", str(corpus), "--model", tiny_model_dir(), "--no-progress"]
+    rc, _, err = run_cli(capsys, *argv, "--out", str(tmp_path / "p"), "--passages", "--passage-window", "0")
+    assert rc == 2 and "--passage-window must be a positive number of tokens, got 0" in err, err
+    r = subprocess.run([sys.executable, "-m", "twotower", *argv, "--out", str(tmp_path / "idx")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "are longer than the model's maximum" in r.stderr and "build with --passages to split" in r.stderr, r.stderr

@@ -15,6 +15,7 @@ import importlib
 import io
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -84,6 +85,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# "--passage-window (passage_window)", "--passages (passages=True)": a flag, then the library's keyword for it
+_KEYWORD_AFTER_FLAG = re.compile(r"(--[a-z][a-z0-9-]*) \([a-z_]+(?:=[A-Za-z0-9_]+)?\)")
+
+
+def flags_only(message: str) -> str:
+    """A library message as the command line says it: the flag alone, without the Python keyword beside it.
+
+    Why: the library names a setting by its flag and its keyword, for both kinds of user; on the command line
+    "--passage-window (passage_window)" quoted a name the user never typed.
+
+    Example:
+        >>> flags_only("build with --passages (passages=True) to split them")
+        'build with --passages to split them'
+    """
+    return _KEYWORD_AFTER_FLAG.sub(r"\1", message)
+
+
+class _FlagsOnlyFormatter(logging.Formatter):
+    """The command's log lines (warnings of the library) with `flags_only`."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return flags_only(super().format(record))
+
+
 def _prog(args: argparse.Namespace) -> str:
     """The command as typed, its action included (``twotower index add``), as argparse names it in usage errors."""
     action = getattr(args, f"{args.command}_command", None)  # index_command, train_command, tokenizer_command
@@ -101,10 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     else:  # a bad flag's usage error (and --help) once, from rank 0; the exit status is every rank's
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(levelname)s %(name)s: %(message)s",
-    )
+    handler = logging.StreamHandler()
+    handler.setFormatter(_FlagsOnlyFormatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, handlers=[handler])
     if not getattr(args, "func", None):
         if say:
             parser.print_help()
@@ -115,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         alone = exc is not None and launch.enabled and met_by_this_rank_only(exc)
         if say or alone:
             where = f"rank {launch.rank}: " if alone else ""
-            print(f"{_prog(args)}: error: {where}{message}", file=sys.stderr)
+            print(f"{_prog(args)}: error: {where}{flags_only(message)}", file=sys.stderr)
 
     if launch.enabled and not getattr(args, "torchrun", False):
         # every rank would run the whole command: duplicated work, and writers racing on the same --out
