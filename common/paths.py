@@ -23,3 +23,20 @@ def path_argument(value: Any, name: str = "directory") -> str:
     if not isinstance(value, (str, os.PathLike)):
         raise TypeError(f"{name} must be a path (str or os.PathLike), got {type(value).__name__}")
     return os.fspath(value)
+
+
+def holds_working_directory(path: str | os.PathLike) -> str | None:
+    """"the current directory" or "one above the current directory" when `path` is (or holds) the process's
+    working directory, else None.
+
+    Why: a result written by swapping its directory in whole (an index, a report) cannot be swapped in for
+    the working directory (the rename fails with "Device or resource busy"), and could not be seen from the
+    shell left in the removed one if it could; callers refuse such a path up front, naming it.
+    """
+    here = os.path.realpath(path)
+    cwd = os.path.realpath(os.getcwd())
+    if cwd == here:
+        return "the current directory"
+    if cwd.startswith(here.rstrip(os.sep) + os.sep):
+        return "one above the current directory"
+    return None

@@ -53,6 +53,7 @@ from tqdm.auto import tqdm
 from twotower.common.atomic import atomic_path, atomic_write_text, fsync_dir
 from twotower.common.distributed import from_main
 from twotower.common.file_lock import lock_note, try_lock
+from twotower.common.paths import holds_working_directory
 from twotower.indexing import IndexFormatError, IndexLockedError, IndexStore, document_text
 from twotower.indexing.integrity import file_sha256
 from twotower.indexing.manifest import MANIFEST_NAME
@@ -532,11 +533,14 @@ def build_index(
         raise ValueError(f"metric must be one of {', '.join(VECTOR_METRICS)}, got {metric!r}")
     if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
         raise ValueError(f"batch_size must be a positive int or None (batches of about 4,096 tokens), got {batch_size!r}")
+    if where := holds_working_directory(out):
+        raise ValueError(f"{out}: {where}; the index is moved into place whole, which cannot replace the "
+                         "working directory: give a new directory")
     _refuse_existing(out)
     if milvus is not None:
         milvus = replace(milvus, owner=os.path.abspath(out))
     started = time.perf_counter()
-    work_dir = work_dir or f"{out.rstrip(os.sep)}.build"
+    work_dir = work_dir or f"{os.path.abspath(out)}.build"  # beside --out: "." gave "..build", inside it
     import torch.distributed as dist
 
     created_group = not dist.is_initialized()

@@ -490,3 +490,23 @@ def test_counts_of_one_are_singular(tmp_path, capsys):
     rc, _, err = run_cli(capsys, "search", "--index", str(tmp_path / "idx"), "-k", "1", "--run",
                          str(tmp_path / "r.trec"), "tea")
     assert rc == 0 and f"wrote 1 line for 1 query to {tmp_path / 'r.trec'}" in err, err
+
+
+def test_build_out_the_current_directory_is_refused_before_any_work(tmp_path, capsys, monkeypatch):
+    """``--out .`` in an empty directory was refused as "not empty" (its work directory was ``..build``, inside
+    it) and, with that fixed, failed with a traceback (EBUSY) renaming the built index onto ``.``."""
+    from twotower.retrieval.pipeline import SearchPipeline
+
+    corpus = write_corpus(str(tmp_path / "corpus.jsonl"), toy_docs(3))
+    (tmp_path / "here" / "below").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "here")
+    rc, _, err = run_cli(capsys, "index", "build", "--corpus", corpus, "--out", ".", "--model", tiny_model_dir(),
+                         "--no-progress")
+    assert rc == 2 and "--out .: the current directory; the index is moved into place whole" in err
+    monkeypatch.chdir(tmp_path / "here" / "below")
+    rc, _, err = run_cli(capsys, "index", "build", "--corpus", corpus, "--out", "..", "--model", tiny_model_dir(),
+                         "--no-progress")
+    assert rc == 2 and "--out ..: one above the current directory" in err
+    with pytest.raises(ValueError, match=r"^\.: the current directory"):
+        SearchPipeline.build(corpus, ".", model=tiny_model_dir())  # Python callers too
+    assert sorted(os.listdir(tmp_path / "here")) == ["below"] and not os.listdir(tmp_path / "here" / "below")

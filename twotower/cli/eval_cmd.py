@@ -40,6 +40,7 @@ from twotower.cli.checks import (
 )
 from twotower.cli.help_format import DefaultsRawDescriptionHelpFormatter
 from twotower.cli.rerank_weight import print_weight_origin
+from twotower.common.paths import holds_working_directory
 
 if TYPE_CHECKING:
     from twotower.eval.report import ReportResult
@@ -147,11 +148,9 @@ def _report_out(args: argparse.Namespace) -> None:
         raise CLIError(f"--out {out}: a file; give a directory for the report (a new one, or an earlier report)")
     parent_is_a_file("--out", out)
     here = os.path.realpath(out)
-    cwd = os.path.realpath(os.getcwd())
-    if cwd == here or cwd.startswith(here.rstrip(os.sep) + os.sep):
-        raise CLIError(f"--out {out}: the current directory{' or one above it' if cwd != here else ''}; the report "
-                       "replaces its directory whole, which would leave your shell in a removed directory; give a "
-                       "directory below it, e.g. --out report")
+    if where := holds_working_directory(out):
+        raise CLIError(f"--out {out}: {where}; the report replaces its directory whole, which would leave your "
+                       "shell in a removed directory; give a directory below it, e.g. --out report")
     for flag, given in (("--index", args.index), ("--dataset", args.dataset), ("--run", args.run),
                         ("--qrels", args.qrels)):
         there = os.path.realpath(given) if given else None

@@ -23,6 +23,7 @@ from twotower.cli import CLIError
 from twotower.cli.checks import encoder_directory, index_directory, input_file, positive, reranker_directory
 from twotower.cli.help_format import DefaultsHelpFormatter
 from twotower.common.errors import flags_need
+from twotower.common.paths import holds_working_directory
 
 if TYPE_CHECKING:
     from twotower.indexing import IndexStore
@@ -181,6 +182,9 @@ def run_build(args: argparse.Namespace) -> int:
                                                      "--passage-stride": args.passage_stride}, "--passages")):
         raise CLIError(problem)
     input_file("--corpus", args.corpus, inside="corpus.jsonl")
+    if where := holds_working_directory(args.out):
+        raise CLIError(f"--out {args.out}: {where}; the index is moved into place whole, which cannot replace the "
+                       "directory your shell is in: give a new directory, e.g. --out my-index")
     _new_index_directory(args.out, args.corpus)
     if args.model:
         args.model = encoder_directory("--model", args.model, dual=True)
