@@ -267,3 +267,28 @@ def test_stats_do_not_retry_a_commit_that_failed_to_load(index_dir, caplog):
         del store.refresh
         wait_until(lambda: c.get("/search", params={"q": "tea"}).json()["generation"] == before["generation"] + 1,
                    "a search moved the server (searches retry)")
+
+
+def test_stats_answer_while_the_owner_is_stopping(index_dir):
+    """/stats after another process's commit made the stopping owner a job, refused with a 503."""
+    with client(index_dir) as c:
+        owner = c.app.state.service.owner
+        with IndexStore.open(index_dir, readonly=False) as other:
+            other.delete(["d0"])
+        with owner._cond:
+            owner._stopping = True  # as `ModelOwner.stop` sets it, before the owner's thread has ended
+        try:
+            r = c.get("/stats")
+        finally:
+            with owner._cond:
+                owner._stopping = False
+        assert r.status_code == 200, r.text
+        assert r.json()["newest_generation"] == r.json()["generation"] + 1
+
+
+def test_the_newest_generation_of_a_stopped_owner_is_none(index_dir):
+    """The owner closes its probe when it stops: reading it then raised (a 500 for a /stats in that moment)."""
+    with client(index_dir) as c:
+        owner = c.app.state.service.owner
+        assert owner.newest_generation() == stats(c)["generation"]
+    assert owner.newest_generation() is None
