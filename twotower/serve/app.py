@@ -448,6 +448,7 @@ def create_app(config: ServeConfig) -> FastAPI:
         finally:
             await service.stop_writes()
             await asyncio.to_thread(service.owner.stop)
+            await asyncio.to_thread(service.writer.collect_garbage)  # alone now: the owner's store is closed
 
     app = FastAPI(title="twotower search", version=__version__, lifespan=lifespan, docs_url=None,
                   redoc_url=None, openapi_url="/openapi.json",

@@ -163,6 +163,28 @@ class IndexWriter:
         """Whether `stop` was called (writes are answered 503 "nothing was written" from then on)."""
         return self._stopping.is_set()
 
+    def collect_garbage(self) -> None:
+        """Once the model owner has stopped: delete the Milvus rows this server's writes superseded, if it wrote.
+
+        Why: each write's close keeps them while the owner's store of the same Milvus Lite file may still search
+        them, and no reader deletes them: after the server's last write they stayed until some writer opened the
+        index.  A writer opened and closed alone in the process deletes them all (`MilvusVectors.close`).  Skipped
+        on a FAISS index (no such rows) and while another process holds the index's lock; a failure is logged.
+        """
+        from twotower.indexing.manifest import MANIFEST_NAME, Manifest
+
+        if not self.writes:
+            return
+        try:
+            if Manifest.read(f"{self.directory}/{MANIFEST_NAME}").backend != "milvus":
+                return
+            IndexStore.open(self.directory, readonly=False).close()
+        except IndexLockedError:  # another process writes: its close (or the next writer's open) deletes them
+            return
+        except Exception as exc:  # noqa: BLE001 - the rows stay for the next writer, as before
+            logger.warning("could not delete the Milvus rows the writes superseded (the next writer will): %s: %s",
+                           type(exc).__name__, exc)
+
     def _stopped(self, cut: threading.Event | None) -> Callable[[], bool]:
         """Whether the write given `cut` is to stop: the server is stopping, or its request was cancelled."""
         return lambda: self._stopping.is_set() or (cut is not None and cut.is_set())
