@@ -8,12 +8,28 @@ locked: `try_lock` hands back a plain descriptor.
 
 from __future__ import annotations
 
+import math
 import os
 
 try:
     import fcntl
 except ImportError:  # pragma: no cover - non-POSIX
     fcntl = None  # type: ignore[assignment]
+
+# How long a write waits for another writer's lock (`twotower serve`, `twotower index add` and `delete`).  Here, not
+# in the index store, so that the command line can show it in --help without loading the store (numpy, FAISS).
+LOCK_WAIT_S = 10.0
+
+
+def check_lock_wait(seconds: float, name: str = "lock_wait_s") -> float:
+    """`seconds` when it is a finite number >= 0; else ValueError naming the setting (`name`, in the caller's words).
+
+    Why: NaN compared false with every deadline, so a wait of NaN seconds never ended; inf never ended either.
+    """
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not (
+            math.isfinite(seconds) and seconds >= 0):
+        raise ValueError(f"{name} must be a number of seconds >= 0, got {seconds}")
+    return float(seconds)
 
 
 def try_lock(path: str | os.PathLike) -> int | None:

@@ -616,6 +616,9 @@ class MilvusVectors:
                             "SET generation=excluded.generation", [(i, new) for i in ids])
             self.docs.write("INSERT OR IGNORE INTO vector_garbage (key, generation, retired) VALUES (?, ?, NULL)",
                             retired)
+            # the rows written now are live again under keys a delete of this transaction may have retired (a
+            # staged row already flushed, deleted, then added again): deleting them after the commit lost them
+            self.docs.write("DELETE FROM vector_garbage WHERE key = ?", [(f"{new}:{i}",) for i in ids])
             self._digest_update(add=[i for i in ids if i not in keys])
         self._stale_staged += len(retired)
         for j in rest:

@@ -84,7 +84,7 @@ import numpy as np
 
 from twotower.common.atomic import TMP_MARKER, fsync_dir
 from twotower.common.errors import refuse_keywords
-from twotower.common.file_lock import try_lock
+from twotower.common.file_lock import LOCK_WAIT_S, check_lock_wait, try_lock
 from twotower.common.ids import id_list
 from twotower.common.paths import path_argument
 from twotower.indexing.bm25 import BM25, document_text
@@ -188,7 +188,6 @@ class IndexLockedError(RuntimeError):
 
 
 _T = TypeVar("_T")
-LOCK_WAIT_S = 10.0  # how long a write waits for another writer's lock (`twotower serve`, `twotower index add`)
 
 
 def wait_for_lock(open_writer: Callable[[], _T], wait_s: float = LOCK_WAIT_S,
@@ -197,8 +196,10 @@ def wait_for_lock(open_writer: Callable[[], _T], wait_s: float = LOCK_WAIT_S,
 
     Why: writers take turns on the lock for the length of one commit (`twotower serve` between its writes,
     `twotower index add`); failing at once made a write collide with one that would finish in a second.
-    Gives up with the last `IndexLockedError` after `wait_s` seconds, or as soon as `stop()` is true.
+    Gives up with the last `IndexLockedError` after `wait_s` seconds, or as soon as `stop()` is true;
+    ValueError when `wait_s` is not a finite number >= 0 (NaN never reached its deadline).
     """
+    wait_s = check_lock_wait(wait_s, "wait_s")
     deadline = time.monotonic() + wait_s
     delay = 0.02
     while True:

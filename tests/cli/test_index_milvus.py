@@ -138,6 +138,24 @@ def test_http_service_searches_a_milvus_index(built):
     assert [h["id"] for h in got] == [h["id"] for h in want]
 
 
+def test_a_stopping_server_deletes_the_rows_its_writes_superseded(tmp_path, capsys):
+    """Each write's close keeps the rows it superseded while the server's own store may still search them, and
+    readers never delete them: after the server's last write they stayed until some writer opened the index."""
+    pytest.importorskip("fastapi")
+    from tests.serve.serve_fixtures import AUTH, TOKEN, client
+
+    corpus = write_corpus(str(tmp_path / "corpus.jsonl"), toy_docs(5))
+    rc, _, err = run_cli(capsys, "index", "build", "--corpus", corpus, "--model", tiny_model_dir(), "--no-progress",
+                         "--out", str(tmp_path / "idx"), "--backend", "milvus", "--milvus-uri", str(tmp_path / "v.db"))
+    assert rc == 0, err
+    with client(str(tmp_path / "idx"), token=TOKEN) as c:
+        r = c.request("DELETE", "/documents", json={"ids": ["d0"]}, headers=AUTH)
+        assert r.status_code == 200, r.text
+        assert c.app.state.service.owner.view.generation == r.json()["generation"]
+    with IndexStore.open(tmp_path / "idx", readonly=True) as store:
+        assert (len(store), store.vectors.tombstone_count) == (4, 0)
+
+
 def test_close_lets_another_process_open_the_milvus_lite_file(built):
     """`SearchPipeline.close()` left the process's Milvus Lite client, and the in-process server that locks the
     file, open: `twotower search` in another process failed with "cannot reach Milvus ... used by one process at

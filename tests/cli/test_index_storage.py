@@ -121,3 +121,16 @@ def test_a_writer_that_keeps_the_lock_past_lock_wait_is_one_line_saying_who_and_
                            "longer --lock-wait")
     rc, _, err = run_cli(capsys, *argv, "--lock-wait", "-1")
     assert rc == 2 and "--lock-wait must be a number of seconds >= 0, got -1.0" in err
+    rc, _, err = run_cli(capsys, *argv, "--lock-wait", "nan")  # it would wait for ever
+    assert rc == 2 and "--lock-wait must be a number of seconds >= 0, got nan" in err
+
+
+def test_lock_wait_help_names_the_default_the_server_uses_too():
+    """The help said "as the server waits for them" but not how long; the 10 was written out in three places."""
+    from twotower.cli.index_cmd import LOCK_WAIT_HELP
+    from twotower.common.file_lock import LOCK_WAIT_S
+    from twotower.indexing.store import wait_for_lock
+    from twotower.serve.app import ServeConfig
+
+    assert f"(default {LOCK_WAIT_S:g})" in LOCK_WAIT_HELP
+    assert ServeConfig(index="x").lock_wait_s == wait_for_lock.__defaults__[0] == LOCK_WAIT_S

@@ -138,6 +138,28 @@ def test_big_staged_batches_are_flushed_to_milvus_but_invisible_until_commit(tmp
     assert check_index(tmp_path / "milvus").ok
 
 
+def test_a_flushed_row_deleted_then_added_again_in_one_transaction_stays(tmp_path, uri, monkeypatch):
+    """The delete put the flushed row's key in the garbage table; the add wrote the same key again, and the commit
+    (or close) deleted the live row: the next writable open said the index "lacks the vectors of 1 live
+    document(s)". The add takes its keys back out of the garbage."""
+    monkeypatch.setattr(mv, "FLUSH_ROWS", 1)  # every staged vector goes to Milvus at once
+    x = clustered(4, 8, seed=5)
+    w = IndexStore.create(tmp_path / "idx", 8, None, "cosine", milvus=spec(uri))
+    w.add(docs(["d0", "d1"]), x[:2])
+    w.commit()
+    w.close()
+    w = IndexStore.open(tmp_path / "idx")
+    w.add(docs(["d2"]), x[2:3])
+    w.delete(["d2"])
+    w.add(docs(["d2"]), -x[2:3])
+    w.commit()
+    w.close()  # alone in the process: every superseded row is deleted now
+    with IndexStore.open(tmp_path / "idx") as w:  # raised IndexFormatError
+        assert w.vectors.missing_keys() is None
+        assert w.search(-x[2:3], 1).ids == [["d2"]]
+    assert check_index(tmp_path / "idx").ok
+
+
 def test_reader_answers_from_its_commit_until_refresh(tmp_path, uri, monkeypatch):
     monkeypatch.setattr(mv, "RETAIN_SECONDS", 3600.0)  # superseded rows stay while this reader may use them
     x = clustered(200, 8, seed=3)

@@ -322,7 +322,8 @@ def test_a_write_waits_for_the_write_in_progress_only_so_long(index_dir):
     """A second write waited for the first with no bound (holding a worker thread): now `lock_wait_s`, then a 503."""
     with client(index_dir, token=TOKEN, lock_wait_s=0.3) as c:
         writer = c.app.state.service.writer
-        writer._lock.acquire()  # a write in progress
+        turn = writer._turn(lambda: False)
+        turn.__enter__()  # a write in progress
         done = threading.Event()
         try:
             out: list = []
@@ -331,7 +332,7 @@ def test_a_write_waits_for_the_write_in_progress_only_so_long(index_dir):
             t.start()
             done.wait(10)
         finally:
-            writer._lock.release()
+            turn.__exit__(None, None, None)
         t.join(60)
         r = out[0]
         assert r.status_code == 503 and r.headers["retry-after"] == "5", r.text

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -23,6 +22,7 @@ from twotower.cli import CLIError
 from twotower.cli.checks import encoder_directory, index_directory, input_file, positive, reranker_directory
 from twotower.cli.help_format import DefaultsHelpFormatter
 from twotower.common.errors import flags_need
+from twotower.common.file_lock import LOCK_WAIT_S, check_lock_wait
 from twotower.common.paths import holds_working_directory
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ NOTHING_COMMITTED = "nothing was committed; {index} is as it was"  # what Ctrl-C
 ON_EMPTY_HELP = ("document with blank text and title (nothing to search): stop with an error (default), or leave it "
                  "out, counted in a warning")
 LOCK_WAIT_HELP = ("seconds to wait while another process writes to the index (`twotower serve`, another `index add` "
-                  "or `delete`) before giving up, as the server waits for them")
+                  f"or `delete`) before giving up, as the server waits for them (default {LOCK_WAIT_S:g})")
 T = TypeVar("T")
 BATCH_HELP = ("texts per forward pass (default: length-sorted batches of about 4,096 tokens on a CPU, 65,536 on a "
               "GPU; faster than a fixed count)")
@@ -89,7 +89,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     a.add_argument("--on-empty", choices=["error", "skip"], default="error", help=ON_EMPTY_HELP)
     a.add_argument("--batch-size", type=int, help=BATCH_HELP)
     a.add_argument("--no-progress", action="store_true", help="no progress bars")
-    a.add_argument("--lock-wait", type=float, default=10.0, metavar="SECONDS", help=LOCK_WAIT_HELP)
+    a.add_argument("--lock-wait", type=float, default=LOCK_WAIT_S, metavar="SECONDS", help=LOCK_WAIT_HELP)
     a.set_defaults(func=run_add, interrupted=NOTHING_COMMITTED)
 
     d = sub.add_parser("delete", help="delete documents by id (unknown ids are reported, exit status 1)",
@@ -97,7 +97,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     d.add_argument("--index", required=True, help="index directory")
     d.add_argument("ids", nargs="*", metavar="ID", help="document ids")
     d.add_argument("--ids-file", help="file with one id per line")
-    d.add_argument("--lock-wait", type=float, default=10.0, metavar="SECONDS", help=LOCK_WAIT_HELP)
+    d.add_argument("--lock-wait", type=float, default=LOCK_WAIT_S, metavar="SECONDS", help=LOCK_WAIT_HELP)
     d.set_defaults(func=run_delete, interrupted=NOTHING_COMMITTED)
 
     i = sub.add_parser("info", help="describe an index: size, model, FAISS type, versions",
@@ -225,8 +225,10 @@ def run_build(args: argparse.Namespace) -> int:
 
 
 def lock_wait(seconds: float) -> None:
-    if not (math.isfinite(seconds) and seconds >= 0):
-        raise CLIError(f"--lock-wait must be a number of seconds >= 0, got {seconds}")
+    try:
+        check_lock_wait(seconds, "--lock-wait")
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
 
 
 def _open_writer(args: argparse.Namespace, open_writer: Callable[[], T]) -> T:

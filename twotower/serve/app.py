@@ -21,11 +21,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import functools
 import json
+import logging
 import os
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import unquote_to_bytes
@@ -37,6 +41,7 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from twotower import __version__
+from twotower.common.file_lock import LOCK_WAIT_S
 from twotower.common.lines import RepeatedKeyError, json_problem, no_repeated_keys, query_problem
 from twotower.indexing.filters import FilterError, parse_filter
 from twotower.retrieval.hit import Hit
@@ -49,6 +54,7 @@ from twotower.serve.limits import BodyLimitMiddleware, Limits
 from twotower.serve.stats import RequestStats, StatsMiddleware
 from twotower.serve.writer import IndexWriter
 
+logger = logging.getLogger(__name__)
 STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
 SEARCH_PARAMS = ("q", "k", "recall_k", "hybrid", "rerank", "rerank_k", "filter", "aggregate")
 FILTER_HELP = 'metadata filter, e.g. lang == "en" and year >= 2010 (the filter language of the docs)'
@@ -63,6 +69,16 @@ MAX_LISTED_FIELDS = 100
 # their Content-Type says.  /docs keeps its inline script and style: it gets the last two only.
 FRAME_HEADERS = {"X-Frame-Options": "DENY", "X-Content-Type-Options": "nosniff"}
 PAGE_HEADERS = {"Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'", **FRAME_HEADERS}
+# Threads of the writes (their own, not asyncio's default pool): a write waiting for its turn holds one up to
+# lock_wait_s, and the default pool (6 threads on 2 cores) also runs the shutdown's `ModelOwner.stop`.  Writes run
+# one at a time; writes past these wait for a thread (a stop still answers them at once).
+WRITE_THREADS = 4
+# A stopping server says in its log when the writes it waits for are not done by then (a commit, a Milvus flush or
+# a segment merge finishing): it waits for them to the end, since the process could not exit before them anyway.
+STOP_NOTE_S = 2.0
+# /stats after another process's commit: how long it waits for the server to move to that commit before answering
+# from the one in hand (with `newest_generation` larger than `generation`) rather than a 503 or a minute's wait.
+STATS_MOVE_WAIT_S = 1.0
 RERANK_K_HELP = ("candidates the cross-encoder scores, the first stage's top rerank_k (1..recall_k); "
                  f"default min({DEFAULT_RERANK_K}, recall_k)")
 
@@ -101,7 +117,7 @@ class ServeConfig:
     request_timeout_s: float = 60.0
     body_timeout_s: float = 30.0
     default_recall_k: int = DEFAULT_RECALL_K
-    lock_wait_s: float = 10.0
+    lock_wait_s: float = LOCK_WAIT_S
     bf16: bool | str = "auto"
 
 
@@ -173,36 +189,49 @@ class SearchService:
                                 max_wait_ms=config.max_wait_ms, max_queued=config.max_queued)
         self.writer = IndexWriter(config.index, self.owner, config.lock_wait_s)
         self._writing: set[asyncio.Task] = set()  # the requests a write runs for, until each has answered
+        self._running: set[asyncio.Future] = set()  # the writes' threads' work, until each has returned
+        self._write_threads = ThreadPoolExecutor(WRITE_THREADS, thread_name_prefix="twotower-write")
 
-    async def write(self, job: Callable[[], T]) -> T:
-        """The answer of `job` (a write, blocking: run in a thread), even when a shutdown cancels this handler.
+    async def write(self, job: Callable[[threading.Event], T]) -> T:
+        """The answer of `job` (a write, blocking: run in a write thread, given the event that stops it), even when
+        this handler is cancelled, once or many times.
 
         Why: past the graceful shutdown's deadline uvicorn cancels the requests in flight; a write's was answered
-        a plain-text 500 while its thread went on, and could still commit. Now the handler tells the writer to stop
-        (`IndexWriter.stop`: before its commit, at its next chunk of documents) and waits for it, so the client
-        hears what happened: 503 "nothing was written", or the commit it made. `stop_writes` waits for these
+        a plain-text 500 while its thread went on, and could still commit. Now a cancel stops this write
+        (`IndexWriter.stop_write`: before its commit, where it still can) and the handler waits for it, so the
+        client hears what happened: 503 "nothing was written", or the commit it made; a cancel that lands once
+        the write has returned is answered with what it returned. `stop_writes` waits for the writes and these
         answers before the model owner stops.
         """
         task = asyncio.current_task()
         if task is not None:
             self._writing.add(task)
             task.add_done_callback(self._writing.discard)  # once the answer is sent (the task is uvicorn's)
-        running = asyncio.ensure_future(asyncio.to_thread(job))
-        try:
-            return await asyncio.shield(running)
-        except asyncio.CancelledError:
-            if running.done():
-                raise
-            self.writer.stop()
-            return await running
+        cut = threading.Event()
+        call = functools.partial(contextvars.copy_context().run, job, cut)
+        running = asyncio.get_running_loop().run_in_executor(self._write_threads, call)
+        self._running.add(running)
+        running.add_done_callback(self._running.discard)
+        while not running.done():
+            try:
+                await asyncio.shield(running)  # a cancel cancels this wait, never the write
+            except asyncio.CancelledError:
+                self.writer.stop_write(cut)
+        return running.result()
 
     async def stop_writes(self) -> None:
-        """Before the model owner stops: the write in progress stops (or finishes its commit) and is answered."""
+        """Before the model owner stops: every write stops where it still can (or finishes its commit), returns,
+        and is answered; they need the owner to the end (encoding, the move to their commit)."""
         self.writer.stop()
         me = asyncio.current_task()
-        waiting = [t for t in self._writing if t is not me and not t.done()]
+        waiting = {t for t in self._writing if t is not me and not t.done()} | {f for f in self._running
+                                                                                 if not f.done()}
         if waiting:
-            await asyncio.wait(waiting)
+            _, pending = await asyncio.wait(waiting, timeout=STOP_NOTE_S)
+            if pending:
+                logger.warning("stopping: waiting for the write in progress to finish its commit")
+                await asyncio.wait(pending)
+        self._write_threads.shutdown(wait=False)
 
     # ---- input checks (the request's own names in every message)
     def query(self, q: str, name: str) -> str:
@@ -303,6 +332,33 @@ class SearchService:
             body["error"] = o.error
         return (200 if o.state == "ready" else 503), body
 
+    async def stats_answer(self) -> dict[str, Any]:
+        """The /stats body, of the newest commit when the server can move there within `STATS_MOVE_WAIT_S`.
+
+        Why: /stats showed the commit before another process's until a search moved the server; waiting for the
+        move as a job of the owner then answered 503 "busy" or waited up to `request_timeout_s`, and retried (with
+        a traceback in the log) a commit that had failed to load on every call.  Now the wait is short, a failed
+        commit is not retried here (searches retry it), and otherwise the body is the current one, with
+        `newest_generation` saying that a newer commit exists.
+        """
+        owner = self.owner
+        owner.check_ready()
+        newest = await asyncio.to_thread(owner.newest_generation)  # one SQLite read: off the event loop
+        if newest is not None and newest != owner.view.generation and newest != owner.failed_generation:
+            try:
+                future = owner.call(lambda pipe: None, bounded=True)  # any job of the owner moves it there first
+            except ApiError:  # too many lookups waiting, or the owner is stopping: the body in hand
+                future = None
+            if future is not None:
+                try:
+                    with contextlib.suppress(Exception):  # a timeout, or the owner stopped: the body in hand
+                        await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), STATS_MOVE_WAIT_S)
+                finally:
+                    future.cancel()  # withdrawn if it is still queued
+        body = self.stats_body()
+        body["newest_generation"] = max(newest if newest is not None else -1, body["generation"])
+        return body
+
     def stats_body(self) -> dict[str, Any]:
         o = self.owner
         o.check_ready()
@@ -390,8 +446,9 @@ def create_app(config: ServeConfig) -> FastAPI:
         try:
             yield
         finally:
-            await service.stop_writes()  # they need the owner to the end (encoding, the move to their commit)
+            await service.stop_writes()
             await asyncio.to_thread(service.owner.stop)
+            await asyncio.to_thread(service.writer.collect_garbage)  # alone now: the owner's store is closed
 
     app = FastAPI(title="twotower search", version=__version__, lifespan=lifespan, docs_url=None,
                   redoc_url=None, openapi_url="/openapi.json",
@@ -443,9 +500,9 @@ def create_app(config: ServeConfig) -> FastAPI:
 
     @app.post("/documents", dependencies=[writer], summary="Add documents (or replace them with replace=true)")
     async def add_documents(request: Request, body: AddDocumentsBody) -> dict[str, Any]:
-        return await service.write(lambda: _add_documents(request, body))
+        return await service.write(lambda cut: _add_documents(request, body, cut))
 
-    def _add_documents(request: Request, body: AddDocumentsBody) -> dict[str, Any]:
+    def _add_documents(request: Request, body: AddDocumentsBody, cut: threading.Event) -> dict[str, Any]:
         from twotower.retrieval.corpus import parse_document
 
         _reject_unknown(request, ())
@@ -468,13 +525,13 @@ def create_app(config: ServeConfig) -> FastAPI:
             first[doc["id"]] = i
             docs.append(doc)
         service.owner.check_ready()
-        return service.writer.add(docs, body.replace)
+        return service.writer.add(docs, body.replace, cut)
 
     @app.delete("/documents", dependencies=[writer], summary="Delete documents by id (all or none)")
     async def delete_documents(request: Request, body: DeleteDocumentsBody) -> dict[str, Any]:
-        return await service.write(lambda: _delete_documents(request, body))
+        return await service.write(lambda cut: _delete_documents(request, body, cut))
 
-    def _delete_documents(request: Request, body: DeleteDocumentsBody) -> dict[str, Any]:
+    def _delete_documents(request: Request, body: DeleteDocumentsBody, cut: threading.Event) -> dict[str, Any]:
         _reject_unknown(request, ())
         if not body.ids:
             raise ApiError(400, "ids: give at least one id", "ids")
@@ -487,7 +544,7 @@ def create_app(config: ServeConfig) -> FastAPI:
             if problem:
                 raise ApiError(400, f"ids[{i}]: {problem}", f"ids[{i}]")
         service.owner.check_ready()
-        return service.writer.delete(ids)
+        return service.writer.delete(ids, cut)
 
     @app.get("/documents/{doc_id:path}", dependencies=[reader], summary="One document by id")
     async def get_document(request: Request, doc_id: str) -> dict[str, Any]:
@@ -512,13 +569,7 @@ def create_app(config: ServeConfig) -> FastAPI:
 
     @app.get("/stats", dependencies=[reader], summary="Documents, fingerprints, request counts and latency")
     async def stats(request: Request) -> dict[str, Any]:
-        owner = service.owner
-        owner.check_ready()
-        if owner.newest_generation() != owner.view.generation:  # one read of the commit record
-            # another process committed: any job of the owner first moves it there (/stats showed the old counts
-            # until the next search or lookup)
-            await service.answer(request, owner.call(lambda pipe: None, bounded=True), "stats")
-        return service.stats_body()
+        return await service.stats_answer()
 
     @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)  # HEAD: uptime probes
     async def page() -> FileResponse:

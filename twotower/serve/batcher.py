@@ -212,6 +212,9 @@ class ModelOwner:
         self._ready = threading.Event()
         self._pipe: Any = None
         self._generation_probe: Any = None
+        self._probe_lock = threading.Lock()  # `newest_generation` (any thread) against `_close` (the owner's)
+        # the newest commit's generation when moving to it last failed (None: it did not): /stats does not try again
+        self.failed_generation: int | None = None
         self._saved_threads: tuple[int, int] | None = None
         self.batches = 0
         self.batched_queries = 0
@@ -376,8 +379,14 @@ class ModelOwner:
 
         self._generation_probe = DocStore(self._pipe.store.directory / DOCS_NAME, readonly=True)
 
-    def newest_generation(self) -> int:
-        value = self._generation_probe.get_meta("generation")
+    def newest_generation(self) -> int | None:
+        """The generation of the newest commit in the directory (one SQLite read: call it off the event loop);
+        None before loading and once the owner has stopped (its probe is closed)."""
+        with self._probe_lock:
+            probe = self._generation_probe
+            if probe is None or probe.closed:
+                return None
+            value = probe.get_meta("generation")
         return int(value) if value is not None and value.isdigit() else -1
 
     def _set_view(self) -> None:
@@ -387,8 +396,15 @@ class ModelOwner:
 
     def _refresh(self, force: bool = False) -> IndexView:
         store = self._pipe.store
-        if force or self.newest_generation() != store.generation:
-            if store.refresh():
+        newest = self.newest_generation()
+        if force or newest != store.generation:
+            try:
+                moved = store.refresh()
+            except Exception:
+                self.failed_generation = newest
+                raise
+            self.failed_generation = None
+            if moved:
                 self.refreshes += 1
                 logger.info("moved to generation %d (%d documents)", store.generation, len(store))
             self._set_view()
@@ -546,7 +562,11 @@ class ModelOwner:
         for obj in (self._generation_probe, self._pipe):
             if obj is not None:
                 try:
-                    obj.close()
+                    if obj is self._generation_probe:
+                        with self._probe_lock:
+                            obj.close()
+                    else:
+                        obj.close()
                 except Exception:  # pragma: no cover - closing on shutdown
                     logger.exception("closing failed")
         if self._saved_threads is not None:

@@ -13,10 +13,12 @@ with a ``warning``, and the failure is logged; the owner tries again before its 
 (It used to be a 500, and the client's retry of the add a 409.)  A write waits at most
 ``lock_wait_s`` for the write in progress before a 503 with ``Retry-After``.
 
-A server stopping past its graceful deadline calls `IndexWriter.stop`: the write in progress stops at its next
-chunk of documents, before its commit, rolled back (`WriteStopped`, a 503 "nothing was written"); a write already
-committing finishes, and is answered as committed.  The route waits for the write either way, so no client is
-told "nothing was written" about a write that then commits.
+A server stopping past its graceful deadline calls `IndexWriter.stop`: a write still waiting for its turn or for
+another process's lock stops at once, an add still encoding at its next chunk of documents, before its commit,
+rolled back (`WriteStopped`, a 503 "nothing was written"); a delete, or an add past its encoding (its commit, a
+Milvus flush, a FAISS segment merge), finishes and is answered as committed.  The route waits for the write either
+way, so no client is told "nothing was written" about a write that then commits.  A request cancelled for another
+reason stops its own write the same way (`IndexWriter.stop_write`), and the other writes go on.
 
 Documents are encoded by the model owner (`OwnerEncoder`), a chunk at a time between
 search batches: one torch forward at a time on the machine, and searches keep being
@@ -28,11 +30,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
+from twotower.common.file_lock import check_lock_wait
 from twotower.indexing.docstore import Document
 from twotower.indexing.store import (
     LOCK_WAIT_S,
@@ -69,10 +73,11 @@ class OwnerEncoder:
     it does everywhere else while its forwards happen in the one thread that owns the model.
     """
 
-    def __init__(self, owner: ModelOwner, chunk: int = ENCODE_CHUNK, stopping: threading.Event | None = None) -> None:
+    def __init__(self, owner: ModelOwner, chunk: int = ENCODE_CHUNK,
+                 stopped: Callable[[], bool] = lambda: False) -> None:
         self._owner = owner
         self._chunk = chunk
-        self._stopping = stopping or threading.Event()
+        self._stopped = stopped
 
     def describe(self) -> dict[str, Any]:
         return dict(self._owner.encoder_describe)
@@ -90,9 +95,12 @@ class OwnerEncoder:
                          out: np.ndarray | None = None) -> np.ndarray:
         """(N,) texts -> (N, D) float32, encoded by the owner in chunks queued all at once (they keep their order).
 
-        Once the server is stopping (`IndexWriter.stop`), `WriteStopped` at the next chunk boundary: the chunks
-        still queued are withdrawn, and the add (not committed yet) is rolled back.
+        Once the write is stopped (`IndexWriter.stop`, `IndexWriter.stop_write`), `WriteStopped` at the next chunk
+        boundary: the chunks still queued are withdrawn, and the add (not committed yet) is rolled back.  Stopped
+        already: nothing is queued (the owner would encode at least a chunk for nothing).
         """
+        if self._stopped():
+            raise WriteStopped()
         texts = list(texts)
         # background: a lookup, or a move to a commit, queued after these chunks runs before the next of them
         futures = [self._owner.call(lambda pipe, part=texts[s:s + self._chunk]:
@@ -102,7 +110,7 @@ class OwnerEncoder:
         parts = []
         for j, f in enumerate(futures):
             parts.append(f.result())
-            if self._stopping.is_set():
+            if self._stopped():
                 for rest in futures[j + 1:]:
                     rest.cancel()  # withdrawn: the owner never runs a job cancelled before it started
                 raise WriteStopped()
@@ -120,39 +128,76 @@ class IndexWriter:
         directory: the index directory the model owner serves.
         owner: the model owner (encodes documents; refreshed after each commit).
         lock_wait_s: how long a write waits for the write in progress (this server's, or another process's
-            lock on the index) before a 503 with Retry-After.
+            lock on the index) before a 503 with Retry-After; a finite number >= 0 (ValueError).
     """
 
     def __init__(self, directory: str, owner: ModelOwner, lock_wait_s: float = LOCK_WAIT_S) -> None:
         self.directory = directory
         self.owner = owner
-        self.lock_wait_s = lock_wait_s
-        self._lock = threading.Lock()
+        self.lock_wait_s = check_lock_wait(lock_wait_s)
+        # this server's writes take turns here: a condition, not a lock, so that a stop wakes the writes waiting
+        self._turns = threading.Condition()
+        self._busy = False
         self._stopping = threading.Event()
         self.writes = 0
 
     def stop(self) -> None:
-        """The server is stopping: the write in progress stops before its commit (at its next chunk of documents),
-        and no write starts any more; a commit already under way finishes."""
+        """The server is stopping: every write stops before its commit where it still can (`stop_write`), and no
+        write starts any more; a commit already under way finishes."""
         self._stopping.set()
+        with self._turns:
+            self._turns.notify_all()
+
+    def stop_write(self, cut: threading.Event) -> None:
+        """Stop the one write given `cut` (its request was cancelled), as `stop` stops all; later writes still run.
+
+        Why not `stop`: a cancel that is not a shutdown (a client's deadline, a timeout middleware) turned writes
+        off until the server restarted.
+        """
+        cut.set()
+        with self._turns:
+            self._turns.notify_all()
 
     @property
     def stopping(self) -> bool:
         """Whether `stop` was called (writes are answered 503 "nothing was written" from then on)."""
         return self._stopping.is_set()
 
-    def _check_stopping(self) -> None:
-        if self._stopping.is_set():
-            raise WriteStopped()
+    def collect_garbage(self) -> None:
+        """Once the model owner has stopped: delete the Milvus rows this server's writes superseded, if it wrote.
 
-    def _open(self) -> IndexStore:
+        Why: each write's close keeps them while the owner's store of the same Milvus Lite file may still search
+        them, and no reader deletes them: after the server's last write they stayed until some writer opened the
+        index.  A writer opened and closed alone in the process deletes them all (`MilvusVectors.close`).  Skipped
+        on a FAISS index (no such rows) and while another process holds the index's lock; a failure is logged.
+        """
+        from twotower.indexing.manifest import MANIFEST_NAME, Manifest
+
+        if not self.writes:
+            return
+        try:
+            if Manifest.read(f"{self.directory}/{MANIFEST_NAME}").backend != "milvus":
+                return
+            IndexStore.open(self.directory, readonly=False).close()
+        except IndexLockedError:  # another process writes: its close (or the next writer's open) deletes them
+            return
+        except Exception as exc:  # noqa: BLE001 - the rows stay for the next writer, as before
+            logger.warning("could not delete the Milvus rows the writes superseded (the next writer will): %s: %s",
+                           type(exc).__name__, exc)
+
+    def _stopped(self, cut: threading.Event | None) -> Callable[[], bool]:
+        """Whether the write given `cut` is to stop: the server is stopping, or its request was cancelled."""
+        return lambda: self._stopping.is_set() or (cut is not None and cut.is_set())
+
+    def _open(self, stopped: Callable[[], bool]) -> IndexStore:
         try:
             store = wait_for_lock(lambda: IndexStore.open(self.directory, readonly=False), self.lock_wait_s,
-                                  stop=self._stopping.is_set)
+                                  stop=stopped)
         except IndexNotWritableError as e:  # storage or permissions, not this request: refused like --read-only
             raise ApiError(403, f"writes are refused: {e}") from None
         except IndexLockedError:
-            self._check_stopping()
+            if stopped():
+                raise WriteStopped() from None
             raise ApiError(503, f"the index is being written by another process (waited {self.lock_wait_s:g} s "
                                 "for its lock); retry", headers={"Retry-After": "5"}) from None
         if store.manifest.bm25 is not None:
@@ -160,16 +205,26 @@ class IndexWriter:
         return store
 
     @contextlib.contextmanager
-    def _turn(self) -> Iterator[None]:
-        """This server's writes one at a time; a write that cannot start within lock_wait_s is a 503."""
-        if not self._lock.acquire(timeout=self.lock_wait_s):
-            raise ApiError(503, f"another write is in progress (waited {self.lock_wait_s:g} s for it); retry",
-                           headers={"Retry-After": "5"})
+    def _turn(self, stopped: Callable[[], bool]) -> Iterator[None]:
+        """This server's writes one at a time; a write that cannot start within lock_wait_s is a 503, one stopped
+        while it waits (`stop`, `stop_write`) a `WriteStopped` at once."""
+        deadline = time.monotonic() + self.lock_wait_s
+        with self._turns:
+            while self._busy and not stopped():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ApiError(503, f"another write is in progress (waited {self.lock_wait_s:g} s for it); "
+                                        "retry", headers={"Retry-After": "5"})
+                self._turns.wait(left)
+            if stopped():
+                raise WriteStopped()
+            self._busy = True
         try:
-            self._check_stopping()
             yield
         finally:
-            self._lock.release()
+            with self._turns:
+                self._busy = False
+                self._turns.notify_all()
 
     def _caught_up(self, generation: int, documents: int) -> dict[str, Any]:
         """The answer's commit fields once the model owner has moved to `generation` (committed, with `documents`).
@@ -187,17 +242,23 @@ class IndexWriter:
                                "tries again before its next search"}
         return {"generation": view.generation, "documents": view.documents}
 
-    def _pipeline(self, store: IndexStore):
+    def _pipeline(self, store: IndexStore, stopped: Callable[[], bool]):
         from twotower.retrieval.pipeline import SearchPipeline
 
-        return SearchPipeline(store, OwnerEncoder(self.owner, stopping=self._stopping), None)
+        return SearchPipeline(store, OwnerEncoder(self.owner, stopped=stopped), None)
 
-    def add(self, docs: list[Document], replace: bool) -> dict[str, Any]:
-        """Add (or with `replace`, add or replace) validated documents; 409 naming the ids already present."""
+    def add(self, docs: list[Document], replace: bool, cut: threading.Event | None = None) -> dict[str, Any]:
+        """Add (or with `replace`, add or replace) validated documents; 409 naming the ids already present.
+
+        `cut`: set by `stop_write` to stop this write (before its commit, where it still can).
+        """
         ids = [d["id"] for d in docs]
-        with self._turn():
-            store = self._open()
+        stopped = self._stopped(cut)
+        with self._turn(stopped):
+            store = self._open(stopped)
             try:
+                if stopped():  # told while it waited for the lock: before anything is staged
+                    raise WriteStopped()
                 present = {i for i, c in zip(ids, contains_documents(store.docstore, ids)) if c}
                 if present and not replace:
                     first = next(j for j, i in enumerate(ids) if i in present)
@@ -205,7 +266,7 @@ class IndexWriter:
                         409, f"{len(present)} document id(s) are already in the index, e.g. {ids[first]!r}; "
                              "send \"replace\": true to replace them", f"documents[{first}]._id",
                         details={i: "already in the index" for i in ids if i in present})
-                pipe = self._pipeline(store)
+                pipe = self._pipeline(store, stopped)
                 pipe.add(docs, on_duplicate="replace" if replace else "error")
                 generation, documents = store.generation, len(pipe)  # the commit's
             finally:
@@ -214,19 +275,25 @@ class IndexWriter:
             commit = self._caught_up(generation, documents)
         return {"added": len(ids) - len(present), "replaced": len(present), "ids": ids, **commit}
 
-    def delete(self, ids: list[str]) -> dict[str, Any]:
-        """Delete documents by id, all or none: 404 naming every unknown id leaves the index unchanged."""
+    def delete(self, ids: list[str], cut: threading.Event | None = None) -> dict[str, Any]:
+        """Delete documents by id, all or none: 404 naming every unknown id leaves the index unchanged.
+
+        `cut`: as for `add`; a delete stops only before it starts staging (it encodes nothing: it then commits).
+        """
         ids = list(dict.fromkeys(ids))
-        with self._turn():
-            store = self._open()
+        stopped = self._stopped(cut)
+        with self._turn(stopped):
+            store = self._open(stopped)
             try:
+                if stopped():  # told while it waited for the lock
+                    raise WriteStopped()
                 missing = [i for i, c in zip(ids, contains_documents(store.docstore, ids)) if not c]
                 if missing:
                     unknown = set(missing)
                     raise ApiError(404, f"{len(missing)} of {len(ids)} id(s) are not in the index, e.g. "
                                         f"{missing[0]!r}; nothing was deleted", "ids",
                                    details={i: "not found" if i in unknown else "not deleted" for i in ids})
-                pipe = self._pipeline(store)
+                pipe = self._pipeline(store, stopped)
                 pipe.delete(ids)
                 generation, documents = store.generation, len(pipe)  # the commit's
             finally:
