@@ -3,7 +3,7 @@ import sqlite3
 import pytest
 
 from twotower.common.errors import DataError
-from twotower.indexing import DocStore, IndexFormatError, Row, as_document
+from twotower.indexing import DocStore, IndexFormatError, as_document
 
 
 def make(n, start=0):
@@ -184,5 +184,7 @@ def test_documents_are_read_by_the_pipelines_rules():
         as_document({"id": "a b", "text": "t"})
     with pytest.raises(DataError, match="both a top-level field and a key of 'metadata'"):
         as_document({"id": "a", "text": "t", "lang": "en", "metadata": {"lang": "fr"}})
+    from twotower.indexing import Row
+
     row = Row(id="a\x1f0", title="", text="t", metadata={}, parent="a", start=0, end=1)
     assert as_document(row) is row  # the pipeline's passage row (or any checked row): not read again

@@ -6,7 +6,7 @@ import sqlite3
 
 import pytest
 
-from twotower.indexing.docstore import DocStore, Row
+from twotower.indexing.docstore import DocStore
 
 
 def _old_file(path) -> None:
@@ -24,6 +24,8 @@ def _old_file(path) -> None:
 
 
 def test_an_old_file_reads_as_before_and_gains_the_columns_when_opened_for_writing(tmp_path):
+    from twotower.indexing.docstore import Row
+
     path = tmp_path / "docs.sqlite"
     _old_file(path)
     with DocStore(path, readonly=True) as ro:  # read-only: no migration, the same documents
