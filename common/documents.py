@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import unicodedata
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
@@ -188,3 +188,40 @@ def check_for_index(doc: BeirDocument, path: str, line: int | None, strings: boo
     if problem is not None:
         raise DataError(path, line, problem, field=field)
     return doc
+
+
+def document_records(docs: Any, argument: str, paths: bool = True) -> Iterator[Any]:
+    """The in-memory documents of `docs` (``SearchPipeline.build``'s corpus, ``add``'s docs and ``IndexStore.add``'s,
+    which takes no path: `paths` False), each as a record for `parse_beir_document`: a mapping as it is, an ``(id,
+    text)`` or ``(id, text, metadata)`` tuple (the form txtai's ``Embeddings.index`` takes) as ``{"_id", "text",
+    "metadata"}``.
+
+    Why one function: ``build`` refused a single mapping clearly while ``add({...})`` iterated its keys and said
+    "docs[0]: expected a JSON object, got str"; ``IndexStore.add`` refused tuples that docs/formats.md says it reads
+    as the pipeline does. `docs` itself is checked at once, before anything is read or
+    written: one document (a mapping, or a tuple whose first item is an id) is refused naming `argument`, the
+    caller's parameter. Items that are no document raise a `DataError` naming ``docs[i]`` as they are reached.
+    """
+    single = isinstance(docs, Mapping) or (isinstance(docs, tuple) and bool(docs) and isinstance(docs[0], str | int))
+    if single or isinstance(docs, (str, bytes, bytearray)) or not isinstance(docs, Iterable):
+        raise TypeError(f"{argument} must be {'a path or ' if paths else ''}an iterable of documents (mappings, or (id, "
+                        f"text[, metadata]) tuples), got {type(docs).__name__}"
+                        + ("; wrap a single document in a list" if single else ""))
+    return _records(docs)
+
+
+def _records(docs: Iterable[Any]) -> Iterator[Any]:
+    for i, item in enumerate(docs):
+        if isinstance(item, tuple):
+            if len(item) not in (2, 3):
+                raise DataError(f"docs[{i}]", None, "a document tuple is (id, text) or (id, text, metadata), got "
+                                                   f"{len(item)} items")
+            record = {"_id": item[0], "text": item[1]}
+            if len(item) == 3 and item[2] is not None:
+                record["metadata"] = item[2]
+            yield record
+        elif isinstance(item, Mapping):
+            yield item
+        else:
+            raise DataError(f"docs[{i}]", None, "expected a document: a mapping with _id and text, or an (id, text[, "
+                                               f"metadata]) tuple; got {type(item).__name__}")

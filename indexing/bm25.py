@@ -36,7 +36,7 @@ import numpy as np
 
 from twotower.common.atomic import atomic_write_bytes
 from twotower.indexing.errors import IndexFormatError
-from twotower.indexing.search_result import SearchResult, empty_result
+from twotower.indexing.search_result import SearchResult, check_k, empty_result
 
 if TYPE_CHECKING:  # bm25s pulls in scipy (~1 s): imported on first use, not with the package
     import bm25s
@@ -212,8 +212,7 @@ class BM25:
         """
         if isinstance(queries, str):
             raise ValueError("BM25.search: pass a list of query strings, not one string")
-        if k < 1:
-            raise ValueError(f"BM25.search: k must be >= 1, got {k}")
+        k = check_k(k, "BM25.search: ")  # k=True was searched as 1, a float failed inside numpy
         if len(self) == 0 or len(queries) == 0:
             return empty_result(len(queries), k)
         retriever = self._ensure_built()

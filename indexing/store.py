@@ -83,6 +83,7 @@ from typing import Any, Literal, TypeVar
 import numpy as np
 
 from twotower.common.atomic import TMP_MARKER, fsync_dir
+from twotower.common.documents import document_records
 from twotower.common.errors import refuse_keywords
 from twotower.common.file_lock import LOCK_WAIT_S, check_lock_wait, try_lock
 from twotower.common.ids import id_list
@@ -94,7 +95,7 @@ from twotower.indexing.filters import Filter, as_filter
 from twotower.indexing.integrity import file_sha256, hex64, set_digest
 from twotower.indexing.manifest import MANIFEST_NAME, Manifest
 from twotower.indexing.milvus import MilvusSpec
-from twotower.indexing.search_result import SearchResult, check_k, padded, tie_at_cut, ties_by_id
+from twotower.indexing.search_result import SearchResult, check_k, is_count, padded, tie_at_cut, ties_by_id
 from twotower.indexing.segments import (
     HASH_ON_OPEN_MAX,
     VECTOR_OPTIONS,
@@ -240,6 +241,46 @@ class IndexNotWritableError(OSError):
         return str(self.strerror)
 
 
+Occupant = Literal["file", "index", "empty index", "directory"]
+
+
+def occupant(directory: str | os.PathLike[str]) -> Occupant | None:
+    """What is at `directory` that a new index must not replace, or None (nothing, or an empty directory).
+
+    ``"empty index"`` is an index at generation 0: nothing was ever committed to it, as a ``with
+    IndexStore.create(...)`` block that raised before its first commit leaves it. Read from ``docs.sqlite``
+    (the commit point), not the manifest, which is refreshed after a commit and could still say 0.
+
+    Why one function: ``IndexStore.create``, ``SearchPipeline.build`` (before and under its lock) and
+    ``twotower index build`` told the cases apart each with its own copy; each caller now phrases the
+    case in its own words (Python calls, or command-line flags).
+    """
+    path = Path(directory)
+    if not path.exists() or (path.is_dir() and not any(path.iterdir())):
+        return None
+    if not path.is_dir():
+        return "file"
+    if not (path / MANIFEST_NAME).is_file():
+        return "directory"
+    try:
+        with DocStore(path / DOCS_NAME, readonly=True) as docs:
+            generation = docs.get_meta("generation")
+    except Exception:  # damaged or unreadable: an index all the same, never called empty
+        return "index"
+    return "empty index" if generation == "0" else "index"
+
+
+# `IndexStore.create`'s refusal of each `occupant` case ({d}: the directory)
+_CREATE_REFUSALS: dict[str, str] = {
+    "file": "a file; give IndexStore.create the name of a new (or empty) directory",
+    "index": "already an index; open it with IndexStore.open({d!r}) to change it, or remove the directory first",
+    "empty index": ("already an index, empty at generation 0 (nothing was ever committed to it, as when the with "
+                    "block of an earlier IndexStore.create raised before its first commit); open it with "
+                    "IndexStore.open({d!r}), or remove the directory"),
+    "directory": "a directory that is not empty; give IndexStore.create a new or empty directory",
+}
+
+
 @contextlib.contextmanager
 def _built_aside(directory: Path) -> Iterator[Path]:
     """A temporary sibling of `directory` to fill; on success it is fsynced and renamed to `directory`.
@@ -289,7 +330,7 @@ def search_options(vectors: VectorBackend, params: Mapping[str, Any]) -> dict[st
         if vectors.kind != SEARCH_OPTIONS[name]:
             raise ValueError(f"{name}={value!r}: {name} tunes the search of an {SEARCH_OPTIONS[name].upper()} index, "
                              f"but this index is {vectors.factory!r}; leave it out")
-        if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+        if not is_count(value) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
         out[name] = int(value)
     return out
@@ -445,6 +486,7 @@ class Snapshot:
         if isinstance(queries, (str, bytes)):  # BM25 named itself ("BM25.search: pass a list ..."), not this method
             raise TypeError("search_bm25 takes a list of query strings; wrap a single query in a list: "
                             f"search_bm25([{queries!r}])")
+        k = check_k(k, "search_bm25: ")  # k=True reached numpy's TypeError
         bm = self.bm25
         if bm is None:
             raise ValueError(f"{self.directory}: created without BM25, which BM25 search (search_bm25, and hybrid "
@@ -472,7 +514,6 @@ class IndexStore:
         self._lock_fd: int | None = None
         self._manifest_dirty = False
         self._refresh_lock = threading.Lock()  # one refresh at a time
-        self._made_here: str | None = None  # set by create (FAISS): "made" or "emptied" the directory
         self._swap_lock = threading.Lock()  # guards replacing / acquiring the current snapshot
         self._probe: DocStore | None = None
         self._writer_docs: DocStore | None = None
@@ -541,7 +582,6 @@ class IndexStore:
         if factory is None and expected_size is None:  # VectorIndex named itself and its auto_factory
             raise ValueError("IndexStore.create: pass factory= (a FAISS factory string such as 'Flat' or 'HNSW32') "
                              "or expected_size= (how many vectors you expect; a factory is chosen for that size)")
-        existed = directory.is_dir()
         vectors = VectorIndex(dim, factory, metric, expected_size=expected_size, **vector_options)
         bm25_args = _bm25_args(bm25)
         policy = merge_policy or MergePolicy()
@@ -549,15 +589,16 @@ class IndexStore:
         options.update(dim=vectors.dim, metric=metric, factory=vectors.factory)
         manifest = Manifest(dim=vectors.dim, metric=metric, factory=vectors.factory, bm25=bm25_args,
                             extra=dict(extra or {}))
-        store = cls._lay_out(directory, manifest, {"vector_layout": LAYOUT, "vector_options": json.dumps(options),
-                                                   "merge_policy": json.dumps(asdict(policy))})
-        store._made_here = "emptied" if existed else "made"
-        return store
+        return cls._lay_out(directory, manifest, {"vector_layout": LAYOUT, "vector_options": json.dumps(options),
+                                                  "merge_policy": json.dumps(asdict(policy))})
 
     @classmethod
     def _lay_out(cls, directory: Path, manifest: Manifest, meta: Mapping[str, str],
                  tables: Callable[[DocStore], None] | None = None) -> IndexStore:
         """Write an empty index (generation 0: documents, BM25, lock, manifest) aside, move it into place, open it."""
+        kind = occupant(directory)
+        if kind is not None:  # in create's words; `_built_aside` checks again, for a directory made meanwhile
+            raise FileExistsError(f"{directory}: {_CREATE_REFUSALS[kind].format(d=str(directory))}")
         with _built_aside(directory) as tmp:
             with DocStore(tmp / DOCS_NAME) as docs, docs.transaction():
                 if tables is not None:
@@ -922,17 +963,20 @@ class IndexStore:
 
     def add(
         self,
-        docs: Sequence[Mapping[str, Any]],
+        docs: Iterable[Mapping[str, Any] | tuple],
         vectors: np.ndarray,
         *,
         on_duplicate: Literal["error", "skip", "replace"] = "error",
     ) -> int:
         """Stage documents and their vectors (N, D); visible to this store at once, durable at ``commit()``.
 
+        `docs` are read as the pipeline reads them (`document_records`, `as_document`): mappings or ``(id, text[,
+        metadata])`` tuples, each checked once (a `Row` the pipeline made is not checked again).
+
         Returns how many documents were added (or replaced). Both parts change or neither.
         """
         self._check_writable()
-        rows = [as_document(d, f"docs[{j}]") for j, d in enumerate(docs)]
+        rows = [as_document(d, f"docs[{j}]") for j, d in enumerate(document_records(docs, "docs", paths=False))]
         vectors = np.asarray(vectors)
         if vectors.ndim != 2 or vectors.shape[0] != len(rows):
             raise ValueError(
@@ -1278,21 +1322,7 @@ class IndexStore:
             if exc_type is None and not self.readonly and self._lock_fd is not None and self._snap is not None:
                 self.commit()
         finally:
-            unborn = exc_type is not None and self._made_here is not None and self._snap is not None \
-                and self.generation == 0
             self.close()
-            if unborn:
-                self._remove_unborn()
-
-    def _remove_unborn(self) -> None:
-        """Remove the directory ``create`` made (an empty one the caller had is left, empty).
-
-        Why: a first ``with IndexStore.create(...)`` block that raised before any commit left an empty committed
-        index behind, so running the script again, fixed, failed with FileExistsError.
-        """
-        shutil.rmtree(self.directory, ignore_errors=True)
-        if self._made_here == "emptied":
-            self.directory.mkdir(exist_ok=True)
 
     def __repr__(self) -> str:
         snap = self._snap

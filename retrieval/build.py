@@ -56,9 +56,8 @@ from twotower.common.file_lock import lock_note, try_lock
 from twotower.common.paths import holds_working_directory
 from twotower.indexing import IndexFormatError, IndexLockedError, IndexStore, document_text
 from twotower.indexing.integrity import file_sha256
-from twotower.indexing.manifest import MANIFEST_NAME
 from twotower.indexing.milvus import MilvusSpec, check_target
-from twotower.indexing.store import is_disk_full
+from twotower.indexing.store import Occupant, is_disk_full, occupant
 from twotower.indexing.vector_index import VECTOR_METRICS, check_factory
 from twotower.retrieval.corpus import CorpusPlan, duplicates_note, empty_note, iter_chunks, validate_corpus
 from twotower.retrieval.dual_encoder import DualEncoder
@@ -85,6 +84,30 @@ class DiskFullError(OSError):
 
     def __init__(self, message: str) -> None:
         super().__init__(errno.ENOSPC, message)
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
+class OutOccupiedError(FileExistsError):
+    """The build's output path holds something it must not replace: `kind` is `occupant`'s case.
+
+    The message is in Python's words; `out` and `kind` let the command line say it with flags instead (the
+    check runs again under the build's lock, where a message of its own showed command-line users Python advice).
+    """
+
+    def __init__(self, out: str, kind: Occupant) -> None:
+        why = {
+            "file": "a file; give the name of a new directory for the index",
+            "index": (f"already an index; add the documents to it with SearchPipeline.load({out!r}, "
+                      "readonly=False).add(docs), or remove it first"),
+            "empty index": ("an empty index, at generation 0 (nothing was ever committed to it, as when the with "
+                            "block of an IndexStore.create raised before its first commit); remove the directory, "
+                            "or give a new one"),
+            "directory": "a directory that is not empty; give a new or empty directory for the index",
+        }[kind]
+        super().__init__(errno.EEXIST, f"{out}: {why}")
+        self.out, self.kind = out, kind
 
     def __str__(self) -> str:
         return self.strerror
@@ -385,7 +408,7 @@ def _discard_assembly(staging: str, milvus: MilvusSpec | None) -> None:
 
 def _check_out_still_free(out: str, work_dir: str) -> None:
     """Raise `OutAppearedError` if something was put at `out` since the build checked it (before assembling)."""
-    if _occupied(out):
+    if occupant(out) is not None:
         raise OutAppearedError(out, work_dir)
 
 
@@ -640,25 +663,10 @@ def count_rows(corpus: CorpusPlan, shard_size: int, encoder: DualEncoder,
     return (rows if splitter is not None else None), long_docs, cut_rows
 
 
-def _occupied(out: str) -> bool:
-    """Whether something is at `out` that a build must not replace: a file, or a directory that is not empty."""
-    return os.path.exists(out) and (not os.path.isdir(out) or bool(os.listdir(out)))
-
-
 def _refuse_existing(out: str) -> None:
-    """Refuse an occupied `out`, saying which case it is and the way on, in Python's words.
-
-    Why: this said "add documents with `twotower index add`" to a Python caller, and for a plain file or
-    someone's own directory too, where adding was the wrong advice (the command line says it with flags:
-    ``twotower.cli.index_cmd``).
-    """
-    if not _occupied(out):
-        return
-    if not os.path.isdir(out):
-        raise FileExistsError(f"{out}: a file; give the name of a new directory for the index")
-    if os.path.isfile(os.path.join(out, MANIFEST_NAME)):
-        raise FileExistsError(f"{out}: already an index; add the documents to it with SearchPipeline.load({out!r}, "
-                              "readonly=False).add(docs) (on the command line: `twotower index add`), or remove "
-                              "it first")
-    raise FileExistsError(f"{out}: a directory that is not empty; give a new or empty directory for the index")
+    """Refuse an occupied `out` (`occupant`) with `OutOccupiedError`, which says the case and the way on in
+    Python's words; the command line catches it and says it with flags (``twotower.cli.index_cmd``)."""
+    kind = occupant(out)
+    if kind is not None:
+        raise OutOccupiedError(out, kind)
 

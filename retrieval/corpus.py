@@ -6,14 +6,16 @@ policy says what to do) and once to *encode* it chunk by chunk.  Validating
 first is what makes "a bad line 90,000 into the file" fail in seconds, naming
 the file and line, before any model runs or anything is written.
 
-An index holds stricter documents than an evaluation corpus (`check_for_index`),
+An index holds stricter documents than an evaluation corpus (`check_for_index`, in
+``twotower.common.documents`` with its limits),
 because what goes in must come out again through every output: ids go into TREC
 run files, whose fields are separated by whitespace, and into URLs and SQLite
 keys; texts go through a tokenizer and out as UTF-8 JSON.  So ids are at most
-`MAX_ID_BYTES` of UTF-8 without whitespace or control characters, no string holds
-a lone surrogate, and metadata is JSON (no NaN or Infinity, at most
-`MAX_METADATA_DEPTH` levels deep).  Both ``build`` and ``add`` apply the rules,
-to files and to in-memory documents alike.
+``twotower.common.documents.MAX_ID_BYTES`` of UTF-8 without whitespace or control
+characters, no string holds a lone surrogate, and metadata is JSON (no NaN or
+Infinity, at most ``MAX_METADATA_DEPTH`` levels deep there).  Both ``build`` and
+``add`` apply the rules, to files and to in-memory documents alike, and so does
+``IndexStore.add``.
 
 A document whose ``text`` and ``title`` are both blank has nothing to search, so it
 stops a build by default; ``on_empty="skip"`` (``--on-empty skip``) leaves such
@@ -30,10 +32,10 @@ from collections.abc import Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from twotower.common.documents import check_for_index
+from twotower.common.documents import check_for_index, document_records
 from twotower.common.errors import DataError
 from twotower.eval.io.beir import BeirDocument, empty_document, iter_beir_corpus, parse_beir_document
-from twotower.indexing import Document
+from twotower.indexing import Document, Row
 
 DUPLICATE_POLICIES = ("error", "skip", "replace")
 EMPTY_POLICIES = ("error", "skip")
@@ -42,7 +44,8 @@ EMPTY_EXAMPLES = 5  # ids of skipped empty documents a note names
 
 
 def _as_document(doc: BeirDocument) -> Document:
-    return Document(id=doc.doc_id, title=doc.title, text=doc.text, metadata=dict(doc.metadata))
+    """A document `check_for_index` has passed, as a `Row`: ``IndexStore.add`` takes it without checking it again."""
+    return Row(id=doc.doc_id, title=doc.title, text=doc.text, metadata=dict(doc.metadata))  # type: ignore[return-value]
 
 
 def parse_document(obj: Any, where: str, keep_empty: bool = False) -> Document:
@@ -56,40 +59,6 @@ def parse_document(obj: Any, where: str, keep_empty: bool = False) -> Document:
     """
     doc = parse_beir_document(obj, where, require_content=not keep_empty)
     return _as_document(check_for_index(doc, where, None))
-
-
-def document_records(docs: Any, argument: str) -> Iterator[Any]:
-    """The in-memory documents of `docs` (``build``'s corpus, ``add``'s docs), each as a record for
-    `parse_document`: a mapping as it is, an ``(id, text)`` or ``(id, text, metadata)`` tuple (the form txtai's
-    ``Embeddings.index`` takes) as ``{"_id", "text", "metadata"}``.
-
-    Why one function: ``build`` refused a single mapping clearly while ``add({...})`` iterated its keys and said
-    "docs[0]: expected a JSON object, got str". `docs` itself is checked at once, before anything is read or
-    written: one document (a mapping, or a tuple whose first item is an id) is refused naming `argument`, the
-    caller's parameter. Items that are no document raise a `DataError` naming ``docs[i]`` as they are reached.
-    """
-    single = isinstance(docs, Mapping) or (isinstance(docs, tuple) and bool(docs) and isinstance(docs[0], str | int))
-    if single or isinstance(docs, (str, bytes, bytearray)) or not isinstance(docs, Iterable):
-        raise TypeError(f"{argument} must be a path or an iterable of documents (mappings, or (id, text[, metadata]) "
-                        f"tuples), got {type(docs).__name__}" + ("; wrap a single document in a list" if single else ""))
-    return _records(docs)
-
-
-def _records(docs: Iterable[Any]) -> Iterator[Any]:
-    for i, item in enumerate(docs):
-        if isinstance(item, tuple):
-            if len(item) not in (2, 3):
-                raise DataError(f"docs[{i}]", None, "a document tuple is (id, text) or (id, text, metadata), got "
-                                                   f"{len(item)} items")
-            record = {"_id": item[0], "text": item[1]}
-            if len(item) == 3 and item[2] is not None:
-                record["metadata"] = item[2]
-            yield record
-        elif isinstance(item, Mapping):
-            yield item
-        else:
-            raise DataError(f"docs[{i}]", None, "expected a document: a mapping with _id and text, or an (id, text[, "
-                                               f"metadata]) tuple; got {type(item).__name__}")
 
 
 def is_empty(doc: Document) -> bool:

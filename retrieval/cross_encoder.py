@@ -76,6 +76,7 @@ from twotower.encoder.core.config import EncoderConfig
 from twotower.encoder.core.heads import BertForSequenceClassification
 from twotower.encoder.core.model import BertModel
 from twotower.encoder.core.tokenizer import Batch, Tokenizer
+from twotower.indexing.search_result import is_count
 from twotower.retrieval.dual_encoder import ST_KEYWORDS
 from twotower.retrieval.interpolation import read_alpha, read_first_stage_alphas, write_alpha
 from twotower.retrieval.passages import passage_spans
@@ -480,7 +481,7 @@ class CrossEncoder(nn.Module):
         """
         if isinstance(docs, str):
             raise TypeError("rank takes a list of documents")
-        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        if top_k is not None and (not is_count(top_k) or top_k < 1):  # numpy's integers too, as for k
             raise ValueError(f"top_k must be None (all documents) or an int >= 1, got {top_k!r}")
         scores = self.predict([(query, d) for d in docs], batch_size=batch_size)
         order = np.argsort(-scores, kind="stable")

@@ -316,11 +316,11 @@ class DualEncoder:
         search encodes; call `encode_queries` or `encode_documents`.
         """
         refuse_keywords("encode", st_keywords, "sentences, batch_size and progress", ST_KEYWORDS)
-        check_texts(sentences, "sentences", "sentence {i}")
+        texts, single = check_texts(sentences, "sentences", "sentence {i}")  # the list: a generator is read once
         if not self.shared or self.query_prefix or self.document_prefix:
             raise ValueError("encode is for a symmetric model (one tower, no prefixes); this one encodes queries "
                              "and documents differently: call encode_queries or encode_documents")
-        return self.encode_documents(sentences, batch_size=batch_size, progress=progress)
+        return self.encode_documents(texts[0] if single else texts, batch_size=batch_size, progress=progress)
 
     def __repr__(self) -> str:
         q = self.query_tower

@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from twotower.indexing import Document
+from twotower.indexing import Document, Row
 from twotower.indexing.passage_rows import SEPARATOR, in_passage_order, passage_number, passages_problem
 from twotower.retrieval.candidates import Candidate
 
@@ -197,8 +197,9 @@ class PassageSplitter:
                 out.append(d)  # type: ignore[arg-type]
                 continue
             for n, (start, end) in enumerate(spans):
-                out.append(Document(id=passage_id(d["id"], n), title=d.get("title") or "", text=d["text"][start:end],
-                                    metadata=dict(d.get("metadata") or {}), parent=d["id"], start=start, end=end))
+                # a Row: the pipeline's own passage row (a user's `parent` field is metadata, `as_document`)
+                out.append(Row(id=passage_id(d["id"], n), title=d.get("title") or "", text=d["text"][start:end],
+                               metadata=dict(d.get("metadata") or {}), parent=d["id"], start=start, end=end))
         return out
 
     def cut_rows(self, docs: Sequence[Mapping[str, Any]]) -> int:

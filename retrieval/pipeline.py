@@ -37,7 +37,7 @@ from twotower.common.ids import id_list
 from twotower.common.lines import query_problem
 from twotower.common.paths import path_argument
 from twotower.encoder.core.encode import check_texts
-from twotower.indexing import MISSING_ID, Document, IndexStore, Snapshot, document_text
+from twotower.indexing import MISSING_ID, Document, IndexFormatError, IndexStore, Snapshot, document_text
 from twotower.indexing.filters import Filter, as_filter
 from twotower.indexing.manifest import MANIFEST_NAME
 from twotower.indexing.milvus import check_index_type, milvus_spec
@@ -109,17 +109,21 @@ def _load_encoder(model: DualEncoder | str | os.PathLike | None, bf16: bool | st
                                        bf16=bf16, device=device)
 
 
-def _recorded_encoder(source: str, recorded: Mapping[str, Any], bf16: bool | str, device: str) -> DualEncoder:
-    """The encoder a manifest describes: its model directory with the recorded prefixes, pooling,
-    normalisation and maximum lengths (each where recorded), so ``load(dir)`` rebuilds the encoder an index
-    was built with in memory (``DualEncoder.from_pretrained("default", query_prefix="query: ", ...)``).
+def _recorded_encoder(source: str, recorded: Mapping[str, Any], bf16: bool | str,
+                      device: str) -> tuple[DualEncoder, bool]:
+    """(the encoder a manifest describes, whether every recorded setting could be applied): its model directory
+    with the recorded prefixes, pooling, normalisation and maximum lengths (each where recorded), so ``load(dir)``
+    rebuilds the encoder an index was built with in memory (``DualEncoder.from_pretrained("default",
+    query_prefix="query: ", ...)``). Not every setting: towers pooled differently, which ``from_pretrained``
+    cannot set (one pooling for both); the directory's pooling stands.
 
     Why: the manifest records the directory (here, only the package) and these settings, but a load with
     model=None read the directory alone and refused the index it had built (EncoderMismatchError).
     """
     pooling = recorded.get("pooling")
-    if pooling != recorded.get("document_pooling", pooling):
-        pooling = None  # two towers pooled differently: from_pretrained sets one pooling; the directory's stands
+    applied = pooling == recorded.get("document_pooling", pooling)
+    if not applied:
+        pooling = None
     encoder = DualEncoder.from_pretrained(source, pooling=pooling, normalize=recorded.get("normalize"),
                                           query_prefix=recorded.get("query_prefix"),
                                           document_prefix=recorded.get("document_prefix"), bf16=bf16, device=device)
@@ -127,7 +131,19 @@ def _recorded_encoder(source: str, recorded: Mapping[str, Any], bf16: bool | str
         length = recorded.get(key)
         if isinstance(length, int) and length != tower.max_length:
             tower.sentence_config = dataclasses.replace(tower.sentence_config, max_length=length)
-    return encoder
+    return encoder, applied
+
+
+def _is_recorded_directory(model: Any, source: str) -> bool:
+    """Whether `model` names the directory `source` the manifest records (``"default"`` for the embedded model).
+
+    Why: ``load(dir, model=<that directory>)`` read the directory alone and refused an index built with
+    prefixes that ``load(dir)`` accepted; it is the same model, so it gets the recorded settings too.
+    """
+    if not isinstance(model, (str, os.PathLike)):
+        return False
+    path = default_model_dir() if os.fspath(model) == "default" else os.fspath(model)
+    return os.path.realpath(path) == os.path.realpath(source)
 
 
 def reranker_source(reranker: Any) -> str | None:
@@ -354,9 +370,18 @@ class SearchPipeline:
         store = IndexStore.open(directory, readonly=readonly, mmap=mmap)
         try:
             block = pipeline_block(store.manifest.extra, os.path.join(directory, MANIFEST_NAME))
-            if model is None:
-                source = resolve_model_source(block["encoder"].get("model"), os.path.join(directory, MANIFEST_NAME))
-                encoder = _recorded_encoder(source, block["encoder"], bf16, device)
+            recorded = block["encoder"]
+            source = None
+            if model is None or isinstance(model, (str, os.PathLike)):  # the model to compare a directory with
+                try:
+                    source = resolve_model_source(recorded.get("model"), os.path.join(directory, MANIFEST_NAME))
+                except (FileNotFoundError, IndexFormatError):
+                    if model is None:
+                        raise
+            rebuilt = model is None or (source is not None and _is_recorded_directory(model, source))
+            applied = False
+            if rebuilt:
+                encoder, applied = _recorded_encoder(source, recorded, bf16, device)
             else:
                 encoder = _load_encoder(model, bf16, device)
             if reranker is None and use_default_reranker:
@@ -367,9 +392,14 @@ class SearchPipeline:
             try:
                 return cls(store, encoder, cross_encoder)
             except EncoderMismatchError as exc:
-                if model is not None:
+                if not rebuilt or encoder.dim != store.manifest.dim:  # a dimension: another model, not its weights
                     raise
-                # the manifest describes the directory and settings, not weights changed in memory
+                if not applied:
+                    raise EncoderMismatchError(
+                        f"{exc}; its towers were pooled differently (query {recorded.get('pooling')!r}, documents "
+                        f"{recorded.get('document_pooling')!r}), which loading by directory cannot set: pass that "
+                        "encoder as model=") from None
+                # every recorded setting applied: the manifest describes the directory and settings, not weights
                 raise EncoderMismatchError(f"{exc}; the index was built with an encoder its manifest cannot "
                                            "rebuild (weights changed in memory, or another model saved over its "
                                            "directory): pass that encoder as model=, or save it with "

@@ -103,6 +103,26 @@ def test_run_never_replaces_the_queries_and_a_file_on_its_path_is_named(built, t
     assert rc == 2 and "pf is a file, not a directory" in err  # it was a FileExistsError after the search
 
 
+def test_an_out_made_before_the_builds_lock_is_named_with_flags(tmp_path, capsys, monkeypatch):
+    """The build checks --out again under its lock; what it found there was told in Python's words
+    (SearchPipeline.load(...).add) to a command-line user. An index made meanwhile, before any commit."""
+    from twotower.retrieval.build import BuildLock
+
+    corpus = write_corpus(str(tmp_path / "corpus.jsonl"), toy_docs(3))
+    out = tmp_path / "idx"
+    real = BuildLock.acquire
+
+    def another_made_out_first(self, *a, **k):
+        IndexStore.create(out, 4, "Flat").close()
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(BuildLock, "acquire", another_made_out_first)
+    rc, _, err = run_cli(capsys, "index", "build", "--corpus", corpus, "--out", str(out), "--model", tiny_model_dir(),
+                         "--no-progress")
+    assert rc == 2 and err.strip() == (f"twotower index build: error: --out {out}: an empty index, at generation 0 "
+                                       "(nothing was ever committed to it); remove the directory, or choose another --out")
+
+
 def test_ctrl_c_is_one_line_saying_what_is_kept(tmp_path, capsys, monkeypatch):
     """Ctrl-C printed 60 lines of traceback from inside torch; now one line, exit 130, and what the rerun does."""
     from twotower.retrieval.dual_encoder import DualEncoder

@@ -498,6 +498,53 @@ def test_create_without_a_factory_names_its_own_arguments(tmp_path):
     assert "VectorIndex" not in str(e.value) and "auto_factory" not in str(e.value)
 
 
+def test_add_checks_each_document_once_and_a_parent_field_is_metadata(tmp_path, vecs, monkeypatch):
+    """IndexStore.add checked each document, then DocStore.add checked it again. A record with `parent` was
+    taken for a passage row: refused without a span, "field 'id' must be a non-empty string" with `_id`, and
+    past the id and metadata checks with a span; the pipeline stores it with `parent` as metadata."""
+    import twotower.indexing.docstore as docstore
+    from twotower.common.errors import DataError
+
+    real, calls = docstore.check_for_index, []
+    monkeypatch.setattr(docstore, "check_for_index", lambda *a, **k: calls.append(a[0].doc_id) or real(*a, **k))
+    with IndexStore.create(tmp_path / "idx", DIM, "Flat", "cosine") as store:
+        store.add([{"id": "c1", "text": "t", "parent": "thread-7"},
+                   {"_id": "c2", "text": "u", "parent": "p", "start": 0, "end": 1}], vecs[:2])
+        assert calls == ["c1", "c2"]  # once each
+        assert store.get(["c1", "c2"]) == [
+            {"id": "c1", "title": "", "text": "t", "metadata": {"parent": "thread-7"}},
+            {"id": "c2", "title": "", "text": "u", "metadata": {"parent": "p", "start": 0, "end": 1}}]
+        with pytest.raises(DataError, match="contains whitespace"):
+            store.add([{"id": "a b", "text": "t", "parent": "p", "start": 0, "end": 1}], vecs[2:3])
+        with pytest.raises(DataError, match="has the key 'a.b'"):
+            store.add([{"id": "a", "text": "t", "parent": "p", "start": 0, "end": 1, "metadata": {"a.b": 1}}],
+                      vecs[2:3])
+
+
+def test_add_reads_tuples_and_refuses_one_document_as_the_pipeline_does(tmp_path, vecs):
+    """docs/formats.md says IndexStore.add reads documents as the pipeline does; it refused (id, text) tuples,
+    and a single mapping was iterated by its keys ("docs[0]: expected a JSON object, got str")."""
+    with IndexStore.create(tmp_path / "idx", DIM, "Flat", "cosine") as store:
+        store.add([("a", "green tea"), ("b", "black coffee", {"lang": "fr"})], vecs[:2])
+        assert store.get(["a", "b"]) == [{"id": "a", "title": "", "text": "green tea", "metadata": {}},
+                                         {"id": "b", "title": "", "text": "black coffee", "metadata": {"lang": "fr"}}]
+        with pytest.raises(TypeError, match=re.escape("docs must be an iterable of documents (mappings, or (id, "
+                                                      "text[, metadata]) tuples), got dict; wrap a single document "
+                                                      "in a list")):
+            store.add({"id": "c", "text": "t"}, vecs[2:3])
+
+
+def test_bm25_search_takes_k_by_the_one_rule(tmp_path, vecs):
+    """search_bm25(["tea"], k=True) failed with numpy's TypeError; k follows `check_k`, as in search."""
+    with IndexStore.create(tmp_path / "idx", DIM, "Flat", "cosine", bm25=True) as store:
+        store.add(docs(0, 3), vecs[:3])
+    with IndexStore.open(tmp_path / "idx", readonly=True) as store:
+        for bad in (True, 0, 2.0):
+            with pytest.raises(ValueError, match=re.escape(f"search_bm25: k must be a positive int, got {bad!r}")):
+                store.search_bm25(["word1"], k=bad)
+        assert store.search_bm25(["word1"], k=np.int64(2)).ids[0][0] == "d1"
+
+
 def test_bm25_search_without_bm25_says_what_needs_it(tmp_path, vecs):
     store = IndexStore.create(tmp_path / "idx", DIM, "Flat", "cosine")
     with pytest.raises(ValueError, match=r"created without BM25, which BM25 search \(search_bm25.*bm25=True.*--bm25"):
@@ -505,30 +552,32 @@ def test_bm25_search_without_bm25_says_what_needs_it(tmp_path, vecs):
     store.close()
 
 
-def test_a_failed_first_with_block_leaves_no_index_behind(tmp_path, vecs):
-    """A `with IndexStore.create(...)` block that raised before any commit left an empty committed index, so
-    running the script again failed with FileExistsError. What create made is removed; nothing else is."""
+def test_create_over_an_index_says_so_and_an_unborn_one_says_how_to_go_on(tmp_path, vecs):
+    """A `with IndexStore.create(...)` block that raised before its first commit leaves an empty index at
+    generation 0 (nothing removes a directory an exception passed through: it could be a committed index or
+    someone's own); creating it again said only "already exists and is not an empty directory"."""
     d = tmp_path / "idx"
     with pytest.raises(RuntimeError), IndexStore.create(d, DIM, "Flat", "cosine") as store:
         store.add(docs(0, 2), vecs[:2])
         raise RuntimeError("boom")
-    assert not d.exists()
-    with IndexStore.create(d, DIM, "Flat", "cosine") as store:  # the rerun works
+    assert (d / "manifest.json").is_file()  # left in place
+    with pytest.raises(FileExistsError, match=re.escape(
+            f"{d}: already an index, empty at generation 0 (nothing was ever committed to it, as when the with "
+            "block of an earlier IndexStore.create raised before its first commit); open it with "
+            f"IndexStore.open({str(d)!r}), or remove the directory")):
+        IndexStore.create(d, DIM, "Flat", "cosine")
+    with IndexStore.open(d) as store:  # the way on it names
         store.add(docs(0, 2), vecs[:2])
-    assert IndexStore.open(d, readonly=True).generation == 1
-    empty = tmp_path / "mine"
-    empty.mkdir()  # the caller's own empty directory stays, empty
-    with pytest.raises(RuntimeError), IndexStore.create(empty, DIM, "Flat", "cosine"):
-        raise RuntimeError("boom")
-    assert empty.is_dir() and not any(empty.iterdir())
-    with pytest.raises(RuntimeError), IndexStore.create(tmp_path / "kept", DIM, "Flat", "cosine") as store:
-        store.add(docs(0, 2), vecs[:2])
-        store.commit()  # something committed: the index is the user's now
-        raise RuntimeError("boom")
-    assert IndexStore.open(tmp_path / "kept", readonly=True).generation == 1
-    with pytest.raises(RuntimeError), IndexStore.open(tmp_path / "kept") as store:  # opened, not created: kept
-        raise RuntimeError("boom")
-    assert (tmp_path / "kept").is_dir()
+    with pytest.raises(FileExistsError, match=re.escape(
+            f"{d}: already an index; open it with IndexStore.open({str(d)!r}) to change it, or remove the "
+            "directory first")):
+        IndexStore.create(d, DIM, "Flat", "cosine")
+    (tmp_path / "own").mkdir()
+    (tmp_path / "own" / "notes.txt").write_text("x")
+    with pytest.raises(FileExistsError, match="own: a directory that is not empty; give IndexStore.create a new"):
+        IndexStore.create(tmp_path / "own", DIM, "Flat", "cosine")
+    with pytest.raises(FileExistsError, match="notes.txt: a file; give IndexStore.create the name of a new"):
+        IndexStore.create(tmp_path / "own" / "notes.txt", DIM, "Flat", "cosine")
 
 
 def test_add_reads_documents_as_the_pipeline_does(tmp_path, vecs):
@@ -541,6 +590,6 @@ def test_add_reads_documents_as_the_pipeline_does(tmp_path, vecs):
     assert store.get(["A", "B", "7"]) == [{"id": "A", "title": "", "text": "t", "metadata": {"id": "B", "lang": "en"}},
                                          None, {"id": "7", "title": "", "text": "u", "metadata": {}}]
     assert store.search(vecs[:1], 1, filter='lang == "en"').ids == [["A"]]
-    with pytest.raises(DataError, match=r"^docs\[0\]: field 'metadata' must be an object, got list"):
+    with pytest.raises(DataError, match=r"^docs\[0\] \(id 'm'\): field 'metadata' must be an object, got list"):
         store.add([{"id": "m", "text": "t", "metadata": []}], vecs[2:3])
     store.close()

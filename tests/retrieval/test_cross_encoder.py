@@ -117,6 +117,7 @@ def test_rank_refuses_a_top_k_below_one(saved):
     for bad in (-1, 0, 2.0, True):
         with pytest.raises(ValueError, match=f"top_k must be None \\(all documents\\) or an int >= 1, got {bad!r}"):
             ce.rank("tea cold", docs, top_k=bad)
+    assert len(ce.rank("tea cold", docs, top_k=np.int64(2))) == 2  # numpy's integers, as k takes them (`is_count`)
 
 
 def test_only_the_document_is_truncated(saved):

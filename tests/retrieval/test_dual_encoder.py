@@ -57,6 +57,13 @@ def test_encode_is_for_a_symmetric_model_only(de):
         DualEncoder(de.query_tower, query_prefix="query: ").encode(TEXTS)
 
 
+def test_encode_reads_a_generator_once(de):
+    """encode checked a generator (reading it) and encoded what was left of it: shape (0, D)."""
+    want = de.encode_documents(TEXTS)
+    np.testing.assert_allclose(de.encode(t for t in TEXTS), want, atol=1e-6)
+    np.testing.assert_allclose(de.encode(map(str, TEXTS)), want, atol=1e-6)
+
+
 def test_bf16_setting_is_checked_at_load():
     """bf16="yes" was taken for True; bf16=True on a CPU without native bf16 failed at the first encode."""
     from twotower.common.device import bf16_supported

@@ -168,6 +168,28 @@ def built(tmp_path, encoder):
     return tmp_path / "idx"
 
 
+def test_the_index_layer_does_not_check_the_pipelines_rows_again(tmp_path, encoder, monkeypatch):
+    """A build checked every document in its reader, then again in IndexStore.add and in DocStore.add (1.28 s
+    against 0.245 s a 50k-document pass); rows the pipeline read (and its passage rows) are checked once."""
+    import twotower.indexing.docstore as docstore
+
+    real, calls = docstore.check_for_index, []
+
+    def counted(*a, **k):
+        calls.append(a[0].doc_id)
+        return real(*a, **k)
+
+    monkeypatch.setattr(docstore, "check_for_index", counted)  # the index layer's check (`as_document`)
+    corpus = write_corpus(str(tmp_path / "c.jsonl"), corpus_docs())
+    with SearchPipeline.build(corpus, tmp_path / "idx", encoder, passages=True, passage_window=16,
+                              passage_stride=12, progress=False) as pipe:
+        assert pipe.info()["passages"] > 0
+    with SearchPipeline.load(tmp_path / "idx", encoder, readonly=False) as pipe:
+        pipe.add([{"_id": "n1", "text": long_text(80, 5), "parent": "thread-7"}, {"_id": "n2", "text": "tea"}])
+        assert pipe.get(["n1"])[0]["metadata"] == {"parent": "thread-7"}  # a user's parent: metadata
+    assert calls == []
+
+
 def test_build_stores_passages_and_gives_documents_back_whole(built, encoder):
     docs = {d["_id"]: d for d in corpus_docs()}
     with SearchPipeline.load(built, encoder) as pipe:

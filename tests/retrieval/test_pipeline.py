@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.retrieval.pipeline_fixtures import assert_ranked_by_scores, tiny_model_dir, toy_docs, write_corpus
-from twotower.indexing import document_text
+from twotower.indexing import IndexStore, document_text
 from twotower.retrieval import DualEncoder, Hit, SearchPipeline, reciprocal_rank_fusion, score_fusion
 
 N_DOCS = 60
@@ -369,9 +369,12 @@ def test_build_refuses_existing_directory(tmp_path, encoder, docs):
         SearchPipeline.build(corpus, out / "something", encoder, progress=False)
     SearchPipeline.build(corpus, tmp_path / "index", encoder, progress=False).close()
     with pytest.raises(FileExistsError, match=r"already an index; add the documents to it with SearchPipeline\.load"
-                                              r"\(.*readonly=False\)\.add\(docs\) \(on the command line: `twotower "
-                                              r"index add`\)"):
+                                              r"\(.*readonly=False\)\.add\(docs\), or remove it first$"):
         SearchPipeline.build(corpus, tmp_path / "index", encoder, progress=False)
+    IndexStore.create(tmp_path / "unborn", encoder.dim, "Flat").close()  # generation 0, as a failed with block
+    with pytest.raises(FileExistsError, match=r"unborn: an empty index, at generation 0 \(nothing was ever "
+                                              r"committed to it.*\); remove the directory, or give a new one$"):
+        SearchPipeline.build(corpus, tmp_path / "unborn", encoder, progress=False)
 
 
 def test_a_k_past_the_index_recalls_no_deeper_than_the_index(built, monkeypatch):

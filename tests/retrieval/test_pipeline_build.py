@@ -378,6 +378,10 @@ def test_load_rebuilds_the_encoder_the_manifest_describes(tmp_path):
             ("query: ", "passage: ", "cls", False)
         assert (enc.query_max_length, enc.document_tower.max_length) == (24, 24)
         assert [h.id for h in pipe.search("tea", k=3)] == want
+    # the recorded directory given as model= is the same model: it was read alone and refused the index
+    with SearchPipeline.load(tmp_path / "idx", model=model, bf16=False) as pipe:
+        assert pipe.encoder.fingerprint() == built.fingerprint()
+        assert [h.id for h in pipe.search("tea", k=3)] == want
     # weights changed in memory: no manifest can rebuild those, so the error says what to pass
     with torch.no_grad():
         next(built.query_tower.model.parameters()).add_(1.0)
@@ -386,3 +390,27 @@ def test_load_rebuilds_the_encoder_the_manifest_describes(tmp_path):
     with pytest.raises(EncoderMismatchError, match=r"pass that encoder as model=, or save it with "
                                                    r"DualEncoder\.save_pretrained\(DIR\) and pass model=DIR"):
         SearchPipeline.load(tmp_path / "tuned", bf16=False)
+
+
+def test_load_says_weights_changed_only_where_the_manifest_was_applied_whole(tmp_path):
+    """With model=None every EncoderMismatchError was told "weights changed in memory, or another model saved
+    over its directory": a dimension mismatch too, and an index whose towers were pooled differently, which
+    loading by directory cannot rebuild (one pooling for both)."""
+    model = tiny_model_dir()
+    docs = toy_docs(6)
+    with SearchPipeline.build(docs, tmp_path / "idx", model, progress=False):
+        pass
+    _edit_manifest(tmp_path / "idx", lambda m: m["extra"]["pipeline"]["encoder"].update(
+        model={"path": tiny_model_dir(hidden=24)}))  # another model saved there: 24 dimensions, not 36
+    with pytest.raises(EncoderMismatchError, match="24-dimensional ones; use the model the index was built with$"):
+        SearchPipeline.load(tmp_path / "idx", bf16=False)
+    query = DualEncoder.from_pretrained(model, pooling="cls", bf16=False).query_tower
+    document = DualEncoder.from_pretrained(model, pooling="mean", bf16=False).query_tower
+    with SearchPipeline.build(docs, tmp_path / "pooled", DualEncoder(query, document), progress=False):
+        pass  # two tower objects record no directory; as if they had come from `model`:
+    _edit_manifest(tmp_path / "pooled", lambda m: m["extra"]["pipeline"]["encoder"].update(model={"path": model}))
+    with pytest.raises(EncoderMismatchError) as err:
+        SearchPipeline.load(tmp_path / "pooled", bf16=False)
+    assert str(err.value).endswith("; its towers were pooled differently (query 'cls', documents 'mean'), which "
+                                   "loading by directory cannot set: pass that encoder as model=")
+    assert "weights changed" not in str(err.value)

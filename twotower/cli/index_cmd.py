@@ -115,21 +115,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _new_index_directory(out: str, corpus: str) -> None:
-    """``--out`` must be new or an empty directory; say which of the other cases it is, and what to do.
+    """``--out`` must be new or an empty directory; say which of the other cases it is, and what to do."""
+    from twotower.indexing.store import occupant
 
-    Why: the library's one message ("already exists; add documents with `twotower index add`") fit only
-    an existing index, and named no flag; for a file or someone else's directory it pointed the wrong way.
+    kind = occupant(out)
+    if kind is not None:
+        raise CLIError(_out_occupied(out, kind, corpus))
+
+
+def _out_occupied(out: str, kind: str, corpus: str) -> str:
+    """The message for an ``--out`` that holds something (`occupant`'s `kind`), in flags.
+
+    Why here, not the library's message: that one speaks Python (``SearchPipeline.load(...).add``), and the
+    build checks again under its lock, where `OutOccupiedError` reaches this command.
     """
-    from twotower.indexing.manifest import MANIFEST_NAME
-
-    if not os.path.exists(out) or (os.path.isdir(out) and not os.listdir(out)):
-        return
-    if not os.path.isdir(out):
-        raise CLIError(f"--out {out}: a file; give the name of a new directory for the index")
-    if os.path.isfile(os.path.join(out, MANIFEST_NAME)):
-        raise CLIError(f"--out {out}: already an index; add the documents to it with `twotower index add --index "
-                       f"{out} --corpus {corpus}`, or remove it first")
-    raise CLIError(f"--out {out}: a directory that is not empty; give a new or empty directory for the index")
+    why = {
+        "file": "a file; give the name of a new directory for the index",
+        "index": f"already an index; add the documents to it with `twotower index add --index {out} --corpus "
+                 f"{corpus}`, or remove it first",
+        "empty index": "an empty index, at generation 0 (nothing was ever committed to it); remove the directory, "
+                       "or choose another --out",
+        "directory": "a directory that is not empty; give a new or empty directory for the index",
+    }[kind]
+    return f"--out {out}: {why}"
 
 
 def _out_appeared(exc: OutAppearedError) -> str:
@@ -192,7 +200,7 @@ def run_build(args: argparse.Namespace) -> int:
         reranker_directory("--reranker", args.reranker)
     from twotower.indexing import IndexLockedError
     from twotower.indexing.vector_index import FactoryError
-    from twotower.retrieval.build import DiskFullError, OutAppearedError
+    from twotower.retrieval.build import DiskFullError, OutAppearedError, OutOccupiedError
     from twotower.retrieval.pipeline import SearchPipeline
 
     try:
@@ -205,6 +213,8 @@ def run_build(args: argparse.Namespace) -> int:
         )
     except OutAppearedError as exc:
         raise CLIError(_out_appeared(exc)) from None
+    except OutOccupiedError as exc:  # appeared before the build's lock was taken
+        raise CLIError(_out_occupied(exc.out, exc.kind, args.corpus)) from None
     except (FileExistsError, IndexLockedError, DiskFullError) as exc:  # another build, no room: one line, exit 2
         raise CLIError(str(exc)) from None
     except FactoryError as exc:  # found before the encoding
