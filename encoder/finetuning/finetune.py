@@ -69,6 +69,7 @@ from twotower.common.atomic import atomic_replace_dir, atomic_write_text, stagin
 from twotower.common.device import autocast, default_device, resolve_bf16
 from twotower.common.errors import DataError, check_at_least, check_setting
 from twotower.common.malloc import retain_freed_memory_for
+from twotower.common.paths import path_argument
 from twotower.encoder.core.checkpoint import CONFIG_NAME
 from twotower.encoder.finetuning.qa_decode import choose_null_threshold
 from twotower.encoder.finetuning.task_examples import build_label_map, check_bio_labels, where
@@ -436,6 +437,8 @@ def finetune(
     """
     cfg = config or FinetuneConfig()
     task = get_task(head)
+    # a pathlib.Path (get_model_path() returns one) reached the run's JSON state and failed at its first save
+    model_dir, out_dir = path_argument(model_dir, "model_dir"), path_argument(out_dir, "out_dir")
     if not train or not dev:
         raise ValueError(f"fine-tuning needs training and dev examples (got {len(train)} train and {len(dev)} dev "
                          "examples)")

@@ -213,3 +213,13 @@ def test_the_default_max_length_fits_the_model(tiny_dir, tmp_path):
     cfg = FinetuneConfig(epochs=1, batch_size=8, seeds=(0,), progress=False)
     finetune("classify", tiny_dir, TRAIN, DEV, str(tmp_path / "ft"), cfg)
     assert TaskModel.from_pretrained(str(tmp_path / "ft")).info.max_length == positions
+
+
+def test_paths_may_be_pathlib_paths(tiny_dir, tmp_path):
+    """``get_model_path()`` returns a pathlib.Path: given as the model, it reached the run's JSON state and the
+    first save failed with "Object of type PosixPath is not JSON serializable" (benchmarks/tasks_trec.py)."""
+    from pathlib import Path
+
+    cfg = FinetuneConfig(epochs=1, batch_size=8, progress=False, bf16=False)
+    report = finetune("classify", Path(tiny_dir), TRAIN[:8], DEV, tmp_path / "clf", cfg)
+    assert report.seeds and TaskModel.from_pretrained(str(tmp_path / "clf")).info.labels == ["neg", "pos"]
