@@ -605,9 +605,12 @@ def pretrain(args: PretrainArgs) -> dict:
     """Run (or resume) pretraining; returns the final summary (also written to out/summary.json)."""
     info = init_distributed(args.device)
     try:
-        return _pretrain(args, info)
-    finally:
-        cleanup(info)
+        summary = _pretrain(args, info)
+    except BaseException:
+        cleanup(info, failed=True)  # a barrier after this rank alone stopped (SIGTERM to it) would hang the job
+        raise
+    cleanup(info)
+    return summary
 
 
 def _pretrain(args: PretrainArgs, info: DistInfo) -> dict:
