@@ -265,7 +265,7 @@ def gather_states(states: dict[str, torch.Tensor], info: DistInfo) -> list[dict[
     return out
 
 
-def cleanup(info: DistInfo) -> None:
+def cleanup(info: DistInfo, failed: bool = False) -> None:
     """Leave the process group so that gloo's worker threads are joined before the interpreter exits.
 
     Why this order: a gloo worker thread drops its last reference to a finished collective's output tensors
@@ -273,6 +273,9 @@ def cleanup(info: DistInfo) -> None:
     the GIL and the process aborts ("terminate called without an active exception", SIGABRT) although the work
     succeeded. Autograd graphs that went through a differentiable all_gather keep the group alive, so they are
     collected first; the barrier lets every rank finish its last collective before anyone tears down.
+
+    `failed` (this rank is leaving on an exception: an error, Ctrl-C, SIGTERM): no barrier, since the other
+    ranks may still be working and would not reach it (the job hung there until the group's timeout).
     """
     if not info.enabled:
         return
@@ -280,5 +283,6 @@ def cleanup(info: DistInfo) -> None:
 
     if dist.is_initialized():
         gc.collect()
-        dist.barrier()
+        if not failed:
+            dist.barrier()
         dist.destroy_process_group()

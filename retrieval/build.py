@@ -570,6 +570,7 @@ def build_index(
     info = init_build_group()
     lock = BuildLock(work_dir, out)
     encoding = False
+    failed = False
     try:
         if milvus is not None:  # before the work directory or anything else is written (see `Raises`)
             from_main(info, lambda: check_target(milvus, encoder.dim, metric or encoder.metric))
@@ -630,6 +631,7 @@ def build_index(
                 raise DiskFullError(f"no space left on device while {stage}; {kept}") from exc
             raise
     except BaseException:
+        failed = True
         if not encoding and lock.created:  # stopped before any work: leave nothing behind
             shutil.rmtree(work_dir, ignore_errors=True)
         raise
@@ -638,7 +640,7 @@ def build_index(
         if created_group and info.enabled:
             from twotower.retrieval.sharding import cleanup
 
-            cleanup(info)
+            cleanup(info, failed=failed)  # no barrier after a failure: the other ranks may never reach it
     return info.is_main
 
 

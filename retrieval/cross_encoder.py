@@ -62,6 +62,7 @@ import torch
 from torch import nn
 
 from twotower.common.device import resolve_bf16
+from twotower.common.distributed import launched_as
 from twotower.common.errors import refuse_keywords
 from twotower.encoder.core.checkpoint import (
     CONFIG_NAME,
@@ -247,7 +248,7 @@ class CrossEncoder(nn.Module):
         check_vocab_fits(directory, tokenizer, config)
         model = BertForSequenceClassification(config, num_labels=1)  # pooling: config's classifier_pooling
         has_pooler = model.pooling == "mean" or _has_pooler(enc_state)
-        if not has_pooler:
+        if not has_pooler and launched_as().is_main:  # every torchrun rank loads the same model: said once
             logger.warning("%s: no pooler weights; the pooler is freshly initialised", directory)
         state = {f"bert.{k}": v for k, v in enc_state.items()}
         state.update({k: rest[k] for k in ("classifier.weight", "classifier.bias")})

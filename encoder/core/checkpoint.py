@@ -18,6 +18,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from twotower.common.atomic import atomic_path, atomic_write_text
+from twotower.common.distributed import launched_as
 from twotower.common.errors import DataError
 from twotower.encoder.core.config import EncoderConfig
 from twotower.encoder.core.model import BertModel
@@ -121,7 +122,7 @@ def load_into(module: nn.Module, state: dict[str, torch.Tensor], source: str, al
     if missing:
         raise ValueError(f"{source}: missing tensors {missing[:8]}{' ...' if len(missing) > 8 else ''}")
     unexpected = [k for k in state if k not in own]
-    if unexpected:
+    if unexpected and launched_as().is_main:  # every torchrun rank loads the same model: said once
         logger.warning("%s: ignoring unexpected tensors %s", source, unexpected[:8])
     module.load_state_dict({k: v for k, v in state.items() if k in own}, strict=False)
 
@@ -149,7 +150,7 @@ def load_encoder(
     config = EncoderConfig.load(os.path.join(directory, CONFIG_NAME))
     tokenizer = Tokenizer.from_pretrained(directory)
     check_vocab_fits(directory, tokenizer, config)
-    if tokenizer.vocab_size != config.vocab_size:
+    if tokenizer.vocab_size != config.vocab_size and launched_as().is_main:  # said once under torchrun
         logger.warning("%s: tokenizer has %d tokens, config vocab_size=%d", directory, tokenizer.vocab_size,
                        config.vocab_size)
     enc_state, _ = split_prefix(read_weights(directory))

@@ -14,6 +14,8 @@ import os
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from twotower.common.distributed import launched_as
+
 logger = logging.getLogger(__name__)
 
 # Keys HF writes that carry no meaning for an encoder forward pass; accepted silently.
@@ -112,13 +114,14 @@ class EncoderConfig:
         missing = [k for k in _REQUIRED_KEYS if k not in d]
         if missing:
             raise ValueError(f"{source}: missing required config keys {missing}")
-        if d.get("model_type", "bert") not in ("bert", "twotower"):
+        said = launched_as().is_main  # every torchrun rank loads the same model: its warnings are said once
+        if d.get("model_type", "bert") not in ("bert", "twotower") and said:
             logger.warning("%s: model_type=%r is not 'bert'; loading as BERT", source, d.get("model_type"))
         known = {f.name for f in fields(cls)} - {"extra"}
         kwargs = {k: v for k, v in d.items() if k in known}
         extra = {k: v for k, v in d.items() if k not in known and k not in ("architectures", "model_type")}
         unknown = sorted(k for k in extra if k not in _HF_IGNORED_KEYS)
-        if unknown:
+        if unknown and said:
             logger.warning("%s: unknown config keys kept but unused: %s", source, unknown)
         return cls(**kwargs, extra=extra)
 

@@ -82,7 +82,7 @@ from twotower.encoder.training.same_run import (
     locate_state,
     plain,
     read_saved_identity,
-    real_path,
+    real_paths,
 )
 from twotower.encoder.training.train_state import (
     TrainState,
@@ -341,15 +341,19 @@ def examples_sha256(examples: Sequence) -> str:
     return h.hexdigest()
 
 
+# Settings that name a model directory: compared by the directory they name (`same_run.same_path`).
+PATH_FIELDS = ("model",)
+
+
 def run_identity(head: str, model_dir: str, cfg: FinetuneConfig, label_map: list[str], data: dict[str, Sequence],
                  compute: dict) -> dict:
     """What a resume must match (`twotower.encoder.training.same_run.check_same_run`): the settings, task,
     model directory and label map, and the examples of each split (`examples_sha256`); and where the run
     computed (`compute`: device kind and bf16), which may differ with a warning."""
     settings = {k: v for k, v in plain(asdict(cfg)).items() if k not in UNCHECKED}
-    settings |= {"head": head, "model": real_path(model_dir), "labels": list(label_map), "reading": READING}
+    settings |= {"head": head, "model": model_dir, "labels": list(label_map), "reading": READING}
     inputs = {f"{SPLIT_FLAGS[name]} data": examples_sha256(examples) for name, examples in data.items() if examples}
-    return {"settings": settings, "inputs": inputs, "compute": compute}
+    return {"settings": settings, "inputs": inputs, "compute": compute, "real_paths": real_paths(settings, PATH_FIELDS)}
 
 
 def _label_map(head: str, labels: Sequence[str] | None, train: Sequence, dev: Sequence,
@@ -484,7 +488,7 @@ def finetune(
                              "--resume")
         check_same_run(saved_identity, identity, work, FLAGS,
                        f"the 'config' of {os.path.join(work, REPORT_NAME)} lists them", "--device / --bf16",
-                       paths=("model",))
+                       paths=PATH_FIELDS)
     retain_freed_memory_for(device)  # reuse freed activation memory across steps (common/malloc.py)
     metric = cfg.metric or task.main_metric
     score = metric_fn or task.score

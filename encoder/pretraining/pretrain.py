@@ -342,11 +342,11 @@ def check_out_dir(args: PretrainArgs, work: str, config: EncoderConfig, budget: 
                                corpus_key(valid_paths, tokenizer)[1] if valid_paths else [], tokenizer)
             for flag, text in _data_differs(saved["data"], now, args).items():
                 differ.setdefault(flag, text)  # --tokenizer: its vocabulary may have said so already
-        else:  # a run.json written before text fingerprints were recorded
+        elif info.is_main:  # a run.json written before text fingerprints were recorded (every rank checks: said once)
             logger.warning("%s has no fingerprint of the run's text: resuming without checking --corpus, --valid "
                            "and --tokenizer", run_file)
         ran = saved.get("compute")
-        if ran is not None and ran != compute:
+        if ran is not None and ran != compute and info.is_main:
             logger.warning("resuming %s %s; the run trained %s (--no-bf16 / --device): the steps from here are "
                            "computed differently, so the result will not equal an uninterrupted run",
                            out, _compute_shown(compute), _compute_shown(ran))
@@ -605,9 +605,12 @@ def pretrain(args: PretrainArgs) -> dict:
     """Run (or resume) pretraining; returns the final summary (also written to out/summary.json)."""
     info = init_distributed(args.device)
     try:
-        return _pretrain(args, info)
-    finally:
-        cleanup(info)
+        summary = _pretrain(args, info)
+    except BaseException:
+        cleanup(info, failed=True)  # a barrier after this rank alone stopped (SIGTERM to it) would hang the job
+        raise
+    cleanup(info)
+    return summary
 
 
 def _pretrain(args: PretrainArgs, info: DistInfo) -> dict:

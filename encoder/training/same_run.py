@@ -2,9 +2,11 @@
 
 A resumable run saves its identity with its state (`train_state`, under the state's ``"run"`` key):
 
-    {"settings": {name: value}, "inputs": {key: SHA-256}, "world_size": N, "compute": {"device": .., "bf16": ..}}
+    {"settings": {name: value}, "inputs": {key: SHA-256}, "world_size": N, "compute": {"device": .., "bf16": ..},
+     "real_paths": {name: real path}}
 
-``settings`` are what the run was told (each is named by its flag when it differs), ``inputs`` the
+``settings`` are what the run was told (each is named by its flag when it differs; a model directory as typed,
+its real path in ``real_paths``, `real_paths`), ``inputs`` the
 fingerprints of what it read (a file, or a list of examples: compared by content, so a copy moved elsewhere
 is still the same input), ``compute`` where it computed. `check_same_run` refuses a command whose settings,
 inputs or process count differ, naming each difference with the run's value, since continuing would train
@@ -67,6 +69,34 @@ def real_path(value: Any) -> Any:
     return os.path.realpath(value) if isinstance(value, str) and os.path.exists(value) else value
 
 
+def real_paths(settings: dict, paths: tuple[str, ...]) -> dict[str, Any]:
+    """The `real_path` of each setting in `paths`, recorded beside the settings as typed (`same_path`)."""
+    return {name: real_path(settings[name]) for name in paths if name in settings}
+
+
+def same_path(name: str, saved: dict, now: dict) -> tuple[Any, Any] | None:
+    """None when setting `name` (a file or directory) of the run `saved` and of the command `now` name the same
+    thing, else (the command's, the run's) as a refusal shows them.
+
+    Why both the typed and the real path: compared by real path alone (``./m`` is ``/abs/m``), a project
+    directory moved with its run (``/A`` to ``/A2``) was refused, ``--model /A2/m (the run: /A/m)``, although the
+    same command in it named the same model; so a setting typed the same (up to `os.path.normpath`) is the same
+    when the run's real path no longer exists. A state saved before the real paths were recorded holds one value: both sides are
+    compared by its `real_path`, as then.
+    """
+    typed, typed_now = saved["settings"].get(name), now["settings"].get(name)
+    recorded = saved.get("real_paths")
+    if not isinstance(recorded, dict) or name not in recorded:  # an older state
+        before, after = real_path(typed), real_path(typed_now)
+        return None if before == after else (after, before)
+    before, after = recorded[name], real_path(typed_now)
+    if before == after:
+        return None
+    moved = isinstance(before, str) and not os.path.exists(before)
+    as_typed = [os.path.normpath(v) if isinstance(v, str) else v for v in (typed, typed_now)]  # `./m` is `m`
+    return None if moved and as_typed[0] == as_typed[1] else (after, before)
+
+
 def flag_of(name: str, flags: dict[str, str]) -> str:
     """A setting's flag as the user types it: `flags`' entry for a setting named otherwise, else ``--`` and
     the name with dashes (``max_steps`` -> ``--max-steps``)."""
@@ -88,15 +118,16 @@ def check_same_run(saved: dict, now: dict, out: str, flags: dict[str, str], list
                    compute_flags: str, paths: tuple[str, ...] = (), ignored: tuple[str, ...] = ()) -> None:
     """Refuse a resume of the run in `out` that would continue another run than the one saved, naming each
     difference in flags (`flags`: the flags of settings named otherwise, `flag_of`; `listed`: where the run's
-    own settings can be read); the settings in `paths` name files or directories and are compared by their
-    `real_path`, those in `ignored` not at all (a state saved before they were left out of the identity);
+    own settings can be read); the settings in `paths` name files or directories and are compared by what they
+    name (`same_path`), those in `ignored` not at all (a state saved before they were left out of the identity);
     warn when it computes elsewhere (`compute_flags`: the flags that choose that)."""
     differ = []
-    before, after = ({k: real_path(v) if k in paths else v for k, v in side["settings"].items() if k not in ignored}
-                     for side in (saved, now))
+    before, after = ({k: v for k, v in side["settings"].items() if k not in ignored} for side in (saved, now))
     for name in sorted(set(before) | set(after)):
-        if before.get(name) != after.get(name):
-            differ.append(f"{flag_of(name, flags)} {shown(after.get(name))} (the run: {shown(before.get(name))})")
+        differs = (same_path(name, saved, now) if name in paths else
+                   None if before.get(name) == after.get(name) else (after.get(name), before.get(name)))
+        if differs is not None:
+            differ.append(f"{flag_of(name, flags)} {shown(differs[0])} (the run: {shown(differs[1])})")
     for key in sorted(set(saved["inputs"]) | set(now["inputs"])):
         if key not in now["inputs"]:
             differ.append(f"{key} is not an input now (the run read it)")

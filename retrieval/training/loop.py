@@ -196,16 +196,24 @@ def start_run(cfg: TrainSettings, out: str, enabled: bool = True,
     bf16 = resolve_bf16(cfg.bf16, device)
     retain_freed_memory_for(device)  # reuse freed activation memory across steps (common/malloc.py)
     world = config_fields.get("world_size", 1)
-    # every rank alike under torchrun, so that a refused resume stops them all; a fresh run's other ranks, and
-    # a run that saves no state (`resumable` False), need no identity (it hashes the input files)
+    # rank 0's alone (it saves the state): the other ranks, and a run that saves no state (`resumable` False),
+    # need no identity (it hashes the input files)
     identity = (resume.run_identity(cfg, world, {"device": device.type, "bf16": bf16})
-                if cfg.resumable and (enabled or cfg.resume) else {})
+                if cfg.resumable and enabled else {})
     point = None
     if cfg.resume:
-        state = resume.find_state(out)
-        user, saved = read_saved_identity(state)
-        resume.check_same_run(saved, identity, out)
-        point = _resume_point(user, state)
+        error = None
+        try:
+            state = resume.find_state(out)
+            user, saved = read_saved_identity(state)
+            if enabled:  # rank 0 decides: another rank's real paths may differ (links, mounts on another node)
+                resume.check_same_run(saved, identity, out)
+            point = _resume_point(user, state)
+        except Exception as exc:  # noqa: BLE001 - re-raised below, after the other ranks heard of it
+            error = exc
+        # a refusal, or a state only some rank cannot read, stops every rank together: the rank that met it says
+        # why (one that failed alone left rank 0 to die in its next collective with "Connection closed by peer")
+        stopped_anywhere(error, DistInfo(world, rank()), "another rank")
     run = TrainingRun(out, enabled=enabled, replace=cfg.overwrite, resume=cfg.resume)
     run.identity = identity
     if point is not None:
@@ -508,23 +516,41 @@ class TrainingLoop:
         """Continue from the saved state: draw the done steps' batches again, then restore weights, moments,
         generators (this rank's) and the loop's position. Returns (when dev was last evaluated, in the run's
         seconds; why the run stopped, if the state was saved as it ended)."""
-        import dataclasses
-
         if not self.resumable:
             raise ValueError(f"{self.desc}: this run saves no state, so it cannot be resumed")
         directory = self.run.state_dir
         device = self.params[0].device if self.params else torch.device("cpu")
+        error = None
+        try:
+            last_eval, stopped, steps = self._restore(directory, device)
+        except Exception as exc:  # noqa: BLE001 - re-raised below, after the other ranks heard of it
+            error = exc
+        # one exchange for the whole load and restore: a rank that failed in any of it alone (its own generator
+        # missing, a file its node reads otherwise) says so (rank 0, which speaks for all, would not), and the
+        # others stop with it instead of failing in their next collective ("Connection closed by peer")
+        stopped_anywhere(error, self._dist, "another rank")
+        if self.guard is not None and self.main_process:  # its view of the steps done (their records)
+            for record in self.run.records:
+                if record["event"] in ("step", "eval"):
+                    self.guard(record)
+        logger.info("resumed %s at step %d", self.run.out, steps)
+        return last_eval, stopped
+
+    def _restore(self, directory: str, device: torch.device) -> tuple[float, str | None, int]:
+        """`_resume`'s work on this rank alone (no collective): load the state in `directory`, draw the done
+        steps' batches again, restore weights, moments, this rank's generators and the loop's position.
+        Returns (when dev was last evaluated, why the run stopped, the steps done)."""
+        import dataclasses
+
         state = load_train_state(directory, map_location=device)
         user = state.user
         where = os.path.join(directory, "state.json")
         me = self._dist.rank
         own = ({k: v for k, v in state.rng.items() if "/" not in k} if me == 0 else
                {k.split("/", 1)[1]: v for k, v in state.rng.items() if k.startswith(f"rank{me}/")})
-        # this rank's own, which the others may have: the rank without says so (rank 0, which speaks for all,
-        # would not), and the others stop with it instead of failing in their next collective
-        stopped_anywhere(None if own else DataError(os.path.join(directory, "rng.safetensors"), None,
-                                                    f"damaged: it holds no random generator of rank {me}; start "
-                                                    "the run again without --resume"), self._dist, "another rank")
+        if not own:  # this rank's own, which the others may have (`_resume` has every rank stop with it)
+            raise DataError(os.path.join(directory, "rng.safetensors"), None,
+                            f"damaged: it holds no random generator of rank {me}; start the run again without --resume")
         try:
             steps, lr_state = int(user["steps"]), user["lr_state"]
             for done in range(steps):  # the batches of the steps done: the next one is the uninterrupted run's
@@ -546,12 +572,7 @@ class TrainingLoop:
         except (KeyError, TypeError, ValueError) as exc:
             raise DataError(where, None, f"damaged: its training position has no usable {exc}; start the run "
                                          "again without --resume") from None
-        if self.guard is not None and self.main_process:  # its view of the steps done (their records)
-            for record in self.run.records:
-                if record["event"] in ("step", "eval"):
-                    self.guard(record)
-        logger.info("resumed %s at step %d", self.run.out, steps)
-        return last_eval, stopped
+        return last_eval, stopped, steps
 
     def _set_mode(self, train: bool) -> None:
         for m in self.modules:

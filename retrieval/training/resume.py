@@ -31,7 +31,7 @@ from typing import Any
 
 from twotower.common.errors import DataError
 from twotower.encoder.training import same_run
-from twotower.encoder.training.same_run import flag_of, locate_state, plain, real_path
+from twotower.encoder.training.same_run import flag_of, locate_state, plain, real_paths
 from twotower.encoder.training.train_state import read_train_user
 from twotower.indexing.integrity import file_sha256
 from twotower.retrieval.training.training_run import STATE_DIR
@@ -40,7 +40,7 @@ from twotower.retrieval.training.training_run import STATE_DIR
 # `out` is where the run is: a run directory moved or copied elsewhere, or named otherwise (`runs/s1/`, an
 # absolute path, from another working directory), is resumed where it is.
 UNCHECKED = ("progress", "overwrite", "resume", "save_every", "resumable", "device", "bf16", "out")
-# Settings that name a model directory: compared by the directory they name (`same_run.real_path`).
+# Settings that name a model directory: compared by the directory they name (`same_run.same_path`).
 PATH_FIELDS = ("model", "teacher")
 # Settings that name input files: compared by content (`input_fingerprints`), not by path.
 INPUT_FIELDS = ("pairs", "data", "corpus", "negatives", "first_stage")
@@ -77,9 +77,9 @@ def saved_steps(out: str) -> int | None:
 def run_identity(cfg: Any, world_size: int, compute: dict) -> dict:
     """What a resume must match (`check_same_run`): the settings, the input files' SHA-256, the process count;
     and where the run computed (`compute`: device kind and bf16), which may differ with a warning."""
-    settings = {k: real_path(v) if k in PATH_FIELDS else v for k, v in plain(asdict(cfg)).items()
-                if k not in UNCHECKED and k not in INPUT_FIELDS}
-    return {"settings": settings, "inputs": input_fingerprints(cfg), "world_size": world_size, "compute": compute}
+    settings = {k: v for k, v in plain(asdict(cfg)).items() if k not in UNCHECKED and k not in INPUT_FIELDS}
+    return {"settings": settings, "inputs": input_fingerprints(cfg), "world_size": world_size, "compute": compute,
+            "real_paths": real_paths(settings, PATH_FIELDS)}
 
 
 def input_fingerprints(cfg: Any) -> dict[str, str]:

@@ -58,6 +58,12 @@ def checkpoint_of(run: str) -> str:
     """A reranker run directory's best checkpoint (``run/best``), or `run` itself when it is a checkpoint."""
     for path in (run, os.path.join(run, "best")):
         if os.path.isfile(os.path.join(path, TRAINING_ARGS)) and os.path.isfile(os.path.join(path, WEIGHTS)):
+            if _read_json(os.path.join(path, TRAINING_ARGS)).get("dev_ndcg@10") is None and \
+                    not os.path.isfile(os.path.join(path, ALPHA_FILE)):
+                # `--save-last`'s last/: what trained it is recorded (training_args.json), but it was never
+                # scored on dev, so the soup would have nothing to report beside its own scores
+                raise ValueError(f"{run}: the final weights of a run (--save-last's last/), never scored on dev; a "
+                                 "soup averages checkpoints chosen on dev: give the run's directory (its best/)")
             return path
     raise ValueError(f"{run}: not a reranker run (no best/{TRAINING_ARGS}) nor a checkpoint trained by twotower "
                      f"(no {TRAINING_ARGS} and {WEIGHTS}); give the --out directory of `twotower train reranker`")
@@ -248,8 +254,11 @@ def soup_rerankers(runs: Sequence[str], out: str, progress: bool = True, overwri
                          docs=docs)
         by_first = read_first_stage_alphas(tmp)  # as stored: {"bm25": ..}, or {"dense": .., "hybrid": ..}
         ingredients = [_ingredient(c, a) for c, a in zip(checkpoints, args)]
-        write_training_args(tmp, {**args[0], "out": out, "soup_of": [i["checkpoint"] for i in ingredients],
-                                  "ingredients": ingredients, "step": None, "dev_ndcg@10": alone})
+        # world_size: the runs' own (--batch-size is per rank), when they agree; none when they differ
+        sizes = {a.get("world_size") for a in args}
+        write_training_args(tmp, {**args[0], **({} if len(sizes) == 1 else {"world_size": None}), "out": out,
+                                  "soup_of": [i["checkpoint"] for i in ingredients], "ingredients": ingredients,
+                                  "step": None, "dev_ndcg@10": alone})
         found.update(alone=alone, interpolated=curve[alpha], alpha=alpha, first=curve[0.0], by_first=by_first,
                      ingredients=ingredients)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -112,3 +113,63 @@ def test_a_share_that_failed_on_a_rank_rank_0_did_not_is_marked_for_that_rank_to
     else:
         assert said == [{"raised": "rank 0's share is bad", "this_rank_only": False},
                         {"raised": "rank 1's share is bad", "this_rank_only": False}]
+
+
+@pytest.fixture()
+def group_calls(monkeypatch):
+    """A joined group whose barrier and teardown are recorded instead of run."""
+    calls: list[str] = []
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "barrier", lambda *a, **kw: calls.append("barrier"))
+    monkeypatch.setattr(dist, "destroy_process_group", lambda *a, **kw: calls.append("destroy"))
+    return calls
+
+
+def test_cleanup_after_a_failure_leaves_without_the_barrier(group_calls):
+    """The other ranks may still be working: a barrier after this rank alone failed waits for them until the
+    group's timeout (12 h)."""
+    from twotower.common.distributed import DistInfo, cleanup
+
+    cleanup(DistInfo(2, 1, 1), failed=True)
+    assert group_calls == ["destroy"]
+    group_calls.clear()
+    cleanup(DistInfo(2, 1, 1))
+    assert group_calls == ["barrier", "destroy"]
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, ValueError])
+def test_pretrain_stopped_on_one_rank_does_not_wait_at_the_barrier(group_calls, monkeypatch, stop):
+    """SIGTERM to one pretrain rank (KeyboardInterrupt there) hung the job: its cleanup waited at the barrier
+    while the other ranks went on training."""
+    from twotower.common.distributed import DistInfo
+    from twotower.encoder.pretraining import pretrain as module
+
+    def fail(args, info):
+        raise stop("stopped")
+
+    monkeypatch.setattr(module, "init_distributed", lambda device: DistInfo(2, 1, 1))
+    monkeypatch.setattr(module, "_pretrain", fail)
+    with pytest.raises(stop):
+        module.pretrain(SimpleNamespace(device="cpu"))
+    assert group_calls == ["destroy"]
+    monkeypatch.setattr(module, "_pretrain", lambda args, info: {"done": True})
+    group_calls.clear()
+    assert module.pretrain(SimpleNamespace(device="cpu")) == {"done": True} and group_calls == ["barrier", "destroy"]
+
+
+def test_index_build_stopped_on_one_rank_does_not_wait_at_the_barrier(group_calls, monkeypatch, tmp_path):
+    """`index build` left its group with the barrier after any failure, as pretrain did."""
+    from twotower.common.distributed import DistInfo
+    from twotower.retrieval import build as module
+
+    joined = iter([False])  # not yet joined when the build starts (the build joins and leaves the group)
+    monkeypatch.setattr(dist, "is_initialized", lambda: next(joined, True))
+    monkeypatch.setattr(module, "init_build_group", lambda: DistInfo(2, 1, 1))
+
+    def stopped(info, compute, share=None):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(module, "from_main", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        module.build_index(str(tmp_path / "corpus.jsonl"), str(tmp_path / "out"), None)
+    assert group_calls == ["destroy"]

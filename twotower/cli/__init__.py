@@ -44,6 +44,15 @@ class CLIError(Exception):
     """Bad input from the user: printed as one line, exit status 2."""
 
 
+class Terminated(KeyboardInterrupt):
+    """A signal (SIGTERM) that stops a command as Ctrl-C does (`resumable`); `main` exits with its status,
+    128 + `signum` (143 for SIGTERM), as a supervisor expects of a process it stopped, not Ctrl-C's 130."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__()
+        self.signum = signum
+
+
 # When `twotower train` and `finetune` first save the state --resume continues from.
 FIRST_SAVE = "at the first dev evaluation after a step, or after --save-every steps"
 
@@ -55,10 +64,22 @@ def resumable(args: argparse.Namespace, train: Callable[[], Any], saved_at: Call
     first saves `first_save`), else how to start over (with ``--overwrite`` where `holds_run()`: ``--out``
     holds a run)."""
     import signal
+    import threading
 
     # SIGTERM (SLURM's scancel, `kill`; torchrun passes it on to every rank) ends the run as Ctrl-C does: it
-    # killed the process where it stood, with no word of what --resume would continue from
-    before = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    # killed the process where it stood, with no word of what --resume would continue from. Python lets only
+    # the main thread set a handler (`main` called from a worker thread failed "signal only works in main
+    # thread"); there SIGTERM stays as it was.
+    main_thread = threading.current_thread() is threading.main_thread()
+    before = signal.getsignal(signal.SIGTERM) if main_thread else None
+
+    def terminated(signum: int, frame: Any) -> None:
+        """Once: a second SIGTERM (a stop that is taking too long) kills as before."""
+        signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)
+        raise Terminated(signum)
+
+    if main_thread:
+        signal.signal(signal.SIGTERM, terminated)
     try:
         return train()
     except KeyboardInterrupt:
@@ -70,7 +91,8 @@ def resumable(args: argparse.Namespace, train: Callable[[], Any], saved_at: Call
                             f"again{again} to start over")
         raise
     finally:
-        signal.signal(signal.SIGTERM, before)
+        if main_thread:
+            signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -170,13 +192,13 @@ def main(argv: list[str] | None = None) -> int:
         # one rank's alone (its shards), so every rank says it
         print(f"{_prog(args)}: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         # Ctrl-C (and SIGTERM while training, `resumable`) is the user's, not a bug: one line (it was a traceback from inside torch), saying what is kept
         # when the command says (`set_defaults(interrupted=...)`, formatted with the arguments)
         kept = getattr(args, "interrupted", None)
         if say:
             print(f"\n{_prog(args)}: interrupted{': ' + kept.format(**vars(args)) if kept else ''}", file=sys.stderr)
-        return 130
+        return 128 + (exc.signum if isinstance(exc, Terminated) else 2)  # the signal's status: 130 Ctrl-C, 143 SIGTERM
     return int(rc or 0)
 
 

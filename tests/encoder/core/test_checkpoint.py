@@ -169,3 +169,27 @@ def test_config_roundtrip_and_named_sizes():
     assert BertModel(EncoderConfig.named("tiny", 99)).config.hidden_size == 128
     with pytest.raises(ValueError, match="unknown size"):
         EncoderConfig.named("huge", 99)
+
+
+@pytest.mark.parametrize("rank, said", [("0", 3), ("1", 0)])
+def test_a_models_loading_warnings_are_said_by_rank_0_alone(tiny_model_dir, tmp_path, caplog, monkeypatch, rank,
+                                                             said):
+    """Every torchrun rank loads the same model: its warnings (another model_type, unknown config keys,
+    unexpected tensors) came once per rank."""
+    import logging
+
+    d = _copy(tiny_model_dir, tmp_path / "m")
+    with open(os.path.join(d, "config.json")) as f:
+        cfg = json.load(f)
+    cfg.update(model_type="roberta", made_up_key=1)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    state = load_file(os.path.join(d, "model.safetensors"))
+    state["embeddings.made_up"] = torch.zeros(2)  # a tensor of the encoder's that it has no place for
+    save_file(state, os.path.join(d, "model.safetensors"))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", rank)
+    with caplog.at_level(logging.WARNING, logger="twotower"):
+        load_encoder(d)
+    assert sum(any(w in r.getMessage() for w in ("is not 'bert'", "unknown config keys", "unexpected tensors"))
+               for r in caplog.records) == said

@@ -752,3 +752,40 @@ def test_ctrl_c_before_a_new_runs_first_save_names_no_earlier_runs_state(stopped
         assert main(args) == 130
     err = capsys.readouterr().err
     assert "no state was saved yet" in err and "step 2" not in err
+
+
+class _Checked(Exception):
+    """Raised once the resume is checked: the test stops there, before any collective of the ranks it stands for."""
+
+
+def test_a_resume_is_warned_of_by_rank_0_alone(stopped_run, tiny_tokenizer_dir, tmp_path, caplog, monkeypatch):
+    """Every rank checks --out (`check_out_dir`): a resume on another device, and one of a run.json without
+    the text's fingerprints, were warned of once per rank."""
+    import logging
+
+    from twotower.common.distributed import DistInfo
+    from twotower.encoder.pretraining import pretrain as pt
+
+    s = stopped_run[0]
+    out = _copy_run(stopped_run, tmp_path)
+    run_file = os.path.join(out, "run.json")
+    with open(run_file, encoding="utf-8") as f:
+        record = json.load(f)
+    record.pop("data")
+    record.update(compute={"bf16": True, "device": "cuda"}, world_size=2)
+    with open(run_file, "w", encoding="utf-8") as f:
+        json.dump(record, f)
+
+    def checked(*args, **kwargs):
+        raise _Checked
+
+    monkeypatch.setattr(pt, "build_rows", checked)
+    said = []
+    for rank in (0, 1):
+        monkeypatch.setattr(pt, "init_distributed", lambda device, rank=rank: DistInfo(2, rank))
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="twotower"), pytest.raises(_Checked):
+            main(_args(s, tiny_tokenizer_dir, out, "--steps", "6", "--resume", "--max-steps", "3"))
+        said.append([what for what in ("has no fingerprint", "computed differently")
+                     if any(what in r.getMessage() for r in caplog.records)])
+    assert said == [["has no fingerprint", "computed differently"], []]

@@ -406,3 +406,35 @@ def test_step_pace_includes_the_wait_for_the_device(tmp_path, monkeypatch):
     loop.step = queued
     loop.train()
     assert list(loop._paces) == [1.0, 1.0, 1.0]
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_resume_is_refused_or_accepted_by_rank_0_for_every_rank(tmp_path, monkeypatch, rank):
+    """Every rank compared the saved run with its own view (real paths differ between nodes: links, mounts):
+    a rank that refused alone stopped without a word while rank 0 went on and died in its next collective
+    ("Connection closed by peer"). Rank 0 decides now, and every rank hears of the decision (`stopped_anywhere`)."""
+    from twotower.encoder.training import same_run
+    from twotower.retrieval.training import loop as loop_module
+    from twotower.retrieval.training import resume
+
+    cfg = TrainSettings(device="cpu", bf16=False, resume=True)
+    saved = resume.run_identity(TrainSettings(device="cpu", bf16=False, epochs=2.0), 2, {"device": "cpu", "bf16": False})
+    heard: list[BaseException | None] = []
+
+    def stopped_anywhere(error, info, who):
+        heard.append(error)
+        if error is not None:
+            raise error
+
+    monkeypatch.setattr(resume, "find_state", lambda out: str(tmp_path / "state"))
+    monkeypatch.setattr(same_run, "read_saved_identity",
+                        lambda state: ({"steps": 4, "elapsed": 1.0, "log_records": 3}, saved))
+    monkeypatch.setattr(loop_module, "stopped_anywhere", stopped_anywhere)
+    monkeypatch.setattr(loop_module, "rank", lambda: rank)
+    if rank == 0:
+        with pytest.raises(ValueError, match="cannot resume"):
+            start_run(cfg, str(tmp_path / "run"), enabled=True, world_size=2)
+        assert isinstance(heard[0], ValueError)
+    else:  # rank 1 waits for rank 0's decision, which it hears of in `stopped_anywhere`
+        start_run(cfg, str(tmp_path / "run"), enabled=False, world_size=2)
+        assert heard == [None]

@@ -332,3 +332,40 @@ def test_a_rank_whose_own_generator_is_missing_from_the_state_says_so_itself(tmp
     resumed._dist = DistInfo(2, 0)  # rank 0's is there: it stops with rank 1
     with pytest.raises(PeerStopped):
         resumed._resume()
+
+
+@pytest.mark.parametrize("where", ["load_train_state", "restore_train_state"])
+def test_a_rank_that_fails_alone_loading_or_restoring_the_state_says_so_itself(tmp_path, monkeypatch, where):
+    """Only the missing generator went through the ranks' exchange: a state that failed to load on rank 1 alone
+    (before it), or to restore (after it), was raised on rank 1 alone, unmarked, so rank 1 said nothing and rank
+    0 failed in its next collective. One exchange now covers the whole load and restore."""
+    import dataclasses
+
+    import twotower.common.distributed as distributed
+    from twotower.common.distributed import DistInfo, met_by_this_rank_only
+    from twotower.common.errors import DataError
+    from twotower.retrieval.training import loop as loop_module
+
+    clock = [0.0]
+    with pytest.raises(KeyboardInterrupt):
+        _clocked_loop(str(tmp_path / "cut"), monkeypatch, clock, stop_at=6).train()  # saved at 4, by one process
+    resumed = _clocked_loop(str(tmp_path / "cut"), monkeypatch, clock, resume=True)
+
+    real_load = loop_module.load_train_state
+
+    def with_rank_1s(*args, **kwargs):  # as two ranks save it: rank 1's generator too
+        state = real_load(*args, **kwargs)
+        return dataclasses.replace(state, rng={**state.rng, **{f"rank1/{k}": v for k, v in state.rng.items()}})
+
+    def unreadable(*args, **kwargs):
+        raise DataError(str(tmp_path / "cut"), None, "unreadable on this node")
+
+    monkeypatch.setattr(loop_module, "load_train_state", with_rank_1s)
+    monkeypatch.setattr(loop_module, where, unreadable)
+    # the ranks' exchange, stood in for: of two ranks, rank 1 failed
+    monkeypatch.setattr(distributed, "_comm_device", lambda: "cpu")
+    monkeypatch.setattr(distributed, "all_reduce_sum", lambda values, info, device: [1.0, 0.0])
+    resumed._dist = DistInfo(2, 1)
+    with pytest.raises(DataError, match="unreadable on this node") as info:
+        resumed._resume()
+    assert met_by_this_rank_only(info.value)

@@ -80,6 +80,7 @@ def test_a_soup_of_one_run_with_itself_is_that_run_scored_again(tmp_path, caplog
     with open(os.path.join(soup.directory, "training_args.json")) as f:
         args = json.load(f)
     assert args["soup_of"] == [os.path.abspath(res.best_dir)] * 2 and args["dev_ndcg@10"] == soup.dev_ndcg10
+    assert args["world_size"] == 1  # the runs'
     assert [i["dev_ndcg@10"] for i in soup.ingredients] == [res.best_score] * 2
     curve = max(theirs["dev_ndcg@10_by_alpha"].values())
     assert [i["interpolated_dev_ndcg@10"] for i in soup.ingredients] == [curve] * 2
@@ -176,3 +177,27 @@ def test_a_soup_that_fails_while_scoring_leaves_out_as_it_was(tmp_path, monkeypa
         soup_rerankers([runs[0], runs[0]], out, progress=False, overwrite=True)  # other weights, had they been written
     assert {n: open(os.path.join(out, n), "rb").read() for n in os.listdir(out)} == before
     assert sorted(os.listdir(tmp_path)) == ["a", "b", "soup"]
+
+
+def test_a_soup_refuses_a_runs_last_weights_and_records_no_world_size_the_runs_differ_in(tmp_path, capsys):
+    """`last/` holds training_args.json since the runs record their world_size there, so `train soup RUN/last`
+    was taken for a checkpoint, although last/ was never scored on dev (no weights file, dev_ndcg@10 null). The
+    soup copied the first run's world_size, whatever the others' were."""
+    import shutil
+
+    from twotower.cli import main
+
+    res = _run(tmp_path, "a", save_last=True)
+    rc = main(["train", "soup", str(tmp_path / "a" / "last"), str(tmp_path / "a"), "--out", str(tmp_path / "x"),
+               "--no-progress"])
+    assert rc == 2 and "a/last: the final weights of a run (--save-last's last/), never scored on dev" in \
+        capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "x")
+    shutil.copytree(res.best_dir, tmp_path / "b")  # as if trained on two ranks
+    with open(tmp_path / "b" / "training_args.json") as f:
+        args = json.load(f)
+    with open(tmp_path / "b" / "training_args.json", "w") as f:
+        json.dump({**args, "world_size": 2}, f)
+    soup = soup_rerankers([res.best_dir, str(tmp_path / "b")], str(tmp_path / "soup"), progress=False)
+    with open(os.path.join(soup.directory, "training_args.json")) as f:
+        assert json.load(f)["world_size"] is None
