@@ -8,6 +8,7 @@ other) refuse anything but a path the same way, naming the argument.
 from __future__ import annotations
 
 import os
+from collections.abc import Collection, Sequence
 from typing import Any
 
 
@@ -40,3 +41,39 @@ def holds_working_directory(path: str | os.PathLike) -> str | None:
     if cwd.startswith(here.rstrip(os.sep) + os.sep):
         return "one above the current directory"
     return None
+
+
+def foreign_entries(directory: str | os.PathLike, allowed_names: Collection[str]) -> list[str]:
+    """The entries of `directory` (sorted) that a run of ours does not write: every name but those in
+    `allowed_names`, the temporaries of interrupted atomic writes (``.NAME.tmp-*``) and the directories
+    `atomic_replace_dir`'s fallback moved aside (``NAME.old-PID`` of an allowed name).
+
+    Why: ``--overwrite`` (and a report's ``--out``) replaces a directory whole; one that holds an earlier
+    run's files beside the user's (``best/`` beside ``mycode.py``) is not an earlier run, and replacing it
+    deleted the user's files with it. Every command that replaces a directory asks this one question.
+
+    Example:
+        >>> import tempfile
+        >>> d = tempfile.mkdtemp(); open(os.path.join(d, "notes.txt"), "w").close()
+        >>> foreign_entries(d, {"best", "summary.json"})
+        ['notes.txt']
+    """
+    from twotower.common.atomic import OLD_MARKER, TMP_MARKER
+
+    def ours(name: str) -> bool:
+        if name in allowed_names or (name.startswith(".") and TMP_MARKER in name):
+            return True
+        head, marker, pid = name.rpartition(OLD_MARKER)
+        return bool(marker) and pid.isdigit() and head in allowed_names
+
+    return [n for n in sorted(os.listdir(directory)) if not ours(n)]
+
+
+def a_few(names: Sequence[str], limit: int = 3) -> str:
+    """`names` joined for a message, the first `limit` of them and how many more ("a, b, c and 4 more").
+
+    Why: a refusal names what it found, so that the user sees which of their files it means, without
+    listing a directory of thousands.
+    """
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")

@@ -63,7 +63,13 @@ class CheckReport:
 
 def check_index(directory: str | os.PathLike) -> CheckReport:
     """Verify the last commit of `directory` completely (see the module docstring); never raises for damage."""
-    from twotower.indexing.store import DOCS_NAME, bm25_name, vector_options, vectors_name
+    from twotower.indexing.store import (
+        DOCS_NAME,
+        bm25_name,
+        recorded_vector_options,
+        vector_options,
+        vectors_name,
+    )
 
     d = Path(directory)
     report = CheckReport(str(d))
@@ -93,12 +99,18 @@ def check_index(directory: str | os.PathLike) -> CheckReport:
         if report.generation is None:
             report.problem(db, f"missing or invalid 'generation' ({gen!r})")
             return report
-        try:  # first: a segment's dim or metric compared with an edited manifest blamed the segment
+        # first: a segment's dim or metric compared with an edited manifest blamed the segment; where the
+        # manifest disagrees, the segments are checked against what docs.sqlite records (they were skipped)
+        shape: tuple[int, str, str] | None = None
+        try:
+            recorded = recorded_vector_options(docs)
             vector_options(docs, manifest, d / MANIFEST_NAME)
-            shape: tuple[int, str] | None = (manifest.dim, manifest.metric)
+            shape = (manifest.dim, manifest.metric, "manifest says")
         except IndexFormatError as e:
             report.problem(e.path, str(e).removeprefix(f"{e.path}: "))
-            shape = None
+            if e.path == os.fspath(d / MANIFEST_NAME):  # docs.sqlite's entry is readable: the segments' measure
+                shape = (recorded.get("dim", manifest.dim), recorded.get("metric", manifest.metric),
+                         f"{DOCS_NAME} records")
         if manifest.backend == "milvus":
             _check_milvus(d, docs, manifest, report.generation, report)
             _check_bm25(d / bm25_name(report.generation), docs, manifest, report)
@@ -167,12 +179,13 @@ def _check_passages(docs: DocStore, report: CheckReport) -> None:
                                   "delete each such document (twotower index delete ID) and add it again")
 
 
-def _check_segment(d: Path, rec: dict[str, Any], hidden: list[str], shape: tuple[int, str] | None,
+def _check_segment(d: Path, rec: dict[str, Any], hidden: list[str], shape: tuple[int, str, str] | None,
                    report: CheckReport) -> int | None:
     """Check one segment file against its record; returns the digest of its live ids (None if unreadable).
 
-    `shape` is the manifest's (dim, metric), None when the manifest itself disagrees with docs.sqlite (that
-    is reported once, against manifest.json, not against every segment)."""
+    `shape` is the (dim, metric) the segment must have and who says so: the manifest's, or docs.sqlite's when
+    the manifest disagrees with it (that is reported once, against manifest.json, not against every segment);
+    None when docs.sqlite's record is damaged."""
     path = d / rec["name"]
     if path.is_file():
         report.bytes_checked += path.stat().st_size
@@ -184,8 +197,8 @@ def _check_segment(d: Path, rec: dict[str, Any], hidden: list[str], shape: tuple
     except IndexFormatError as e:
         report.problem(path, str(e).removeprefix(f"{path}: ").removesuffix(CHECK_HINT))
         return None
-    if shape is not None and (index.dim, index.metric) != shape:
-        report.problem(path, f"holds dim={index.dim} metric={index.metric}, manifest says dim={shape[0]} "
+    if shape is not None and (index.dim, index.metric) != shape[:2]:
+        report.problem(path, f"holds dim={index.dim} metric={index.metric}, {shape[2]} dim={shape[0]} "
                              f"metric={shape[1]}")
     missing = index.hide(hidden)
     if missing:

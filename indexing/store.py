@@ -152,13 +152,30 @@ def _bm25_args(bm25: bool | Mapping[str, Any]) -> dict[str, Any] | None:
     return args
 
 
+def recorded_vector_options(docs: DocStore) -> dict[str, Any]:
+    """The vector options `docs` records (a JSON object; {} when it records none).
+
+    Raises IndexFormatError naming docs.sqlite when the entry is damaged. Why: ``{bad`` was a JSONDecodeError
+    naming no file, and ``[1]`` a TypeError traceback out of ``index check``.
+    """
+    text = docs.get_meta("vector_options") or "{}"
+    try:
+        options = json.loads(text)
+    except ValueError:
+        options = None
+    if not isinstance(options, dict):
+        raise IndexFormatError(docs.path, f"its 'vector_options' entry is damaged (not a JSON object: {text[:40]!r})")
+    return options
+
+
 def vector_options(docs: DocStore, manifest: Manifest, manifest_path: Path) -> dict[str, Any]:
     """The vector options `docs` records, less dim, metric and factory, which must be the manifest's.
 
-    Raises IndexFormatError naming manifest.json where they differ. Why one function: opening an index
+    Raises IndexFormatError naming manifest.json where they differ (docs.sqlite where its entry is damaged,
+    `recorded_vector_options`). Why one function: opening an index
     and ``index check`` must blame the same file (the check blamed the segments for an edited manifest).
     """
-    options = json.loads(docs.get_meta("vector_options") or "{}")
+    options = recorded_vector_options(docs)
     m = manifest
     described = options.pop("dim", m.dim), options.pop("metric", m.metric), options.pop("factory", m.factory)
     if described != (m.dim, m.metric, m.factory):

@@ -26,6 +26,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 RRF_K = 60  # Cormack et al. 2009; the value every major search engine ships as default.
+# Hybrid search's fusion when none is given (`SearchPipeline.search`; `twotower eval --index` records it).
+DEFAULT_FUSION = "rrf"
 NORMALIZATIONS = ("minmax", "zscore")
 
 

@@ -58,7 +58,7 @@ from twotower.retrieval.corpus import (
     write_corpus_file,
 )
 from twotower.retrieval.dual_encoder import DualEncoder
-from twotower.retrieval.fusion import RRF_K
+from twotower.retrieval.fusion import DEFAULT_FUSION, RRF_K
 from twotower.retrieval.hit import Hit, gc_paused
 from twotower.retrieval.interpolation import interpolate
 from twotower.retrieval.manifest import (
@@ -583,7 +583,7 @@ class SearchPipeline:
         self._refuse_ignored(rerank, rerank_k, rerank_alpha, aggregate)
         aggregate = aggregate or "max"
         _refuse_ignored_fusion(hybrid, fusion, rrf_k, weights)
-        fusion = fusion or "rrf"
+        fusion = fusion or DEFAULT_FUSION
         rrf_k = RRF_K if rrf_k is None else rrf_k
         clf = self._task_model(classifier, "classify", "classifier") if classifier is not None else None
         if clf is not None and not fetch_documents:

@@ -69,8 +69,9 @@ from twotower.common.atomic import atomic_replace_dir, atomic_write_text, stagin
 from twotower.common.device import autocast, default_device, resolve_bf16
 from twotower.common.errors import DataError, check_at_least, check_setting
 from twotower.common.malloc import retain_freed_memory_for
-from twotower.common.paths import path_argument
-from twotower.encoder.core.checkpoint import CONFIG_NAME
+from twotower.common.paths import a_few, foreign_entries, path_argument
+from twotower.encoder.core.checkpoint import CONFIG_NAME, WEIGHTS_NAME
+from twotower.encoder.core.tokenizer import TOKENIZER_FILES
 from twotower.encoder.finetuning.qa_decode import choose_null_threshold
 from twotower.encoder.finetuning.task_examples import build_label_map, check_bio_labels, where
 from twotower.encoder.finetuning.task_model import TaskModel, batch_order, model_inputs, read_config, run_rows
@@ -97,6 +98,9 @@ logger = logging.getLogger(__name__)
 REPORT_NAME = "finetune_report.json"
 STATE_DIR = "trainer_state"  # a run under way's resumable state (see the module docstring)
 BEST_NAME = "best"  # the state's best.safetensors: the current seed's best weights
+# Every name a run writes into its directory (`TaskModel.save`: the model, its tokenizer, the report, the
+# training state): --overwrite replaces a directory holding only these, never one holding a user's file.
+RUN_NAMES = frozenset({REPORT_NAME, STATE_DIR, CONFIG_NAME, WEIGHTS_NAME, *TOKENIZER_FILES})
 # Settings that change how a run is watched or where it computes, not what it computes: a resume may differ.
 UNCHECKED = ("progress", "save_every", "device", "bf16")
 # The flag of a setting whose name is not the flag's (`--` + the name with dashes otherwise).
@@ -251,10 +255,12 @@ def resolved_max_length(given: int | None, model_dir: str, head: str = "classify
 
 def out_dir_state(out_dir: str, model_dir: str | None = None) -> str:
     """What is at a run's output directory: "free" (nothing, or an empty directory), "run" (an earlier run: it
-    holds finetune_report.json), "model" (the very directory being fine-tuned), "file" or "other" (a directory
-    holding anything else).
+    holds finetune_report.json and nothing but what a run writes), "mixed" (an earlier run and files of the
+    user's), "model" (the very directory being fine-tuned), "file" or "other" (a directory holding anything
+    else).
 
-    Why: a run replaced whatever was at ``out_dir`` (a directory of the user's files, a file, the model itself).
+    Why: a run replaced whatever was at ``out_dir`` (a directory of the user's files, a file, the model itself),
+    and --overwrite deleted a user's files that sat beside an earlier run's report.
     """
     if not os.path.lexists(out_dir):
         return "free"
@@ -265,7 +271,9 @@ def out_dir_state(out_dir: str, model_dir: str | None = None) -> str:
     names = os.listdir(out_dir)
     if not names:
         return "free"
-    return "run" if REPORT_NAME in names else "other"
+    if REPORT_NAME not in names:
+        return "other"
+    return "mixed" if foreign_entries(out_dir, RUN_NAMES) else "run"
 
 
 def run_finished(out_dir: str) -> bool | None:
@@ -291,6 +299,10 @@ def _work_dir(out_dir: str, model_dir: str, overwrite: bool) -> str:
         raise ValueError(f"out_dir={out_dir!r} is the model directory being fine-tuned; give another (--out)")
     if state == "other":
         raise ValueError(f"out_dir={out_dir!r} holds files that are not a fine-tuning run; give a new or empty "
+                         "directory (--out)")
+    if state == "mixed":  # replacing the run would delete them with it
+        raise ValueError(f"out_dir={out_dir!r} holds an earlier fine-tuning run and files of yours "
+                         f"({a_few(foreign_entries(out_dir, RUN_NAMES))}): move them out, or give another "
                          "directory (--out)")
     if not overwrite:
         stopped = locate_state(out_dir, STATE_DIR)

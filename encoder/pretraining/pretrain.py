@@ -34,8 +34,6 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from twotower.common.atomic import (
-    OLD_MARKER,
-    TMP_MARKER,
     commit_staged_run,
     left_by_a_stopped_run,
     recover_replaced_dir,
@@ -46,6 +44,7 @@ from twotower.common.device import autocast, resolve_bf16, training_device
 from twotower.common.distributed import DistInfo, all_reduce_sum, barrier, cleanup, init_distributed
 from twotower.common.errors import DataError, check_at_least, check_setting
 from twotower.common.malloc import retain_freed_memory_for
+from twotower.common.paths import a_few, foreign_entries
 from twotower.encoder.core.checkpoint import (
     CONFIG_NAME,
     WEIGHTS_NAME,
@@ -373,13 +372,13 @@ def check_out_dir(args: PretrainArgs, work: str, config: EncoderConfig, budget: 
     # notes, another tool's output are the user's, and --overwrite removed them with the earlier run)
     # (a tokenizer directory holds some of a run's names, but without run.json it is no run)
     is_run = os.path.isfile(run_file)
-    foreign = [n for n in names if not is_run or (n not in RUN_NAMES and not (n.startswith(".") and TMP_MARKER in n)
-                                                   and not n.startswith(STATE_DIR + OLD_MARKER))]
+    foreign = foreign_entries(out, RUN_NAMES) if is_run else names
+    if foreign and is_run:
+        raise ValueError(f"--out {out}: a directory holding a pretraining run and other files ({a_few(foreign)}), "
+                         "which --overwrite would remove with it: move them out, or give another --out")
     if foreign:
-        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
-        what = "a pretraining run and other files" if is_run else "other files, not a pretraining run"
-        raise ValueError(f"--out {out}: a directory holding {what} ({shown}), which --overwrite would remove; "
-                         "give a new or empty directory")
+        raise ValueError(f"--out {out}: a directory holding other files, not a pretraining run ({a_few(foreign)}), "
+                         "which --overwrite would remove; give a new or empty directory")
     if names and not args.overwrite:
         stopped = resume_dir(out)
         resume = (f", or --resume to continue it from step {step} (saved in {stopped})"

@@ -55,9 +55,14 @@ from twotower.common.atomic import (
     staging_dir,
     sweep_temporaries,
 )
+from twotower.common.paths import a_few, foreign_entries
 
 RUN_OUTPUTS = ("best", "last", "summary.json")  # what marks a directory as holding an earlier run's results
 STATE_DIR = "trainer_state"  # a run under way's resumable state (`twotower.retrieval.training.resume`)
+# Every name a run writes into its directory (this module, the trainers' document vectors and mined negatives):
+# --overwrite replaces a directory holding only these, never one holding a user's file beside them.
+RUN_NAMES = frozenset({*RUN_OUTPUTS, STATE_DIR, "train_log.jsonl", "train_log.jsonl.previous", "dev_ndcg.png",
+                       "negatives.jsonl", "negatives.jsonl.meta.json", "document_vectors.npy", "document_ids.json"})
 
 
 class TrainingRun:
@@ -73,6 +78,8 @@ class TrainingRun:
             staged = staging_dir(out)
             self.out = staged if os.path.isdir(os.path.join(staged, STATE_DIR)) else out
         else:
+            if replace and (theirs := beside_run(out)):  # the swap at the end would delete them with the run
+                raise ValueError(beside_run_message(out, theirs))
             self.out = staging_dir(out) if replace and holds_run(out) else out
         if self.staged and os.path.lexists(self.out) and not left_by_a_stopped_run(self.out, "train_log.jsonl"):
             raise ValueError(f"{self.out} is in the way: a run replacing {out} is built there; move it away")
@@ -229,12 +236,36 @@ class TrainingRun:
         plt.close(fig)
 
 
-def holds_run(out: str) -> bool:
-    """Whether `out` holds what an earlier run saved (a checkpoint or its summary), not just a log; a
-    checkpoint a kill left moved aside mid-save is put back first."""
+def _has_results(out: str) -> bool:
+    """Whether `out` holds what a run saved (a checkpoint or its summary), not just a log; a checkpoint a kill
+    left moved aside mid-save is put back first."""
     for name in RUN_OUTPUTS[:2]:
         recover_replaced_dir(os.path.join(out, name))
     return any(os.path.lexists(os.path.join(out, name)) for name in RUN_OUTPUTS)
+
+
+def holds_run(out: str) -> bool:
+    """Whether `out` holds an earlier run (a checkpoint or its summary, not just a log) and nothing but what
+    a run writes: only such a directory is replaced whole by a run with ``replace`` (``--overwrite``).
+
+    Why: ``best/`` beside the user's ``mycode.py`` was taken for an earlier run, and the swap that replaced
+    it deleted the user's file.
+    """
+    return _has_results(out) and not foreign_entries(out, RUN_NAMES)
+
+
+def beside_run(out: str) -> list[str]:
+    """The entries of `out` that no run writes, when it holds an earlier run's results beside them (which
+    ``--overwrite`` would replace, and them with it); [] otherwise."""
+    if not os.path.isdir(out) or not _has_results(out):
+        return []
+    return foreign_entries(out, RUN_NAMES)
+
+
+def beside_run_message(out: str, theirs: list[str]) -> str:
+    """The refusal of an --out holding an earlier run and the user's files (`beside_run`), in the CLI's words."""
+    return (f"--out {out}: an earlier run and files of yours ({a_few(theirs)}), which --overwrite would remove "
+            "with it: move them out, or give another --out")
 
 
 def _jsonable(obj: Any) -> Any:

@@ -296,15 +296,30 @@ def test_a_reranker_given_as_the_embedding_model_is_refused(tmp_path, capsys, ar
         assert rc == 0, err
 
 
-def test_library_messages_name_the_flag_without_the_python_keyword(tmp_path, capsys):
+def test_library_messages_name_the_flag_without_the_python_keyword(tmp_path, capsys, caplog):
     """On the command line "--passage-window (passage_window)" and "build with --passages (passages=True)" quoted
-    keywords the user never typed: the error and the log warning name the flag alone."""
+    keywords the user never typed: the error and the log warning (as the command's formatter writes it) name
+    the flag alone."""
+    from twotower.cli import _FlagsOnlyFormatter
+
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text(json.dumps({"_id": "long", "text": "tea coffee " * 400}) + "\n")
     argv = ["index", "build", "--corpus", str(corpus), "--model", tiny_model_dir(), "--no-progress"]
     rc, _, err = run_cli(capsys, *argv, "--out", str(tmp_path / "p"), "--passages", "--passage-window", "0")
     assert rc == 2 and "--passage-window must be a positive number of tokens, got 0" in err, err
-    r = subprocess.run([sys.executable, "-m", "twotower", *argv, "--out", str(tmp_path / "idx")],
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    assert "are longer than the model's maximum" in r.stderr and "build with --passages to split" in r.stderr, r.stderr
+    with caplog.at_level("WARNING"):
+        rc, _, err = run_cli(capsys, *argv, "--out", str(tmp_path / "idx"))
+    assert rc == 0, err
+    [line] = [_FlagsOnlyFormatter("%(message)s").format(r) for r in caplog.records
+              if "are longer than the model's maximum" in r.getMessage()]
+    assert "build with --passages to split" in line, line
+
+
+def test_a_parenthesised_part_of_a_users_path_is_kept(tmp_path, capsys):
+    """Every message passed through `flags_only`, which took "(y)" in "--qrels nope--x (y).tsv" for a Python
+    keyword and printed a path the user never typed (nope--x.tsv)."""
+    run = tmp_path / "r.trec"
+    run.write_text("q1 Q0 d1 1 1.0 x\n")
+    qrels = str(tmp_path / "nope--x (y).tsv")
+    rc, _, err = run_cli(capsys, "eval", "--run", str(run), "--qrels", qrels)
+    assert rc == 2 and f"--qrels {qrels}: " in err, err

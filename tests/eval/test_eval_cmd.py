@@ -138,9 +138,9 @@ def test_out_is_new_empty_or_an_earlier_report_and_never_an_input(files, capsys)
     assert main([*args, str(tmp / "mine")]) == 2
     assert "holding other files (notes.txt), not an earlier report" in capsys.readouterr().err
     assert sorted(p.name for p in (tmp / "mine").iterdir()) == ["notes.txt"]
-    (tmp / "rep" / "runs").mkdir(parents=True)
-    shutil.copy(tmp / "run.trec", tmp / "rep" / "runs" / "old.trec")
-    (tmp / "rep" / "report.md").write_text("an earlier report\n")
+    shutil.copy(tmp / "run.trec", tmp / "old.trec")
+    assert main(["eval", "--run", str(tmp / "old.trec"), "--qrels", str(tmp / "qrels.tsv"), "--out",
+                 str(tmp / "rep")]) == 0
     assert main([*args, str(tmp / "rep")]) == 0  # an earlier report is replaced whole
     assert sorted(p.name for p in (tmp / "rep" / "runs").iterdir()) == ["run.trec"]
     before = (tmp / "rep" / "runs" / "run.trec").read_bytes()
@@ -241,6 +241,7 @@ class _FakePipeline:
         return [i not in self.absent for i in ids]
 
     absent: set = set()  # document ids the stand-in index lacks
+    size: int | None = None  # documents in the stand-in index (None: as many as -k asks for)
 
     def info(self):  # as SearchPipeline.info: the manifest's pipeline block under "extra"
         encoder = {"fingerprint": "0123456789abcdef", "dim": 4, "model": {"path": "/models/enc"}}
@@ -252,7 +253,7 @@ class _FakePipeline:
         out = []
         for q in queries:
             target = "d" + q.split()[-1]  # query "find 3" -> relevant doc "d3"
-            docs = [f"d{i}" for i in range(k)]
+            docs = [f"d{i}" for i in range(k if self.size is None else min(k, self.size))]
             scores = {d: 1.0 / (i + 1) for i, d in enumerate(docs)}
             if rerank:
                 scores[target] = 10.0
@@ -396,7 +397,8 @@ def test_out_holding_a_report_name_beside_other_files_is_refused_and_kept(files,
     args = ["eval", "--run", str(tmp / "run.trec"), "--qrels", str(tmp / "qrels.tsv"), "--out"]
     assert main([*args, str(out)]) == 2
     err = capsys.readouterr().err
-    assert f"--out {out}: a directory holding other files (code, important.txt), not an earlier report" in err
+    assert f"--out {out}: a directory holding other files (code, important.txt, report.md), not an earlier " \
+           "report" in err
     assert sorted(p.name for p in out.rglob("*")) == ["code", "important.txt", "main.py", "report.md"]
     assert main([*args, str(tmp / "rep")]) == 0  # a report's own directory is replaced: nothing else is there
     (tmp / "rep" / "runs" / "notes.txt").write_text("mine\n")
@@ -404,6 +406,59 @@ def test_out_holding_a_report_name_beside_other_files_is_refused_and_kept(files,
     assert "(runs/notes.txt)" in capsys.readouterr().err and (tmp / "rep" / "runs" / "notes.txt").is_file()
     (tmp / "rep" / "runs" / "notes.txt").unlink()
     assert main([*args, str(tmp / "rep")]) == 0
+
+
+def test_out_holding_a_report_md_and_runs_of_the_users_is_no_earlier_report(files, capsys):
+    """A report.md of notes beside the user's own runs/*.trec passed for an earlier report, and both were
+    deleted: only a metrics.json that lists the systems whose runs runs/ holds marks one."""
+    tmp, _, _ = files
+    out = tmp / "exp"
+    (out / "runs").mkdir(parents=True)
+    (out / "report.md").write_text("# notes\n")
+    shutil.copy(tmp / "run.trec", out / "runs" / "bm25-tuned.trec")
+    args = ["eval", "--run", str(tmp / "run.trec"), "--qrels", str(tmp / "qrels.tsv"), "--out", str(out)]
+    assert main(args) == 2
+    assert f"--out {out}: a directory holding other files (report.md, runs), not an earlier report" in (
+        capsys.readouterr().err)
+    (out / "metrics.json").write_text('{"systems": {"other": {}}}\n')  # it lists another system's run
+    assert main(args) == 2
+    assert "not an earlier report" in capsys.readouterr().err
+    assert sorted(p.name for p in out.rglob("*")) == ["bm25-tuned.trec", "metrics.json", "report.md", "runs"]
+
+
+def test_out_an_earlier_report_the_user_added_files_to_says_so(files, capsys):
+    """An earlier report with the user's runs/notes.txt (or a .DS_Store) was called "a directory holding other
+    files ... not an earlier report"; it is one, and the files are theirs to move out."""
+    tmp, _, _ = files
+    args = ["eval", "--run", str(tmp / "run.trec"), "--qrels", str(tmp / "qrels.tsv"), "--out", str(tmp / "rep")]
+    assert main(args) == 0
+    (tmp / "rep" / "runs" / "notes.txt").write_text("mine\n")
+    (tmp / "rep" / ".DS_Store").write_text("finder\n")
+    assert main(args) == 2
+    assert (f"--out {tmp / 'rep'}: an earlier report and files of yours (.DS_Store, runs/notes.txt), which the "
+            "new report would replace whole: move them out, or give another --out") in capsys.readouterr().err
+    assert (tmp / "rep" / "runs" / "notes.txt").is_file() and (tmp / "rep" / ".DS_Store").is_file()
+
+
+def test_out_is_checked_again_just_before_the_report_replaces_it(files, capsys, monkeypatch):
+    """--out was checked before the (possibly long) search only: a file the user put there meanwhile went
+    with the earlier report when it was replaced."""
+    import twotower.eval.report as report
+
+    tmp, _, _ = files
+    args = ["eval", "--run", str(tmp / "run.trec"), "--qrels", str(tmp / "qrels.tsv"), "--out", str(tmp / "rep")]
+    assert main(args) == 0
+    real = report.write_report
+
+    def user_adds_a_file_meanwhile(*a, **kw):
+        (tmp / "rep" / "later.txt").write_text("mine\n")
+        return real(*a, **kw)
+
+    monkeypatch.setattr(report, "write_report", user_adds_a_file_meanwhile)
+    assert main(args) == 2
+    assert "an earlier report and files of yours (later.txt)" in capsys.readouterr().err
+    assert (tmp / "rep" / "later.txt").read_text() == "mine\n" and (tmp / "rep" / "metrics.json").is_file()
+    assert not [p for p in tmp.iterdir() if ".tmp-" in p.name]  # the new report's staging directory is gone
 
 
 def test_out_the_current_directory_is_refused_before_any_work(files, capsys, monkeypatch):
@@ -451,7 +506,27 @@ def test_index_mode_warns_of_cutoffs_deeper_than_k(tmp_path, beir_dir, monkeypat
     note = ("ndcg@10, mrr@10, recall@10, recall@100, p@10 cut deeper than the deepest list of the run (5 "
             "documents): they count only those; -k 100 scores them in full")
     assert f"twotower eval: warning: {note}\n" in capsys.readouterr().err
-    assert json.loads((tmp_path / "r" / "metrics.json").read_text())["settings"]["cutoffs deeper than the runs"] == note
+    assert json.loads((tmp_path / "r" / "metrics.json").read_text())["settings"]["cutoffs deeper than the run"] == note
+
+
+def test_index_mode_says_nothing_of_cutoffs_within_k_of_a_small_index(tmp_path, beir_dir, monkeypatch, capsys):
+    """A 6-document index searched with the default -k 100 was told "... -k 100 scores them in full": its lists
+    are the whole index, which no flag makes deeper. Only a cutoff beyond -k is said."""
+    module = types.ModuleType("twotower.retrieval.pipeline")
+    module.SearchPipeline = _FakePipeline
+    monkeypatch.setitem(sys.modules, "twotower.retrieval.pipeline", module)
+    monkeypatch.setattr(_FakePipeline, "size", 6)
+    (tmp_path / "idx").mkdir()
+    (tmp_path / "idx" / "manifest.json").write_text("{}")
+    argv = ["eval", "--index", str(tmp_path / "idx"), "--dataset", str(beir_dir), "--no-progress", "--json"]
+    assert main([*argv, "--out", str(tmp_path / "r")]) == 0
+    assert "warning" not in capsys.readouterr().err
+    assert "cutoffs deeper than the run" not in json.loads((tmp_path / "r" / "metrics.json").read_text())["settings"]
+    assert main([*argv, "--out", str(tmp_path / "r50"), "-k", "50"]) == 0  # recall@100 is beyond -k 50
+    note = ("recall@100 cut deeper than the deepest list of the run (6 documents): it counts only those; -k 100 "
+            "scores them in full")
+    assert f"twotower eval: warning: {note}\n" in capsys.readouterr().err
+    assert json.loads((tmp_path / "r50" / "metrics.json").read_text())["settings"]["cutoffs deeper than the run"] == note
 
 
 def test_index_mode_report_records_the_index_encoder_fusion_and_unreachable_documents(

@@ -161,3 +161,42 @@ def test_check_names_an_edited_manifest_not_the_segments(tmp_path):
     assert r.returncode == 2, r.stderr
     assert f"{d / 'manifest.json'}: manifest says dim={DIM + 1}" in r.stderr, r.stderr
     assert f"records dim={DIM}" in r.stderr and ".faiss" not in r.stderr, r.stderr
+
+
+def _set_vector_options(d: Path, value: str) -> None:
+    con = sqlite3.connect(d / "docs.sqlite")
+    con.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('vector_options', ?)", (value,))
+    con.commit()
+    con.close()
+
+
+@pytest.mark.parametrize("value", ["{bad", "[1]"])
+def test_a_damaged_vector_options_entry_is_named_in_docs_sqlite(tmp_path, value):
+    """``index check`` of a damaged 'vector_options' entry: '{bad' was a JSONDecodeError naming no file, '[1]' a
+    TypeError traceback; opening the index failed the same ways."""
+    from twotower.indexing.check import check_index
+
+    d = _build(tmp_path / "idx")
+    _set_vector_options(d, value)
+    said = f"{d / 'docs.sqlite'}: its 'vector_options' entry is damaged (not a JSON object: {value!r})"
+    assert check_index(d).problems == [said]
+    with pytest.raises(IndexFormatError) as e:
+        IndexStore.open(d, readonly=True)
+    assert str(e.value) == said
+
+
+def test_check_compares_the_segments_with_docs_sqlite_where_the_manifest_disagrees(tmp_path):
+    """Where manifest.json and docs.sqlite disagree, the segments' dim and metric were not checked at all; they
+    are compared with what docs.sqlite records."""
+    from twotower.indexing.check import check_index
+
+    d = _build(tmp_path / "idx")
+    options = json.loads(sqlite3.connect(d / "docs.sqlite").execute(
+        "SELECT value FROM meta WHERE key = 'vector_options'").fetchone()[0])
+    _set_vector_options(d, json.dumps({**options, "dim": DIM + 1}))
+    problems = check_index(d).problems
+    assert problems[0].startswith(f"{d / 'manifest.json'}: manifest says dim={DIM}"), problems
+    segments = sorted(p.name for p in d.glob("seg-*.faiss"))
+    assert len(segments) > 1 and problems[1:] == [
+        f"{d / name}: holds dim={DIM} metric=cosine, docs.sqlite records dim={DIM + 1} metric=cosine"
+        for name in segments]

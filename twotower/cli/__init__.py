@@ -108,20 +108,30 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # "--passage-window (passage_window)", "--passages (passages=True)": a flag, then the library's keyword for it
-_KEYWORD_AFTER_FLAG = re.compile(r"(--[a-z][a-z0-9-]*) \([a-z_]+(?:=[A-Za-z0-9_]+)?\)")
+_KEYWORD_AFTER_FLAG = re.compile(r"(--[a-z][a-z0-9-]*) \(([a-z_]+(?:=[A-Za-z0-9_]+)?)\)")
+
+
+def _flag_alone(match: re.Match) -> str:
+    """The flag of a `_KEYWORD_AFTER_FLAG` match without its annotation, when the annotation is that flag's own
+    keyword; anything else (a user's file name, "nope--x (y).tsv") as it was."""
+    flag, keyword = match.group(1), match.group(2)
+    return flag if keyword.split("=")[0] == flag[2:].replace("-", "_") else match.group(0)
 
 
 def flags_only(message: str) -> str:
     """A library message as the command line says it: the flag alone, without the Python keyword beside it.
 
     Why: the library names a setting by its flag and its keyword, for both kinds of user; on the command line
-    "--passage-window (passage_window)" quoted a name the user never typed.
+    "--passage-window (passage_window)" quoted a name the user never typed. Only the flag's own keyword goes:
+    every message passes through here, and a path such as "nope--x (y).tsv" was printed as "nope--x.tsv".
 
     Example:
         >>> flags_only("build with --passages (passages=True) to split them")
         'build with --passages to split them'
+        >>> flags_only("--qrels nope--x (y).tsv: file not found")
+        '--qrels nope--x (y).tsv: file not found'
     """
-    return _KEYWORD_AFTER_FLAG.sub(r"\1", message)
+    return _KEYWORD_AFTER_FLAG.sub(_flag_alone, message)
 
 
 class _FlagsOnlyFormatter(logging.Formatter):

@@ -40,7 +40,7 @@ from twotower.cli.checks import (
 )
 from twotower.cli.help_format import DefaultsRawDescriptionHelpFormatter
 from twotower.cli.rerank_weight import print_weight_origin
-from twotower.common.paths import holds_working_directory
+from twotower.common.paths import a_few, foreign_entries, holds_working_directory
 
 if TYPE_CHECKING:
     from twotower.eval.report import ReportResult
@@ -104,32 +104,44 @@ _SEARCH_FLAGS = (("dataset", "--dataset"), ("split", "--split"), ("reranker", "-
                  ("k", "-k"), ("recall_k", "--recall-k"), ("batch_size", "--batch-size"))
 
 
-REPORT_FILES = ("metrics.json", "report.md")  # what marks a directory as an earlier report
+def _earlier_report(out: str) -> tuple[bool, list[str]]:
+    """Whether directory `out` holds an earlier report, and its entries that no report writes (``runs/NAME``
+    for one inside ``runs/``; every entry when it holds no report).
 
-
-def _not_a_report(out: str) -> list[str]:
-    """The entries of directory `out` that no report writes (``runs/NAME`` for one inside ``runs/``); all of
-    them when `out` holds neither metrics.json nor report.md.
-
+    An earlier report is marked by a metrics.json that parses and lists its systems, and a ``runs/`` holding
+    the ``.trec`` file of each of them.
     Why: a directory holding a report.md of the user's notes beside their code was taken for an earlier
-    report and replaced whole, the code with it; only what `write_report` writes (and the temporaries
-    of its atomic writes) may go with an earlier report.
+    report and replaced whole, the code with it; so were the user's notes and their own runs/*.trec. Only
+    what `write_report` writes (and the temporaries of its atomic writes) may go with an earlier report.
     """
-    from twotower.common.atomic import TMP_MARKER
     from twotower.eval.report import REPORT_NAMES
 
     names = sorted(os.listdir(out))
-    if not any(os.path.isfile(os.path.join(out, f)) for f in REPORT_FILES):
-        return names
-    foreign = [n for n in names if n not in REPORT_NAMES and not (n.startswith(".") and TMP_MARKER in n)]
-    runs = os.path.join(out, "runs")
-    if os.path.isdir(runs) and not os.path.islink(runs):
-        foreign += [f"runs/{n}" for n in sorted(os.listdir(runs))
-                    if not (n.endswith(".trec") and os.path.isfile(os.path.join(runs, n)))
-                    and not (n.startswith(".") and TMP_MARKER in n)]
-    elif os.path.lexists(runs):
-        foreign.append("runs")
-    return foreign
+    try:
+        with open(os.path.join(out, "metrics.json"), encoding="utf-8") as f:
+            systems = json.load(f)["systems"]
+        runs = {f"{name}.trec" for name in systems} if isinstance(systems, dict) else set()
+    except (OSError, ValueError, KeyError, TypeError):  # no report's metrics.json: nothing here is a report's
+        return False, names
+    runs_dir = os.path.join(out, "runs")
+    if not runs or os.path.islink(runs_dir) or not os.path.isdir(runs_dir) or not runs <= set(os.listdir(runs_dir)):
+        return False, names
+    return True, foreign_entries(out, REPORT_NAMES) + [f"runs/{n}" for n in foreign_entries(runs_dir, runs)]
+
+
+def _refuse_not_a_report(out: str) -> None:
+    """Refuse an --out directory that is not an earlier report (or one the user added files to), which the new
+    report would replace whole; called before the search and again just before the swap (the search may take
+    long, and files may be put there meanwhile)."""
+    if not os.path.isdir(out):
+        return
+    is_report, foreign = _earlier_report(out)
+    if foreign and is_report:
+        raise CLIError(f"--out {out}: an earlier report and files of yours ({a_few(foreign)}), which the new report "
+                       "would replace whole: move them out, or give another --out")
+    if foreign:
+        raise CLIError(f"--out {out}: a directory holding other files ({a_few(foreign)}), not an earlier report, "
+                       "which the new report would replace whole; give a new or empty directory")
 
 
 def _report_out(args: argparse.Namespace) -> None:
@@ -159,11 +171,7 @@ def _report_out(args: argparse.Namespace) -> None:
         if there and there.startswith(here + os.sep):
             raise CLIError(f"--out {out}: holds the input {flag} {given}, which the report would replace; write "
                            "the report elsewhere")
-    foreign = _not_a_report(out) if os.path.isdir(out) else []
-    if foreign:
-        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
-        raise CLIError(f"--out {out}: a directory holding other files ({shown}), not an earlier report, which the "
-                       "new report would replace whole; give a new or empty directory")
+    _refuse_not_a_report(out)
 
 
 def _write_report_into(out: str, write: Callable[[str], ReportResult]) -> ReportResult:
@@ -175,6 +183,7 @@ def _write_report_into(out: str, write: Callable[[str], ReportResult]) -> Report
     shutil.rmtree(staging, ignore_errors=True)
     try:
         result = write(staging)
+        _refuse_not_a_report(out)  # checked before the work began; the user may have put files there since
         atomic_replace_dir(staging, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -220,15 +229,22 @@ def _metrics(text: str | None, default: str) -> list:
         raise CLIError(f"--metrics: {e}") from None
 
 
-def _shallow_cutoffs(specs: list, runs: dict, deeper: str) -> str | None:
+# The report's settings key of `_shallow_cutoffs`'s note: one in both modes, for whoever reads metrics.json.
+SHALLOW_NOTE = "cutoffs deeper than the run"
+
+
+def _shallow_cutoffs(specs: list, runs: dict, deeper: str, k: int | None = None) -> str | None:
     """Say (stderr, once) when a metric's cutoff is deeper than the runs' deepest list, and return the note
-    for the report; None when every cutoff fits. `deeper`: how to make the run deeper, in the user's flags.
+    for the report (under `SHALLOW_NOTE`); None when every cutoff fits. `deeper`: how to make the run deeper,
+    in the user's flags. `k`: the ``-k`` the runs were searched with (--index mode): only cutoffs beyond it
+    are said, since a shorter list there is the whole index, which no flag makes deeper.
 
     Why: trec_eval's numbers are kept (they are right for the run as it is), but a run searched with
-    ``-k 10`` reported a recall@100 that is recall@10, and nothing said so.
+    ``-k 10`` reported a recall@100 that is recall@10, and nothing said so; and a 6-document index searched
+    with the default ``-k 100`` was told "-k 100 scores them in full".
     """
     depth = max((len(docs) for run in runs.values() for docs in run.values()), default=0)
-    shallow = [s for s in specs if s.k is not None and s.k > depth]
+    shallow = [s for s in specs if s.k is not None and s.k > max(depth, k or 0)]
     if not shallow:
         return None
     deepest = max(s.k for s in shallow)
@@ -267,7 +283,7 @@ def _score_run(args: argparse.Namespace) -> int:
             metrics=[s.label for s in specs],
             drop_self_hits=args.drop_self_hits,
             settings={"run": args.run, "qrels": args.qrels,
-                      **({"cutoffs deeper than the run": shallow} if shallow else {})},
+                      **({SHALLOW_NOTE: shallow} if shallow else {})},
         ))
     if args.json:
         payload: dict = dict(result.means)
@@ -312,7 +328,7 @@ def _index_record(args: argparse.Namespace, pipeline) -> dict[str, Any]:
     Why: a report said only the path as typed, so which index, which commit of it and which encoder made
     the numbers could not be told afterwards (an index grows, and is rebuilt with other models in place).
     """
-    from twotower.retrieval.fusion import RRF_K
+    from twotower.retrieval.fusion import DEFAULT_FUSION, RRF_K
     from twotower.retrieval.manifest import pipeline_block
 
     info = pipeline.info()
@@ -326,7 +342,8 @@ def _index_record(args: argparse.Namespace, pipeline) -> dict[str, Any]:
         "encoder fingerprint": encoder["fingerprint"],
     }
     if args.hybrid:  # the fusion `SearchPipeline.search` applies when none is given
-        record["fusion"] = f"rrf (reciprocal-rank fusion of dense and BM25, k={RRF_K})"
+        record["fusion"] = (f"{DEFAULT_FUSION} (reciprocal-rank fusion of dense and BM25, k={RRF_K})"
+                            if DEFAULT_FUSION == "rrf" else DEFAULT_FUSION)
     return record
 
 
@@ -405,7 +422,7 @@ def _search_and_report(args: argparse.Namespace) -> int:
                     run[qid] = {hit.id: float(hit.score) for hit in hits}
             runs[name] = run
 
-    shallow = _shallow_cutoffs(specs, runs, "-k {k} scores them in full")
+    shallow = _shallow_cutoffs(specs, runs, "-k {k} scores them in full", k=args.k)
     report = _write_report_into(args.out, lambda out: write_report(
         runs,
         dataset.qrels,
@@ -422,7 +439,7 @@ def _search_and_report(args: argparse.Namespace) -> int:
             "k": args.k,
             "recall_k": recall_k,
             **weight,
-            **({"cutoffs deeper than the runs": shallow} if shallow else {}),
+            **({SHALLOW_NOTE: shallow} if shallow else {}),
             **({"relevant documents not in --index": unreachable} if unreachable else {}),
         },
     ))

@@ -189,10 +189,21 @@ def _check_out(args: argparse.Namespace, model_dir: str) -> None:
     """
     from twotower.cli import CLIError
     from twotower.common.atomic import staging_dir
-    from twotower.encoder.finetuning.finetune import REPORT_NAME, STATE_DIR, out_dir_state, run_finished
+    from twotower.common.paths import a_few, foreign_entries, holds_working_directory
+    from twotower.encoder.finetuning.finetune import (
+        REPORT_NAME,
+        RUN_NAMES,
+        STATE_DIR,
+        out_dir_state,
+        run_finished,
+    )
     from twotower.encoder.training.same_run import locate_state
 
     out = args.out
+    if where := holds_working_directory(out):  # --overwrite swaps the new run in for it whole
+        raise CLIError(f"--out {out}: {where}; a run replaces its directory whole (--overwrite), which would "
+                       "delete your files there and leave your shell in a removed directory; give a directory "
+                       "below it, e.g. --out model")
     if args.resume:  # the run's own directory: there must be a state to continue from (what else: in its words)
         from twotower.encoder.finetuning.finetune import find_state
 
@@ -205,10 +216,11 @@ def _check_out(args: argparse.Namespace, model_dir: str) -> None:
         raise CLIError(f"--out {out}: the --model directory itself; give another directory for the fine-tuned "
                        "model")
     if state == "other":
-        names = sorted(os.listdir(out))
-        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-        raise CLIError(f"--out {out}: a directory holding other files ({shown}), not a fine-tuning run; give a "
-                       "new or empty directory")
+        raise CLIError(f"--out {out}: a directory holding other files ({a_few(sorted(os.listdir(out)))}), not a "
+                       "fine-tuning run; give a new or empty directory")
+    if state == "mixed":  # --overwrite would delete them with the earlier run
+        raise CLIError(f"--out {out}: an earlier fine-tuning run and files of yours "
+                       f"({a_few(foreign_entries(out, RUN_NAMES))}): move them out, or give another --out")
     if state == "run" and not args.overwrite:
         what = "an unfinished fine-tuning run" if run_finished(out) is False else "an earlier fine-tuning run"
         stopped = locate_state(out, STATE_DIR)

@@ -83,7 +83,13 @@ def run(args: argparse.Namespace) -> int:
     import os
     import time
 
-    from twotower.cli import resumable
+    from twotower.cli import CLIError, resumable
+    from twotower.common.paths import holds_working_directory
+
+    if where := holds_working_directory(args.out):  # --overwrite swaps the new run in for it whole
+        raise CLIError(f"--out {args.out}: {where}; a run replaces its directory whole (--overwrite), which "
+                       "would delete your files there and leave your shell in a removed directory; give a "
+                       "directory below it, e.g. --out run")
     from twotower.encoder.pretraining.pretrain import (
         FIRST_SAVE,
         RUN_FILE,

@@ -101,6 +101,7 @@ def _check_out(out: str, overwrite: bool) -> None:
     replacing the directory as a unit would delete them.
     """
     from twotower.cli import CLIError
+    from twotower.common.paths import a_few, foreign_entries
     from twotower.encoder.core.tokenizer import TOKENIZER_FILES
 
     if not os.path.exists(out):
@@ -108,7 +109,7 @@ def _check_out(out: str, overwrite: bool) -> None:
     if not os.path.isdir(out):
         raise CLIError(f"--out {out}: a file; give a new or empty directory")
     names = sorted(os.listdir(out))
-    others = [n for n in names if n not in TOKENIZER_FILES]
+    others = foreign_entries(out, TOKENIZER_FILES)  # the one rule of what a command may replace (a_few names them)
     if not others:
         if names and not overwrite:
             raise CLIError(f"--out {out} already holds a tokenizer; pass --overwrite to replace it, "
@@ -118,8 +119,8 @@ def _check_out(out: str, overwrite: bool) -> None:
     if model:
         raise CLIError(f"--out {out}: a model directory (it has {model[0]}); a new tokenizer there would no longer "
                        "match the model's embeddings; give a new or empty directory")
-    shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
-    raise CLIError(f"--out {out}: a directory that holds other files ({shown}); give a new or empty directory")
+    raise CLIError(f"--out {out}: a directory that holds other files ({a_few(others)}); give a new or empty "
+                   "directory")
 
 
 def _single_pieces(tok: Tokenizer) -> list[str]:

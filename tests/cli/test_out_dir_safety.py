@@ -1,0 +1,106 @@
+"""`twotower train|finetune|pretrain --out`: the working directory, and an earlier run beside the user's files,
+are refused before anything loads (`--out . --overwrite` deleted the user's files there: the swap that replaces
+a run's directory had come to succeed for ``.``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from twotower.cli import main
+from twotower.common.paths import foreign_entries
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny_dir, one_thread: tests/conftest.py
+
+SST = "sentence\tlabel\n" + "i love this movie\t1\ngreat acting\t1\ni hate this movie\t0\nterrible\t0\n" * 2
+
+
+def _error(capsys, argv: list[str]) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    return err
+
+
+def _earlier_train_run(directory) -> None:
+    """What `twotower train` leaves (its checkpoint, summary and log), and the user's own file beside it."""
+    (directory / "best").mkdir(parents=True)
+    (directory / "best" / "config.json").write_text("{}\n")
+    (directory / "summary.json").write_text("{}\n")
+    (directory / "train_log.jsonl").write_text("")
+    (directory / "mycode.py").write_text("print('mine')\n")
+
+
+def _files(directory) -> list[str]:
+    return sorted(str(p.relative_to(directory)) for p in directory.rglob("*"))
+
+
+def test_foreign_entries_leaves_out_a_runs_names_and_its_temporaries(tmp_path):
+    for name in ("best", "best.old-123", ".best.tmp-9", "summary.json", "notes.txt", "best.old-x", "zz"):
+        (tmp_path / name).mkdir()
+    assert foreign_entries(tmp_path, {"best", "summary.json"}) == ["best.old-x", "notes.txt", "zz"]
+
+
+@pytest.mark.parametrize("command", ["dual", "reranker"])
+def test_train_refuses_the_working_directory_and_a_run_beside_the_users_files(tmp_path, capsys, monkeypatch,
+                                                                            command):
+    proj = tmp_path / "proj"
+    _earlier_train_run(proj)
+    before = _files(proj)
+    data = "--pairs" if command == "reranker" else "--data"
+    args = ["train", command, "--model", str(tmp_path / "model"), data, str(tmp_path / "data"), "--overwrite",
+            "--out"]
+    monkeypatch.chdir(proj)
+    err = _error(capsys, [*args, "."])
+    assert "--out .: the current directory; a run replaces its directory whole (--overwrite)" in err
+    assert "give a directory below it" in err
+    monkeypatch.chdir(tmp_path)  # not the working directory: refused for the user's file
+    err = _error(capsys, [*args, "proj"])
+    assert ("--out proj: an earlier run and files of yours (mycode.py), which --overwrite would remove with it: "
+            "move them out, or give another --out") in err
+    assert _files(proj) == before
+
+
+def test_a_training_run_told_to_replace_an_earlier_run_beside_the_users_files_refuses(tmp_path):
+    """The library's own check (`TrainingRun`, replace=True), for a caller that is not the CLI."""
+    from twotower.retrieval.training.training_run import TrainingRun, holds_run
+
+    _earlier_train_run(tmp_path)
+    assert not holds_run(str(tmp_path))
+    with pytest.raises(ValueError, match=r"an earlier run and files of yours \(mycode.py\)"):
+        TrainingRun(str(tmp_path), replace=True)
+    (tmp_path / "mycode.py").unlink()
+    assert holds_run(str(tmp_path))
+
+
+def test_finetune_refuses_the_working_directory_and_a_run_beside_the_users_files(tiny_dir, tmp_path, capsys,
+                                                                                monkeypatch):
+    from twotower.encoder.finetuning.finetune import out_dir_state
+
+    train = tmp_path / "train.tsv"
+    train.write_text(SST, encoding="utf-8")
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    args = ["finetune", "classify", "--model", tiny_dir, "--train", str(train), "--dev", str(train),
+            "--max-steps", "1", "--no-progress", "--overwrite", "--out"]
+    assert main([*args, str(proj)]) == 0  # an earlier run
+    (proj / "mycode.py").write_text("print('mine')\n")
+    before = _files(proj)
+    assert out_dir_state(str(proj)) == "mixed"
+    monkeypatch.chdir(proj)
+    err = _error(capsys, [*args, "."])
+    assert "--out .: the current directory; a run replaces its directory whole (--overwrite)" in err
+    monkeypatch.chdir(tmp_path)
+    err = _error(capsys, [*args, "proj"])
+    assert ("--out proj: an earlier fine-tuning run and files of yours (mycode.py): move them out, or give "
+            "another --out") in err
+    assert _files(proj) == before
+    (proj / "mycode.py").unlink()
+    assert out_dir_state(str(proj)) == "run"
+
+
+def test_pretrain_refuses_the_working_directory(tmp_path, capsys, monkeypatch):
+    (tmp_path / "below").mkdir()
+    monkeypatch.chdir(tmp_path / "below")
+    err = _error(capsys, ["pretrain", "--corpus", "c.txt", "--valid", "v.txt", "--tokenizer", "tok", "--steps", "1",
+                          "--out", "..", "--overwrite"])
+    assert "--out ..: one above the current directory; a run replaces its directory whole" in err
