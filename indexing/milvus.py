@@ -541,6 +541,15 @@ class MilvusVectors:
             out.update(self.docs.query(f"SELECT id, generation FROM vector_keys WHERE id IN ({marks})", chunk))
         return out
 
+    def _garbage(self, keys: Sequence[str]) -> set[str]:
+        """Those of the version `keys` listed in the garbage table (rows in Milvus to be deleted)."""
+        out: set[str] = set()
+        for s in range(0, len(keys), 500):
+            chunk = list(keys[s:s + 500])
+            marks = ",".join("?" * len(chunk))
+            out.update(r[0] for r in self.docs.query(f"SELECT key FROM vector_garbage WHERE key IN ({marks})", chunk))
+        return out
+
     def __len__(self) -> int:
         return int(self.docs.query("SELECT COUNT(*) FROM vector_keys")[0][0])
 
@@ -600,8 +609,13 @@ class MilvusVectors:
         if self._pending is None:
             self._pending = VectorIndex(self.dim, "Flat", self.metric)  # type: ignore[arg-type]
         pending = self._pending
-        # a staged id already written to Milvus (a flushed batch) is rewritten there, under the same key
-        direct = [j for j, i in enumerate(ids) if keys.get(i) == new and i not in pending]
+        # a staged id already written to Milvus (a flushed batch) is rewritten there, under the same key; so is one
+        # whose flushed row a delete of this transaction retired (its key is in the garbage): staged in memory
+        # instead, the flushed row stayed beside it (the writer's searches found the id twice) and a second delete
+        # dropped only the staged copy, leaving a row in Milvus that no table names
+        flushed = self._garbage([f"{new}:{i}" for i in ids if i not in keys])
+        direct = [j for j, i in enumerate(ids)
+                  if (keys.get(i) == new or f"{new}:{i}" in flushed) and i not in pending]
         if direct:
             self._upsert([ids[j] for j in direct], vectors[direct], [metadata[j] for j in direct], new)
         rest = sorted(set(range(len(ids))) - set(direct))

@@ -156,6 +156,45 @@ def test_a_stopping_server_deletes_the_rows_its_writes_superseded(tmp_path, caps
         assert (len(store), store.vectors.tombstone_count) == (4, 0)
 
 
+def test_a_stopping_server_opens_a_writer_only_when_it_has_rows_to_delete(tmp_path, monkeypatch):
+    """`collect_garbage` opened a whole writer (Milvus Lite restarted, the collection loaded and checked) whenever
+    the server had written: with an empty garbage table too, and on a Milvus server, where a writer deletes only
+    the rows retired more than 10 s ago."""
+    from twotower.indexing import milvus as mv
+    from twotower.indexing.docstore import DocStore
+    from twotower.indexing.store import DOCS_NAME
+    from twotower.serve import writer as writer_module
+
+    idx = tmp_path / "idx"
+    spec = mv.MilvusSpec(mv.resolve_uri(str(tmp_path / "v.db")), f"gc_{os.getpid()}")
+    with IndexStore.create(idx, 4, None, "cosine", milvus=spec) as store:
+        store.add([{"id": "d0", "text": "t", "metadata": {}}], np.ones((1, 4), dtype=np.float32))
+        store.commit()
+    opened = []
+
+    class Counted:
+        @staticmethod
+        def open(*a, **kw):
+            opened.append(a[0])
+            return IndexStore.open(*a, **kw)
+
+    monkeypatch.setattr(writer_module, "IndexStore", Counted)
+    writer = writer_module.IndexWriter(str(idx), None)
+    writer.writes = 1
+    writer.collect_garbage()
+    assert opened == []  # nothing in the garbage table
+    with DocStore(idx / DOCS_NAME) as docs:  # a row a write superseded
+        docs.write("INSERT INTO vector_garbage (key, generation, retired) VALUES ('1:gone', 1, 0)")
+    with monkeypatch.context() as m:
+        m.setattr(mv, "is_local", lambda uri: False)  # as for http://host:19530
+        writer.collect_garbage()
+    assert opened == []
+    writer.collect_garbage()
+    assert opened == [str(idx)]
+    with IndexStore.open(idx, readonly=True) as store:
+        assert store.vectors.tombstone_count == 0
+
+
 def test_close_lets_another_process_open_the_milvus_lite_file(built):
     """`SearchPipeline.close()` left the process's Milvus Lite client, and the in-process server that locks the
     file, open: `twotower search` in another process failed with "cannot reach Milvus ... used by one process at

@@ -160,6 +160,34 @@ def test_a_flushed_row_deleted_then_added_again_in_one_transaction_stays(tmp_pat
     assert check_index(tmp_path / "idx").ok
 
 
+def test_a_flushed_row_deleted_added_and_deleted_again_in_one_transaction_leaves_no_row(tmp_path, uri, monkeypatch):
+    """The re-add staged d2 in memory beside its flushed row (the writer's searches found d2 twice), and the second
+    delete dropped only the staged copy: Milvus kept a row ``2:d2`` that neither table named, never deleted, and
+    hiding a missing live row from the count of `missing_keys`. The re-add now rewrites the flushed row."""
+    monkeypatch.setattr(mv, "FLUSH_ROWS", 2)
+    x = clustered(4, 8, seed=6)
+    w = IndexStore.create(tmp_path / "idx", 8, None, "cosine", milvus=spec(uri))
+    w.add(docs(["d0", "d1"]), x[:2])
+    w.commit()
+    w.close()
+    w = IndexStore.open(tmp_path / "idx")
+    w.add(docs(["d2", "d3"]), x[2:4])  # flushed as 2:d2, 2:d3
+    w.delete(["d2"])
+    w.add(docs(["d2"]), -x[2:3])
+    hits = w.search(-x[2:3], 5).ids[0]  # k above the 4 ids: a second d2 would show
+    assert hits.count("d2") == 1 and hits[0] == "d2"  # its own searches: once, with the vector added last
+    w.delete(["d2"])
+    w.commit()
+    w.close()  # alone in the process: every superseded row is deleted now
+    with IndexStore.open(tmp_path / "idx") as w:
+        v = w.vectors
+        assert v.client.query(v.collection, filter='doc_id == "d2"', output_fields=["pk"],
+                              consistency_level="Strong") == []
+        assert sorted(w.vectors.ids()) == ["d0", "d1", "d3"]
+        assert w.vectors.tombstone_count == 0
+    assert check_index(tmp_path / "idx").ok
+
+
 def test_reader_answers_from_its_commit_until_refresh(tmp_path, uri, monkeypatch):
     monkeypatch.setattr(mv, "RETAIN_SECONDS", 3600.0)  # superseded rows stay while this reader may use them
     x = clustered(200, 8, seed=3)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
+import time
 
 import httpx
 import pytest
@@ -68,6 +69,96 @@ def test_a_write_cancelled_twice_is_waited_for_and_stops_only_itself(index_dir):
     assert asyncio.run(main()) == "committed"
     assert cuts and cuts[0].is_set()  # the cancelled write was told to stop
     assert not service.writer.stopping  # the writes after it are not
+
+
+def test_a_write_that_waited_for_a_thread_past_its_deadline_is_a_503_at_once(index_dir, monkeypatch):
+    """The deadline started when a thread took the write: behind `WRITE_THREADS` others, a write waited lock_wait_s
+    for each round of them (9 writes, lock_wait_s 0.5: 503s at 0.5, 1.0 and 1.5 s).  It starts at submission now."""
+    from twotower.serve import app as app_module
+    from twotower.serve.app import SearchService
+    from twotower.serve.errors import ApiError
+
+    service = SearchService(config(index_dir, token=TOKEN, lock_wait_s=0.05))
+    writer = service.writer
+    waits: list = []
+    wait = writer._turns.wait
+    monkeypatch.setattr(writer._turns, "wait", lambda timeout=None: (waits.append(timeout), wait(timeout))[1])
+    release = threading.Event()
+
+    async def main():
+        with writer._turn(lambda: False):  # a write in progress
+            blockers = [asyncio.ensure_future(service.write(_job(release, []))) for _ in range(app_module.WRITE_THREADS)]
+            late = asyncio.ensure_future(service.write(lambda cut, *deadline: writer.delete(["d0"], cut, *deadline)))
+            await asyncio.sleep(0)  # submitted: its deadline is set
+            submitted = time.monotonic()
+            while time.monotonic() <= submitted + writer.lock_wait_s:  # past it, still waiting for a thread
+                await asyncio.sleep(0.01)
+            release.set()
+            await asyncio.gather(*blockers)
+            with pytest.raises(ApiError, match="another write is in progress") as e:
+                await late
+        return e.value
+
+    assert asyncio.run(main()).status_code == 503
+    assert waits == []  # answered when a thread took it, without waiting lock_wait_s more
+    service._write_threads.shutdown(wait=False)
+
+
+def test_a_write_submitted_after_the_writes_stopped_is_write_stopped(index_dir):
+    """It reached the shut-down pool of write threads: a RuntimeError, a plain 500."""
+    from twotower.serve.writer import WriteStopped
+
+    service = _service(index_dir)
+
+    async def main():
+        await service.stop_writes()
+        with pytest.raises(WriteStopped):
+            await service.write(_job(threading.Event(), []))
+
+    asyncio.run(main())
+
+
+def test_a_write_stopped_while_it_waited_for_a_thread_parses_nothing(index_dir, monkeypatch):
+    """A write the shutdown stopped before a thread took it parsed its documents (a 400 for a bad one) first."""
+    with client(index_dir, token=TOKEN) as c:
+        writer = c.app.state.service.writer
+        deadline = writer.deadline
+
+        def stopping_now():  # the server stops after the write was submitted, before a thread takes it
+            writer.stop()
+            return deadline()
+
+        monkeypatch.setattr(writer, "deadline", stopping_now)
+        r = c.post("/documents", json={"documents": [{"text": "no id"}]}, headers=AUTH)
+    assert r.status_code == 503, r.text
+    assert r.json()["message"].startswith("the server is stopping; nothing was written")
+
+
+def test_the_shutdown_does_not_wait_for_a_client_that_does_not_read_its_answer(index_dir, monkeypatch):
+    """`stop_writes` waited without a bound for the writes' requests: one whose write had returned but whose client
+    did not read its answer (over the socket's buffer) held the shutdown for ever."""
+    from twotower.serve import app as app_module
+
+    monkeypatch.setattr(app_module, "STOP_ANSWERS_S", 0.01, raising=False)
+    service = _service(index_dir)
+
+    async def main():
+        answered, unread = asyncio.Event(), asyncio.Event()
+
+        async def request():  # as uvicorn's task: the write, then sending an answer nobody reads
+            await service.write(lambda *cut: "committed")
+            answered.set()
+            await unread.wait()
+
+        task = asyncio.ensure_future(request())
+        await answered.wait()
+        try:
+            await asyncio.wait_for(service.stop_writes(), 30)
+        finally:
+            unread.set()
+            await task
+
+    asyncio.run(main())
 
 
 def test_writes_run_on_threads_of_their_own(index_dir):
@@ -241,12 +332,16 @@ def test_stats_answer_at_once_while_the_owner_is_busy_and_say_a_newer_commit_exi
         finally:
             release.set()
         assert (busy["generation"], busy["newest_generation"]) == (before["generation"], before["generation"] + 1)
+        monkeypatch.setattr(app_module, "STATS_MOVE_WAIT_S", 30.0)  # the owner is free: the move is waited for
         after = stats(c)
         assert (after["documents"], after["generation"]) == (before["documents"] - 1, before["generation"] + 1)
 
 
-def test_stats_do_not_retry_a_commit_that_failed_to_load(index_dir, caplog):
+def test_stats_do_not_retry_a_commit_that_failed_to_load(index_dir, caplog, monkeypatch):
     """Each /stats made the owner try the commit again, with a traceback in the log each time."""
+    from twotower.serve import app as app_module
+
+    monkeypatch.setattr(app_module, "STATS_MOVE_WAIT_S", 30.0)  # the first /stats waits for the (failed) move
     with client(index_dir) as c:
         owner = c.app.state.service.owner
         before = stats(c)
@@ -271,8 +366,11 @@ def test_stats_do_not_retry_a_commit_that_failed_to_load(index_dir, caplog):
 
 def test_stats_answer_while_the_owner_is_stopping(index_dir):
     """/stats after another process's commit made the stopping owner a job, refused with a 503."""
+    from tests.serve.serve_fixtures import hold
+
     with client(index_dir) as c:
         owner = c.app.state.service.owner
+        release = hold(owner)  # the owner's thread is in this job: it cannot see the flag (and end) before it is reset
         with IndexStore.open(index_dir, readonly=False) as other:
             other.delete(["d0"])
         with owner._cond:
@@ -282,8 +380,32 @@ def test_stats_answer_while_the_owner_is_stopping(index_dir):
         finally:
             with owner._cond:
                 owner._stopping = False
+            release.set()
         assert r.status_code == 200, r.text
         assert r.json()["newest_generation"] == r.json()["generation"] + 1
+
+
+def test_polling_stats_while_the_owner_is_busy_counts_nothing_abandoned_or_refused(index_dir, monkeypatch):
+    """Each /stats whose wait for the move timed out withdrew its job (counted "abandoned"), and a full queue of
+    lookups refused it (counted "refused", with no 503): the counters of clients' requests grew with polling."""
+    from tests.serve.serve_fixtures import hold
+    from twotower.serve import app as app_module
+
+    monkeypatch.setattr(app_module, "STATS_MOVE_WAIT_S", 0.01)
+    with client(index_dir, max_queued=1) as c:
+        before = stats(c)
+        release = hold(c.app.state.service.owner)
+        try:
+            with IndexStore.open(index_dir, readonly=False) as other:
+                other.delete(["d0"])
+            polled = [stats(c) for _ in range(3)]
+        finally:
+            release.set()
+        assert all(p["generation"] == before["generation"] for p in polled)
+        monkeypatch.setattr(app_module, "STATS_MOVE_WAIT_S", 30.0)
+        after = stats(c)
+    assert after["generation"] == before["generation"] + 1
+    assert (after["batching"]["abandoned"], after["batching"]["refused"]) == (0, 0)
 
 
 def test_the_newest_generation_of_a_stopped_owner_is_none(index_dir):

@@ -76,6 +76,9 @@ WRITE_THREADS = 4
 # A stopping server says in its log when the writes it waits for are not done by then (a commit, a Milvus flush or
 # a segment merge finishing): it waits for them to the end, since the process could not exit before them anyway.
 STOP_NOTE_S = 2.0
+# ... and then waits at most this long for those writes' answers to be sent: a client that does not read its
+# answer (one over the socket's buffer) held the shutdown for ever, though nothing was left to write.
+STOP_ANSWERS_S = 5.0
 # /stats after another process's commit: how long it waits for the server to move to that commit before answering
 # from the one in hand (with `newest_generation` larger than `generation`) rather than a 503 or a minute's wait.
 STATS_MOVE_WAIT_S = 1.0
@@ -191,24 +194,34 @@ class SearchService:
         self._writing: set[asyncio.Task] = set()  # the requests a write runs for, until each has answered
         self._running: set[asyncio.Future] = set()  # the writes' threads' work, until each has returned
         self._write_threads = ThreadPoolExecutor(WRITE_THREADS, thread_name_prefix="twotower-write")
+        # the owner's job that moves it to the newest commit for /stats: one, shared by the /stats waiting for it,
+        # never withdrawn nor bounded (each /stats queued its own, counted "abandoned" at its timeout and "refused"
+        # when the lookups' queue was full)
+        self._move: Future[None] | None = None
 
-    async def write(self, job: Callable[[threading.Event], T]) -> T:
-        """The answer of `job` (a write, blocking: run in a write thread, given the event that stops it), even when
-        this handler is cancelled, once or many times.
+    async def write(self, job: Callable[[threading.Event, float], T]) -> T:
+        """The answer of `job` (a write, blocking: run in a write thread, given the event that stops it and its
+        deadline for its turn, `IndexWriter.deadline`), even when this handler is cancelled, once or many times.
+
+        The deadline is set here, at submission: set when a thread took the job, a write behind `WRITE_THREADS`
+        others waited lock_wait_s for each round of them before its 503.  A write submitted once the server is
+        stopping is `WriteStopped` at once (the writes' threads may be shut down: that was a plain 500).
 
         Why: past the graceful shutdown's deadline uvicorn cancels the requests in flight; a write's was answered
         a plain-text 500 while its thread went on, and could still commit. Now a cancel stops this write
         (`IndexWriter.stop_write`: before its commit, where it still can) and the handler waits for it, so the
         client hears what happened: 503 "nothing was written", or the commit it made; a cancel that lands once
-        the write has returned is answered with what it returned. `stop_writes` waits for the writes and these
-        answers before the model owner stops.
+        the write has returned is answered with what it returned. `stop_writes` waits for the writes, and at most
+        `STOP_ANSWERS_S` for these answers, before the model owner stops.
         """
+        self.writer.check_stopped()
+        deadline = self.writer.deadline()
         task = asyncio.current_task()
         if task is not None:
             self._writing.add(task)
             task.add_done_callback(self._writing.discard)  # once the answer is sent (the task is uvicorn's)
         cut = threading.Event()
-        call = functools.partial(contextvars.copy_context().run, job, cut)
+        call = functools.partial(contextvars.copy_context().run, job, cut, deadline)
         running = asyncio.get_running_loop().run_in_executor(self._write_threads, call)
         self._running.add(running)
         running.add_done_callback(self._running.discard)
@@ -220,17 +233,21 @@ class SearchService:
         return running.result()
 
     async def stop_writes(self) -> None:
-        """Before the model owner stops: every write stops where it still can (or finishes its commit), returns,
-        and is answered; they need the owner to the end (encoding, the move to their commit)."""
+        """Before the model owner stops: every write stops where it still can (or finishes its commit) and returns;
+        they need the owner to the end (encoding, the move to their commit).  Their answers then get
+        `STOP_ANSWERS_S` to be sent: they need nothing more, and a client that does not read its answer must not
+        hold the shutdown (it waited for the requests without a bound)."""
         self.writer.stop()
-        me = asyncio.current_task()
-        waiting = {t for t in self._writing if t is not me and not t.done()} | {f for f in self._running
-                                                                                 if not f.done()}
-        if waiting:
-            _, pending = await asyncio.wait(waiting, timeout=STOP_NOTE_S)
+        running = {f for f in self._running if not f.done()}
+        if running:
+            _, pending = await asyncio.wait(running, timeout=STOP_NOTE_S)
             if pending:
                 logger.warning("stopping: waiting for the write in progress to finish its commit")
                 await asyncio.wait(pending)
+        me = asyncio.current_task()
+        answering = {t for t in self._writing if t is not me and not t.done()}
+        if answering:
+            await asyncio.wait(answering, timeout=STOP_ANSWERS_S)
         self._write_threads.shutdown(wait=False)
 
     # ---- input checks (the request's own names in every message)
@@ -345,16 +362,15 @@ class SearchService:
         owner.check_ready()
         newest = await asyncio.to_thread(owner.newest_generation)  # one SQLite read: off the event loop
         if newest is not None and newest != owner.view.generation and newest != owner.failed_generation:
-            try:
-                future = owner.call(lambda pipe: None, bounded=True)  # any job of the owner moves it there first
-            except ApiError:  # too many lookups waiting, or the owner is stopping: the body in hand
-                future = None
+            future = self._move
+            if future is None or future.done():
+                try:  # any job of the owner moves it there first
+                    future = self._move = owner.call(lambda pipe: None)
+                except ApiError:  # the owner is stopping: the body in hand
+                    future = None
             if future is not None:
-                try:
-                    with contextlib.suppress(Exception):  # a timeout, or the owner stopped: the body in hand
-                        await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), STATS_MOVE_WAIT_S)
-                finally:
-                    future.cancel()  # withdrawn if it is still queued
+                with contextlib.suppress(Exception):  # a timeout, or the owner stopped: the body in hand
+                    await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), STATS_MOVE_WAIT_S)
         body = self.stats_body()
         body["newest_generation"] = max(newest if newest is not None else -1, body["generation"])
         return body
@@ -500,11 +516,13 @@ def create_app(config: ServeConfig) -> FastAPI:
 
     @app.post("/documents", dependencies=[writer], summary="Add documents (or replace them with replace=true)")
     async def add_documents(request: Request, body: AddDocumentsBody) -> dict[str, Any]:
-        return await service.write(lambda cut: _add_documents(request, body, cut))
+        return await service.write(lambda cut, deadline: _add_documents(request, body, cut, deadline))
 
-    def _add_documents(request: Request, body: AddDocumentsBody, cut: threading.Event) -> dict[str, Any]:
+    def _add_documents(request: Request, body: AddDocumentsBody, cut: threading.Event,
+                       deadline: float) -> dict[str, Any]:
         from twotower.retrieval.corpus import parse_document
 
+        service.writer.check_stopped(cut)  # stopped while it waited for a thread: parse nothing
         _reject_unknown(request, ())
         lim = service.limits
         if not body.documents:
@@ -525,13 +543,15 @@ def create_app(config: ServeConfig) -> FastAPI:
             first[doc["id"]] = i
             docs.append(doc)
         service.owner.check_ready()
-        return service.writer.add(docs, body.replace, cut)
+        return service.writer.add(docs, body.replace, cut, deadline)
 
     @app.delete("/documents", dependencies=[writer], summary="Delete documents by id (all or none)")
     async def delete_documents(request: Request, body: DeleteDocumentsBody) -> dict[str, Any]:
-        return await service.write(lambda cut: _delete_documents(request, body, cut))
+        return await service.write(lambda cut, deadline: _delete_documents(request, body, cut, deadline))
 
-    def _delete_documents(request: Request, body: DeleteDocumentsBody, cut: threading.Event) -> dict[str, Any]:
+    def _delete_documents(request: Request, body: DeleteDocumentsBody, cut: threading.Event,
+                          deadline: float) -> dict[str, Any]:
+        service.writer.check_stopped(cut)  # stopped while it waited for a thread
         _reject_unknown(request, ())
         if not body.ids:
             raise ApiError(400, "ids: give at least one id", "ids")
@@ -544,7 +564,7 @@ def create_app(config: ServeConfig) -> FastAPI:
             if problem:
                 raise ApiError(400, f"ids[{i}]: {problem}", f"ids[{i}]")
         service.owner.check_ready()
-        return service.writer.delete(ids, cut)
+        return service.writer.delete(ids, cut, deadline)
 
     @app.get("/documents/{doc_id:path}", dependencies=[reader], summary="One document by id")
     async def get_document(request: Request, doc_id: str) -> dict[str, Any]:

@@ -11,7 +11,8 @@ A write that committed is answered as committed (200, with the commit's generati
 when the model owner then fails to move to it: the answer then says ``"searchable": false``
 with a ``warning``, and the failure is logged; the owner tries again before its next batch.
 (It used to be a 500, and the client's retry of the add a 409.)  A write waits at most
-``lock_wait_s`` for the write in progress before a 503 with ``Retry-After``.
+``lock_wait_s`` for the write in progress before a 503 with ``Retry-After``, counted from its submission
+(`SearchService.write` sets the deadline): for a thread, for its turn and for another process's lock together.
 
 A server stopping past its graceful deadline calls `IndexWriter.stop`: a write still waiting for its turn or for
 another process's lock stops at once, an add still encoding at its next chunk of documents, before its commit,
@@ -36,15 +37,9 @@ from typing import Any
 
 import numpy as np
 
-from twotower.common.file_lock import check_lock_wait
+from twotower.common.file_lock import LOCK_WAIT_S, check_lock_wait
 from twotower.indexing.docstore import Document
-from twotower.indexing.store import (
-    LOCK_WAIT_S,
-    IndexLockedError,
-    IndexNotWritableError,
-    IndexStore,
-    wait_for_lock,
-)
+from twotower.indexing.store import IndexLockedError, IndexNotWritableError, IndexStore, wait_for_lock
 from twotower.retrieval.passages import contains_documents
 from twotower.serve.batcher import ModelOwner
 from twotower.serve.errors import ApiError
@@ -169,15 +164,25 @@ class IndexWriter:
         Why: each write's close keeps them while the owner's store of the same Milvus Lite file may still search
         them, and no reader deletes them: after the server's last write they stayed until some writer opened the
         index.  A writer opened and closed alone in the process deletes them all (`MilvusVectors.close`).  Skipped
-        on a FAISS index (no such rows) and while another process holds the index's lock; a failure is logged.
+        on a FAISS index (no such rows), on a Milvus server (a writer deletes only rows retired more than
+        `RETAIN_SECONDS` ago there: other processes may search the rest), when the garbage table is empty (opening a
+        writer restarts Milvus Lite, loads the collection and checks it: seconds of shutdown for nothing) and while
+        another process holds the index's lock; a failure is logged.
         """
+        from twotower.indexing.docstore import DocStore
         from twotower.indexing.manifest import MANIFEST_NAME, Manifest
+        from twotower.indexing.milvus import is_local
+        from twotower.indexing.store import DOCS_NAME
 
         if not self.writes:
             return
         try:
-            if Manifest.read(f"{self.directory}/{MANIFEST_NAME}").backend != "milvus":
+            manifest = Manifest.read(f"{self.directory}/{MANIFEST_NAME}")
+            if manifest.backend != "milvus" or not is_local((manifest.milvus or {}).get("uri", "")):
                 return
+            with DocStore(f"{self.directory}/{DOCS_NAME}", readonly=True) as docs:
+                if not docs.query("SELECT 1 FROM vector_garbage LIMIT 1"):
+                    return
             IndexStore.open(self.directory, readonly=False).close()
         except IndexLockedError:  # another process writes: its close (or the next writer's open) deletes them
             return
@@ -189,10 +194,23 @@ class IndexWriter:
         """Whether the write given `cut` is to stop: the server is stopping, or its request was cancelled."""
         return lambda: self._stopping.is_set() or (cut is not None and cut.is_set())
 
-    def _open(self, stopped: Callable[[], bool]) -> IndexStore:
+    def check_stopped(self, cut: threading.Event | None = None) -> None:
+        """`WriteStopped` when the server is stopping or the write given `cut` was told to stop.
+
+        Why: a write that waited for a thread while the server stopped parsed its documents for nothing, and one
+        submitted once the writes' threads had shut down was a plain 500 (the executor's RuntimeError).
+        """
+        if self._stopped(cut)():
+            raise WriteStopped()
+
+    def deadline(self) -> float:
+        """The `time.monotonic()` by which a write submitted now must have its turn and the lock (`lock_wait_s`)."""
+        return time.monotonic() + self.lock_wait_s
+
+    def _open(self, stopped: Callable[[], bool], deadline: float) -> IndexStore:
         try:
-            store = wait_for_lock(lambda: IndexStore.open(self.directory, readonly=False), self.lock_wait_s,
-                                  stop=stopped)
+            store = wait_for_lock(lambda: IndexStore.open(self.directory, readonly=False),
+                                  max(0.0, deadline - time.monotonic()), stop=stopped)
         except IndexNotWritableError as e:  # storage or permissions, not this request: refused like --read-only
             raise ApiError(403, f"writes are refused: {e}") from None
         except IndexLockedError:
@@ -205,10 +223,10 @@ class IndexWriter:
         return store
 
     @contextlib.contextmanager
-    def _turn(self, stopped: Callable[[], bool]) -> Iterator[None]:
-        """This server's writes one at a time; a write that cannot start within lock_wait_s is a 503, one stopped
-        while it waits (`stop`, `stop_write`) a `WriteStopped` at once."""
-        deadline = time.monotonic() + self.lock_wait_s
+    def _turn(self, stopped: Callable[[], bool], deadline: float | None = None) -> Iterator[None]:
+        """This server's writes one at a time; a write that cannot start by `deadline` (default: lock_wait_s from
+        now) is a 503, one stopped while it waits (`stop`, `stop_write`) a `WriteStopped` at once."""
+        deadline = self.deadline() if deadline is None else deadline
         with self._turns:
             while self._busy and not stopped():
                 left = deadline - time.monotonic()
@@ -247,15 +265,19 @@ class IndexWriter:
 
         return SearchPipeline(store, OwnerEncoder(self.owner, stopped=stopped), None)
 
-    def add(self, docs: list[Document], replace: bool, cut: threading.Event | None = None) -> dict[str, Any]:
+    def add(self, docs: list[Document], replace: bool, cut: threading.Event | None = None,
+            deadline: float | None = None) -> dict[str, Any]:
         """Add (or with `replace`, add or replace) validated documents; 409 naming the ids already present.
 
-        `cut`: set by `stop_write` to stop this write (before its commit, where it still can).
+        `cut`: set by `stop_write` to stop this write (before its commit, where it still can).  `deadline`: the
+        `time.monotonic()` by which it must have its turn and the lock (`deadline()` when it was submitted;
+        default: lock_wait_s from now), so that waiting for a write thread counts too.
         """
         ids = [d["id"] for d in docs]
         stopped = self._stopped(cut)
-        with self._turn(stopped):
-            store = self._open(stopped)
+        deadline = self.deadline() if deadline is None else deadline
+        with self._turn(stopped, deadline):
+            store = self._open(stopped, deadline)
             try:
                 if stopped():  # told while it waited for the lock: before anything is staged
                     raise WriteStopped()
@@ -275,15 +297,18 @@ class IndexWriter:
             commit = self._caught_up(generation, documents)
         return {"added": len(ids) - len(present), "replaced": len(present), "ids": ids, **commit}
 
-    def delete(self, ids: list[str], cut: threading.Event | None = None) -> dict[str, Any]:
+    def delete(self, ids: list[str], cut: threading.Event | None = None,
+               deadline: float | None = None) -> dict[str, Any]:
         """Delete documents by id, all or none: 404 naming every unknown id leaves the index unchanged.
 
         `cut`: as for `add`; a delete stops only before it starts staging (it encodes nothing: it then commits).
+        `deadline`: as for `add`.
         """
         ids = list(dict.fromkeys(ids))
         stopped = self._stopped(cut)
-        with self._turn(stopped):
-            store = self._open(stopped)
+        deadline = self.deadline() if deadline is None else deadline
+        with self._turn(stopped, deadline):
+            store = self._open(stopped, deadline)
             try:
                 if stopped():  # told while it waited for the lock
                     raise WriteStopped()
