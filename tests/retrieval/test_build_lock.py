@@ -171,3 +171,16 @@ def test_a_lock_held_in_this_process_refuses_the_cli_build(tmp_path, capsys):
                              tiny_model_dir(), "--no-progress")
     assert rc == 2 and f"another build of {out} is running (pid {os.getpid()})" in err
     assert not out.exists()
+
+
+def test_out_occupied_error_survives_a_pickle_round_trip():
+    """An OSError pickles as (errno, strerror), which OutOccupiedError's constructor took for (out, kind): the
+    unpickling failed with KeyError (e.g. an error sent back from a worker process)."""
+    import pickle
+
+    from twotower.retrieval.build import OutOccupiedError
+
+    err = OutOccupiedError("/data/idx", "being written")
+    back = pickle.loads(pickle.dumps(err))
+    assert (type(back), back.out, back.kind, str(back), back.errno) == \
+        (OutOccupiedError, "/data/idx", "being written", str(err), err.errno)

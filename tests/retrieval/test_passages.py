@@ -123,6 +123,9 @@ def test_window_larger_than_the_model_is_refused_naming_the_flag(encoder, tmp_pa
         check_settings(encoder, True, 1)  # a bool is an int to Python: it built windows of 1 token
     with pytest.raises(ValueError, match="--passage-stride"):
         check_settings(encoder, 20, True)
+    # numpy's integers are counts, as for k and the depths (they were refused); the settings are plain ints
+    settings = check_settings(encoder, np.int64(20), np.int32(10))
+    assert (settings.window, settings.stride) == (20, 10) and type(settings.window) is type(settings.stride) is int
     corpus = write_corpus(str(tmp_path / "c.jsonl"), corpus_docs())
     with pytest.raises(ValueError, match="--passage-window"):
         SearchPipeline.build(corpus, tmp_path / "idx", encoder, passages=True, passage_window=500, progress=False)
