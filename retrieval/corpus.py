@@ -58,7 +58,15 @@ def parse_document(obj: Any, where: str, keep_empty: bool = False) -> Document:
     are required, ``title`` and ``metadata`` optional; an index also refuses a document
     with blank ``text`` and ``title`` (nothing to search), unless `keep_empty` (the caller
     leaves it out under ``on_empty="skip"``).
+
+    A record this function (or a corpus reader) returned is taken as it is, but for the blank check of
+    `keep_empty`. Why: the service parses each document to answer with its field (``POST /documents``), then
+    ``SearchPipeline.add`` parsed it again; only the pipeline's code has such a record (`_Row` is private).
     """
+    if isinstance(obj, _Row):
+        if not keep_empty and (empty := empty_document(obj["id"], obj["title"], obj["text"])):
+            raise DataError(where, None, empty, field="text")
+        return obj  # type: ignore[return-value]
     doc = parse_beir_document(obj, where, require_content=not keep_empty)
     return _as_document(check_for_index(doc, where, None))
 
