@@ -12,7 +12,7 @@
 
 from twotower.indexing.bm25 import BM25, document_text
 from twotower.indexing.check import CheckReport, check_index
-from twotower.indexing.docstore import DocStore, Document, Row, as_document
+from twotower.indexing.docstore import DocStore, Document, as_document
 from twotower.indexing.errors import IndexDiskFullError, IndexFormatError
 from twotower.indexing.factory import auto_factory, index_kind
 from twotower.indexing.manifest import Manifest
@@ -26,7 +26,6 @@ __all__ = [
     "CheckReport",
     "DocStore",
     "Document",
-    "Row",
     "FactoryError",
     "IndexDiskFullError",
     "IndexFormatError",

@@ -89,7 +89,7 @@ from twotower.common.file_lock import LOCK_WAIT_S, check_lock_wait, try_lock
 from twotower.common.ids import id_list
 from twotower.common.paths import path_argument
 from twotower.indexing.bm25 import BM25, document_text
-from twotower.indexing.docstore import DocStore, Document, as_document
+from twotower.indexing.docstore import DocStore, Document, _checked_row, _index_rows, _not_passage_row
 from twotower.indexing.errors import IndexDiskFullError, IndexFormatError
 from twotower.indexing.filters import Filter, as_filter
 from twotower.indexing.integrity import file_sha256, hex64, set_digest
@@ -258,15 +258,38 @@ class IndexNotWritableError(OSError):
         return str(self.strerror)
 
 
-Occupant = Literal["file", "index", "empty index", "directory"]
+Occupant = Literal["file", "index", "empty index", "empty milvus index", "being written", "directory"]
+
+
+def _being_written(directory: Path) -> bool:
+    """Whether a writer holds `directory`'s lock now: an `IndexStore` of this process (`_WRITING_HERE`), or another
+    process (the lock file's flock, probed and let go at once; a lock file that cannot be opened tells nothing)."""
+    if directory.resolve() in _WRITING_HERE:
+        return True
+    lock = directory / LOCK_NAME
+    if not lock.is_file():
+        return False
+    try:
+        fd = try_lock(lock)
+    except OSError:
+        return False
+    if fd is None:
+        return True
+    os.close(fd)
+    return False
 
 
 def occupant(directory: str | os.PathLike[str]) -> Occupant | None:
     """What is at `directory` that a new index must not replace, or None (nothing, or an empty directory).
 
-    ``"empty index"`` is an index at generation 0: nothing was ever committed to it, as a ``with
-    IndexStore.create(...)`` block that raised before its first commit leaves it. Read from ``docs.sqlite``
-    (the commit point), not the manifest, which is refreshed after a commit and could still say 0.
+    ``"empty index"`` is an index at generation 0 that no writer holds: nothing was ever committed to it, as a
+    ``with IndexStore.create(...)`` block that raised before its first commit leaves it. Read from
+    ``docs.sqlite`` (the commit point), not the manifest, which is refreshed after a commit and could still say
+    0. ``"being written"``: at generation 0 with its lock held, a writer staging its first commit (removing
+    the directory would delete that work). ``"empty milvus index"``: empty, but its vectors go to a Milvus
+    collection (removing the directory leaves staged rows there, which a new create then refuses).
+    ``"directory"``: anything else, a manifest without ``docs.sqlite`` too (someone's own files);
+    ``"index"``: an index with commits, or whose ``docs.sqlite`` cannot be read.
 
     Why one function: ``IndexStore.create``, ``SearchPipeline.build`` (before and under its lock) and
     ``twotower index build`` told the cases apart each with its own copy; each caller now phrases the
@@ -277,14 +300,18 @@ def occupant(directory: str | os.PathLike[str]) -> Occupant | None:
         return None
     if not path.is_dir():
         return "file"
-    if not (path / MANIFEST_NAME).is_file():
+    if not (path / MANIFEST_NAME).is_file() or not (path / DOCS_NAME).is_file():
         return "directory"
     try:
         with DocStore(path / DOCS_NAME, readonly=True) as docs:
-            generation = docs.get_meta("generation")
+            generation, milvus = docs.get_meta("generation"), docs.get_meta("milvus")
     except Exception:  # damaged or unreadable: an index all the same, never called empty
         return "index"
-    return "empty index" if generation == "0" else "index"
+    if generation != "0":
+        return "index"
+    if _being_written(path):
+        return "being written"
+    return "empty index" if milvus is None else "empty milvus index"
 
 
 # `IndexStore.create`'s refusal of each `occupant` case ({d}: the directory)
@@ -294,6 +321,11 @@ _CREATE_REFUSALS: dict[str, str] = {
     "empty index": ("already an index, empty at generation 0 (nothing was ever committed to it, as when the with "
                     "block of an earlier IndexStore.create raised before its first commit); open it with "
                     "IndexStore.open({d!r}), or remove the directory"),
+    "empty milvus index": ("already an index, empty at generation 0, whose vectors go to a Milvus collection; open "
+                           "it with IndexStore.open({d!r}) (removing the directory would leave its staged rows in "
+                           "the collection, which a new IndexStore.create then refuses)"),
+    "being written": ("an index another writer holds open and is writing its first commit to; leave it to that "
+                      "writer and give IndexStore.create a new directory"),
     "directory": "a directory that is not empty; give IndexStore.create a new or empty directory",
 }
 
@@ -593,6 +625,11 @@ class IndexStore:
         URI raises ``MilvusUnavailableError`` and leaves no directory behind.
         """
         directory = Path(path_argument(directory))
+        # in create's words, for either backend (Milvus's had a check of its own); `_built_aside` checks again,
+        # for a directory made meanwhile
+        kind = occupant(directory)
+        if kind is not None:
+            raise FileExistsError(f"{directory}: {_CREATE_REFUSALS[kind].format(d=str(directory))}")
         if milvus is not None:
             return cls._create_milvus(directory, dim, factory, metric, bm25=bm25, extra=extra, spec=milvus,
                                       **vector_options)
@@ -613,9 +650,6 @@ class IndexStore:
     def _lay_out(cls, directory: Path, manifest: Manifest, meta: Mapping[str, str],
                  tables: Callable[[DocStore], None] | None = None) -> IndexStore:
         """Write an empty index (generation 0: documents, BM25, lock, manifest) aside, move it into place, open it."""
-        kind = occupant(directory)
-        if kind is not None:  # in create's words; `_built_aside` checks again, for a directory made meanwhile
-            raise FileExistsError(f"{directory}: {_CREATE_REFUSALS[kind].format(d=str(directory))}")
         with _built_aside(directory) as tmp:
             with DocStore(tmp / DOCS_NAME) as docs, docs.transaction():
                 if tables is not None:
@@ -644,8 +678,6 @@ class IndexStore:
         bm25_args = _bm25_args(bm25)
         if not spec.owner:
             spec = dataclasses.replace(spec, owner=os.path.abspath(directory))
-        if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
-            raise FileExistsError(f"{directory}: already exists and is not an empty directory")
         mv.check_target(spec, dim, metric, create=True, index_type=index_type)  # before any local file
         options = {key: vector_options.get(key) for key in VECTOR_OPTIONS}
         options.update(dim=dim, metric=metric, factory=index_type)
@@ -988,12 +1020,28 @@ class IndexStore:
         """Stage documents and their vectors (N, D); visible to this store at once, durable at ``commit()``.
 
         `docs` are read as the pipeline reads them (`document_records`, `as_document`): mappings or ``(id, text[,
-        metadata])`` tuples, each checked once (a `Row` the pipeline made is not checked again).
+        metadata])`` tuples, every one checked here (the index layer does not check them again). A passage row
+        read back from a passage index is refused: only the pipeline writes those (``SearchPipeline.add``).
 
         Returns how many documents were added (or replaced). Both parts change or neither.
         """
         self._check_writable()
-        rows = [as_document(d, f"docs[{j}]") for j, d in enumerate(document_records(docs, "docs", paths=False))]
+        rows = [_checked_row(_not_passage_row(d, f"docs[{j}]"), f"docs[{j}]")
+                for j, d in enumerate(document_records(docs, "docs", paths=False))]
+        return self._add_rows(rows, vectors, on_duplicate=on_duplicate)
+
+    def _add_rows(
+        self,
+        rows: Sequence[Mapping[str, Any]],
+        vectors: np.ndarray,
+        *,
+        on_duplicate: Literal["error", "skip", "replace"] = "error",
+    ) -> int:
+        """`add` for rows the pipeline has checked already (its readers', its passage rows: ``_Row``), which get only
+        `_row_types`'s cheap look. Why private: it is the one path past the document checks, and only the
+        pipeline's build (``retrieval.build``) and ``SearchPipeline.add`` may take it."""
+        self._check_writable()
+        rows = _index_rows(rows)
         vectors = np.asarray(vectors)
         if vectors.ndim != 2 or vectors.shape[0] != len(rows):
             raise ValueError(

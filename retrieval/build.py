@@ -57,6 +57,7 @@ from twotower.common.paths import holds_working_directory
 from twotower.indexing import IndexFormatError, IndexLockedError, IndexStore, document_text
 from twotower.indexing.integrity import file_sha256
 from twotower.indexing.milvus import MilvusSpec, check_target
+from twotower.indexing.search_result import is_count
 from twotower.indexing.store import Occupant, is_disk_full, occupant
 from twotower.indexing.vector_index import VECTOR_METRICS, check_factory
 from twotower.retrieval.corpus import CorpusPlan, duplicates_note, empty_note, iter_chunks, validate_corpus
@@ -104,6 +105,11 @@ class OutOccupiedError(FileExistsError):
             "empty index": ("an empty index, at generation 0 (nothing was ever committed to it, as when the with "
                             "block of an IndexStore.create raised before its first commit); remove the directory, "
                             "or give a new one"),
+            "empty milvus index": (f"an empty index, at generation 0, whose vectors go to a Milvus collection; open "
+                                   f"it with IndexStore.open({out!r}), or give a new directory (removing this one "
+                                   "would leave its staged rows in the collection, which a new index then refuses)"),
+            "being written": ("an index another writer holds open and is writing its first commit to; leave it to "
+                              "that writer and give a new directory for the index"),
             "directory": "a directory that is not empty; give a new or empty directory for the index",
         }[kind]
         super().__init__(errno.EEXIST, f"{out}: {why}")
@@ -111,6 +117,11 @@ class OutOccupiedError(FileExistsError):
 
     def __str__(self) -> str:
         return self.strerror
+
+    def __reduce__(self) -> tuple[type, tuple[str, Occupant]]:
+        """Pickle by (out, kind). Why: an OSError pickles as (errno, strerror), which this constructor took for
+        (out, kind) and failed on (KeyError), e.g. when the error crossed a process boundary."""
+        return type(self), (self.out, self.kind)
 
 
 class OutAppearedError(FileExistsError):
@@ -357,7 +368,7 @@ def assemble(
             bar = tqdm(total=plan.num_rows, desc="assemble index", unit="row", disable=not progress)
             for i, chunk in enumerate(iter_chunks(corpus.path, plan.shard_size, corpus.skip_lines)):
                 rows = splitter.rows(chunk) if splitter is not None else chunk
-                store.add(rows, np.load(shard_path(work_dir, i), mmap_mode="r"))
+                store._add_rows(rows, np.load(shard_path(work_dir, i), mmap_mode="r"))  # checked by iter_chunks
                 bar.update(len(rows))
             bar.close()
             store.commit()
@@ -554,8 +565,9 @@ def build_index(
     # left a work directory that a second call resumed from, past these checks.
     if metric is not None and metric not in VECTOR_METRICS:
         raise ValueError(f"metric must be one of {', '.join(VECTOR_METRICS)}, got {metric!r}")
-    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
+    if batch_size is not None and (not is_count(batch_size) or batch_size < 1):  # numpy's integers too
         raise ValueError(f"batch_size must be a positive int or None (batches of about 4,096 tokens), got {batch_size!r}")
+    batch_size = None if batch_size is None else int(batch_size)  # recorded in the manifest's JSON
     if where := holds_working_directory(out):
         raise ValueError(f"{out}: {where}; the index is moved into place whole, which cannot replace the "
                          "working directory: give a new directory")

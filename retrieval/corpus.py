@@ -35,7 +35,8 @@ from typing import Any
 from twotower.common.documents import check_for_index, document_records
 from twotower.common.errors import DataError
 from twotower.eval.io.beir import BeirDocument, empty_document, iter_beir_corpus, parse_beir_document
-from twotower.indexing import Document, Row
+from twotower.indexing import Document
+from twotower.indexing.docstore import _Row
 
 DUPLICATE_POLICIES = ("error", "skip", "replace")
 EMPTY_POLICIES = ("error", "skip")
@@ -44,8 +45,9 @@ EMPTY_EXAMPLES = 5  # ids of skipped empty documents a note names
 
 
 def _as_document(doc: BeirDocument) -> Document:
-    """A document `check_for_index` has passed, as a `Row`: ``IndexStore.add`` takes it without checking it again."""
-    return Row(id=doc.doc_id, title=doc.title, text=doc.text, metadata=dict(doc.metadata))  # type: ignore[return-value]
+    """A document `check_for_index` has passed, as a `_Row`: the index layer (``IndexStore._add_rows``) takes it
+    without checking it again."""
+    return _Row(id=doc.doc_id, title=doc.title, text=doc.text, metadata=dict(doc.metadata))  # type: ignore[return-value]
 
 
 def parse_document(obj: Any, where: str, keep_empty: bool = False) -> Document:
@@ -56,7 +58,15 @@ def parse_document(obj: Any, where: str, keep_empty: bool = False) -> Document:
     are required, ``title`` and ``metadata`` optional; an index also refuses a document
     with blank ``text`` and ``title`` (nothing to search), unless `keep_empty` (the caller
     leaves it out under ``on_empty="skip"``).
+
+    A record this function (or a corpus reader) returned is taken as it is, but for the blank check of
+    `keep_empty`. Why: the service parses each document to answer with its field (``POST /documents``), then
+    ``SearchPipeline.add`` parsed it again; only the pipeline's code has such a record (`_Row` is private).
     """
+    if isinstance(obj, _Row):
+        if not keep_empty and (empty := empty_document(obj["id"], obj["title"], obj["text"])):
+            raise DataError(where, None, empty, field="text")
+        return obj  # type: ignore[return-value]
     doc = parse_beir_document(obj, where, require_content=not keep_empty)
     return _as_document(check_for_index(doc, where, None))
 

@@ -46,8 +46,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from twotower.indexing import Document, Row
+from twotower.indexing import Document
+from twotower.indexing.docstore import _Row
 from twotower.indexing.passage_rows import SEPARATOR, in_passage_order, passage_number, passages_problem
+from twotower.indexing.search_result import is_count
 from twotower.retrieval.candidates import Candidate
 
 logger = logging.getLogger(__name__)
@@ -142,17 +144,17 @@ def max_window(encoder: Any) -> int:
 def check_settings(encoder: Any, window: int, stride: int) -> PassageSettings:
     """Refuse a window the encoder cannot read whole, or a stride outside 1..window (errors name the flags)."""
     cap = max_window(encoder)
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:  # True is an int to Python
+    if not is_count(window) or window < 1:  # numpy's integers too; True is an int to Python, not a count
         raise ValueError(f"--passage-window (passage_window) must be a positive number of tokens, got {window!r}")
     if window > cap:
         raise ValueError(
             f"--passage-window (passage_window) {window} is larger than the model's maximum of {cap} tokens per "
             f"passage ({encoder.document_max_length} tokens less [CLS], [SEP] and the document prefix); "
             f"choose at most {cap}")
-    if isinstance(stride, bool) or not isinstance(stride, int) or not 1 <= stride <= window:
+    if not is_count(stride) or not 1 <= stride <= window:
         raise ValueError(f"--passage-stride (passage_stride) must be between 1 and --passage-window ({window}), "
                          f"got {stride!r}")
-    return PassageSettings(window, stride)
+    return PassageSettings(int(window), int(stride))  # recorded in the manifest's JSON
 
 
 class PassageSplitter:
@@ -197,9 +199,9 @@ class PassageSplitter:
                 out.append(d)  # type: ignore[arg-type]
                 continue
             for n, (start, end) in enumerate(spans):
-                # a Row: the pipeline's own passage row (a user's `parent` field is metadata, `as_document`)
-                out.append(Row(id=passage_id(d["id"], n), title=d.get("title") or "", text=d["text"][start:end],
-                               metadata=dict(d.get("metadata") or {}), parent=d["id"], start=start, end=end))
+                # a _Row: the pipeline's own passage row (a user's `parent` field is metadata, `as_document`)
+                out.append(_Row(id=passage_id(d["id"], n), title=d.get("title") or "", text=d["text"][start:end],
+                                metadata=dict(d.get("metadata") or {}), parent=d["id"], start=start, end=end))
         return out
 
     def cut_rows(self, docs: Sequence[Mapping[str, Any]]) -> int:

@@ -109,20 +109,18 @@ def _load_encoder(model: DualEncoder | str | os.PathLike | None, bf16: bool | st
                                        bf16=bf16, device=device)
 
 
-def _recorded_encoder(source: str, recorded: Mapping[str, Any], bf16: bool | str,
-                      device: str) -> tuple[DualEncoder, bool]:
-    """(the encoder a manifest describes, whether every recorded setting could be applied): its model directory
-    with the recorded prefixes, pooling, normalisation and maximum lengths (each where recorded), so ``load(dir)``
-    rebuilds the encoder an index was built with in memory (``DualEncoder.from_pretrained("default",
-    query_prefix="query: ", ...)``). Not every setting: towers pooled differently, which ``from_pretrained``
-    cannot set (one pooling for both); the directory's pooling stands.
+def _recorded_encoder(source: str, recorded: Mapping[str, Any], bf16: bool | str, device: str) -> DualEncoder:
+    """The encoder a manifest describes: its model directory with the recorded prefixes, pooling, normalisation and
+    maximum lengths (each where recorded), so ``load(dir)`` rebuilds the encoder an index was built with in memory
+    (``DualEncoder.from_pretrained("default", query_prefix="query: ", ...)``). Towers pooled differently are left
+    to the directory: ``from_pretrained`` sets one pooling for both, and a two-tower directory keeps its own two
+    (`_unapplied` says afterwards whether they are the recorded ones).
 
     Why: the manifest records the directory (here, only the package) and these settings, but a load with
     model=None read the directory alone and refused the index it had built (EncoderMismatchError).
     """
     pooling = recorded.get("pooling")
-    applied = pooling == recorded.get("document_pooling", pooling)
-    if not applied:
+    if pooling != recorded.get("document_pooling", pooling):
         pooling = None
     encoder = DualEncoder.from_pretrained(source, pooling=pooling, normalize=recorded.get("normalize"),
                                           query_prefix=recorded.get("query_prefix"),
@@ -131,7 +129,20 @@ def _recorded_encoder(source: str, recorded: Mapping[str, Any], bf16: bool | str
         length = recorded.get(key)
         if isinstance(length, int) and length != tower.max_length:
             tower.sentence_config = dataclasses.replace(tower.sentence_config, max_length=length)
-    return encoder, applied
+    return encoder
+
+
+_REBUILT_SETTINGS = ("pooling", "document_pooling", "shared", "normalize", "query_prefix", "document_prefix")
+
+
+def _unapplied(encoder: DualEncoder, recorded: Mapping[str, Any]) -> list[str]:
+    """The recorded settings (`_REBUILT_SETTINGS`) that the encoder `_recorded_encoder` loaded does not have.
+
+    Why from the loaded encoder, not the manifest: a two-tower directory (``save_pretrained``) restores both
+    poolings, and a guess from the manifest blamed the poolings when the weights had changed.
+    """
+    have = encoder.describe()
+    return [key for key in _REBUILT_SETTINGS if key in recorded and have[key] != recorded[key]]
 
 
 def _is_recorded_directory(model: Any, source: str) -> bool:
@@ -379,9 +390,8 @@ class SearchPipeline:
                     if model is None:
                         raise
             rebuilt = model is None or (source is not None and _is_recorded_directory(model, source))
-            applied = False
             if rebuilt:
-                encoder, applied = _recorded_encoder(source, recorded, bf16, device)
+                encoder = _recorded_encoder(source, recorded, bf16, device)
             else:
                 encoder = _load_encoder(model, bf16, device)
             if reranker is None and use_default_reranker:
@@ -394,12 +404,12 @@ class SearchPipeline:
             except EncoderMismatchError as exc:
                 if not rebuilt or encoder.dim != store.manifest.dim:  # a dimension: another model, not its weights
                     raise
-                if not applied:
+                if {"pooling", "document_pooling"} & set(_unapplied(encoder, recorded)):
                     raise EncoderMismatchError(
                         f"{exc}; its towers were pooled differently (query {recorded.get('pooling')!r}, documents "
                         f"{recorded.get('document_pooling')!r}), which loading by directory cannot set: pass that "
                         "encoder as model=") from None
-                # every recorded setting applied: the manifest describes the directory and settings, not weights
+                # the poolings are the recorded ones: the manifest describes the directory and settings, not weights
                 raise EncoderMismatchError(f"{exc}; the index was built with an encoder its manifest cannot "
                                            "rebuild (weights changed in memory, or another model saved over its "
                                            "directory): pass that encoder as model=, or save it with "
@@ -465,7 +475,7 @@ class SearchPipeline:
                         self.store.delete(sorted(stale))
                 vecs = self.encoder.encode_documents([document_text(d) for d in rows], batch_size=batch_size,
                                                      progress=progress)  # (n, D)
-                self.store.add(rows, vecs, on_duplicate="replace" if on_duplicate == "replace" else "error")
+                self.store._add_rows(rows, vecs, on_duplicate="replace" if on_duplicate == "replace" else "error")
                 added += len(chunk)
             self.store.commit()
         except BaseException:

@@ -184,7 +184,26 @@ def test_documents_are_read_by_the_pipelines_rules():
         as_document({"id": "a b", "text": "t"})
     with pytest.raises(DataError, match="both a top-level field and a key of 'metadata'"):
         as_document({"id": "a", "text": "t", "lang": "en", "metadata": {"lang": "fr"}})
-    from twotower.indexing import Row
 
-    row = Row(id="a\x1f0", title="", text="t", metadata={}, parent="a", start=0, end=1)
-    assert as_document(row) is row  # the pipeline's passage row (or any checked row): not read again
+
+def test_as_document_hands_out_no_row_that_skips_the_checks():
+    """`Row` was public and `as_document` returned one, which every later check let through: a user's row with
+    the id "a b" or the metadata key "x.y" was stored, and one with a made-up `parent` stored an orphan
+    passage row. The checked-row type is private; `as_document` checks every record and returns a plain dict."""
+    import twotower.indexing
+
+    assert not hasattr(twotower.indexing, "Row") and "Row" not in twotower.indexing.__all__
+    doc = as_document({"id": "a", "text": "t"})
+    assert type(doc) is dict and type(as_document(doc)) is dict
+    with pytest.raises(DataError, match="contains whitespace"):
+        as_document(dict(doc, id="a b"))
+
+
+def test_errors_name_a_long_id_cut_short():
+    """`_where` repeated the whole id in every error (a 1 MB id, a 1 MB message), and built that text for every
+    document, not only for the one refused."""
+    long_id = "x" * 1_000_000
+    with pytest.raises(DataError) as e:
+        as_document({"_id": long_id, "id": "other", "text": "t", "metadata": []}, "docs[4]")
+    assert str(e.value).startswith("docs[4] (id " + repr("x" * 40) + "...): field 'metadata' must be an object")
+    assert len(str(e.value)) < 200

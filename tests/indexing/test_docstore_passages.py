@@ -24,7 +24,7 @@ def _old_file(path) -> None:
 
 
 def test_an_old_file_reads_as_before_and_gains_the_columns_when_opened_for_writing(tmp_path):
-    from twotower.indexing.docstore import Row
+    from twotower.indexing.docstore import _Row
 
     path = tmp_path / "docs.sqlite"
     _old_file(path)
@@ -36,8 +36,8 @@ def test_an_old_file_reads_as_before_and_gains_the_columns_when_opened_for_writi
         assert {"parent", "char_start", "char_end"} <= cols
         assert any(r[1] == "docs_parent" for r in rw.query("PRAGMA index_list(docs)"))
         assert rw.get(["a"])[0] == {"id": "a", "title": "T", "text": "old text", "metadata": {"k": 1}}
-        rw.add([Row(id="b\x1f0", title="", text="first half", metadata={}, parent="b", start=0, end=10),
-                Row(id="b\x1f1", title="", text="half two", metadata={}, parent="b", start=6, end=14)])
+        rw.add([_Row(id="b\x1f0", title="", text="first half", metadata={}, parent="b", start=0, end=10),
+                _Row(id="b\x1f1", title="", text="half two", metadata={}, parent="b", start=6, end=14)])
         assert rw.count_documents() == (2, 2)
         assert [r["id"] for r in rw.passage_rows(["b", "a"])["b"]] == ["b\x1f0", "b\x1f1"]
         assert rw.passage_ids(["b"]) == {"b": ["b\x1f0", "b\x1f1"]}

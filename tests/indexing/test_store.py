@@ -1,6 +1,7 @@
 """IndexStore: staging, commit/rollback, manifest, readers, copies, BM25 integration."""
 
 import json
+import os
 import re
 
 import numpy as np
@@ -521,6 +522,40 @@ def test_add_checks_each_document_once_and_a_parent_field_is_metadata(tmp_path, 
                       vecs[2:3])
 
 
+def test_add_checks_every_document_a_user_gives_it(tmp_path, vecs):
+    """A checked-row type was public, and IndexStore.add stored any such row unchecked: the id "a b", the metadata
+    key "x.y", an orphan passage row; wrong types gave AttributeError or sqlite's IntegrityError. Only the
+    pipeline's private rows skip the checks (`_add_rows`), and even they are looked at for their types."""
+    from twotower.common.errors import DataError
+    from twotower.indexing import as_document
+
+    refused = r"^docs\[0\] \(id 'a b'\): document id 'a b' contains whitespace"
+    with IndexStore.create(tmp_path / "idx", DIM, "Flat", "cosine") as store:
+        made = type(as_document({"id": "a", "text": "t"}))  # the type a user gets (it was the checked row's)
+        with pytest.raises(DataError, match=refused):
+            store.add([made(id="a b", title="", text="t", metadata={"x.y": 1})], vecs[:1])
+        from twotower.indexing.docstore import _Row
+
+        with pytest.raises(DataError, match=refused):  # even the pipeline's private row, given to the public add
+            store.add([_Row(id="a b", title="", text="t", metadata={"x.y": 1})], vecs[:1])
+        with pytest.raises(TypeError, match=r"^docs\[0\]: a checked row needs string 'id', 'title' and 'text'"):
+            store._add_rows([_Row(id="a", title=None, text="t", metadata={})], vecs[:1])
+        assert len(store) == 0
+
+
+def test_add_says_a_passage_row_is_the_pipelines_to_write(tmp_path, vecs):
+    """A row read back from a passage index (`get(["doc\\x1f0"])`) given to IndexStore.add was refused with the
+    TREC message ("contains whitespace or a control character ... rename it"), advice for a user's own id."""
+    from twotower.common.errors import DataError
+
+    row = {"id": "doc\x1f0", "title": "", "text": "t", "metadata": {}, "parent": "doc", "start": 0, "end": 1}
+    with IndexStore.create(tmp_path / "idx", DIM, "Flat", "cosine") as store:
+        with pytest.raises(DataError, match=re.escape(
+                "docs[0] (id 'doc\\x1f0'): a passage row (a window of document 'doc'), which only the pipeline "
+                "writes: add the whole document through SearchPipeline.add, which splits it")):
+            store.add([row], vecs[:1])
+
+
 def test_add_reads_tuples_and_refuses_one_document_as_the_pipeline_does(tmp_path, vecs):
     """docs/formats.md says IndexStore.add reads documents as the pipeline does; it refused (id, text) tuples,
     and a single mapping was iterated by its keys ("docs[0]: expected a JSON object, got str")."""
@@ -578,6 +613,56 @@ def test_create_over_an_index_says_so_and_an_unborn_one_says_how_to_go_on(tmp_pa
         IndexStore.create(tmp_path / "own", DIM, "Flat", "cosine")
     with pytest.raises(FileExistsError, match="notes.txt: a file; give IndexStore.create the name of a new"):
         IndexStore.create(tmp_path / "own" / "notes.txt", DIM, "Flat", "cosine")
+
+
+def test_occupant_tells_a_writers_first_commit_and_a_milvus_index_from_an_empty_index(tmp_path, vecs):
+    """`occupant` called an index "empty" while another writer held its lock and staged its first commit, and
+    advised removing the directory (deleting that work); a Milvus-backed empty index got the same advice,
+    which leaves staged rows in the collection; a manifest without docs.sqlite (someone's own files) was
+    called an index."""
+    import sqlite3
+
+    from twotower.common.file_lock import try_lock
+    from twotower.indexing.store import occupant
+
+    d = tmp_path / "idx"
+    store = IndexStore.create(d, DIM, "Flat", "cosine")
+    store.add(docs(0, 2), vecs[:2])  # staging its first commit
+    assert occupant(d) == "being written"  # by this process
+    with pytest.raises(FileExistsError, match=re.escape(
+            f"{d}: an index another writer holds open and is writing its first commit to; leave it to that "
+            "writer and give IndexStore.create a new directory")):
+        IndexStore.create(d, DIM, "Flat", "cosine")
+    store.close()
+    assert occupant(d) == "empty index"
+    fd = try_lock(d / "LOCK")  # as another process's writer holds it
+    try:
+        assert occupant(d) == "being written"
+    finally:
+        os.close(fd)
+    with sqlite3.connect(d / "docs.sqlite") as conn:  # as IndexStore.create(..., milvus=...) records it
+        conn.execute("INSERT INTO meta (key, value) VALUES ('milvus', '{}')")
+    conn.close()
+    assert occupant(d) == "empty milvus index"
+    with pytest.raises(FileExistsError, match=re.escape(
+            f"open it with IndexStore.open({str(d)!r}) (removing the directory would leave its staged rows")):
+        IndexStore.create(d, DIM, "Flat", "cosine")
+    (d / "docs.sqlite").write_bytes(b"not a database at all" * 100)
+    assert occupant(d) == "index"  # damaged: an index all the same
+    (d / "docs.sqlite").unlink()
+    assert occupant(d) == "directory"  # a manifest alone: someone's own files
+
+
+def test_create_for_milvus_says_what_occupies_the_directory(tmp_path):
+    """`IndexStore.create(..., milvus=...)` had its own older check ("already exists and is not an empty
+    directory"), and never said that an index was there or how to go on; it runs before Milvus is reached."""
+    from twotower.indexing.milvus import MilvusSpec
+
+    d = tmp_path / "idx"
+    IndexStore.create(d, DIM, "Flat", "cosine").close()
+    with pytest.raises(FileExistsError, match=re.escape(
+            f"{d}: already an index, empty at generation 0 (nothing was ever committed to it")):
+        IndexStore.create(d, DIM, None, "cosine", milvus=MilvusSpec("http://127.0.0.1:9", "c"))
 
 
 def test_add_reads_documents_as_the_pipeline_does(tmp_path, vecs):

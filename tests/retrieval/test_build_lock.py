@@ -171,3 +171,21 @@ def test_a_lock_held_in_this_process_refuses_the_cli_build(tmp_path, capsys):
                              tiny_model_dir(), "--no-progress")
     assert rc == 2 and f"another build of {out} is running (pid {os.getpid()})" in err
     assert not out.exists()
+
+
+def test_out_occupied_error_survives_a_pickle_round_trip():
+    """An OSError pickles as (errno, strerror), which OutOccupiedError's constructor took for (out, kind): the
+    unpickling failed with KeyError (e.g. an error sent back from a worker process)."""
+    import pickle
+    from typing import get_args
+
+    from twotower.cli.index_cmd import _out_occupied
+    from twotower.indexing.store import Occupant
+    from twotower.retrieval.build import OutOccupiedError
+
+    for kind in get_args(Occupant):  # every case has its words, in Python's and in the command line's
+        err = OutOccupiedError("/data/idx", kind)
+        back = pickle.loads(pickle.dumps(err))
+        assert (type(back), back.out, back.kind, str(back), back.errno) == \
+            (OutOccupiedError, "/data/idx", kind, str(err), err.errno)
+        assert _out_occupied("/data/idx", kind, "c.jsonl").startswith("--out /data/idx: ")

@@ -123,6 +123,9 @@ def test_window_larger_than_the_model_is_refused_naming_the_flag(encoder, tmp_pa
         check_settings(encoder, True, 1)  # a bool is an int to Python: it built windows of 1 token
     with pytest.raises(ValueError, match="--passage-stride"):
         check_settings(encoder, 20, True)
+    # numpy's integers are counts, as for k and the depths (they were refused); the settings are plain ints
+    settings = check_settings(encoder, np.int64(20), np.int32(10))
+    assert (settings.window, settings.stride) == (20, 10) and type(settings.window) is type(settings.stride) is int
     corpus = write_corpus(str(tmp_path / "c.jsonl"), corpus_docs())
     with pytest.raises(ValueError, match="--passage-window"):
         SearchPipeline.build(corpus, tmp_path / "idx", encoder, passages=True, passage_window=500, progress=False)
@@ -170,7 +173,8 @@ def built(tmp_path, encoder):
 
 def test_the_index_layer_does_not_check_the_pipelines_rows_again(tmp_path, encoder, monkeypatch):
     """A build checked every document in its reader, then again in IndexStore.add and in DocStore.add (1.28 s
-    against 0.245 s a 50k-document pass); rows the pipeline read (and its passage rows) are checked once."""
+    against 0.245 s a 50k-document pass); the index layer does not check the rows the pipeline read (and its
+    passage rows) again."""
     import twotower.indexing.docstore as docstore
 
     real, calls = docstore.check_for_index, []
@@ -188,6 +192,26 @@ def test_the_index_layer_does_not_check_the_pipelines_rows_again(tmp_path, encod
         pipe.add([{"_id": "n1", "text": long_text(80, 5), "parent": "thread-7"}, {"_id": "n2", "text": "tea"}])
         assert pipe.get(["n1"])[0]["metadata"] == {"parent": "thread-7"}  # a user's parent: metadata
     assert calls == []
+
+
+def test_add_does_not_parse_again_what_the_service_parsed(tmp_path, encoder, monkeypatch):
+    """`POST /documents` parses each document (`parse_document`, to name the field at fault), and
+    SearchPipeline.add parsed it all again; its output is taken as it is, but for the blank check."""
+    import twotower.retrieval.corpus as corpus_module
+    from twotower.common.errors import DataError
+    from twotower.retrieval.corpus import parse_document
+
+    corpus = write_corpus(str(tmp_path / "c.jsonl"), corpus_docs())
+    SearchPipeline.build(corpus, tmp_path / "idx", encoder, progress=False).close()
+    parsed = [parse_document({"_id": "n1", "text": "green tea"}, "documents[0]")]
+    blank = [parse_document({"_id": "n2", "text": " "}, "documents[0]", keep_empty=True)]
+    real, calls = corpus_module.check_for_index, []
+    monkeypatch.setattr(corpus_module, "check_for_index", lambda *a, **k: calls.append(a[0].doc_id) or real(*a, **k))
+    with SearchPipeline.load(tmp_path / "idx", encoder, readonly=False) as pipe:
+        assert pipe.add(parsed) == 1 and calls == []
+        with pytest.raises(DataError, match=r"^docs\[0\]: document 'n2' has empty 'text' and 'title'"):
+            pipe.add(blank)  # on_empty="error": still refused
+        assert pipe.get(["n1", "n2"])[1] is None
 
 
 def test_build_stores_passages_and_gives_documents_back_whole(built, encoder):

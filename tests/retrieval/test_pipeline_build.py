@@ -270,6 +270,15 @@ def test_build_arguments_are_checked_before_anything_is_encoded(tmp_path, encode
     assert sorted(os.listdir(tmp_path)) == []
 
 
+def test_build_takes_a_numpy_batch_size(tmp_path, encoder):
+    """batch_size=np.int64(2) was refused ("must be a positive int"), where k and the depths take numpy's
+    integers (`is_count`); the manifest records it as a plain int."""
+    with SearchPipeline.build(toy_docs(4), tmp_path / "idx", encoder, batch_size=np.int64(2), progress=False) as p:
+        assert len(p) == 4
+    manifest = json.loads((tmp_path / "idx" / "manifest.json").read_text())
+    assert '"batch_size": 2' in json.dumps(manifest)
+
+
 # ---------------------------------------------------------------------- refusing mismatches
 def test_other_model_of_same_dimension_is_refused(index_dir):
     other = DualEncoder.from_pretrained(tiny_model_dir(hidden=36, seed=1), bf16=False)
@@ -414,3 +423,27 @@ def test_load_says_weights_changed_only_where_the_manifest_was_applied_whole(tmp
     assert str(err.value).endswith("; its towers were pooled differently (query 'cls', documents 'mean'), which "
                                    "loading by directory cannot set: pass that encoder as model=")
     assert "weights changed" not in str(err.value)
+
+
+def test_load_blames_the_poolings_only_when_the_loaded_ones_differ(tmp_path):
+    """Whether the recorded poolings were applied was read from the manifest alone: a two-tower directory
+    (query cls, documents mean) saved with save_pretrained restores both, yet after a change of weights in
+    memory the load said "its towers were pooled differently ..., which loading by directory cannot set"."""
+    model = tiny_model_dir()
+    query = DualEncoder.from_pretrained(model, pooling="cls", bf16=False).query_tower
+    document = DualEncoder.from_pretrained(model, pooling="mean", bf16=False).query_tower
+    DualEncoder(query, document).save_pretrained(str(tmp_path / "two"))
+    saved = DualEncoder.from_pretrained(str(tmp_path / "two"), bf16=False)
+    assert (saved.query_tower.pooling, saved.document_tower.pooling) == ("cls", "mean")
+    docs = toy_docs(6)
+    with SearchPipeline.build(docs, tmp_path / "idx", saved, progress=False):
+        pass
+    with SearchPipeline.load(tmp_path / "idx", bf16=False) as pipe:  # both poolings come back from the directory
+        assert pipe.encoder.fingerprint() == saved.fingerprint()
+    with torch.no_grad():
+        next(saved.document_tower.model.parameters()).add_(1.0)
+    with SearchPipeline.build(docs, tmp_path / "tuned", saved, progress=False):
+        pass
+    with pytest.raises(EncoderMismatchError) as err:
+        SearchPipeline.load(tmp_path / "tuned", bf16=False)
+    assert "weights changed in memory" in str(err.value) and "pooled differently" not in str(err.value)

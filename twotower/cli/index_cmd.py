@@ -135,6 +135,11 @@ def _out_occupied(out: str, kind: str, corpus: str) -> str:
                  f"{corpus}`, or remove it first",
         "empty index": "an empty index, at generation 0 (nothing was ever committed to it); remove the directory, "
                        "or choose another --out",
+        "empty milvus index": "an empty index, at generation 0, whose vectors go to a Milvus collection; choose "
+                              "another --out (removing the directory would leave its staged rows in the "
+                              "collection, which a new index then refuses)",
+        "being written": "an index another writer holds open and is writing its first commit to; leave it to that "
+                         "writer and choose another --out",
         "directory": "a directory that is not empty; give a new or empty directory for the index",
     }[kind]
     return f"--out {out}: {why}"
