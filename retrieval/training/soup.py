@@ -172,8 +172,15 @@ def _check_out(out: str, runs: Sequence[str], checkpoints: Sequence[str], overwr
     """`out` must be new, empty, or an earlier soup (with `overwrite`), and hold none of the runs averaged.
 
     Why: the soup replaced whatever directory `out` was: the user's files, an input run's log and negatives
-    (``--out rr0``), an input run's best checkpoint (``--out rrA/best``), all with exit 0.
+    (``--out rr0``), an input run's best checkpoint (``--out rrA/best``), all with exit 0; and an earlier soup
+    beside the user's own files (a README, an eval folder) was replaced with them. The working directory is
+    refused: replacing it would leave the shell in a removed directory.
     """
+    from twotower.common.paths import a_few, foreign_entries, holds_working_directory
+
+    if where := holds_working_directory(out):
+        raise ValueError(f"--out {out}: {where}; the soup replaces its directory whole, which would leave your "
+                         "shell in a removed directory; give a directory below it, e.g. --out soup")
     real = os.path.realpath(out)
     for run, checkpoint in zip(runs, checkpoints):
         for path in {os.path.realpath(run), os.path.realpath(checkpoint)}:
@@ -187,6 +194,11 @@ def _check_out(out: str, runs: Sequence[str], checkpoints: Sequence[str], overwr
         names = sorted(os.listdir(out))
         raise ValueError(f"--out {out}: a directory holding other files ({', '.join(names[:3])}"
                          f"{', ...' if len(names) > 3 else ''}), not a soup; give a new or empty directory")
+    # what a soup writes: its first checkpoint's files (config, tokenizer), the weights, args and weight chosen
+    theirs = foreign_entries(out, {*os.listdir(checkpoints[0]), WEIGHTS, TRAINING_ARGS, ALPHA_FILE})
+    if theirs:
+        raise ValueError(f"--out {out}: an earlier soup and files of yours ({a_few(theirs)}), which --overwrite "
+                         "would remove with it: move them out, or give another --out")
     if not overwrite:
         raise ValueError(f"--out {out} holds an earlier soup; pass --overwrite to replace it, or give another --out")
 

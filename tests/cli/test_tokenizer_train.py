@@ -108,6 +108,16 @@ def test_an_earlier_tokenizer_is_replaced_only_with_overwrite(tmp_path, capsys):
     assert sorted(os.listdir(tmp_path)) == ["c.txt", "tok"]  # no build or old folder left beside it
 
 
+def test_out_the_current_directory_is_refused(tmp_path, capsys, monkeypatch):
+    """An empty working directory as --out was swapped out whole: the shell was left in a removed directory."""
+    corpus = _corpus(tmp_path)
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    rc, _, err = _train(capsys, "--input", corpus, "--vocab-size", "60", "--out", ".")
+    assert rc == 2 and "--out .: the current directory; the tokenizer replaces its directory whole" in err, err
+    assert not os.listdir(tmp_path / "here")
+
+
 @pytest.mark.parametrize("earlier", [False, True])
 def test_a_failed_save_leaves_out_as_it_was(earlier, tmp_path, capsys, monkeypatch):
     """The four files are one unit: a disk that fills after the first leaves neither a torn mix nor a stray file."""

@@ -101,11 +101,14 @@ def _check_out(out: str, overwrite: bool) -> None:
     replacing the directory as a unit would delete them.
     """
     from twotower.cli import CLIError
-    from twotower.common.paths import a_few, foreign_entries
+    from twotower.common.paths import a_few, foreign_entries, holds_working_directory
     from twotower.encoder.core.tokenizer import TOKENIZER_FILES
 
     if not os.path.exists(out):
         return
+    if where := holds_working_directory(out):
+        raise CLIError(f"--out {out}: {where}; the tokenizer replaces its directory whole, which would leave your "
+                       "shell in a removed directory; give a directory below it, e.g. --out tok")
     if not os.path.isdir(out):
         raise CLIError(f"--out {out}: a file; give a new or empty directory")
     names = sorted(os.listdir(out))

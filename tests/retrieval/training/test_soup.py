@@ -132,7 +132,7 @@ def test_soup_refuses_what_is_not_a_run_and_runs_of_other_data(tmp_path, capsys)
     assert rc == 2 and "at least two runs" in capsys.readouterr().err
 
 
-def test_soup_out_never_replaces_what_is_there(tmp_path, capsys):
+def test_soup_out_never_replaces_what_is_there(tmp_path, capsys, monkeypatch):
     """--out was replaced whatever it was, with exit 0: the user's files, an input run (its log and negatives),
     an input run's best/ checkpoint."""
     from twotower.cli import main
@@ -156,6 +156,16 @@ def test_soup_out_never_replaces_what_is_there(tmp_path, capsys):
     rc = main(["train", "soup", *runs, "--out", out, "--no-progress"])
     assert rc == 2 and "holds an earlier soup; pass --overwrite" in capsys.readouterr().err
     assert main(["train", "soup", *runs, "--out", out, "--no-progress", "--overwrite"]) == 0
+    capsys.readouterr()
+    # an earlier soup beside the user's own files was replaced with them, exit 0
+    (tmp_path / "soup" / "README.md").write_text("my notes")
+    rc = main(["train", "soup", *runs, "--out", out, "--no-progress", "--overwrite"])
+    assert rc == 2 and "an earlier soup and files of yours (README.md)" in capsys.readouterr().err
+    assert (tmp_path / "soup" / "README.md").read_text() == "my notes"
+    monkeypatch.chdir(out)
+    rc = main(["train", "soup", *runs, "--out", ".", "--no-progress", "--overwrite"])
+    assert rc == 2 and "--out .: the current directory; the soup replaces its directory whole" in \
+        capsys.readouterr().err
 
 
 def test_a_soup_that_fails_while_scoring_leaves_out_as_it_was(tmp_path, monkeypatch):
