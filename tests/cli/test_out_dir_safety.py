@@ -104,3 +104,39 @@ def test_pretrain_refuses_the_working_directory(tmp_path, capsys, monkeypatch):
     err = _error(capsys, ["pretrain", "--corpus", "c.txt", "--valid", "v.txt", "--tokenizer", "tok", "--steps", "1",
                           "--out", "..", "--overwrite"])
     assert "--out ..: one above the current directory; a run replaces its directory whole" in err
+
+
+def test_train_resumes_an_in_place_run_beside_the_users_files(tmp_path, capsys, monkeypatch):
+    """Only a run that swaps its directory in (--overwrite, or resuming one built in OUT.unfinished) is refused
+    for the user's files and the working directory: resuming a run stopped in its own directory replaces
+    nothing."""
+    run = tmp_path / "run"
+    (run / "best").mkdir(parents=True)  # stopped at its step-500 save, the user's notes beside it
+    (run / "best" / "config.json").write_text("{}\n")
+    (run / "trainer_state").mkdir()
+    (run / "train_log.jsonl").write_text("")
+    (run / "notes.txt").write_text("mine\n")
+    args = ["train", "dual", "--model", str(tmp_path / "model"), "--data", str(tmp_path / "data"), "--resume",
+            "--out"]
+    for cwd, out in ((tmp_path, "run"), (run, ".")):
+        monkeypatch.chdir(cwd)
+        assert main([*args, out]) != 0  # on the state or the inputs, which are not there: not on --out
+        err = capsys.readouterr().err
+        assert "which --overwrite would remove" not in err and "the current directory" not in err, err
+    assert (run / "notes.txt").read_text() == "mine\n"
+
+
+def test_finetune_and_pretrain_resume_an_in_place_run_from_inside_it(tiny_dir, tmp_path, capsys, monkeypatch):
+    """`--resume --out .` inside a run stopped in its own directory replaces nothing: not refused as the
+    working directory (only a run built in OUT.unfinished is swapped in)."""
+    run = tmp_path / "run"
+    (run / "trainer_state").mkdir(parents=True)  # a stopped run's state (here unreadable: refused on that)
+    (run / "finetune_report.json").write_text('{"finished": false}\n')
+    (run / "run.json").write_text("{}\n")
+    monkeypatch.chdir(run)
+    for argv in (["finetune", "classify", "--model", tiny_dir, "--train", "t.tsv", "--dev", "t.tsv",
+                  "--resume"],
+                 ["pretrain", "--corpus", "c.txt", "--tokenizer", "tok", "--steps", "1", "--resume"]):
+        assert main([*argv, "--out", "."]) != 0
+        err = capsys.readouterr().err
+        assert "the current directory" not in err, err
