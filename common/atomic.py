@@ -24,7 +24,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import IO, Any
 
 TMP_MARKER = ".tmp-"  # in every temporary name, so stray ones can be found and swept
@@ -206,13 +206,32 @@ def staging_dir(out_dir: str) -> str:
     return base + STAGING_SUFFIX
 
 
-def commit_staged_run(staged: str, target: str, log_name: str) -> None:
+def commit_staged_run(staged: str, target: str, log_name: str, run_names: Collection[str]) -> None:
     """Swap a complete replacing run, built in `staged` (`staging_dir`), into `target`; the earlier run's log
-    (`log_name`) is kept in it as ``<log_name>.previous``. The earlier run goes only now."""
+    (`log_name`) is kept in it as ``<log_name>.previous``. The earlier run goes only now, and not while `target`
+    holds files no run writes (`refuse_swap_over_theirs`)."""
+    refuse_swap_over_theirs(staged, target, run_names)
     earlier_log = os.path.join(target, log_name)
     if os.path.isfile(earlier_log):
         shutil.copyfile(earlier_log, os.path.join(staged, log_name + ".previous"))
     atomic_replace_dir(staged, target)
+
+
+def refuse_swap_over_theirs(staged: str, target: str, run_names: Collection[str]) -> None:
+    """Refuse to swap the run built in `staged` into `target` while `target` holds entries that no run writes
+    (`foreign_entries` against `run_names`): the run stays in `staged`, and the message names the files.
+
+    Why: --out was checked when a replacing run started, and the swap hours later (or after a --resume)
+    deleted a file the user had put there meanwhile. Called right before each swap, and when a stopped
+    replacing run is resumed (its swap is still to come)."""
+    from twotower.common.paths import a_few, foreign_entries
+
+    theirs = foreign_entries(target, run_names) if os.path.isdir(target) else []
+    if theirs:
+        raise ValueError(f"{target}: files of yours ({a_few(theirs)}) beside the earlier run, which swapping in "
+                         f"the run built in {staged} would remove; nothing was swapped. Once that run is complete "
+                         f"it is kept in {staged}: move your files out of {target} and run the same command with "
+                         f"--resume to swap it in, or use it from {staged}")
 
 
 def left_by_a_stopped_run(directory: str, marker: str) -> bool:

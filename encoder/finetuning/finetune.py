@@ -65,7 +65,13 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from twotower.common.atomic import atomic_replace_dir, atomic_write_text, staging_dir, sweep_temporaries
+from twotower.common.atomic import (
+    atomic_replace_dir,
+    atomic_write_text,
+    refuse_swap_over_theirs,
+    staging_dir,
+    sweep_temporaries,
+)
 from twotower.common.device import autocast, default_device, resolve_bf16
 from twotower.common.errors import DataError, check_at_least, check_setting
 from twotower.common.malloc import retain_freed_memory_for
@@ -322,6 +328,8 @@ def find_state(out_dir: str) -> str:
     is none."""
     state = locate_state(out_dir, STATE_DIR)
     if state is not None:
+        if os.path.dirname(state) == staging_dir(out_dir):  # its swap is still to come: not over files added since
+            refuse_swap_over_theirs(staging_dir(out_dir), out_dir, RUN_NAMES)
         return state
     if run_finished(out_dir):
         raise ValueError(f"--resume: the run in {out_dir} finished ({REPORT_NAME} says so); nothing is left to "
@@ -551,6 +559,7 @@ def finetune(
     _write_report(report, work)
     done = work
     if work != out_dir and os.path.isfile(os.path.join(work, CONFIG_NAME)):
+        refuse_swap_over_theirs(work, out_dir, RUN_NAMES)  # files the user put there during the run stay
         atomic_replace_dir(work, out_dir)  # the earlier run goes only now that this one is complete
         done = out_dir
     # last: a kill before this leaves a finished report beside the state, whose resume ends the run again

@@ -37,6 +37,7 @@ from twotower.common.atomic import (
     commit_staged_run,
     left_by_a_stopped_run,
     recover_replaced_dir,
+    refuse_swap_over_theirs,
     staging_dir,
     sweep_temporaries,
 )
@@ -308,8 +309,9 @@ def finish_out_dir(args: PretrainArgs, work: str, info: DistInfo) -> str:
     ``log.jsonl.previous``); returns where the run is now."""
     if work == args.out:
         return work
+    refuse_swap_over_theirs(work, args.out, RUN_NAMES)  # every rank: one stopping alone would leave the others
     if info.is_main:
-        commit_staged_run(work, args.out, "log.jsonl")
+        commit_staged_run(work, args.out, "log.jsonl", RUN_NAMES)
     barrier(info)
     return args.out
 
@@ -334,6 +336,8 @@ def check_out_dir(args: PretrainArgs, work: str, config: EncoderConfig, budget: 
             again = "with --overwrite instead of --resume" if os.path.isfile(run_file) else "without --resume"
             raise FileNotFoundError(f"--resume: no training state in {out} ({STATE_DIR}/ missing): a run saves one "
                                     f"{FIRST_SAVE}; start the run again {again}")
+        if out != args.out:  # a replacing run: its swap is still to come, not over files added meanwhile
+            refuse_swap_over_theirs(out, args.out, RUN_NAMES)
         saved = read_run_record(run_file, out)
         differ = _settings_differ(saved, args, config, budget, info)
         if "data" in saved:

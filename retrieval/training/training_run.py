@@ -21,7 +21,9 @@ holds that run's checkpoints or summary is built in ``OUT.unfinished`` and swapp
 in by `TrainingRun.finish` (as `twotower finetune` does): a run stopped on the way
 leaves the earlier run whole, never its ``summary.json`` or ``last/`` beside the
 new run's ``best/``.  The earlier run's log then becomes the new run's
-``train_log.jsonl.previous``; its other files go with it.
+``train_log.jsonl.previous``; its other files go with it.  Files of the user's that
+appear in ``--out`` meanwhile stop the swap (`refuse_swap_over_theirs`): the complete
+run, its state kept, stays in ``OUT.unfinished`` until a ``resume`` swaps it in.
 
 A resumed run (``resume``) writes where the run it continues did (``OUT.unfinished`` when that one was
 replacing an earlier run), keeps its log up to the step its training state was saved at (what follows
@@ -52,6 +54,7 @@ from twotower.common.atomic import (
     commit_staged_run,
     left_by_a_stopped_run,
     recover_replaced_dir,
+    refuse_swap_over_theirs,
     staging_dir,
     sweep_temporaries,
 )
@@ -77,6 +80,8 @@ class TrainingRun:
         if resume:  # where the run saved its state: a replacing run's is in the staging directory
             staged = staging_dir(out)
             self.out = staged if os.path.isdir(os.path.join(staged, STATE_DIR)) else out
+            if self.out == staged and enabled:  # its swap is still to come: not over files added meanwhile
+                refuse_swap_over_theirs(staged, out, RUN_NAMES)
         else:
             if replace and (theirs := beside_run(out)):  # the swap at the end would delete them with the run
                 raise ValueError(beside_run_message(out, theirs))
@@ -185,16 +190,16 @@ class TrainingRun:
         summary = {**summary, "seconds": round(self.elapsed, 1)}
         self.log("done", **summary)
         self.write_summary(summary)
+        self._commit()  # refused over files of the user's: the state stays, and --resume swaps the run in
         if self.enabled:  # a finished run is not continued: its state (weights and moments) only took room
-            shutil.rmtree(self.state_dir, ignore_errors=True)
-        self._commit()
+            shutil.rmtree(os.path.join(self.target, STATE_DIR), ignore_errors=True)
         return summary
 
     def _commit(self) -> None:
         """Swap a staged, complete run into `target`; the earlier run's log is kept as ``.previous``."""
         if not (self.staged and self.enabled):
             return
-        commit_staged_run(self.out, self.target, os.path.basename(self.log_path))
+        commit_staged_run(self.out, self.target, os.path.basename(self.log_path), RUN_NAMES)
 
     def write_summary(self, summary: dict) -> None:
         if self.enabled:

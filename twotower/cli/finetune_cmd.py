@@ -200,7 +200,10 @@ def _check_out(args: argparse.Namespace, model_dir: str) -> None:
     from twotower.encoder.training.same_run import locate_state
 
     out = args.out
-    if where := holds_working_directory(out):  # --overwrite swaps the new run in for it whole
+    # a run swaps its directory in whole (--overwrite, or resuming a run built in OUT.unfinished); resumed in
+    # its own directory it replaces nothing
+    swaps = not args.resume or os.path.isdir(os.path.join(staging_dir(out), STATE_DIR))
+    if swaps and (where := holds_working_directory(out)):
         raise CLIError(f"--out {out}: {where}; a run replaces its directory whole (--overwrite), which would "
                        "delete your files there and leave your shell in a removed directory; give a directory "
                        "below it, e.g. --out model")

@@ -85,8 +85,11 @@ def run(args: argparse.Namespace) -> int:
 
     from twotower.cli import CLIError, resumable
     from twotower.common.paths import holds_working_directory
+    from twotower.encoder.pretraining.pretrain import resume_dir
 
-    if where := holds_working_directory(args.out):  # --overwrite swaps the new run in for it whole
+    # --overwrite swaps the new run in for it whole (a resumed one too, when built in OUT.unfinished); a run
+    # resumed in its own directory replaces nothing
+    if (not args.resume or resume_dir(args.out) != args.out) and (where := holds_working_directory(args.out)):
         raise CLIError(f"--out {args.out}: {where}; a run replaces its directory whole (--overwrite), which "
                        "would delete your files there and leave your shell in a removed directory; give a "
                        "directory below it, e.g. --out run")
@@ -96,7 +99,6 @@ def run(args: argparse.Namespace) -> int:
         STATE_DIR,
         PretrainArgs,
         pretrain,
-        resume_dir,
         run_dir,
         saved_step,
     )

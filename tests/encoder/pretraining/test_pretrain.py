@@ -789,3 +789,34 @@ def test_a_resume_is_warned_of_by_rank_0_alone(stopped_run, tiny_tokenizer_dir, 
         said.append([what for what in ("has no fingerprint", "computed differently")
                      if any(what in r.getMessage() for r in caplog.records)])
     assert said == [["has no fingerprint", "computed differently"], []]
+
+
+def test_a_replacing_run_is_not_swapped_over_files_added_while_it_ran(stopped_run, tiny_tokenizer_dir, tmp_path,
+                                                                      capsys, monkeypatch):
+    """--out was checked when the replacing run started, and its swap at the end deleted a file the user had put
+    there meanwhile: the run stays in OUT.unfinished until the file is moved out and --resume swaps it in."""
+    from twotower.encoder.pretraining import pretrain as pt
+
+    s = stopped_run[0]
+    out = _copy_run(stopped_run, tmp_path)
+    args = _args(s, tiny_tokenizer_dir, out, "--steps", "2", "--lr", "3e-3", "--overwrite")
+    commit = pt.commit_staged_run
+
+    def user_adds_a_file(*a, **k):  # the moment of the swap
+        with open(os.path.join(out, "notes.txt"), "w") as f:
+            f.write("mine\n")
+        commit(*a, **k)
+
+    with monkeypatch.context() as m:
+        m.setattr(pt, "commit_staged_run", user_adds_a_file)
+        assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "files of yours (notes.txt)" in err and "nothing was swapped" in err, err
+    assert open(os.path.join(out, "notes.txt")).read() == "mine\n"
+    staged = _snapshot(out + ".unfinished")
+    assert main([*args, "--resume"]) == 2  # still there
+    assert "files of yours (notes.txt)" in capsys.readouterr().err
+    os.remove(os.path.join(out, "notes.txt"))
+    assert main([*args, "--resume"]) == 0
+    assert json.loads(capsys.readouterr().out)["out"] == out and not os.path.exists(out + ".unfinished")
+    assert open(os.path.join(out, "model.safetensors"), "rb").read() == staged["model.safetensors"]

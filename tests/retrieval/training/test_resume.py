@@ -369,3 +369,32 @@ def test_a_rank_that_fails_alone_loading_or_restoring_the_state_says_so_itself(t
     with pytest.raises(DataError, match="unreadable on this node") as info:
         resumed._resume()
     assert met_by_this_rank_only(info.value)
+
+
+def test_a_replacing_run_is_not_swapped_over_files_added_while_it_ran_and_resume_swaps_it_in(tmp_path,
+                                                                                            monkeypatch):
+    """A file the user put in --out while the replacing run trained was deleted by the swap at its end: the
+    complete run now stays in OUT.unfinished, and once the file is moved out --resume swaps it in."""
+    from twotower.retrieval.training import training_run
+
+    train_reranker(_reranker(tmp_path, max_steps=2, eval_every=2))
+    out = str(tmp_path / "rr")
+    commit = training_run.commit_staged_run
+
+    def user_adds_a_file(*a, **k):  # the moment of the swap
+        with open(os.path.join(out, "notes.txt"), "w") as f:
+            f.write("mine\n")
+        commit(*a, **k)
+
+    with monkeypatch.context() as m:
+        m.setattr(training_run, "commit_staged_run", user_adds_a_file)
+        with pytest.raises(ValueError, match=r"files of yours \(notes.txt\).*nothing was swapped"):
+            train_reranker(_reranker(tmp_path, overwrite=True))
+    assert _bytes(os.path.join(out, "notes.txt")) == b"mine\n"
+    assert json.load(open(os.path.join(out, "summary.json")))["steps"] == 2
+    assert json.load(open(os.path.join(out + ".unfinished", "summary.json")))["steps"] == 9
+    os.remove(os.path.join(out, "notes.txt"))
+    res = train_reranker(_reranker(tmp_path, overwrite=True, resume=True))
+    assert res.steps == 9 and not os.path.exists(out + ".unfinished")
+    assert json.load(open(os.path.join(out, "summary.json")))["steps"] == 9
+    assert not os.path.exists(os.path.join(out, STATE_DIR))
