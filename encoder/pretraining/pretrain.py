@@ -42,7 +42,14 @@ from twotower.common.atomic import (
     sweep_temporaries,
 )
 from twotower.common.device import autocast, resolve_bf16, training_device
-from twotower.common.distributed import DistInfo, all_reduce_sum, barrier, cleanup, init_distributed
+from twotower.common.distributed import (
+    DistInfo,
+    all_reduce_sum,
+    barrier,
+    cleanup,
+    init_distributed,
+    stopped_anywhere,
+)
 from twotower.common.errors import DataError, check_at_least, check_setting
 from twotower.common.malloc import retain_freed_memory_for
 from twotower.common.paths import a_few, foreign_entries
@@ -309,10 +316,15 @@ def finish_out_dir(args: PretrainArgs, work: str, info: DistInfo) -> str:
     ``log.jsonl.previous``); returns where the run is now."""
     if work == args.out:
         return work
-    refuse_swap_over_theirs(work, args.out, RUN_NAMES)  # every rank: one stopping alone would leave the others
+    # rank 0 decides and every rank hears it (`stopped_anywhere`): ranks that looked at --out themselves
+    # looked at other moments (rank 0 writes the checkpoint first), and one refusing alone hung the others
+    error = None
     if info.is_main:
-        commit_staged_run(work, args.out, "log.jsonl", RUN_NAMES)
-    barrier(info)
+        try:
+            commit_staged_run(work, args.out, "log.jsonl", RUN_NAMES)  # refuses files of the user's first
+        except Exception as exc:  # noqa: BLE001 - re-raised by stopped_anywhere on this rank
+            error = exc
+    stopped_anywhere(error, info, "rank 0")
     return args.out
 
 

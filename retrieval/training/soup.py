@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
+from twotower.common.paths import a_few, foreign_entries
 from twotower.encoder.training.run_log import RunLog
 from twotower.indexing.integrity import file_sha256
 from twotower.retrieval.export import TRAINING_ARGS, write_model_dir, write_training_args
@@ -168,6 +169,14 @@ def _ingredient(checkpoint: str, args: dict) -> dict:
             "interpolated_dev_ndcg@10": _interpolated(checkpoint, args.get("step"))}
 
 
+def _soup_names(checkpoint: str) -> set[str]:
+    """What a soup directory holds: its first checkpoint's files (config, tokenizer), the weights, args and weight
+    chosen, and any tokenizer file (an earlier soup of runs that wrote other tokenizer files is still a soup)."""
+    from twotower.encoder.core.tokenizer import TOKENIZER_FILES
+
+    return {*os.listdir(checkpoint), *TOKENIZER_FILES, "config.json", WEIGHTS, TRAINING_ARGS, ALPHA_FILE}
+
+
 def _check_out(out: str, runs: Sequence[str], checkpoints: Sequence[str], overwrite: bool) -> None:
     """`out` must be new, empty, or an earlier soup (with `overwrite`), and hold none of the runs averaged.
 
@@ -176,7 +185,7 @@ def _check_out(out: str, runs: Sequence[str], checkpoints: Sequence[str], overwr
     beside the user's own files (a README, an eval folder) was replaced with them. The working directory is
     refused: replacing it would leave the shell in a removed directory.
     """
-    from twotower.common.paths import a_few, foreign_entries, holds_working_directory
+    from twotower.common.paths import holds_working_directory
 
     if where := holds_working_directory(out):
         raise ValueError(f"--out {out}: {where}; the soup replaces its directory whole, which would leave your "
@@ -194,8 +203,7 @@ def _check_out(out: str, runs: Sequence[str], checkpoints: Sequence[str], overwr
         names = sorted(os.listdir(out))
         raise ValueError(f"--out {out}: a directory holding other files ({', '.join(names[:3])}"
                          f"{', ...' if len(names) > 3 else ''}), not a soup; give a new or empty directory")
-    # what a soup writes: its first checkpoint's files (config, tokenizer), the weights, args and weight chosen
-    theirs = foreign_entries(out, {*os.listdir(checkpoints[0]), WEIGHTS, TRAINING_ARGS, ALPHA_FILE})
+    theirs = foreign_entries(out, _soup_names(checkpoints[0]))
     if theirs:
         raise ValueError(f"--out {out}: an earlier soup and files of yours ({a_few(theirs)}), which --overwrite "
                          "would remove with it: move them out, or give another --out")
@@ -274,6 +282,13 @@ def soup_rerankers(runs: Sequence[str], out: str, progress: bool = True, overwri
         found.update(alone=alone, interpolated=curve[alpha], alpha=alpha, first=curve[0.0], by_first=by_first,
                      ingredients=ingredients)
 
-    write_model_dir(out, fill)
+    def checked_fill(tmp: str) -> None:
+        fill(tmp)
+        # again just before the swap: a file the user saved into --out while the soup was scored goes with it
+        if os.path.isdir(out) and (theirs := foreign_entries(out, _soup_names(checkpoints[0]))):
+            raise ValueError(f"--out {out}: files of yours appeared while the soup was made ({a_few(theirs)}); "
+                             "nothing was replaced: move them out and run the command again, or give another --out")
+
+    write_model_dir(out, checked_fill)
     return SoupResult(out, found["alone"], found["interpolated"], found["alpha"], found["first"],
                       found["by_first"], found["ingredients"])

@@ -173,3 +173,26 @@ def test_index_build_stopped_on_one_rank_does_not_wait_at_the_barrier(group_call
     with pytest.raises(KeyboardInterrupt):
         module.build_index(str(tmp_path / "corpus.jsonl"), str(tmp_path / "out"), None)
     assert group_calls == ["destroy"]
+
+
+def test_pretrain_swap_is_rank_0s_decision_that_every_rank_hears(monkeypatch, tmp_path):
+    """Every rank looked at --out itself before rank 0 swapped (rank 0 later, after writing the checkpoint):
+    a file that came or went between those moments made one rank refuse alone, and the others hung at the
+    barrier or swapped anyway. Rank 0 decides now, and the others take its outcome."""
+    from twotower.common.distributed import DistInfo
+    from twotower.encoder.pretraining import pretrain as module
+
+    out, work = tmp_path / "run", tmp_path / "run.unfinished"
+    out.mkdir()
+    work.mkdir()
+    (out / "notes.txt").write_text("a file rank 1 sees, which rank 0 will not")
+    heard = []
+    monkeypatch.setattr(module, "stopped_anywhere", lambda error, info, who: heard.append((info.rank, error)),
+                        raising=False)
+    monkeypatch.setattr(module, "commit_staged_run", lambda *a, **k: heard.append("swapped"))
+    args = SimpleNamespace(out=str(out))
+    assert module.finish_out_dir(args, str(work), DistInfo(2, 1, 1)) == str(out)
+    assert heard == [(1, None)]  # rank 1 neither refused nor swapped: it waits for rank 0's outcome
+    heard.clear()
+    assert module.finish_out_dir(args, str(work), DistInfo(2, 0, 0)) == str(out)
+    assert heard == ["swapped", (0, None)]

@@ -162,6 +162,21 @@ def test_soup_out_never_replaces_what_is_there(tmp_path, capsys, monkeypatch):
     rc = main(["train", "soup", *runs, "--out", out, "--no-progress", "--overwrite"])
     assert rc == 2 and "an earlier soup and files of yours (README.md)" in capsys.readouterr().err
     assert (tmp_path / "soup" / "README.md").read_text() == "my notes"
+    (tmp_path / "soup" / "README.md").unlink()
+    # a file saved into --out while the soup is scored: checked again before the swap, nothing replaced
+    from twotower.retrieval.training import alpha
+
+    choose = alpha.choose_alpha
+
+    def choose_and_save(*a, **k):
+        (tmp_path / "soup" / "eval.txt").write_text("mine")
+        return choose(*a, **k)
+
+    monkeypatch.setattr(alpha, "choose_alpha", choose_and_save)
+    rc = main(["train", "soup", *runs, "--out", out, "--no-progress", "--overwrite"])
+    assert rc == 2 and "files of yours appeared while the soup was made (eval.txt)" in capsys.readouterr().err
+    assert (tmp_path / "soup" / "eval.txt").read_text() == "mine"
+    monkeypatch.undo()
     monkeypatch.chdir(out)
     rc = main(["train", "soup", *runs, "--out", ".", "--no-progress", "--overwrite"])
     assert rc == 2 and "--out .: the current directory; the soup replaces its directory whole" in \
