@@ -191,3 +191,21 @@ def test_characters_past_limit_alphabet_are_said_to_become_unk(tmp_path, capsys)
     assert rc == 0, err
     assert "the corpus's 10 most frequent characters (--limit-alphabet)" in out
     assert "the 4 rarer characters past --limit-alphabet 10 have no piece and become [UNK]" in out
+
+
+def test_out_is_checked_again_after_training(tmp_path, capsys, monkeypatch):
+    """--out was checked before training only; a file saved there meanwhile was deleted by the swap."""
+    from twotower.encoder.core.tokenizer import Tokenizer
+
+    corpus, out = _corpus(tmp_path), tmp_path / "tok"
+    assert _train(capsys, "--input", corpus, "--vocab-size", "60", "--out", str(out))[0] == 0
+    train = Tokenizer.train
+
+    def train_and_save_a_note(*a, **k):
+        (out / "notes.md").write_text("mine\n")
+        return train(*a, **k)
+
+    monkeypatch.setattr(Tokenizer, "train", train_and_save_a_note)
+    rc, _, err = _train(capsys, "--input", corpus, "--vocab-size", "70", "--out", str(out), "--overwrite")
+    assert rc == 2 and "a directory that holds other files (notes.md)" in err, err
+    assert (out / "notes.md").read_text() == "mine\n"

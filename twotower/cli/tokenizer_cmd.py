@@ -78,6 +78,7 @@ def train(args: argparse.Namespace) -> int:
     tok = Tokenizer.train(iterator=stream(), vocab_size=args.vocab_size, lowercase=not args.no_lowercase,
                           min_frequency=args.min_frequency, limit_alphabet=args.limit_alphabet,
                           progress=not args.no_progress)
+    _check_out(args.out, args.overwrite)  # again: a file saved into --out while the tokenizer trained goes with it
     # the four files are one unit: built in a sibling folder, then swapped in, so a failure leaves --out as it was
     write_model_dir(os.path.normpath(args.out), tok.save_pretrained)
     note = _size_note(tok, args.vocab_size, args.min_frequency, args.limit_alphabet, _left_out(tok, chars))
