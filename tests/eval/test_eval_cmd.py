@@ -282,11 +282,17 @@ def beir_dir(tmp_path):
     return root
 
 
-def test_index_mode_writes_a_comparison_report(tmp_path, beir_dir, monkeypatch, capsys):
+def _use_fake_pipeline(monkeypatch) -> None:
+    """`_FakePipeline` as ``twotower.retrieval.pipeline`` for the test, with no calls yet: eval's --index mode
+    without a model."""
     module = types.ModuleType("twotower.retrieval.pipeline")
     module.SearchPipeline = _FakePipeline
     monkeypatch.setitem(sys.modules, "twotower.retrieval.pipeline", module)
-    _FakePipeline.calls = []
+    monkeypatch.setattr(_FakePipeline, "calls", [])
+
+
+def test_index_mode_writes_a_comparison_report(tmp_path, beir_dir, monkeypatch, capsys):
+    _use_fake_pipeline(monkeypatch)
     (tmp_path / "idx").mkdir()
     Manifest(dim=4, metric="ip", factory="Flat", bm25={}).write(tmp_path / "idx" / "manifest.json")  # has BM25
     ce = tmp_path / "ce"
@@ -338,10 +344,7 @@ def test_index_mode_writes_a_comparison_report(tmp_path, beir_dir, monkeypatch, 
 
 
 def test_index_mode_without_reranker_does_not_load_the_default_one(tmp_path, beir_dir, monkeypatch, capsys):
-    module = types.ModuleType("twotower.retrieval.pipeline")
-    module.SearchPipeline = _FakePipeline
-    monkeypatch.setitem(sys.modules, "twotower.retrieval.pipeline", module)
-    _FakePipeline.calls = []
+    _use_fake_pipeline(monkeypatch)
     (tmp_path / "idx").mkdir()
     (tmp_path / "idx" / "manifest.json").write_text("{}")  # --index is checked to be an index; the fake loads it
     argv = [
@@ -495,10 +498,7 @@ def test_cutoffs_deeper_than_the_run_are_warned_once_and_noted_in_the_report(fil
 
 
 def test_index_mode_warns_of_cutoffs_deeper_than_k(tmp_path, beir_dir, monkeypatch, capsys):
-    module = types.ModuleType("twotower.retrieval.pipeline")
-    module.SearchPipeline = _FakePipeline
-    monkeypatch.setitem(sys.modules, "twotower.retrieval.pipeline", module)
-    _FakePipeline.calls = []
+    _use_fake_pipeline(monkeypatch)
     (tmp_path / "idx").mkdir()
     (tmp_path / "idx" / "manifest.json").write_text("{}")
     assert main(["eval", "--index", str(tmp_path / "idx"), "--dataset", str(beir_dir), "--out", str(tmp_path / "r"),
@@ -512,9 +512,7 @@ def test_index_mode_warns_of_cutoffs_deeper_than_k(tmp_path, beir_dir, monkeypat
 def test_index_mode_says_nothing_of_cutoffs_within_k_of_a_small_index(tmp_path, beir_dir, monkeypatch, capsys):
     """A 6-document index searched with the default -k 100 was told "... -k 100 scores them in full": its lists
     are the whole index, which no flag makes deeper. Only a cutoff beyond -k is said."""
-    module = types.ModuleType("twotower.retrieval.pipeline")
-    module.SearchPipeline = _FakePipeline
-    monkeypatch.setitem(sys.modules, "twotower.retrieval.pipeline", module)
+    _use_fake_pipeline(monkeypatch)
     monkeypatch.setattr(_FakePipeline, "size", 6)
     (tmp_path / "idx").mkdir()
     (tmp_path / "idx" / "manifest.json").write_text("{}")
@@ -533,11 +531,8 @@ def test_index_mode_report_records_the_index_encoder_fusion_and_unreachable_docu
         tmp_path, beir_dir, monkeypatch, capsys):
     """The report named the index as typed and nothing else: not the encoder, the commit searched, the
     documents in it, the fusion of --hybrid, nor the warning that relevant documents are not in the index."""
-    module = types.ModuleType("twotower.retrieval.pipeline")
-    module.SearchPipeline = _FakePipeline
-    monkeypatch.setitem(sys.modules, "twotower.retrieval.pipeline", module)
+    _use_fake_pipeline(monkeypatch)
     monkeypatch.setattr(_FakePipeline, "absent", {"d4"})
-    _FakePipeline.calls = []
     (tmp_path / "idx").mkdir()
     Manifest(dim=4, metric="ip", factory="Flat", bm25={}).write(tmp_path / "idx" / "manifest.json")
     monkeypatch.chdir(tmp_path)

@@ -138,17 +138,22 @@ def test_big_staged_batches_are_flushed_to_milvus_but_invisible_until_commit(tmp
     assert check_index(tmp_path / "milvus").ok
 
 
+def _reopened_with_two(tmp_path, uri, x) -> IndexStore:
+    """A Milvus-backed index of d0 and d1 (``x[:2]``), committed and closed, opened again for writing."""
+    w = IndexStore.create(tmp_path / "idx", 8, None, "cosine", milvus=spec(uri))
+    w.add(docs(["d0", "d1"]), x[:2])
+    w.commit()
+    w.close()
+    return IndexStore.open(tmp_path / "idx")
+
+
 def test_a_flushed_row_deleted_then_added_again_in_one_transaction_stays(tmp_path, uri, monkeypatch):
     """The delete put the flushed row's key in the garbage table; the add wrote the same key again, and the commit
     (or close) deleted the live row: the next writable open said the index "lacks the vectors of 1 live
     document(s)". The add takes its keys back out of the garbage."""
     monkeypatch.setattr(mv, "FLUSH_ROWS", 1)  # every staged vector goes to Milvus at once
     x = clustered(4, 8, seed=5)
-    w = IndexStore.create(tmp_path / "idx", 8, None, "cosine", milvus=spec(uri))
-    w.add(docs(["d0", "d1"]), x[:2])
-    w.commit()
-    w.close()
-    w = IndexStore.open(tmp_path / "idx")
+    w = _reopened_with_two(tmp_path, uri, x)
     w.add(docs(["d2"]), x[2:3])
     w.delete(["d2"])
     w.add(docs(["d2"]), -x[2:3])
@@ -166,11 +171,7 @@ def test_a_flushed_row_deleted_added_and_deleted_again_in_one_transaction_leaves
     hiding a missing live row from the count of `missing_keys`. The re-add now rewrites the flushed row."""
     monkeypatch.setattr(mv, "FLUSH_ROWS", 2)
     x = clustered(4, 8, seed=6)
-    w = IndexStore.create(tmp_path / "idx", 8, None, "cosine", milvus=spec(uri))
-    w.add(docs(["d0", "d1"]), x[:2])
-    w.commit()
-    w.close()
-    w = IndexStore.open(tmp_path / "idx")
+    w = _reopened_with_two(tmp_path, uri, x)
     w.add(docs(["d2", "d3"]), x[2:4])  # flushed as 2:d2, 2:d3
     w.delete(["d2"])
     w.add(docs(["d2"]), -x[2:3])

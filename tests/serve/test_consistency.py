@@ -140,25 +140,15 @@ def _write_cut_off_by_the_shutdown(index_dir: str, monkeypatch, hold_commit: boo
     with live_server(index_dir, token=TOKEN, graceful_shutdown_s=0.2) as (url, app):
         service = app.state.service
         before = service.owner.view.generation
-        if hold_commit:
-            commit = IndexStore.commit
+        owner, name = (IndexStore, "commit") if hold_commit else (service.owner.encoder, "encode_documents")
+        run = getattr(owner, name)
 
-            def held(store, *a, **kw):
-                entered.set()
-                assert release.wait(30)
-                return commit(store, *a, **kw)
+        def held(*a, **kw):
+            entered.set()
+            assert release.wait(30)
+            return run(*a, **kw)
 
-            monkeypatch.setattr(IndexStore, "commit", held)
-        else:
-            encoder = service.owner.encoder
-            encode = encoder.encode_documents
-
-            def held(texts, *a, **kw):
-                entered.set()
-                assert release.wait(30)
-                return encode(texts, *a, **kw)
-
-            monkeypatch.setattr(encoder, "encode_documents", held)
+        monkeypatch.setattr(owner, name, held)
 
         def add() -> None:
             with httpx.Client(base_url=url, headers=AUTH, timeout=60) as h:
