@@ -298,12 +298,11 @@ class DualEncoder:
         """
         refuse_keywords("encode_documents", st_keywords, "texts, batch_size, progress and out", ST_KEYWORDS)
         texts, single = check_texts(texts, "texts", "text {i}")
-        if single:
-            if out is not None:
-                raise TypeError("encode_documents: out= takes the (N, H) rows of a list of texts; pass [text]")
-            return self.encode_documents(texts, batch_size=batch_size, progress=progress)[0]
+        if single and out is not None:
+            raise TypeError("encode_documents: out= takes the (N, H) rows of a list of texts; pass [text]")
         texts = [self.document_prefix + t for t in texts]
-        return self.document_tower.encode(texts, batch_size=batch_size, progress=progress, out=out)
+        vectors = self.document_tower.encode(texts, batch_size=batch_size, progress=progress, out=out)
+        return vectors[0] if single else vectors  # one string: its (H,) row
 
     def encode(self, sentences: str | Sequence[str], batch_size: int | None = None,
                progress: bool = False, **st_keywords: Any) -> np.ndarray:
@@ -320,7 +319,8 @@ class DualEncoder:
         if not self.shared or self.query_prefix or self.document_prefix:
             raise ValueError("encode is for a symmetric model (one tower, no prefixes); this one encodes queries "
                              "and documents differently: call encode_queries or encode_documents")
-        return self.encode_documents(texts[0] if single else texts, batch_size=batch_size, progress=progress)
+        vectors = self.document_tower.encode(texts, batch_size=batch_size, progress=progress)  # no prefix here
+        return vectors[0] if single else vectors
 
     def __repr__(self) -> str:
         q = self.query_tower

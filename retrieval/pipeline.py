@@ -713,11 +713,11 @@ class SearchPipeline:
 
         filter: only documents whose metadata matches (`search`); k hits whenever k match.
         """
+        vectors = np.asarray(query_vectors)
+        if vectors.ndim == 1:  # before the checks below, which the (1, D) call makes
+            return self.search_vectors(vectors[None, :], k, fetch_documents, filter)[0]
         k = check_k(k, "")
         flt = as_filter(filter)
-        vectors = np.asarray(query_vectors)
-        if vectors.ndim == 1:
-            return self.search_vectors(vectors[None, :], k, fetch_documents, filter)[0]
         with self._one_commit() as view:
             if self.passages is not None:  # rows are passages: aggregate to documents (MaxP)
                 rows = len(view) if flt is None else len(view.allowed_ids(flt))

@@ -72,10 +72,11 @@ def resumable(args: argparse.Namespace, train: Callable[[], Any], saved_at: Call
     # thread"); there SIGTERM stays as it was.
     main_thread = threading.current_thread() is threading.main_thread()
     before = signal.getsignal(signal.SIGTERM) if main_thread else None
+    restore = before if before is not None else signal.SIG_DFL  # (None: a handler Python did not install)
 
     def terminated(signum: int, frame: Any) -> None:
         """Once: a second SIGTERM (a stop that is taking too long) kills as before."""
-        signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, restore)
         raise Terminated(signum)
 
     if main_thread:
@@ -92,7 +93,7 @@ def resumable(args: argparse.Namespace, train: Callable[[], Any], saved_at: Call
         raise
     finally:
         if main_thread:
-            signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)
+            signal.signal(signal.SIGTERM, restore)
 
 
 def build_parser() -> argparse.ArgumentParser:
