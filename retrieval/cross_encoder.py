@@ -74,6 +74,7 @@ from twotower.encoder.core.checkpoint import (
     split_prefix,
 )
 from twotower.encoder.core.config import EncoderConfig
+from twotower.encoder.core.encode import CPU_BATCH_TOKENS, GPU_BATCH_TOKENS, batch_spans
 from twotower.encoder.core.heads import BertForSequenceClassification
 from twotower.encoder.core.model import BertModel
 from twotower.encoder.core.tokenizer import Batch, Tokenizer
@@ -372,7 +373,7 @@ class CrossEncoder(nn.Module):
 
     @torch.inference_mode()
     def predict(
-        self, pairs: Sequence[tuple[str, PairDocument]] | tuple[str, PairDocument], batch_size: int = 32,
+        self, pairs: Sequence[tuple[str, PairDocument]] | tuple[str, PairDocument], batch_size: int | None = None,
         progress: bool = False, **st_keywords: Any,
     ) -> np.ndarray | float:
         """Relevance logits for (query, document) pairs, in input order. Returns (N,) float32; for one pair given
@@ -381,7 +382,12 @@ class CrossEncoder(nn.Module):
         A document is a string, or ``(title, text)``; with `windows` its score is its best window's
         (of those `pair_windows` keeps).
         Pairs are tokenized in chunks and batched by length (longest first), so a
-        batch pads to similar lengths.  With bf16 (where the device supports it) the
+        batch pads to similar lengths.  `batch_size`: pairs per forward pass; None (the default) -> as many as
+        keep ``pairs x longest`` within 4,096 tokens on a CPU (65,536 on a GPU), as `encode_texts` batches.
+        Why not a fixed 32: 32 pairs of 256 tokens make 50 MB fp32 activations, above glibc's largest mmap
+        threshold (32 MiB), so every forward mapped them afresh and page-faulted them in (~1.3 million faults a
+        512-pair pass); the budget keeps them below it and in cache (docs/results.md, reranking throughput).
+        With bf16 (where the device supports it) the
         forward runs on a bf16 copy of the weights, made once and refreshed only when
         the weights change (`twotower.encoder.core.encode.inference_copy`): faster than autocast on CPUs.
         sentence-transformers' keywords (``show_progress_bar``, ...) are a TypeError saying the way here.
@@ -390,12 +396,12 @@ class CrossEncoder(nn.Module):
         if _is_one_pair(pairs):
             return float(self.predict([tuple(pairs)], batch_size=batch_size, progress=progress)[0])
         pairs = _check_pairs(pairs, "predict")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
         per = self._window_scores(pairs, self.pair_windows(pairs), batch_size, progress)
         return np.array([s.max() for s in per], dtype=np.float32)  # (N,) the best window's (the head's without windows)
 
-    def best_windows(self, pairs: Sequence[tuple[str, PairDocument]], batch_size: int = 32,
+    def best_windows(self, pairs: Sequence[tuple[str, PairDocument]], batch_size: int | None = None,
                      by: str = "model") -> list[str]:
         """For each pair, the text of the document's best window (its string without `windows`).
 
@@ -418,7 +424,7 @@ class CrossEncoder(nn.Module):
         return [w[0] if s is None else w[int(np.argmax(s))] for w, s in zip(windows, per)]
 
     def _window_scores(self, pairs: Sequence[tuple[str, PairDocument]], windows: Sequence[Sequence[str]],
-                       batch_size: int, progress: bool, single_too: bool = True) -> list[np.ndarray | None]:
+                       batch_size: int | None, progress: bool, single_too: bool = True) -> list[np.ndarray | None]:
         """Each pair's logits for its `windows`, scored in one batched pass over all of them: (n_windows,) per pair.
 
         single_too=False leaves out (None) the pairs with a single window, which need no forward to pick one.
@@ -434,8 +440,9 @@ class CrossEncoder(nn.Module):
         return out
 
     @torch.inference_mode()
-    def _score(self, pairs: Sequence[tuple[str, str]], batch_size: int, progress: bool) -> np.ndarray:
+    def _score(self, pairs: Sequence[tuple[str, str]], batch_size: int | None, progress: bool) -> np.ndarray:
         """One logit per (query, text) pair: the batched forward of `predict`. (N,) float32."""
+
         was_training = self.training
         self.eval()
         net = self.model
@@ -458,8 +465,9 @@ class CrossEncoder(nn.Module):
                 enc = self.encode_pairs([q for q, _ in chunk], [d for _, d in chunk])
                 lengths = enc.attention_mask.sum(dim=1)  # (N,)
                 order = torch.argsort(lengths, descending=True, stable=True)
-                for b in range(0, len(chunk), batch_size):
-                    idx = order[b:b + batch_size]
+                budget = CPU_BATCH_TOKENS if self.device.type == "cpu" else GPU_BATCH_TOKENS
+                for b, e in batch_spans(lengths[order].numpy(), batch_size, None if batch_size else budget):
+                    idx = order[b:e]
                     T = int(lengths[idx].max())
                     inputs = {k: v[idx, :T].to(self.device) for k, v in enc.model_inputs().items()}  # (b, T)
                     logits = net(**inputs).squeeze(-1)  # (b, 1) -> (b,)
@@ -473,7 +481,7 @@ class CrossEncoder(nn.Module):
         return scores
 
     def rank(
-        self, query: str, docs: Sequence[str], top_k: int | None = None, batch_size: int = 32
+        self, query: str, docs: Sequence[str], top_k: int | None = None, batch_size: int | None = None
     ) -> list[tuple[int, float]]:
         """(index into docs, score) sorted by score, best first; ties keep input order.
 

@@ -527,7 +527,7 @@ class SearchPipeline:
         fusion: str | None = None,
         rrf_k: float | None = None,
         weights: Sequence[float] | None = None,
-        batch_size: int = 64,
+        batch_size: int | None = None,
         progress: bool = False,
         fetch_documents: bool = True,
         rerank_alpha: float | None = None,
@@ -547,6 +547,9 @@ class SearchPipeline:
             fusion: with `hybrid`: "rrf" (reciprocal rank, k=`rrf_k`, default 60; the default), or "minmax" /
                 "zscore" normalised score fusion; `weights` are (dense, bm25). `fusion`, `rrf_k` and `weights`
                 are refused without `hybrid` (and `rrf_k` with another fusion than "rrf"): they would be ignored.
+            batch_size: texts per forward pass of the query encoder, the reranker and the classifier; None:
+                each one's default (length-sorted batches of about 4,096 tokens on a CPU for the encoder and
+                the reranker).
             fetch_documents: attach title and text (False: they are None; for runs that
                 only need ids and scores, e.g. evaluation, this skips the SQLite reads).
             rerank_alpha: final = alpha * z(rerank) + (1 - alpha) * z(first stage) per query
@@ -698,10 +701,11 @@ class SearchPipeline:
         return model
 
     @staticmethod
-    def _label(hits: list[list[Hit]], clf: Any, batch_size: int) -> None:
+    def _label(hits: list[list[Hit]], clf: Any, batch_size: int | None) -> None:
         """Set label / label_score on every hit, in one batched pass over all queries' hits."""
         flat = [h for row in hits for h in row]
-        for h, lab in zip(flat, label_hits(clf, flat, batch_size=batch_size)):
+        sized = {} if batch_size is None else {"batch_size": batch_size}
+        for h, lab in zip(flat, label_hits(clf, flat, **sized)):
             h.label, h.label_score = lab["label"], lab["score"]
 
     def search_vectors(
@@ -746,7 +750,7 @@ class SearchPipeline:
             )
 
     def _rerank(
-        self, queries: list[str], candidates: list[list[Candidate]], k: int, batch_size: int, progress: bool,
+        self, queries: list[str], candidates: list[list[Candidate]], k: int, batch_size: int | None, progress: bool,
         alpha: float, depth: int,
     ) -> tuple[list[list[Candidate]], list[list[float | None]], list[list[float]]]:
         """Score each query's first `depth` candidates with the cross-encoder; keep the best k per query.

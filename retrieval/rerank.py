@@ -50,7 +50,7 @@ def rerank_depth(rerank_k: int | None, recall_k: int) -> int:
 
 
 def rerank_scores(
-    reranker: Any, queries: Sequence[str], texts: Sequence[Sequence[PairDocument]], batch_size: int = 32,
+    reranker: Any, queries: Sequence[str], texts: Sequence[Sequence[PairDocument]], batch_size: int | None = None,
     progress: bool = False,
 ) -> list[np.ndarray]:
     """Scores of each query's candidate texts, one (n_i,) array per query, in the candidates' order.
@@ -61,9 +61,12 @@ def rerank_scores(
         queries: Q query strings.
         texts: Q lists of candidate documents: `twotower.indexing.document_text` of each, or (title, text)
             for a reranker that reads documents window by window (`CrossEncoder.windows`).
+        batch_size: pairs per forward pass; None: the reranker's own default (`CrossEncoder`'s is a token
+            budget; another library's `predict` is not handed a None it may not take).
     """
     pairs = [(q, t) for q, candidates in zip(queries, texts) for t in candidates]
-    scores = np.asarray(reranker.predict(pairs, batch_size=batch_size, progress=progress))  # (N,)
+    sized = {} if batch_size is None else {"batch_size": batch_size}
+    scores = np.asarray(reranker.predict(pairs, progress=progress, **sized))  # (N,)
     if scores.shape != (len(pairs),):
         raise ValueError(f"reranker returned {scores.shape} scores for {len(pairs)} pairs")
     out, pos = [], 0

@@ -99,6 +99,64 @@ def test_order_preserved_across_batch_sizes(saved):
     assert ce.predict([], batch_size=4).shape == (0,)
 
 
+def _forward_shapes(ce: CrossEncoder, monkeypatch) -> list[tuple[int, int]]:
+    """Record the (pairs, tokens) of every forward `predict` runs (its network is the fp32 model here)."""
+    shapes: list[tuple[int, int]] = []
+    forward = type(ce.model).forward
+
+    def spy(net, input_ids, *args, **kwargs):
+        shapes.append(tuple(input_ids.shape))
+        return forward(net, input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(type(ce.model), "forward", spy)
+    return shapes
+
+
+def test_default_batches_fill_a_token_budget_and_score_as_one_pair_at_a_time(saved, monkeypatch):
+    """Without batch_size, each forward holds as many length-sorted pairs as fit in the CPU token budget (at
+    least one): a fixed 32 pairs of 256 tokens made fp32 activations above glibc's mmap threshold, mapped and
+    page-faulted afresh every forward. Scores do not depend on the batching."""
+    import twotower.retrieval.cross_encoder as module
+
+    ce, _ = saved
+    ref = ce.predict(PAIRS, batch_size=1)
+    many = PAIRS * 8  # 40 pairs: the old fixed batch of 32 put up to 32 in a forward
+    monkeypatch.setattr(module, "CPU_BATCH_TOKENS", 100, raising=False)
+    shapes = _forward_shapes(ce, monkeypatch)
+    got = ce.predict(many)
+    np.testing.assert_allclose(got, np.tile(ref, 8), atol=1e-5)
+    assert sum(b for b, _ in shapes) == len(many)
+    assert all(b * t <= 100 or b == 1 for b, t in shapes), shapes
+    assert max(b for b, _ in shapes) > 1  # short pairs share a forward
+    shapes.clear()
+    ce.predict(many, batch_size=5)  # a given batch_size is what each forward holds, whatever the budget
+    assert [b for b, _ in shapes] == [5] * 8
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        ce.predict(many, batch_size=0)
+
+
+def test_rerank_scores_leaves_another_rerankers_batch_size_to_it():
+    """A reranker from another library (sentence-transformers' `predict(pairs, batch_size=32)`) is not handed
+    batch_size=None, which it cannot take; a batch size the caller gives is passed on."""
+    from twotower.retrieval.rerank import rerank_scores
+
+    class Theirs:
+        def __init__(self):
+            self.sizes = []
+
+        def predict(self, pairs, batch_size=32, progress=False):
+            if batch_size is None:
+                raise TypeError("'<' not supported between instances of 'NoneType' and 'int'")
+            self.sizes.append(batch_size)
+            return np.arange(len(pairs), dtype=np.float32)
+
+    theirs = Theirs()
+    scores = rerank_scores(theirs, ["q1", "q2"], [["a", "b"], ["c"]])
+    assert [s.tolist() for s in scores] == [[0.0, 1.0], [2.0]]
+    rerank_scores(theirs, ["q1"], [["a"]], batch_size=7)
+    assert theirs.sizes == [32, 7]
+
+
 def test_rank_sorts_best_first(saved):
     ce, _ = saved
     docs = [d for _, d in PAIRS]

@@ -19,7 +19,14 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, TypeVar
 
 from twotower.cli import CLIError
-from twotower.cli.checks import encoder_directory, index_directory, input_file, positive, reranker_directory
+from twotower.cli.checks import (
+    BATCH_HELP,
+    encoder_directory,
+    index_directory,
+    input_file,
+    positive,
+    reranker_directory,
+)
 from twotower.cli.help_format import DefaultsHelpFormatter
 from twotower.common.errors import flags_need
 from twotower.common.file_lock import LOCK_WAIT_S, check_lock_wait
@@ -36,8 +43,6 @@ ON_EMPTY_HELP = ("document with blank text and title (nothing to search): stop w
 LOCK_WAIT_HELP = ("seconds to wait while another process writes to the index (`twotower serve`, another `index add` "
                   f"or `delete`) before giving up, as the server waits for them (default {LOCK_WAIT_S:g})")
 T = TypeVar("T")
-BATCH_HELP = ("texts per forward pass (default: length-sorted batches of about 4,096 tokens on a CPU, 65,536 on a "
-              "GPU; faster than a fixed count)")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

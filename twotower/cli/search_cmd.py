@@ -16,6 +16,7 @@ import textwrap
 
 from twotower.cli import CLIError
 from twotower.cli.checks import (
+    BATCH_HELP,
     argument_text_problem,
     error_prefix,
     filter_option,
@@ -70,7 +71,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="queries.jsonl ({_id, text}) or .tsv (qid<TAB>text)")
     p.add_argument("--run", help="write a TREC run file (qid Q0 docid rank score tag)")
     p.add_argument("--tag", help="run tag for --run (default twotower)")
-    p.add_argument("--batch-size", type=int, default=64, help="texts per forward pass")
+    p.add_argument("--batch-size", type=int, help=BATCH_HELP)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run_search)
 
