@@ -50,7 +50,7 @@ def test_aggregate_over_http_equals_the_python_api_and_is_refused_where_it_would
     """`aggregate` was CLI and Python only ("unknown parameter 'aggregate'" here)."""
     from twotower.retrieval import SearchPipeline
 
-    with SearchPipeline.load(passage_index, readonly=True) as pipe:
+    with SearchPipeline.load(passage_index, readonly=True, bf16=False) as pipe:  # as the server (serve_fixtures)
         want = {how: [(h.id, round(h.score, 5)) for h in pipe.search("zorbania tea", k=5, recall_k=8, aggregate=how)]
                 for how in ("max", "sum", "first")}
     assert want["sum"] != want["max"]  # the check below can tell them apart
