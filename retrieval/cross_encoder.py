@@ -442,7 +442,6 @@ class CrossEncoder(nn.Module):
     @torch.inference_mode()
     def _score(self, pairs: Sequence[tuple[str, str]], batch_size: int | None, progress: bool) -> np.ndarray:
         """One logit per (query, text) pair: the batched forward of `predict`. (N,) float32."""
-
         was_training = self.training
         self.eval()
         net = self.model
@@ -454,6 +453,7 @@ class CrossEncoder(nn.Module):
             # bf16's 8-bit mantissa would quantise logits (steps of ~0.02 at 5.0) and tie close candidates.
             net.classifier.float()  # idempotent on the cached copy
         scores = np.empty(len(pairs), dtype=np.float32)
+        budget = None if batch_size is not None else CPU_BATCH_TOKENS if self.device.type == "cpu" else GPU_BATCH_TOKENS
         bar = None
         if progress:
             from tqdm.auto import tqdm
@@ -465,8 +465,7 @@ class CrossEncoder(nn.Module):
                 enc = self.encode_pairs([q for q, _ in chunk], [d for _, d in chunk])
                 lengths = enc.attention_mask.sum(dim=1)  # (N,)
                 order = torch.argsort(lengths, descending=True, stable=True)
-                budget = CPU_BATCH_TOKENS if self.device.type == "cpu" else GPU_BATCH_TOKENS
-                for b, e in batch_spans(lengths[order].numpy(), batch_size, None if batch_size else budget):
+                for b, e in batch_spans(lengths[order].numpy(), batch_size, budget):
                     idx = order[b:e]
                     T = int(lengths[idx].max())
                     inputs = {k: v[idx, :T].to(self.device) for k, v in enc.model_inputs().items()}  # (b, T)

@@ -20,6 +20,7 @@ MODEL_CONFIG = "config.json"  # every model directory we load (HF layout) has on
 BATCH_HELP = ("texts per forward pass (default: length-sorted batches of about 4,096 tokens on a CPU, 65,536 on a "
               "GPU; faster than a fixed count)")
 
+
 def positive(flag: str, value: int | None) -> None:
     """A count flag (``-k``, ``--batch-size``, ``--threads``) must be at least 1; None is a flag not given."""
     if value is not None and value < 1:
