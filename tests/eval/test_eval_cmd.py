@@ -10,6 +10,7 @@ import types
 import numpy as np
 import pytest
 
+from tests.common.out_fixtures import adding_a_file
 from twotower.cli import main
 from twotower.eval import (
     evaluate,
@@ -451,13 +452,7 @@ def test_out_is_checked_again_just_before_the_report_replaces_it(files, capsys, 
     tmp, _, _ = files
     args = ["eval", "--run", str(tmp / "run.trec"), "--qrels", str(tmp / "qrels.tsv"), "--out", str(tmp / "rep")]
     assert main(args) == 0
-    real = report.write_report
-
-    def user_adds_a_file_meanwhile(*a, **kw):
-        (tmp / "rep" / "later.txt").write_text("mine\n")
-        return real(*a, **kw)
-
-    monkeypatch.setattr(report, "write_report", user_adds_a_file_meanwhile)
+    monkeypatch.setattr(report, "write_report", adding_a_file(report.write_report, tmp / "rep" / "later.txt"))
     assert main(args) == 2
     assert "an earlier report and files of yours (later.txt)" in capsys.readouterr().err
     assert (tmp / "rep" / "later.txt").read_text() == "mine\n" and (tmp / "rep" / "metrics.json").is_file()

@@ -12,6 +12,7 @@ import time
 import pytest
 import torch
 
+from tests.common.out_fixtures import adding_a_file
 from tests.encoder import pretrain_fixtures as fx
 from twotower.cli import main
 from twotower.encoder.core.config import EncoderConfig
@@ -800,15 +801,8 @@ def test_a_replacing_run_is_not_swapped_over_files_added_while_it_ran(stopped_ru
     s = stopped_run[0]
     out = _copy_run(stopped_run, tmp_path)
     args = _args(s, tiny_tokenizer_dir, out, "--steps", "2", "--lr", "3e-3", "--overwrite")
-    commit = pt.commit_staged_run
-
-    def user_adds_a_file(*a, **k):  # the moment of the swap
-        with open(os.path.join(out, "notes.txt"), "w") as f:
-            f.write("mine\n")
-        commit(*a, **k)
-
-    with monkeypatch.context() as m:
-        m.setattr(pt, "commit_staged_run", user_adds_a_file)
+    with monkeypatch.context() as m:  # the user adds a file at the moment of the swap
+        m.setattr(pt, "commit_staged_run", adding_a_file(pt.commit_staged_run, os.path.join(out, "notes.txt")))
         assert main(args) == 2
     err = capsys.readouterr().err
     assert "files of yours (notes.txt)" in err and "nothing was swapped" in err, err

@@ -10,6 +10,7 @@ from dataclasses import asdict
 
 import pytest
 
+from tests.common.out_fixtures import adding_a_file
 from tests.retrieval.training_fixtures import interrupted_at, tiny_beir_dir, tiny_model_dir
 from twotower.retrieval.training import loop
 from twotower.retrieval.training.train_dual import DualTrainConfig, train_dual
@@ -379,15 +380,9 @@ def test_a_replacing_run_is_not_swapped_over_files_added_while_it_ran_and_resume
 
     train_reranker(_reranker(tmp_path, max_steps=2, eval_every=2))
     out = str(tmp_path / "rr")
-    commit = training_run.commit_staged_run
-
-    def user_adds_a_file(*a, **k):  # the moment of the swap
-        with open(os.path.join(out, "notes.txt"), "w") as f:
-            f.write("mine\n")
-        commit(*a, **k)
-
-    with monkeypatch.context() as m:
-        m.setattr(training_run, "commit_staged_run", user_adds_a_file)
+    with monkeypatch.context() as m:  # the user adds a file at the moment of the swap
+        m.setattr(training_run, "commit_staged_run",
+                  adding_a_file(training_run.commit_staged_run, os.path.join(out, "notes.txt")))
         with pytest.raises(ValueError, match=r"files of yours \(notes.txt\).*nothing was swapped"):
             train_reranker(_reranker(tmp_path, overwrite=True))
     assert _bytes(os.path.join(out, "notes.txt")) == b"mine\n"
