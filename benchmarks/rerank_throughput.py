@@ -20,6 +20,11 @@ With ``--int8`` our fp32 model is also timed with its linear layers quantised dy
 (`torch.ao.quantization.quantize_dynamic`; the fused Q/K/V and the head stay fp32), and its scores
 are compared with fp32's: the cheapest way to do less work a pair without retraining.
 
+Each row also counts the minor page faults a pair (``getrusage``, the median pass): activations above
+glibc's largest mmap threshold (32 MiB) are mapped afresh and faulted in at every forward, which is
+why ours batches by a token budget.  ``--profile`` prints where our forward spends its time
+(`torch.profiler`, one pass, the heaviest operators), for the 2x question in docs/results.md.
+
     .venv/bin/python benchmarks/rerank_throughput.py --pairs 1024 --out runs/rerank_throughput.json
 """
 
@@ -29,6 +34,7 @@ import argparse
 import gzip
 import json
 import os
+import resource
 import statistics
 import sys
 import time
@@ -83,7 +89,7 @@ def int8_row(ce_dir: str, pairs: list[tuple[str, str]], batch_size: int, repeats
         q.model = torch.ao.quantization.quantize_dynamic(q.model, linears, dtype=torch.qint8)
     runners = {"fp32": lambda: fp32.predict(pairs, batch_size=batch_size),
                "int8": lambda: q.predict(pairs, batch_size=batch_size)}
-    seconds, scores = alternate(runners, repeats)
+    seconds, scores, _ = alternate(runners, repeats)
     ranks = [np.argsort(np.argsort(scores[name])) for name in runners]
     return {"precision": "int8 (dynamic)", "library": "ours",
             "pairs_per_s": round(len(pairs) / statistics.median(seconds["int8"]), 1),
@@ -101,18 +107,36 @@ def timed(fn, repeats: int) -> tuple[float, np.ndarray]:
     return statistics.median(times), np.asarray(out, dtype=np.float32)
 
 
-def alternate(runners: dict, repeats: int) -> tuple[dict[str, list[float]], dict[str, np.ndarray]]:
-    """Each runner's seconds over `repeats` passes and its last scores; one warm-up call each first (first-call
-    allocations, the bf16 copy, oneDNN's kernel choice), then the runners alternate, so a noisy neighbour
-    hits them alike."""
+def minor_faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def alternate(runners: dict, repeats: int) -> tuple[dict[str, list[float]], dict[str, np.ndarray], dict[str, list[int]]]:
+    """Each runner's seconds over `repeats` passes, its last scores and its minor page faults a pass; one warm-up
+    call each first (first-call allocations, the bf16 copy, oneDNN's kernel choice), then the runners alternate,
+    so a noisy neighbour hits them alike."""
     for fn in runners.values():
         fn()
-    seconds, scores = {name: [] for name in runners}, {}
+    seconds, scores, faults = {name: [] for name in runners}, {}, {name: [] for name in runners}
     for _ in range(repeats):
         for name, fn in runners.items():
+            before = minor_faults()
             s, scores[name] = timed(fn, 1)
+            faults[name].append(minor_faults() - before)
             seconds[name].append(s)
-    return seconds, scores
+    return seconds, scores, faults
+
+
+def profile_ours(predict, top: int = 6) -> None:
+    """One pass of our `predict` under `torch.profiler`: the `top` operators by their own CPU time, with shares."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        predict()
+    ops = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    total = sum(e.self_cpu_time_total for e in ops)
+    for e in ops[:top]:
+        print(f"  {e.key}: {e.self_cpu_time_total / 1e6:.3f} s, {100 * e.self_cpu_time_total / total:.1f} %")
 
 
 def main() -> None:
@@ -126,6 +150,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--int8", action="store_true", help="also time ours with dynamic int8 linear layers")
+    ap.add_argument("--profile", action="store_true", help="also print where our forward spends its time")
     ap.add_argument("--work", default="runs/rerank_throughput")
     ap.add_argument("--out", default=None, help="JSON results file")
     args = ap.parse_args()
@@ -167,7 +192,7 @@ def main() -> None:
             "sentence-transformers": lambda theirs=theirs: theirs.predict(pairs, batch_size=args.batch_size or 32,
                                                                           show_progress_bar=False),
         }
-        seconds, scores = alternate(runners, args.repeats)
+        seconds, scores, faults = alternate(runners, args.repeats)
         peak = matmul_peak(torch.bfloat16 if bf16 else torch.float32)
         diff = float(np.abs(scores["ours"] - scores["sentence-transformers"]).max())
         for name in runners:
@@ -175,9 +200,13 @@ def main() -> None:
             row = {"precision": precision, "library": name, "seconds": round(med, 3),
                    "pairs_per_s": round(len(pairs) / med, 1), "all_seconds": [round(x, 3) for x in seconds[name]],
                    "gflop_s": round(flops[name] / med / 1e9, 1), "matmul_peak_gflop_s": round(peak / 1e9, 1),
-                   "max_abs_score_diff_vs_other": diff}
+                   "max_abs_score_diff_vs_other": diff,
+                   "page_faults_per_pair": round(statistics.median(faults[name]) / len(pairs))}
             results["rows"].append(row)
             print(json.dumps(row), flush=True)
+        if args.profile:
+            print(f"where ours spends its time, {precision}:")
+            profile_ours(runners["ours"])
     if args.int8:
         results["int8"] = int8_row(ce_dir, pairs, args.batch_size, args.repeats)
         print(json.dumps(results["int8"]), flush=True)

@@ -385,11 +385,11 @@ class CrossEncoder(nn.Module):
         batch pads to similar lengths.  `batch_size`: pairs per forward pass; None (the default) -> as many as
         keep ``pairs x longest`` within 4,096 tokens on a CPU (65,536 on a GPU), as `encode_texts` batches.
         Why not a fixed 32: 32 pairs of 256 tokens make 50 MB fp32 activations, above glibc's largest mmap
-        threshold (32 MiB), so every forward mapped them afresh and page-faulted them in (about 5,000 faults a
-        pair); the budget keeps them below it and nearer the cache (docs/results.md, reranking throughput).
-        With bf16 (where the device supports it) the
-        forward runs on a bf16 copy of the weights, made once and refreshed only when
-        the weights change (`twotower.encoder.core.encode.inference_copy`): faster than autocast on CPUs.
+        threshold (32 MiB), so every forward mapped them afresh and page-faulted them in (about 2,800 faults a
+        pair, `benchmarks/rerank_throughput.py` on CPU-D); the budget keeps them below it and nearer the cache
+        (docs/results.md, reranking throughput).  With bf16 (where the device supports it) the forward runs on
+        a bf16 copy of the weights, made once and refreshed only when the weights change
+        (`twotower.encoder.core.encode.inference_copy`): faster than autocast on CPUs.
         sentence-transformers' keywords (``show_progress_bar``, ...) are a TypeError saying the way here.
         """
         refuse_keywords("predict", st_keywords, "pairs, batch_size and progress", ST_KEYWORDS)
