@@ -14,7 +14,8 @@ wall seconds for the same reason.
 
 ``--queries`` encodes the SciFact claims instead (short, mixed length) in fixed batches, as a
 search service does; the ``-padded`` variants switch off the packing of real tokens
-(`twotower.encoder.core.model.Unpadding`) to show what it is worth:
+(`twotower.encoder.core.model.Unpadding`) to show what it is worth, and the ``-sdpa`` ones run attention
+through PyTorch's SDPA instead of `chunked_attention` (bf16; fp32 keeps SDPA anyway):
 
     .venv/bin/python benchmarks/embed_speed.py --queries --n 1100 --batch-size 32 --st-batch-size 32 \
         --ours fp32,fp32-padded,weights,weights-padded --threads 1
@@ -63,6 +64,19 @@ def matmul_peak(dtype: torch.dtype, size: int = 2048, seconds: float = 3.0) -> f
             torch.matmul(a, b)
         best = max(best, 3 * 2 * size**3 / (time.perf_counter() - t))
     return best
+
+
+def with_sdpa(fn):
+    """`fn()` with CPU inference attention through SDPA, as before `chunked_attention`: the baseline of the
+    ``-sdpa`` variants here and of ``--sdpa`` in rerank_throughput.py."""
+    from twotower.encoder.core import model
+
+    kept = set(model.CHUNKED_ATTENTION_DTYPES)
+    model.CHUNKED_ATTENTION_DTYPES.clear()
+    try:
+        return fn()
+    finally:
+        model.CHUNKED_ATTENTION_DTYPES.update(kept)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     variants = {"weights": (True, "weights", None), "autocast": (True, "autocast", None),
                 "fp32": (False, "weights", None), "weights-serial": (True, "weights", 1)}
     variants |= {f"{v}-padded": variants[v] for v in ("fp32", "weights")}
+    variants |= {f"{v}-sdpa": variants[v] for v in ("fp32", "weights")}
     for name in [v for v in args.ours.split(",") if v]:
         if name not in variants:
             raise SystemExit(f"unknown variant {name!r}; choose from {sorted(variants)}")
@@ -136,20 +151,23 @@ def main(argv: list[str] | None = None) -> int:
             print(f"skipping {name}: no native bf16 on this CPU")
             continue
 
-        def run(chunk, bf16=bf16, mode=mode, workers=workers, padded=name.endswith("-padded")):
+        def run(chunk, bf16=bf16, mode=mode, workers=workers, padded=name.endswith("-padded"),
+                sdpa=name.endswith("-sdpa")):
             threshold = model_module.UNPAD_MIN_PADDING
             model_module.UNPAD_MIN_PADDING = float("inf") if padded else threshold  # inf: never pack
             try:
-                return encode_texts(enc.model, enc.tokenizer, chunk, batch_size=args.batch_size,
-                                    batch_tokens=args.batch_tokens, max_length=enc.max_length,
-                                    pooling=enc.pooling, normalize=enc.normalize, bf16=bf16, bf16_mode=mode,
-                                    progress=False, workers=workers)
+                def encode():
+                    return encode_texts(enc.model, enc.tokenizer, chunk, batch_size=args.batch_size,
+                                        batch_tokens=args.batch_tokens, max_length=enc.max_length,
+                                        pooling=enc.pooling, normalize=enc.normalize, bf16=bf16, bf16_mode=mode,
+                                        progress=False, workers=workers)
+                return with_sdpa(encode) if sdpa else encode()
             finally:
                 model_module.UNPAD_MIN_PADDING = threshold
 
         how = "1 batch x all threads" if workers == 1 else "1 batch per thread"
         size = f"bs{args.batch_size}" if args.batch_size else f"{args.batch_tokens or CPU_BATCH_TOKENS} tok/batch"
-        packing = ", padded layers" if name.endswith("-padded") else ""
+        packing = ", padded layers" if name.endswith("-padded") else ", SDPA attention" if name.endswith("-sdpa") else ""
         systems[f"ours {'bf16 ' + mode if bf16 else 'fp32'} {size}, {how}{packing}"] = run
 
     for fn in systems.values():  # warm-up (and the one-off bf16 weight copy)

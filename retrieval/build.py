@@ -566,7 +566,7 @@ def build_index(
     if metric is not None and metric not in VECTOR_METRICS:
         raise ValueError(f"metric must be one of {', '.join(VECTOR_METRICS)}, got {metric!r}")
     if batch_size is not None and (not is_count(batch_size) or batch_size < 1):  # numpy's integers too
-        raise ValueError(f"batch_size must be a positive int or None (batches of about 4,096 tokens), got {batch_size!r}")
+        raise ValueError(f"batch_size must be a positive int or None (batches of about 2,048 tokens on a CPU), got {batch_size!r}")
     batch_size = None if batch_size is None else int(batch_size)  # recorded in the manifest's JSON
     if where := holds_working_directory(out):
         raise ValueError(f"{out}: {where}; the index is moved into place whole, which cannot replace the "

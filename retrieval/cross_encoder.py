@@ -64,6 +64,7 @@ from torch import nn
 from twotower.common.device import resolve_bf16
 from twotower.common.distributed import launched_as
 from twotower.common.errors import refuse_keywords
+from twotower.common.malloc import steady_thresholds_for
 from twotower.encoder.core.checkpoint import (
     CONFIG_NAME,
     WEIGHTS_NAME,
@@ -383,7 +384,7 @@ class CrossEncoder(nn.Module):
         (of those `pair_windows` keeps).
         Pairs are tokenized in chunks and batched by length (longest first), so a
         batch pads to similar lengths.  `batch_size`: pairs per forward pass; None (the default) -> as many as
-        keep ``pairs x longest`` within 4,096 tokens on a CPU (65,536 on a GPU), as `encode_texts` batches.
+        keep ``pairs x longest`` within 2,048 tokens on a CPU (65,536 on a GPU), as `encode_texts` batches.
         Why not a fixed 32: 32 pairs of 256 tokens make 50 MB fp32 activations, above glibc's largest mmap
         threshold (32 MiB), so every forward mapped them afresh and page-faulted them in (about 2,800 faults a
         pair, `benchmarks/rerank_throughput.py` on CPU-D); the budget keeps them below it and nearer the cache
@@ -444,6 +445,7 @@ class CrossEncoder(nn.Module):
         """One logit per (query, text) pair: the batched forward of `predict`. (N,) float32."""
         was_training = self.training
         self.eval()
+        steady_thresholds_for(self.device)  # a forward's freed activations stay in the heap (common/malloc.py)
         net = self.model
         if self.bf16:
             from twotower.encoder.core.encode import inference_copy

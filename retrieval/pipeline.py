@@ -548,7 +548,7 @@ class SearchPipeline:
                 "zscore" normalised score fusion; `weights` are (dense, bm25). `fusion`, `rrf_k` and `weights`
                 are refused without `hybrid` (and `rrf_k` with another fusion than "rrf"): they would be ignored.
             batch_size: texts per forward pass of the query encoder, the reranker and the classifier; None:
-                each one's default (length-sorted batches of about 4,096 tokens on a CPU for the encoder and
+                each one's default (length-sorted batches of about 2,048 tokens on a CPU for the encoder and
                 the reranker).
             fetch_documents: attach title and text (False: they are None; for runs that
                 only need ids and scores, e.g. evaluation, this skips the SQLite reads).

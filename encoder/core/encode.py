@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from twotower.common.device import resolve_bf16
+from twotower.common.malloc import steady_thresholds_for
 from twotower.encoder.core.model import BertModel, BertSelfAttention
 from twotower.encoder.core.pooling import POOLING_MODES, pool
 from twotower.encoder.core.sentence_config import (
@@ -51,9 +52,11 @@ from twotower.encoder.core.tokenizer import Batch, Tokenizer
 logger = logging.getLogger(__name__)
 
 BF16_MODES = ("weights", "autocast")
-# Padded tokens per batch when no batch size is given.  On CPU a 4096-token batch keeps MiniLM's
-# activations near the cache; measured 8-16 texts of 256 tokens beat 64 or 128 (`benchmarks/embed_speed.py --batch-size`).
-CPU_BATCH_TOKENS = 4096
+# Padded tokens per batch when no batch size is given.  On CPU small batches keep MiniLM's activations
+# near the cache and under glibc's mmap threshold: 8-16 texts of 256 tokens beat 64 or 128
+# (`benchmarks/embed_speed.py --batch-size`), and 2048 tokens beat 4096 in bf16 (whose FFN activations
+# at 4096 were still mapped afresh, page-faulted in, every forward) while tying in fp32 (docs/results.md).
+CPU_BATCH_TOKENS = 2048
 GPU_BATCH_TOKENS = 65536
 MAX_BATCH_TEXTS = 1024
 
@@ -177,7 +180,7 @@ def encode_texts(
             per torch thread on CPU, 1 on GPU.  1 -> batches one after the
             other with torch's intra-op threads.
         batch_tokens: padded tokens per batch when `batch_size` is None;
-            None -> 4096 on CPU (small batches stay in cache), 65536 on GPU.
+            None -> 2048 on CPU (small batches stay in cache), 65536 on GPU.
 
     Returns:
         (N, H) float32 array (`out` when given).
@@ -213,6 +216,7 @@ def encode_texts(
     lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=N)
     order = np.argsort(-lengths, kind="stable")  # longest first
 
+    steady_thresholds_for(device)  # a forward's freed activations stay in the heap for the next (common/malloc.py)
     weights_bf16 = use_bf16 and bf16_mode == "weights"
     net = inference_copy(model, torch.bfloat16 if weights_bf16 else torch.float32, device)
     use_autocast = use_bf16 and not weights_bf16

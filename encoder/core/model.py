@@ -4,8 +4,9 @@ Module and parameter names follow HF `BertModel` exactly (``embeddings.word_embe
 ``encoder.layer.{i}.attention.self.query`` ...), so a `state_dict` maps 1:1 onto
 `model.safetensors` of any BERT-family checkpoint.  Attention goes through
 `torch.nn.functional.scaled_dot_product_attention`, which picks a fused kernel
-on CPU and GPU alike, except when training on CPU (`explicit_attention`: faster
-there, forward and backward).
+on CPU and GPU alike, except on CPU when training (`explicit_attention`: faster
+there, forward and backward) and in bf16 inference (`chunked_attention`: SDPA's CPU
+kernel runs bf16 at about its fp32 rate).
 
 Attention masks (docs/architecture.md, "Attention mask"):
 - padding keys are excluded; padding queries compute something finite but never
@@ -203,7 +204,7 @@ class BertSelfAttention(nn.Module):
         """(B, T, 3H) projections -> (B, T, H) attention output."""
         B, T, _ = qkv.shape
         q, k, v = qkv.view(B, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, nh, T, hd)
-        return self._attend(q, k, v, mask)
+        return self._attend(q, k, v, mask, self_attention=True)
 
     def _queries_and_keys(
         self, x: torch.Tensor, xq: torch.Tensor
@@ -222,14 +223,19 @@ class BertSelfAttention(nn.Module):
         k, v = kv.permute(2, 0, 3, 1, 4).unbind(0)  # 2 x (B, nh, T, hd)
         return q, k, v
 
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        """(B, nh, Tq, hd) queries over (B, nh, T, hd) keys/values -> (B, Tq, H)."""
+    def _attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, self_attention: bool = False
+    ) -> torch.Tensor:
+        """(B, nh, Tq, hd) queries over (B, nh, T, hd) keys/values -> (B, Tq, H).  `self_attention`: query i is
+        at key position i (not a chosen subset of positions)."""
         B, _, Tq, _ = q.shape
         # Training mode decides, not grad mode alone: a training-mode forward must draw the same dropout
         # with or without a graph (GradCache replays a no-grad pass with grad).
         p = self.dropout_p if self.training else 0.0
         if q.device.type == "cpu" and (self.training or torch.is_grad_enabled()):
             y = explicit_attention(q, k, v, mask, p)
+        elif q.device.type == "cpu" and q.dtype in CHUNKED_ATTENTION_DTYPES:
+            y = chunked_attention(q, k, v, mask, self_attention)
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)  # (B, nh, Tq, hd)
         return y.transpose(1, 2).reshape(B, Tq, self.num_heads * self.head_dim)
@@ -254,6 +260,66 @@ def explicit_attention(
         scores = scores.masked_fill(~mask, float("-inf"))
     probs = dropout(torch.softmax(scores, dim=-1), dropout_p, True)  # (B, nh, Tq, T); p == 0: identity
     return torch.matmul(probs, v)
+
+
+# CPU inference in these dtypes runs `chunked_attention` instead of SDPA, whose CPU kernel does bf16 at its
+# fp32 rate: +13 to +22 % bf16 reranking throughput on CPU-D; in fp32 it was no faster, so fp32 keeps SDPA
+# (docs/results.md, "2x in bf16 on CPU-D").  Benchmarks empty it for the SDPA baseline (--sdpa, -sdpa).
+CHUNKED_ATTENTION_DTYPES: set[torch.dtype] = {torch.bfloat16}
+
+# Scores one step of `chunked_attention` holds: 2^20 (2 MiB in bf16), so that the scores and their softmax
+# stay in cache between the three ops instead of going out to memory and back.
+ATTENTION_CHUNK_SCORES = 1 << 20
+
+
+def chunked_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, self_attention: bool = False,
+    chunk_scores: int = ATTENTION_CHUNK_SCORES,
+) -> torch.Tensor:
+    """Inference attention as plain batched matmuls over a few rows at a time, each cut to its real keys.
+
+    Why not SDPA: on CPU its fused kernel runs bf16 at about its fp32 rate (head size 32), while
+    unfused attention over a whole batch sends (B, nh, T, T) scores out to memory and back.  Here
+    consecutive rows go together while their scores fit in `chunk_scores`; the keys past the chunk's
+    last attendable one are dropped (masked for every query, so exactly), and with `self_attention`
+    (query i sits at key position i) so are the query rows past it: padding, whose output is left 0,
+    finite as the mask contract asks.
+    Scores and probabilities keep q's dtype, as in transformers' eager attention; PyTorch's CPU softmax
+    computes in fp32 inside either way.  Rows whose keys are all masked give NaN, as SDPA does.
+
+    q: (B, nh, Tq, hd); k, v: (B, nh, T, hd); mask: None or bool (B, 1, 1|Tq, T), True = may attend.
+    returns: (B, nh, Tq, hd), a view of a (B, Tq, nh, hd) tensor, so that merging the heads is free
+    """
+    B, nh, Tq, hd = q.shape
+    T = k.shape[2]
+    out = q.new_zeros(B, Tq, nh, hd)
+    if mask is None:
+        ends = [T] * B
+    else:
+        keys = mask.reshape(B, -1, T).any(1)  # (B, T): attendable by some query
+        ends = (T - keys.flip(-1).to(torch.uint8).argmax(-1)).tolist()  # last attendable key + 1 (T if none)
+    scale = hd**-0.5
+    b = 0
+    while b < B:
+        L, e = ends[b], b + 1
+        while e < B:  # grow the chunk while its scores fit
+            grown = max(L, ends[e])
+            if (e + 1 - b) * nh * (grown if self_attention else Tq) * grown > chunk_scores:
+                break
+            L, e = grown, e + 1
+        M, c = (L if self_attention else Tq), e - b
+        m = None if mask is None else mask[b:e, :, :M if mask.shape[2] > 1 else 1, :L]
+        # 3-D contiguous operands: a 4-D matmul of strided slices takes a slow per-matrix path
+        qs = (q[b:e, :, :M] * scale).reshape(c * nh, M, hd)
+        ks = k[b:e, :, :L].reshape(c * nh, L, hd)
+        scores = torch.bmm(qs, ks.transpose(1, 2)).view(c, nh, M, L)
+        if m is not None and not bool(m.all()):
+            scores.masked_fill_(~m, float("-inf"))
+        probs = torch.softmax(scores, dim=-1).view(c * nh, M, L)
+        y = torch.bmm(probs, v[b:e, :, :L].reshape(c * nh, L, hd))  # (c * nh, M, hd)
+        out[b:e, :M] = y.view(c, nh, M, hd).transpose(1, 2)
+        b = e
+    return out.transpose(1, 2)
 
 
 class BertSelfOutput(nn.Module):

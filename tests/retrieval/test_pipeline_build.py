@@ -181,7 +181,7 @@ def test_shard_size_does_not_change_the_index(tmp_path, encoder):
 
 
 def test_documents_are_batched_by_tokens_unless_a_batch_size_is_given(tmp_path, encoder, monkeypatch):
-    """Build and add leave batching to the encoder's token budget (length-sorted batches of ~4,096 tokens on a
+    """Build and add leave batching to the encoder's token budget (length-sorted batches of ~2,048 tokens on a
     CPU); they fixed 64 documents a batch, which built the demo index 12 % slower in fp32 (docs/results.md)."""
     import twotower.encoder.core.encode as encode
 

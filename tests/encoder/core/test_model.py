@@ -206,6 +206,99 @@ def test_explicit_attention_equals_sdpa_forward_and_backward(mask_kind):
         torch.testing.assert_close(x.grad, y.grad, atol=1e-5, rtol=1e-5)
 
 
+def _attention_inputs(dtype=torch.float32):
+    """5 rows of 9 positions: full, right-padded, a left-padded row (keys not a prefix), short, and a packed row."""
+    g = torch.Generator().manual_seed(0)
+    Bq, nh, Tk, hd = 5, 3, 9, 8
+    q, k, v = (torch.randn(Bq, nh, Tk, hd, generator=g).to(dtype) for _ in range(3))
+    real = torch.tensor([[1] * 9, [1] * 6 + [0] * 3, [0] * 2 + [1] * 7, [1] * 2 + [0] * 7, [1] * 8 + [0]])
+    docs = torch.tensor([[0] * 9, [0] * 9, [0] * 9, [0] * 9, [0] * 3 + [1] * 5 + [2]])
+    return (q, k, v), real, docs
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "padding", "block"])
+@pytest.mark.parametrize("chunk_scores", [1, 300, 10**9])  # a row per chunk (smaller than one row), some, all
+def test_chunked_attention_equals_sdpa_at_every_real_query(mask_kind, chunk_scores):
+    """CPU inference attention (few rows at a time, cut to each chunk's last attendable key) is SDPA's at every
+    query that has a real token; the query rows it drops as padding are 0, never stale memory."""
+    import torch.nn.functional as F
+
+    from twotower.encoder.core.model import chunked_attention
+
+    (q, k, v), real, docs = _attention_inputs()
+    mask = {"none": None, "padding": build_attention_mask(real, None),
+            "block": build_attention_mask(real, docs)}[mask_kind]
+    got = chunked_attention(q, k, v, mask, self_attention=True, chunk_scores=chunk_scores)
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert got.shape == want.shape
+    rows = torch.ones_like(real, dtype=torch.bool) if mask_kind == "none" else real.bool()
+    torch.testing.assert_close(got.transpose(1, 2)[rows], want.transpose(1, 2)[rows], atol=1e-6, rtol=1e-5)
+    assert torch.isfinite(got).all()
+    if mask_kind == "padding" and chunk_scores == 1:  # a row a chunk: rows 1 and 3 are cut at their real length,
+        # their trailing query rows are padding, left at 0 (in a chunk with a longer row they are computed)
+        assert (got[1, :, 6:] == 0).all() and (got[3, :, 2:] == 0).all()
+    # Queries at chosen positions (the last layer's [CLS]-only pass, MLM targets), as many as T and out of order:
+    # not self-attention, so no query row is cut, even past a row's last real key.
+    at = [8, 0, 4, 1, 2, 3, 5, 6, 7]
+    qs = q[:, :, at]
+    m = None if mask is None else mask[:, :, at] if mask.shape[2] > 1 else mask
+    torch.testing.assert_close(chunked_attention(qs, k, v, m, chunk_scores=chunk_scores),
+                               F.scaled_dot_product_attention(qs, k, v, attn_mask=m), atol=1e-6, rtol=1e-5)
+
+
+def test_chunked_attention_in_bf16_is_as_close_to_fp32_as_sdpa_in_bf16():
+    """bf16 scores and probabilities (transformers' eager precision) stay within a few bf16 steps of the fp32 result,
+    on the order of SDPA's own bf16 error."""
+    import torch.nn.functional as F
+
+    from twotower.encoder.core.model import chunked_attention
+
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(4, 12, 64, 32, generator=g) for _ in range(3))
+    real = (torch.arange(64)[None, :] < torch.tensor([64, 50, 33, 64])[:, None]).long()
+    mask = build_attention_mask(real, None)
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    low = [t.bfloat16() for t in (q, k, v)]
+    ours = chunked_attention(*low, mask).float()
+    sdpa = F.scaled_dot_product_attention(*low, attn_mask=mask).float()
+    rows = real.bool()
+    err = (ours - want).transpose(1, 2)[rows].abs().max().item()
+    err_sdpa = (sdpa - want).transpose(1, 2)[rows].abs().max().item()
+    assert err < 4e-2 and err < 6 * err_sdpa, (err, err_sdpa)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_inference_runs_chunked_attention_and_matches_sdpa(reference_pair, dtype, monkeypatch):
+    """The encoder's no-grad CPU forward goes through `chunked_attention` for the dtypes listed, and gives the SDPA
+    forward's states at real positions, [CLS]-only last layer included."""
+    from twotower.encoder.core import model as model_module
+
+    _, ours = reference_pair
+    ours = BertModel(ours.config).eval()
+    ours.load_state_dict(reference_pair[1].state_dict())
+    ours = ours.to(dtype)
+    ids, mask, types = _padded_pair_batch(torch.Generator().manual_seed(5))
+    pos = torch.stack([torch.zeros(len(ids), dtype=torch.long), mask.sum(1) - 1], 1)  # (B, 2)
+    calls = []
+    original = model_module.chunked_attention
+    monkeypatch.setattr(model_module, "chunked_attention", lambda *a, **kw: calls.append(1) or original(*a, **kw))
+    monkeypatch.setattr(model_module, "CHUNKED_ATTENTION_DTYPES", {dtype})
+    with torch.no_grad():
+        got, got_pooled = ours(ids, mask, types)
+        got_at, _ = ours(ids, mask, types, query_positions=pos)
+    assert len(calls) == 2 * ours.config.num_hidden_layers
+    monkeypatch.setattr(model_module, "CHUNKED_ATTENTION_DTYPES", set())
+    with torch.no_grad():
+        want, want_pooled = ours(ids, mask, types)
+        want_at, _ = ours(ids, mask, types, query_positions=pos)
+    assert len(calls) == 2 * ours.config.num_hidden_layers
+    real = mask.bool()
+    tol = 1e-5 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(got[real], want[real], atol=tol, rtol=tol)
+    torch.testing.assert_close(got_pooled, want_pooled, atol=tol, rtol=tol)
+    torch.testing.assert_close(got_at, want_at, atol=tol, rtol=tol)
+
+
 def test_training_path_equals_inference_path_without_dropout(reference_pair):
     """With grad enabled on CPU the layers use explicit attention; the output equals the no-grad (SDPA) one."""
     _, ours = reference_pair
