@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--queries", action="store_true", help="encode the queries (queries.jsonl), not the corpus")
     ap.add_argument("--model", default=None, help="model directory (default: all-MiniLM-L6-v2 package)")
     ap.add_argument("--batch-size", type=int, default=None, help="our batch size (default: by token budget)")
-    ap.add_argument("--batch-tokens", type=int, default=None, help="our padded tokens per batch (default 4096)")
+    ap.add_argument("--batch-tokens", type=int, default=None, help="our padded tokens per batch (default: the library's, 2048 on a CPU)")
     ap.add_argument("--st-batch-size", type=int, default=32, help="sentence-transformers batch size (its default)")
     ap.add_argument("--ours", default="weights,weights-serial,autocast,fp32",
                     help="our variants: weights (bf16 weight copy), weights-serial (same, one batch at a time "

@@ -250,7 +250,8 @@ def explicit_attention(
     forward + backward, T = 128..512): with dropout SDPA falls back to its math path and draws the
     mask with `bernoulli_` (see encoder/core/dropout.py); without dropout its fused CPU kernel is slower
     too (2x or more at T = 128).  It keeps the (B, nh, T, T) probabilities for the backward, as SDPA's
-    math path does.  Inference (eval mode, no grad) keeps SDPA, which needs no such buffer.
+    math path does.  Inference (eval mode, no grad) needs no such buffer: SDPA in fp32, `chunked_attention`
+    in bf16 on CPU.
 
     q: (B, nh, Tq, hd); k, v: (B, nh, T, hd); mask: None or bool (B, 1, 1|Tq, T), True = may attend.
     returns: (B, nh, Tq, hd)
@@ -284,8 +285,9 @@ def chunked_attention(
     last attendable one are dropped (masked for every query, so exactly), and with `self_attention`
     (query i sits at key position i) so are the query rows past it: padding, whose output is left 0,
     finite as the mask contract asks.
-    Scores and probabilities keep q's dtype, as in transformers' eager attention; PyTorch's CPU softmax
-    computes in fp32 inside either way.  Rows whose keys are all masked give NaN, as SDPA does.
+    Scores and probabilities keep q's dtype, as in transformers' eager attention (the 1/sqrt(hd) scale is
+    applied inside the matmul, before rounding); PyTorch's CPU softmax computes in fp32 inside either way.
+    A query whose keys are all masked gives 0, as SDPA does on CPU (torch 2.13).
 
     q: (B, nh, Tq, hd); k, v: (B, nh, T, hd); mask: None or bool (B, 1, 1|Tq, T), True = may attend.
     returns: (B, nh, Tq, hd), a view of a (B, Tq, nh, hd) tensor, so that merging the heads is free
@@ -309,13 +311,19 @@ def chunked_attention(
             L, e = grown, e + 1
         M, c = (L if self_attention else Tq), e - b
         m = None if mask is None else mask[b:e, :, :M if mask.shape[2] > 1 else 1, :L]
-        # 3-D contiguous operands: a 4-D matmul of strided slices takes a slow per-matrix path
-        qs = (q[b:e, :, :M] * scale).reshape(c * nh, M, hd)
+        # 3-D operands (copied where the slice needs it): a 4-D matmul of strided slices takes a slow per-matrix path
+        qs = q[b:e, :, :M].reshape(c * nh, M, hd)
         ks = k[b:e, :, :L].reshape(c * nh, L, hd)
-        scores = torch.bmm(qs, ks.transpose(1, 2)).view(c, nh, M, L)
+        scores = torch.baddbmm(qs.new_empty(c * nh, M, L), qs, ks.transpose(1, 2), beta=0, alpha=scale)
+        scores = scores.view(c, nh, M, L)
+        dead = None
         if m is not None and not bool(m.all()):
             scores.masked_fill_(~m, float("-inf"))
-        probs = torch.softmax(scores, dim=-1).view(c * nh, M, L)
+            dead = ~m.any(-1, keepdim=True)  # (c, 1, M|1, 1): queries with no key to attend to
+        probs = torch.softmax(scores, dim=-1)
+        if dead is not None and bool(dead.any()):
+            probs.masked_fill_(dead, 0.0)  # a softmax over no key is NaN; SDPA gives 0
+        probs = probs.view(c * nh, M, L)
         y = torch.bmm(probs, v[b:e, :, :L].reshape(c * nh, L, hd))  # (c * nh, M, hd)
         out[b:e, :M] = y.view(c, nh, M, hd).transpose(1, 2)
         b = e

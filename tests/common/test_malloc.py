@@ -128,6 +128,12 @@ def test_inference_thresholds_keep_a_forwards_activations_and_stay_bounded():
 
 
 def test_inference_thresholds_only_on_cpu_and_not_when_switched_off(monkeypatch):
+    monkeypatch.setattr(malloc, "_applied", None)  # as in a fresh process (an earlier test may have applied one)
+    calls = []
+    monkeypatch.setattr(malloc, "_apply", lambda mode: calls.append(mode) or True)
     assert malloc.steady_thresholds_for(torch.device("cuda")) is False
     monkeypatch.setenv("TWOTOWER_MALLOC", "default")
     assert malloc.steady_thresholds_for(torch.device("cpu")) is False
+    assert calls == []
+    monkeypatch.delenv("TWOTOWER_MALLOC")
+    assert malloc.steady_thresholds_for(torch.device("cpu")) is True and calls == ["steady"]

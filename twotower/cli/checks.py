@@ -17,7 +17,7 @@ MODEL_CONFIG = "config.json"  # every model directory we load (HF layout) has on
 
 
 # Every inference command's --batch-size: what None (the flag not given) means.
-BATCH_HELP = ("texts per forward pass (default: length-sorted batches of about 4,096 tokens on a CPU, 65,536 on a "
+BATCH_HELP = ("texts per forward pass (default: length-sorted batches of about 2,048 tokens on a CPU, 65,536 on a "
               "GPU; faster than a fixed count)")
 
 

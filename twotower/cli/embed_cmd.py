@@ -37,7 +37,7 @@ def register(subparsers) -> None:
     p.add_argument("--batch-size", type=int, default=None,
                    help="texts per batch (default: as many as fit in --batch-tokens)")
     p.add_argument("--batch-tokens", type=int, default=None,
-                   help="padded tokens per batch when --batch-size is not given (default: 4096 CPU, 65536 GPU)")
+                   help="padded tokens per batch when --batch-size is not given (default: 2048 CPU, 65536 GPU)")
     p.add_argument("--max-length", type=int, default=None,
                    help="token cap (default: sentence_bert_config.json max_seq_length, else the tokenizer's)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1")

@@ -246,6 +246,27 @@ def test_chunked_attention_equals_sdpa_at_every_real_query(mask_kind, chunk_scor
                                F.scaled_dot_product_attention(qs, k, v, attn_mask=m), atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunked_attention_gives_0_where_a_query_has_no_key(dtype):
+    """A query whose keys are all masked (a caller's own mask can make one) gets 0, as SDPA gives on CPU, not the
+    NaN of a softmax over nothing; the other queries are unaffected."""
+    import torch.nn.functional as F
+
+    from twotower.encoder.core.model import chunked_attention
+
+    (q, k, v), real, docs = _attention_inputs(dtype)
+    mask = build_attention_mask(real, docs).clone()
+    mask[1, 0, 2] = False  # row 1's query 2 may attend to nothing
+    got = chunked_attention(q, k, v, mask, self_attention=True)
+    assert torch.isfinite(got).all()
+    assert (got[1, :, 2] == 0).all()
+    want = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask)
+    keep = torch.ones(5, 9, dtype=torch.bool)
+    keep[1, 2] = False
+    tol = 1e-5 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(got.float().transpose(1, 2)[keep], want.transpose(1, 2)[keep], atol=tol, rtol=tol)
+
+
 def test_chunked_attention_in_bf16_is_as_close_to_fp32_as_sdpa_in_bf16():
     """bf16 scores and probabilities (transformers' eager precision) stay within a few bf16 steps of the fp32 result,
     on the order of SDPA's own bf16 error."""
