@@ -53,6 +53,16 @@ def merged(first: list, raw: dict[str, float], depth: int, alpha: float, k: int 
     return out
 
 
+def parse_search_args(ap: argparse.ArgumentParser) -> tuple[argparse.Namespace, bool | str]:
+    """Add --bf16 / --threads / --out (the settings of a search benchmark), parse, set the threads; (args, bf16)."""
+    ap.add_argument("--bf16", choices=["auto", "0", "1"], default="0")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    return args, {"auto": "auto", "0": False, "1": True}[args.bf16]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reranker", required=True)
@@ -61,12 +71,7 @@ def main() -> None:
     ap.add_argument("--depths", default="10,20,50,100")
     ap.add_argument("--latency-queries", type=int, default=20)
     ap.add_argument("--quality-queries", type=int, default=None, help="first N test claims (default all)")
-    ap.add_argument("--bf16", choices=["auto", "0", "1"], default="0")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    bf16 = {"auto": "auto", "0": False, "1": True}[args.bf16]
+    args, bf16 = parse_search_args(ap)
     depths = [int(x) for x in args.depths.split(",")]
     recall_k = max(depths)
     if not os.path.isfile(os.path.join(args.index, "manifest.json")):
