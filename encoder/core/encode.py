@@ -60,6 +60,11 @@ CPU_BATCH_TOKENS = 2048
 GPU_BATCH_TOKENS = 65536
 MAX_BATCH_TEXTS = 1024
 
+
+def default_batch_tokens(device: torch.device) -> int:
+    """Padded tokens a forward when no batch size is given: the one rule for encoding and reranking."""
+    return CPU_BATCH_TOKENS if device.type == "cpu" else GPU_BATCH_TOKENS
+
 # model -> (signature of its parameters, dtype, device, inference copy)
 _COPIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -221,7 +226,7 @@ def encode_texts(
     net = inference_copy(model, torch.bfloat16 if weights_bf16 else torch.float32, device)
     use_autocast = use_bf16 and not weights_bf16
     if batch_size is None and batch_tokens is None:
-        batch_tokens = CPU_BATCH_TOKENS if device.type == "cpu" else GPU_BATCH_TOKENS
+        batch_tokens = default_batch_tokens(device)
     spans = batch_spans(lengths[order], batch_size, batch_tokens)
     if workers is None:
         workers = torch.get_num_threads() if device.type == "cpu" else 1

@@ -114,8 +114,8 @@ def test_inference_thresholds_keep_a_forwards_activations_and_stay_bounded():
     heap for the next forward once the thresholds are fixed; ten forwards of 3-12 MiB blocks then reuse their
     memory without page faults; a block above 32 MiB is still returned when freed; a training loop's
     `retain_freed_memory` is not undone.  (Left alone, glibc re-faulted anywhere from 1,536 to 65,760 pages over
-    those ten forwards from one run to the next, so that count is not compared; reranking measured 1,250-1,570
-    faults a pair, docs/results.md.)"""
+    those ten forwards from one run to the next, so that count is not compared; reranking alone measured 2,578
+    faults a pair in fp32 on CPU-D, docs/results.md.)"""
     pages = 10 * FORWARD_PAGES
     applied, kept, _, returned = _inference_child("untouched")
     assert kept < 0.1 * BLOCK_PAGES and returned > 0.9 * BIG_PAGES

@@ -116,12 +116,12 @@ def test_default_batches_fill_a_token_budget_and_score_as_one_pair_at_a_time(sav
     """Without batch_size, each forward holds as many length-sorted pairs as fit in the CPU token budget (at
     least one): a fixed 32 pairs of 256 tokens made fp32 activations above glibc's mmap threshold, mapped and
     page-faulted afresh every forward. Scores do not depend on the batching."""
-    import twotower.retrieval.cross_encoder as module
+    import twotower.encoder.core.encode as module
 
     ce, _ = saved
     ref = ce.predict(PAIRS, batch_size=1)
     many = PAIRS * 8  # 40 pairs: the old fixed batch of 32 put up to 32 in a forward
-    monkeypatch.setattr(module, "CPU_BATCH_TOKENS", 100, raising=False)
+    monkeypatch.setattr(module, "CPU_BATCH_TOKENS", 100)
     shapes = _forward_shapes(ce, monkeypatch)
     got = ce.predict(many)
     np.testing.assert_allclose(got, np.tile(ref, 8), atol=1e-5)
