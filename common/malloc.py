@@ -100,7 +100,7 @@ def retain_freed_memory_for(device: torch.device) -> bool:
 
 
 def steady_thresholds_for(device: torch.device) -> bool:
-    """What CPU inference calls (`encode_texts`, `CrossEncoder.predict`): fix glibc's mmap threshold at 32 MiB and its
+    """What CPU inference calls (`encode_texts`, `CrossEncoder.predict`, `TaskModel.predict`): fix glibc's mmap threshold at 32 MiB and its
     trim threshold at 64 MiB, so that a forward's freed activations stay in the heap for the next (module doc).
 
     Never undoes `retain_freed_memory` (a training loop in the same process keeps its setting) and is applied

@@ -656,7 +656,7 @@ class SearchPipeline:
         max_answers: int = 3,
         retrieval_weight: float = 0.0,
         classifier: Any = None,
-        batch_size: int = 16,
+        batch_size: int | None = None,
         filter: Filter | str | None = None,
     ) -> AnswerResult | list[AnswerResult]:
         """Retrieve, rerank, then read answer spans from the top `k` passages (retrieve-then-read).
@@ -672,6 +672,8 @@ class SearchPipeline:
                 (BERTserini); 0 ranks by the reader alone. Choose it on dev for the index and
                 reader at hand (`twotower.retrieval.reader`).
             classifier: optional classification model; labels the k hits (`search`).
+            batch_size: the reader's windows a forward (None: as many as fit in the encoders' token
+                budget, `TaskModel.predict`).
             filter: read only documents whose metadata matches (`search`).
         Returns:
             One `AnswerResult` (question, answers with passage id and character offsets, hits),
@@ -704,8 +706,7 @@ class SearchPipeline:
     def _label(hits: list[list[Hit]], clf: Any, batch_size: int | None) -> None:
         """Set label / label_score on every hit, in one batched pass over all queries' hits."""
         flat = [h for row in hits for h in row]
-        sized = {} if batch_size is None else {"batch_size": batch_size}
-        for h, lab in zip(flat, label_hits(clf, flat, **sized)):
+        for h, lab in zip(flat, label_hits(clf, flat, batch_size=batch_size)):
             h.label, h.label_score = lab["label"], lab["score"]
 
     def search_vectors(

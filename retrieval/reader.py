@@ -67,7 +67,7 @@ def read_answers(
     hits: Sequence[Any],
     top_passages: int | None = None,
     max_answers: int = 3,
-    batch_size: int = 16,
+    batch_size: int | None = None,
     retrieval_weight: float = 0.0,
 ) -> list[Answer]:
     """Answer spans for ``question`` from the passages of ``hits`` (best first).
@@ -77,6 +77,7 @@ def read_answers(
         hits: ranked passages: ``retrieval.Hit`` objects or mappings with ``id``, ``text`` (and ``title``).
         top_passages: read only the first this many hits (default: all of them).
         max_answers: at most this many spans, from distinct passages.
+        batch_size: the reader's windows a forward; None: by token budget (`TaskModel.predict`).
         retrieval_weight: answers are ranked by span score + this * the hit's ``score``
             (0: by span score alone); > 0 needs hits that carry a score.
     Returns:
@@ -156,8 +157,9 @@ class AnswerResult:
                 "hits": [h.to_dict() if hasattr(h, "to_dict") else dict(h) for h in self.hits]}
 
 
-def label_hits(classifier: Any, hits: Sequence[Any], batch_size: int = 32) -> list[dict[str, Any]]:
-    """A label (and its probability) for each hit's text from a classification head; one forward per hit."""
+def label_hits(classifier: Any, hits: Sequence[Any], batch_size: int | None = None) -> list[dict[str, Any]]:
+    """A label (and its probability) for each hit's text from a classification head, the hits batched by
+    `TaskModel.predict` (``batch_size`` texts a forward; None: by token budget)."""
     if getattr(classifier, "info", None) is None or classifier.info.head != "classify":
         raise ValueError("the hit classifier must be a fine-tuned classification model (twotower finetune classify)")
     texts = [str(_field(h, "text", "") or "") for h in hits]

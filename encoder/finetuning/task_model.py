@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 
 from twotower.common.atomic import TMP_MARKER, atomic_replace_dir, atomic_write_text
 from twotower.common.device import autocast, resolve_bf16
+from twotower.common.malloc import steady_thresholds_for
 from twotower.encoder.core.checkpoint import (
     CONFIG_NAME,
     WEIGHTS_NAME,
@@ -32,6 +33,7 @@ from twotower.encoder.core.checkpoint import (
     split_prefix,
 )
 from twotower.encoder.core.config import EncoderConfig
+from twotower.encoder.core.encode import batch_spans, default_batch_tokens
 from twotower.encoder.core.heads import ARCHITECTURES, build_head
 from twotower.encoder.core.tokenizer import Tokenizer
 from twotower.encoder.finetuning.tasks import Featurized, Task, TaskInfo, get_task, pad
@@ -97,21 +99,37 @@ def model_inputs(feats: Featurized, idx: Sequence[int], pad_id: int, device: tor
     return {"input_ids": ids.to(device), "token_type_ids": types.to(device), "attention_mask": mask.to(device)}
 
 
+def prediction_batches(lengths: np.ndarray, batch_size: int | None, device: torch.device) -> list[np.ndarray]:
+    """Row indices a forward for prediction: ``batch_size`` rows of similar length, or with None as many
+    length-sorted rows as fit in the encoder's token budget (`encode.default_batch_tokens`), longest first.
+
+    Why a budget: a fixed count of long rows makes activations above glibc's largest mmap threshold (64 reviews of
+    512 tokens: 200 MB of fp32 feed-forward output), which are mapped and page-faulted in afresh every forward;
+    `benchmarks/task_predict_speed.py` measures the two ways.
+    """
+    if batch_size is not None:
+        return batch_order(lengths, batch_size)
+    order = np.argsort(-np.asarray(lengths), kind="stable")
+    return [order[b:e] for b, e in batch_spans(np.asarray(lengths)[order], None, default_batch_tokens(device))]
+
+
 @torch.no_grad()
 def run_rows(
-    model: torch.nn.Module, feats: Featurized, pad_id: int, device: torch.device, batch_size: int = 64,
+    model: torch.nn.Module, feats: Featurized, pad_id: int, device: torch.device, batch_size: int | None = None,
     bf16: bool = False, stage: str = "forward", progress: bool = False, desc: str = "predict",
 ) -> list[torch.Tensor]:
     """Run ``model.forward`` (logits) or ``model.encode`` (features) over every row; results unpadded, float32.
 
+    batch_size: rows a forward; None: by token budget (`prediction_batches`).
     Per row: (C,) / (H,) for classification, (T_k, C) / (T_k, 2) / (T_k, H) for token-level heads.
     """
     was_training = model.training
     model.eval()
+    steady_thresholds_for(device)  # a forward's freed activations stay in the heap (common/malloc.py)
     fn = model.forward if stage == "forward" else model.encode
     out: list[torch.Tensor | None] = [None] * len(feats)
     lengths = feats.lengths()
-    for idx in tqdm(batch_order(lengths, batch_size), desc=desc, disable=not progress, leave=False):
+    for idx in tqdm(prediction_batches(lengths, batch_size, device), desc=desc, disable=not progress, leave=False):
         with autocast(device, bf16):
             y = fn(**model_inputs(feats, idx, pad_id, device))
         y = y.float().cpu()
@@ -230,7 +248,7 @@ class TaskModel:
         self.task.check(examples, self.info.labels if with_targets else None, with_targets)
         return self.task.featurize(self.tokenizer, examples, self.info, with_targets)
 
-    def outputs(self, feats: Featurized, batch_size: int = 64, bf16: bool | str = False,
+    def outputs(self, feats: Featurized, batch_size: int | None = None, bf16: bool | str = False,
                 progress: bool = False) -> list[np.ndarray]:
         """Unpadded logits per row (see ``run_rows``)."""
         use_bf16 = resolve_bf16(bf16, self.device)
@@ -238,9 +256,12 @@ class TaskModel:
                         progress=progress)
         return [r.numpy() for r in rows]
 
-    def predict(self, examples: Sequence, batch_size: int = 64, bf16: bool | str = False,
+    def predict(self, examples: Sequence, batch_size: int | None = None, bf16: bool | str = False,
                 progress: bool = False, notes: list[str] | None = None) -> list:
         """One prediction per example: ClassPrediction, TagPrediction or QAPrediction.
+
+        batch_size: model rows a forward; None (default): length-sorted rows by token budget, as the encoders
+        batch (`prediction_batches`).
 
         notes: a list to append what the caller should tell the user about how the inputs were read
         (texts cut at ``max_length``, sentences read in windows, words read as [UNK]; `Task.notes`).
