@@ -4,10 +4,13 @@ A service answers one query after another for hours; this is that loop in one pr
 (`SearchPipeline.search` with the index's reranker, SciFact claims in file order), reporting at a
 few points: resident memory, what glibc's heap holds in use and free (``mallinfo2``), the minor page
 faults so far and the seconds so far.  Memory in use flat while free-in-heap climbs is fragmentation,
-not a leak.  Compare allocator settings by running it twice, once with ``TWOTOWER_MALLOC=default``
-(glibc left alone) and once without (the library's fixed thresholds, `common/malloc.py`):
+not a leak.  Compare allocator settings by running it more than once: with ``TWOTOWER_MALLOC=default``
+(glibc left alone), with ``--trim-above inf`` (the library's fixed thresholds but no trimming), and as the
+library runs (fixed thresholds, and the heap trimmed once resident memory has grown by ``--trim-above`` MiB,
+`common/malloc.py`'s `TRIM_ABOVE`):
 
     TWOTOWER_MALLOC=default .venv/bin/python benchmarks/search_memory.py --index runs/serve/scifact-minilm
+    .venv/bin/python benchmarks/search_memory.py --index runs/serve/scifact-minilm --trim-above inf
     .venv/bin/python benchmarks/search_memory.py --index runs/serve/scifact-minilm
 """
 
@@ -27,6 +30,7 @@ sys.path.insert(0, REPO)
 
 from rerank_depth import parse_search_args  # noqa: E402
 
+from twotower.common import malloc  # noqa: E402
 from twotower.common.device import cpu_description  # noqa: E402
 from twotower.eval.io.beir import read_beir_queries  # noqa: E402
 from twotower.retrieval import SearchPipeline  # noqa: E402
@@ -59,7 +63,16 @@ def main() -> None:
     ap.add_argument("--reranker", default="default")
     ap.add_argument("--queries", type=int, default=200)
     ap.add_argument("--report-at", default="1,25,50,100,150,200")
+    ap.add_argument("--trim-above", type=float, default=malloc.TRIM_ABOVE / 2**20,
+                    help="MiB of resident growth after which inference trims the heap (inf: never; default: the "
+                         "library's)")
     args, bf16 = parse_search_args(ap)
+    malloc.TRIM_ABOVE = args.trim_above * 2**20
+    trims: list[int] = []
+    libc = malloc._glibc()  # the library's handle (cached): count its trims
+    if libc is not None:
+        trim = libc.malloc_trim
+        libc.malloc_trim = lambda pad: trims.append(pad) or trim(pad)
     claims = list(read_beir_queries(os.path.join(args.data, "queries.jsonl")).values())[:args.queries]
     marks = {int(x) for x in args.report_at.split(",")} | {len(claims)}
     rows = []
@@ -69,13 +82,14 @@ def main() -> None:
             pipe.search(claim, k=10, rerank=True)
             if i in marks:
                 row = {"queries": i, "seconds": round(time.perf_counter() - start, 1), "rss_mb": round(rss_mb()),
-                       "minor_faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0,
+                       "minor_faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0, "trims": len(trims),
                        **{k: round(v) for k, v in heap_mb().items()}}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump({"cpu": cpu_description(), "malloc": os.environ.get("TWOTOWER_MALLOC", "library"),
+                       "trim_above_mib": args.trim_above,
                        "bf16": args.bf16, "rows": rows}, f, indent=2)
 
 

@@ -22,6 +22,14 @@ faulted them in again: 2,578 minor faults a reranked pair in fp32 on CPU-D, 3 wi
 and 31.2 -> 34.7 pairs a second (`benchmarks/rerank_throughput.py --ours-only`; docs/results.md).  Bounded: blocks above 32 MiB are
 still mapped and unmapped, and at most 64 MiB of free heap top is kept.
 
+Holes are what the thresholds cannot bound: a long-running process that searches and reranks one query after
+another (batches of ever other shapes) leaves free memory inside the heap that stays resident, 6 MB a query,
+1.09 GB after 60 claims of which 187 MB were in use (`benchmarks/search_memory.py`).  So inference also calls
+`trim_free_heap_for(device)` when it finishes: once the resident size has grown by more than `TRIM_ABOVE`
+(512 MiB) since the last trim, ``malloc_trim(0)`` hands the free pages back (about 50 ms; the next forwards fault
+what they reuse back in).  Not less: right after a trim, one claim's reranking faults some 250 MB of holes back in,
+so a smaller limit trimmed every few claims.
+
 ``TWOTOWER_MALLOC=default`` leaves the allocator alone.  A no-op where the C library is not glibc.
 """
 
@@ -50,6 +58,9 @@ _RETAIN = ((_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, 2**31 - 1))
 
 # What this process last applied: "retain", "steady" or None (glibc's own adjustment).
 _applied: str | None = None
+# Resident growth since the last trim above which finished inference trims the heap (`trim_free_heap_for`).
+TRIM_ABOVE = 512 * 1024 * 1024
+_resident_after_trim: int | None = None  # bytes at the end of the first call after the last trim (or the first call)
 
 
 @functools.cache
@@ -109,3 +120,42 @@ def steady_thresholds_for(device: torch.device) -> bool:
     if device.type != "cpu" or _applied == "retain" or _switched_off():
         return False
     return _applied == "steady" or _apply("steady")
+
+
+def _resident_bytes() -> int | None:
+    try:
+        with open("/proc/self/statm", encoding="ascii") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def trim_free_heap_for(device: torch.device) -> bool:
+    """What CPU inference calls when it finishes (`encode_texts`, `CrossEncoder.predict`, `TaskModel.predict`):
+    give the heap's free pages back to the kernel (``malloc_trim(0)``) once the process's resident size has grown by
+    more than `TRIM_ABOVE` since the last trim (module doc: holes that later batches do not fill).
+
+    Only where `steady_thresholds_for` applied: never in a training process (`retain_freed_memory` keeps its heap on
+    purpose), nor with ``TWOTOWER_MALLOC=default``.  The first call, and the first after a trim, only record the
+    resident size.  True when it trimmed.
+    """
+    global _resident_after_trim
+    if device.type != "cpu" or _applied != "steady":
+        return False
+    resident = _resident_bytes()
+    if resident is None:
+        return False
+    if _resident_after_trim is None or resident < _resident_after_trim:
+        _resident_after_trim = resident  # a lower floor: memory went back by other ways (unmapped blocks)
+        return False
+    if resident - _resident_after_trim <= TRIM_ABOVE:
+        return False
+    libc = _glibc()
+    if libc is None:
+        return False
+    libc.malloc_trim(0)
+    # The floor is taken at the next call's end, once its forwards have faulted their working set back in: taken
+    # right after the trim, that working set alone passed the limit and every few calls trimmed again.
+    _resident_after_trim = None
+    logger.debug("malloc_trim at %d resident bytes", resident)
+    return True

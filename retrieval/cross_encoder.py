@@ -64,7 +64,7 @@ from torch import nn
 from twotower.common.device import resolve_bf16
 from twotower.common.distributed import launched_as
 from twotower.common.errors import refuse_keywords
-from twotower.common.malloc import steady_thresholds_for
+from twotower.common.malloc import steady_thresholds_for, trim_free_heap_for
 from twotower.encoder.core.checkpoint import (
     CONFIG_NAME,
     WEIGHTS_NAME,
@@ -479,6 +479,7 @@ class CrossEncoder(nn.Module):
             if bar is not None:
                 bar.close()
             self.train(was_training)
+            trim_free_heap_for(self.device)  # free pages left in the heap's holes go back (common/malloc.py)
         return scores
 
     def rank(

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from twotower.common.device import resolve_bf16
-from twotower.common.malloc import steady_thresholds_for
+from twotower.common.malloc import steady_thresholds_for, trim_free_heap_for
 from twotower.encoder.core.model import BertModel, BertSelfAttention
 from twotower.encoder.core.pooling import POOLING_MODES, pool
 from twotower.encoder.core.sentence_config import (
@@ -275,6 +275,7 @@ def encode_texts(
         if bar is not None:
             bar.close()
         net.train(was_training)
+        trim_free_heap_for(device)  # free pages left in the heap's holes go back (common/malloc.py)
     return out
 
 

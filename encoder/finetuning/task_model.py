@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 
 from twotower.common.atomic import TMP_MARKER, atomic_replace_dir, atomic_write_text
 from twotower.common.device import autocast, resolve_bf16
-from twotower.common.malloc import steady_thresholds_for
+from twotower.common.malloc import steady_thresholds_for, trim_free_heap_for
 from twotower.encoder.core.checkpoint import (
     CONFIG_NAME,
     WEIGHTS_NAME,
@@ -136,6 +136,7 @@ def run_rows(
         for j, i in enumerate(idx):
             out[i] = y[j] if y.dim() == 2 else y[j, :lengths[i]].clone()
     model.train(was_training)
+    trim_free_heap_for(device)  # free pages left in the heap's holes go back (common/malloc.py)
     return out  # type: ignore[return-value]
 
 
