@@ -2,8 +2,8 @@
 
 A service answers one query after another for hours; this is that loop in one process
 (`SearchPipeline.search` with the index's reranker, SciFact claims in file order), reporting at a
-few points: resident memory, what glibc's heap holds in use and free (``mallinfo2``), the minor page
-faults so far and the seconds so far.  Memory in use flat while free-in-heap climbs is fragmentation,
+few points: resident memory (now, and the process's peak so far), what glibc's heap holds in use and
+free (``mallinfo2``), the minor page faults so far, the library's heap trims so far and the seconds so far.  Memory in use flat while free-in-heap climbs is fragmentation,
 not a leak.  Compare allocator settings by running it more than once: with ``TWOTOWER_MALLOC=default``
 (glibc left alone), with ``--trim-above inf`` (the library's fixed thresholds but no trimming), and as the
 library runs (fixed thresholds, and the heap trimmed once resident memory has grown by ``--trim-above`` MiB,
@@ -82,6 +82,7 @@ def main() -> None:
             pipe.search(claim, k=10, rerank=True)
             if i in marks:
                 row = {"queries": i, "seconds": round(time.perf_counter() - start, 1), "rss_mb": round(rss_mb()),
+                       "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),  # kB on Linux
                        "minor_faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0, "trims": len(trims),
                        **{k: round(v) for k, v in heap_mb().items()}}
                 rows.append(row)
@@ -89,7 +90,7 @@ def main() -> None:
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump({"cpu": cpu_description(), "malloc": os.environ.get("TWOTOWER_MALLOC", "library"),
-                       "trim_above_mib": args.trim_above,
+                       "trim_above_mib": args.trim_above if args.trim_above != float("inf") else None,
                        "bf16": args.bf16, "rows": rows}, f, indent=2)
 
 

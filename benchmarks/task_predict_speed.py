@@ -4,7 +4,7 @@ Two heads on all-MiniLM-L6-v2 (each with a seeded random head: speed does not de
 head learned), on real text read at the lengths users meet:
 
 - ``classify``: movie-review-polarity reviews (about 700 words), read up to ``--classify-length``
-  tokens (512 by default), as `twotower finetune predict` and `search --classifier` read them;
+  tokens (512 by default), as `twotower predict` and `search --classifier` read them;
 - ``qa``: XQuAD-en questions against passages of three consecutive paragraphs of their article
   (``--qa-paragraphs``), in windows of 384 tokens, as `SearchPipeline.answer`'s reader reads passages.
 

@@ -25,10 +25,11 @@ still mapped and unmapped, and at most 64 MiB of free heap top is kept.
 Holes are what the thresholds cannot bound: a long-running process that searches and reranks one query after
 another (batches of ever other shapes) leaves free memory inside the heap that stays resident, 6 MB a query,
 1.09 GB after 60 claims of which 187 MB were in use (`benchmarks/search_memory.py`).  So inference also calls
-`trim_free_heap_for(device)` when it finishes: once the resident size has grown by more than `TRIM_ABOVE`
-(512 MiB) since the last trim, ``malloc_trim(0)`` hands the free pages back (about 50 ms; the next forwards fault
-what they reuse back in).  Not less: right after a trim, one claim's reranking faults some 250 MB of holes back in,
-so a smaller limit trimmed every few claims.
+`trim_free_heap_for(device)` when it finishes: once the process's anonymous resident memory has grown by more
+than `TRIM_ABOVE` (256 MiB) over where it settled after the last trim, ``malloc_trim(0)`` hands the heap's free
+pages back (about 50 ms; the next forwards fault what they reuse back in).  "Settled" is the highest reading of
+the first `SETTLE_CALLS` calls after a trim: right after one, a claim's reranking faults some 250 MB of holes back
+in, and a floor read before that (after the claim's query encoding) trimmed every few claims.
 
 ``TWOTOWER_MALLOC=default`` leaves the allocator alone.  A no-op where the C library is not glibc.
 """
@@ -40,6 +41,7 @@ import ctypes.util
 import functools
 import logging
 import os
+import threading
 
 import torch
 
@@ -58,9 +60,13 @@ _RETAIN = ((_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, 2**31 - 1))
 
 # What this process last applied: "retain", "steady" or None (glibc's own adjustment).
 _applied: str | None = None
-# Resident growth since the last trim above which finished inference trims the heap (`trim_free_heap_for`).
-TRIM_ABOVE = 512 * 1024 * 1024
-_resident_after_trim: int | None = None  # bytes at the end of the first call after the last trim (or the first call)
+# Anonymous resident growth over the settled floor above which finished inference trims the heap
+# (`trim_free_heap_for`), and the calls after a trim whose readings set that floor.
+TRIM_ABOVE = 256 * 1024 * 1024
+SETTLE_CALLS = 4
+_floor: int | None = None  # bytes: the highest reading of the settling calls, then lowered by any lower reading
+_settling = SETTLE_CALLS  # settling calls left
+_trim_lock = threading.Lock()  # one check or trim at a time (the service's owner and writer threads both encode)
 
 
 @functools.cache
@@ -122,40 +128,46 @@ def steady_thresholds_for(device: torch.device) -> bool:
     return _applied == "steady" or _apply("steady")
 
 
-def _resident_bytes() -> int | None:
+def _anonymous_resident_bytes() -> int | None:
+    """Resident memory not backed by files (statm's resident less shared): a memory-mapped index paged in or out
+    is not heap."""
     try:
         with open("/proc/self/statm", encoding="ascii") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            fields = f.read().split()
+        return (int(fields[1]) - int(fields[2])) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return None
 
 
 def trim_free_heap_for(device: torch.device) -> bool:
     """What CPU inference calls when it finishes (`encode_texts`, `CrossEncoder.predict`, `TaskModel.predict`):
-    give the heap's free pages back to the kernel (``malloc_trim(0)``) once the process's resident size has grown by
-    more than `TRIM_ABOVE` since the last trim (module doc: holes that later batches do not fill).
+    give the heap's free pages back to the kernel (``malloc_trim(0)``) once the process's anonymous resident memory
+    has grown by more than `TRIM_ABOVE` over its settled floor (module doc: holes that later batches do not fill).
 
     Only where `steady_thresholds_for` applied: never in a training process (`retain_freed_memory` keeps its heap on
-    purpose), nor with ``TWOTOWER_MALLOC=default``.  The first call, and the first after a trim, only record the
-    resident size.  True when it trimmed.
+    purpose), nor with ``TWOTOWER_MALLOC=default``.  The first `SETTLE_CALLS` calls of the process, and after each
+    trim, only set the floor; a call while another thread checks or trims skips.  True when it trimmed.
     """
-    global _resident_after_trim
-    if device.type != "cpu" or _applied != "steady":
+    global _floor, _settling
+    if device.type != "cpu" or _applied != "steady" or not _trim_lock.acquire(blocking=False):
         return False
-    resident = _resident_bytes()
-    if resident is None:
-        return False
-    if _resident_after_trim is None or resident < _resident_after_trim:
-        _resident_after_trim = resident  # a lower floor: memory went back by other ways (unmapped blocks)
-        return False
-    if resident - _resident_after_trim <= TRIM_ABOVE:
-        return False
-    libc = _glibc()
-    if libc is None:
-        return False
-    libc.malloc_trim(0)
-    # The floor is taken at the next call's end, once its forwards have faulted their working set back in: taken
-    # right after the trim, that working set alone passed the limit and every few calls trimmed again.
-    _resident_after_trim = None
-    logger.debug("malloc_trim at %d resident bytes", resident)
-    return True
+    try:
+        resident = _anonymous_resident_bytes()
+        if resident is None:
+            return False
+        if _settling > 0 or _floor is None:
+            _floor = resident if _floor is None else max(_floor, resident)
+            _settling = max(0, _settling - 1)
+            return False
+        if resident < _floor:
+            _floor = resident  # memory went back by other ways (unmapped blocks): measure growth from here
+            return False
+        libc = _glibc()
+        if resident - _floor <= TRIM_ABOVE or libc is None:
+            return False
+        libc.malloc_trim(0)
+        _floor, _settling = None, SETTLE_CALLS
+        logger.debug("malloc_trim at %d anonymous resident bytes", resident)
+        return True
+    finally:
+        _trim_lock.release()

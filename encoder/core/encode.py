@@ -119,6 +119,12 @@ def batch_spans(sorted_lengths: np.ndarray, batch_size: int | None, batch_tokens
     return spans
 
 
+def length_batches(lengths: np.ndarray, batch_size: int | None, batch_tokens: int | None) -> list[np.ndarray]:
+    """Indices of the texts of each forward: sorted longest first (stable), cut by `batch_spans`."""
+    order = np.argsort(-np.asarray(lengths), kind="stable")
+    return [order[s:e] for s, e in batch_spans(np.asarray(lengths)[order], batch_size, batch_tokens)]
+
+
 def check_texts(texts: Any, plural: str = "texts", item: str = "texts[{i}]") -> tuple[list[str], bool]:
     """(`texts` as a list, whether one string was given); a TypeError naming the position of a non-string
     (`item`, e.g. ``"query {i}"``) or saying what `plural` must be.
@@ -219,7 +225,6 @@ def encode_texts(
 
     ids, _ = tokenizer.encode_unpadded(texts, max_length=cap)  # each text tokenized once
     lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=N)
-    order = np.argsort(-lengths, kind="stable")  # longest first
 
     steady_thresholds_for(device)  # a forward's freed activations stay in the heap for the next (common/malloc.py)
     weights_bf16 = use_bf16 and bf16_mode == "weights"
@@ -227,13 +232,12 @@ def encode_texts(
     use_autocast = use_bf16 and not weights_bf16
     if batch_size is None and batch_tokens is None:
         batch_tokens = default_batch_tokens(device)
-    spans = batch_spans(lengths[order], batch_size, batch_tokens)
+    batches = length_batches(lengths, batch_size, batch_tokens)  # longest first
     if workers is None:
         workers = torch.get_num_threads() if device.type == "cpu" else 1
-    workers = max(1, min(workers, len(spans)))
+    workers = max(1, min(workers, len(batches)))
 
-    def run_batch(span: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
-        idx = order[span[0]:span[1]]
+    def run_batch(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         batch = tokenizer.pad([ids[i] for i in idx])
         # inference_mode and autocast are thread-local: enter them in the thread that runs the batch.
         with torch.inference_mode(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_autocast):
@@ -248,7 +252,7 @@ def encode_texts(
             return idx, vecs.float().cpu().numpy()
 
     bar = None
-    if progress and len(spans) > 1:
+    if progress and len(batches) > 1:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=N, desc="encode", unit="text")
@@ -257,13 +261,13 @@ def encode_texts(
     net.eval()
     try:
         if workers == 1:
-            results = map(run_batch, spans)
+            results = map(run_batch, batches)
         else:
             # One batch per core, each single-threaded: no per-op thread barriers (MiniLM-sized
             # matmuls are too small to split well) and robust when other processes share the cores.
             torch.set_num_threads(1)  # process-wide; restored below
             executor = ThreadPoolExecutor(workers, thread_name_prefix="encode")
-            results = executor.map(run_batch, spans)
+            results = executor.map(run_batch, batches)
         for idx, vecs in results:
             out[idx] = vecs
             if bar is not None:

@@ -33,7 +33,7 @@ from twotower.encoder.core.checkpoint import (
     split_prefix,
 )
 from twotower.encoder.core.config import EncoderConfig
-from twotower.encoder.core.encode import batch_spans, default_batch_tokens
+from twotower.encoder.core.encode import default_batch_tokens, length_batches
 from twotower.encoder.core.heads import ARCHITECTURES, build_head
 from twotower.encoder.core.tokenizer import Tokenizer
 from twotower.encoder.finetuning.tasks import Featurized, Task, TaskInfo, get_task, pad
@@ -107,10 +107,11 @@ def prediction_batches(lengths: np.ndarray, batch_size: int | None, device: torc
     512 tokens: 200 MB of fp32 feed-forward output), which are mapped and page-faulted in afresh every forward;
     `benchmarks/task_predict_speed.py` measures the two ways.
     """
+    if batch_size is not None and batch_size < 1:  # 0 failed inside range(); -1 made no batch, every output None
+        raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
     if batch_size is not None:
         return batch_order(lengths, batch_size)
-    order = np.argsort(-np.asarray(lengths), kind="stable")
-    return [order[b:e] for b, e in batch_spans(np.asarray(lengths)[order], None, default_batch_tokens(device))]
+    return length_batches(np.asarray(lengths), None, default_batch_tokens(device))
 
 
 @torch.no_grad()
@@ -123,20 +124,23 @@ def run_rows(
     batch_size: rows a forward; None: by token budget (`prediction_batches`).
     Per row: (C,) / (H,) for classification, (T_k, C) / (T_k, 2) / (T_k, H) for token-level heads.
     """
+    lengths = feats.lengths()
+    batches = prediction_batches(lengths, batch_size, device)
     was_training = model.training
     model.eval()
     steady_thresholds_for(device)  # a forward's freed activations stay in the heap (common/malloc.py)
     fn = model.forward if stage == "forward" else model.encode
     out: list[torch.Tensor | None] = [None] * len(feats)
-    lengths = feats.lengths()
-    for idx in tqdm(prediction_batches(lengths, batch_size, device), desc=desc, disable=not progress, leave=False):
-        with autocast(device, bf16):
-            y = fn(**model_inputs(feats, idx, pad_id, device))
-        y = y.float().cpu()
-        for j, i in enumerate(idx):
-            out[i] = y[j] if y.dim() == 2 else y[j, :lengths[i]].clone()
-    model.train(was_training)
-    trim_free_heap_for(device)  # free pages left in the heap's holes go back (common/malloc.py)
+    try:
+        for idx in tqdm(batches, desc=desc, disable=not progress, leave=False):
+            with autocast(device, bf16):
+                y = fn(**model_inputs(feats, idx, pad_id, device))
+            y = y.float().cpu()
+            for j, i in enumerate(idx):
+                out[i] = y[j] if y.dim() == 2 else y[j, :lengths[i]].clone()
+    finally:
+        model.train(was_training)
+        trim_free_heap_for(device)  # free pages left in the heap's holes go back (common/malloc.py)
     return out  # type: ignore[return-value]
 
 

@@ -102,7 +102,7 @@ def test_help_shows_the_defaults_and_says_what_happens(capsys):
                   "(default: cuda if available)", "needs this flag", "--no-progress no progress bars"):
         assert shown in text, shown
     text = _help(capsys, "predict", "classify")
-    assert "inputs per forward pass (default: length-sorted batches of about 2,048 tokens on a CPU" in text
+    assert "texts per forward pass (default: length-sorted batches of about 2,048 tokens on a CPU" in text
     assert "(default: cpu)" in text and "(default: None)" not in text
     assert "cuda if available" not in text
     assert "(default: cpu)" in _help(capsys, "answer")

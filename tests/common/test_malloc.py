@@ -147,16 +147,18 @@ cpu = torch.device("cpu")
 def rss_pages():
     return int(open("/proc/self/statm").read().split()[1])
 malloc.steady_thresholds_for(cpu)
-malloc.TRIM_ABOVE = 64 * 2**20
-malloc.trim_free_heap_for(cpu)  # the first call records the floor
+malloc.TRIM_ABOVE, malloc.SETTLE_CALLS, malloc._settling = 64 * 2**20, 1, 1
+malloc.trim_free_heap_for(cpu)  # the first call sets the floor
 big, small = [], []
 for _ in range(64):  # 4 MiB blocks (below the 32 MiB mmap threshold: from the heap), each followed by a small
     big.append(torch.ones(4 * 2**20 // 4))  # block that stays, so the freed ones are holes, not the heap's top
     small.append(torch.ones(1024))
+rss = rss_pages()
 del big
+freed = rss - rss_pages()
 rss = rss_pages()
 trimmed = malloc.trim_free_heap_for(cpu) if sys.argv[1] == "trim" else None
-print(trimmed, rss - rss_pages())
+print(trimmed, freed, rss - rss_pages())
 """
 HOLE_PAGES = 64 * 4 * 2**20 // 4096
 
@@ -165,16 +167,16 @@ HOLE_PAGES = 64 * 4 * 2**20 // 4096
 def test_finished_inference_gives_back_the_heaps_holes():
     """Freed blocks between live ones stay resident under the fixed thresholds (a search process grew 6 MB a
     query that way, docs/results.md); once resident memory has grown past `TRIM_ABOVE`, the trim returns them."""
-    trimmed, returned = _run(HOLES_CHILD, "keep")
-    assert int(returned) < 0.1 * HOLE_PAGES
-    trimmed, returned = _run(HOLES_CHILD, "trim")
-    assert trimmed == "True" and int(returned) > 0.9 * HOLE_PAGES
+    trimmed, freed, returned = _run(HOLES_CHILD, "keep")
+    assert int(freed) < 0.1 * HOLE_PAGES and int(returned) < 0.1 * HOLE_PAGES  # holes: freed, yet resident
+    trimmed, freed, returned = _run(HOLES_CHILD, "trim")
+    assert int(freed) < 0.1 * HOLE_PAGES and trimmed == "True" and int(returned) > 0.9 * HOLE_PAGES
 
 
 def test_trims_only_past_the_growth_limit_from_a_settled_floor(monkeypatch):
-    """The floor is the resident size at the end of the first call, and of the first call after each trim (its
-    forwards have faulted their working set back in by then); a trim needs growth past `TRIM_ABOVE` from it."""
-    resident = iter([100, 150, 161, 120, 500, 530, 90, 140, 700])
+    """The floor is the highest reading of the first `SETTLE_CALLS` calls, and of the first after each trim (their
+    forwards have faulted the working set back in by then); a trim needs growth past `TRIM_ABOVE` from it."""
+    resident = iter([100, 150, 161, 212, 300, 120, 500, 90, 130, 151, 140, 160])
     trims = []
 
     class Libc:
@@ -182,17 +184,26 @@ def test_trims_only_past_the_growth_limit_from_a_settled_floor(monkeypatch):
             trims.append(pad)
 
     monkeypatch.setattr(malloc, "_applied", "steady")
-    monkeypatch.setattr(malloc, "_resident_after_trim", None)
+    monkeypatch.setattr(malloc, "_floor", None)
+    monkeypatch.setattr(malloc, "SETTLE_CALLS", 2)
+    monkeypatch.setattr(malloc, "_settling", 2)
     monkeypatch.setattr(malloc, "_glibc", lambda: Libc())
-    monkeypatch.setattr(malloc, "_resident_bytes", lambda: next(resident))
+    monkeypatch.setattr(malloc, "_anonymous_resident_bytes", lambda: next(resident))
     monkeypatch.setattr(malloc, "TRIM_ABOVE", 60)
     cpu = torch.device("cpu")
-    got = [malloc.trim_free_heap_for(cpu) for _ in range(9)]
-    # 100 floor; 150 +50; 161 +61 trim; 120 new floor; 500 +380 trim; 530 new floor; 90 lower floor; 140 +50; 700 trim
-    assert got == [False, False, True, False, True, False, False, False, True] and trims == [0, 0, 0]
+    got = [malloc.trim_free_heap_for(cpu) for _ in range(12)]
+    # settling: 100, 150 -> floor 150; 161 +11; 212 +62 trim; settling: 300, 120 -> floor 300; 500 +200 trim;
+    # settling: 90, 130 -> floor 130; 151 +21; 140 +10; 160 +30
+    assert got == [False, False, False, True, False, False, True, False, False, False, False, False]
+    assert trims == [0, 0]
+    monkeypatch.setattr(malloc, "_anonymous_resident_bytes", lambda: 80)  # a lower reading lowers the floor
+    assert malloc.trim_free_heap_for(cpu) is False and malloc._floor == 80
     assert malloc.trim_free_heap_for(torch.device("cuda")) is False
+    monkeypatch.setattr(malloc, "_anonymous_resident_bytes", lambda: 10**12)
     for applied in ("retain", None):  # a training process keeps its heap; glibc left alone
         monkeypatch.setattr(malloc, "_applied", applied)
-        monkeypatch.setattr(malloc, "_resident_after_trim", 0)
-        resident = iter([10**12])
-        assert malloc.trim_free_heap_for(cpu) is False and len(trims) == 3
+        assert malloc.trim_free_heap_for(cpu) is False and len(trims) == 2
+    monkeypatch.setattr(malloc, "_applied", "steady")
+    with malloc._trim_lock:  # another thread checking or trimming: this call skips
+        assert malloc.trim_free_heap_for(cpu) is False and len(trims) == 2
+    assert malloc.trim_free_heap_for(cpu) is True and len(trims) == 3

@@ -135,6 +135,19 @@ def test_default_batches_fill_a_token_budget_and_score_as_one_pair_at_a_time(sav
         ce.predict(many, batch_size=0)
 
 
+def test_predict_keeps_and_trims_the_heap(saved, monkeypatch):
+    """Scoring fixes the malloc thresholds before its forwards and offers the heap's free pages back after them
+    (common/malloc.py), once a call."""
+    import twotower.retrieval.cross_encoder as module
+
+    ce, _ = saved
+    calls = []
+    monkeypatch.setattr(module, "steady_thresholds_for", lambda device: calls.append(("steady", device.type)))
+    monkeypatch.setattr(module, "trim_free_heap_for", lambda device: calls.append(("trim", device.type)))
+    ce.predict(PAIRS * 3, batch_size=2)
+    assert calls == [("steady", "cpu"), ("trim", "cpu")]
+
+
 def test_rerank_scores_leaves_another_rerankers_batch_size_to_it():
     """A reranker from another library (sentence-transformers' `predict(pairs, batch_size=32)`) is not handed
     batch_size=None, which it cannot take; a batch size the caller gives is passed on."""

@@ -13,7 +13,14 @@ import json
 import os
 import sys
 
-from twotower.cli.checks import encoder_directory, input_file, model_directory, output_file, positive
+from twotower.cli.checks import (
+    BATCH_HELP,
+    encoder_directory,
+    input_file,
+    model_directory,
+    output_file,
+    positive,
+)
 from twotower.cli.help_format import DefaultsHelpFormatter
 
 TASKS = ("classify", "tag", "qa")
@@ -88,9 +95,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="file to predict on (gold labels are scored when every input has one; inputs without "
                         "one are predicted all the same)")
     q.add_argument("--out", help="write JSON lines here instead of stdout")
-    q.add_argument("--batch-size", type=int, default=None,
-                   help="model inputs per forward pass (default: length-sorted batches of about 2,048 tokens on a "
-                        "CPU, 65,536 on a GPU; faster than a fixed count for long inputs)")
+    q.add_argument("--batch-size", type=int, default=None, help=BATCH_HELP)
     _common(q, "cpu")
     q.set_defaults(func=run_predict)
 

@@ -102,6 +102,24 @@ def test_batch_spans_fixed_size_or_token_budget():
     assert batch_spans(np.array([], dtype=int), None, 512) == []
 
 
+def test_encode_texts_keeps_and_trims_the_heap(tiny_model, monkeypatch):
+    """Bulk encoding fixes the malloc thresholds before its forwards and offers the heap's free pages back after
+    them (common/malloc.py), once a call, even when a forward fails."""
+    import twotower.encoder.core.encode as module
+
+    model, tok = tiny_model
+    calls = []
+    monkeypatch.setattr(module, "steady_thresholds_for", lambda device: calls.append(("steady", device.type)))
+    monkeypatch.setattr(module, "trim_free_heap_for", lambda device: calls.append(("trim", device.type)))
+    encode_texts(model, tok, TEXTS, bf16=False, progress=False, batch_size=2)
+    assert calls == [("steady", "cpu"), ("trim", "cpu")]
+    calls.clear()
+    monkeypatch.setattr(module, "pool", lambda *a: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        encode_texts(model, tok, TEXTS, bf16=False, progress=False)
+    assert calls == [("steady", "cpu"), ("trim", "cpu")]
+
+
 def test_encode_texts_normalize_truncation_and_empty(tiny_model):
     model, tok = tiny_model
     v = encode_texts(model, tok, TEXTS, normalize=True, bf16=False, progress=False)

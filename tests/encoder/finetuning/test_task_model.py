@@ -83,10 +83,26 @@ def test_qa_reads_alike_by_budget_and_by_count(tiny_dir, monkeypatch):
         assert x.score == pytest.approx(y.score, abs=1e-5)
 
 
-def test_prediction_fixes_the_malloc_thresholds(tiny_dir, monkeypatch):
-    """As encoding and reranking do: a forward's freed activations stay in the heap (common/malloc.py)."""
+def test_prediction_keeps_and_trims_the_heap(tiny_dir, monkeypatch):
+    """As encoding and reranking do: the malloc thresholds fixed before the forwards, the heap's free pages
+    offered back after them (common/malloc.py), also when a forward fails, with the model's mode restored."""
     calls = []
-    monkeypatch.setattr(task_model, "steady_thresholds_for", lambda device: calls.append(device.type))
+    monkeypatch.setattr(task_model, "steady_thresholds_for", lambda device: calls.append(("steady", device.type)))
+    monkeypatch.setattr(task_model, "trim_free_heap_for", lambda device: calls.append(("trim", device.type)))
     tm = TaskModel.from_encoder(tiny_dir, TaskInfo("classify", ["a", "b"], max_length=16))
-    tm.predict([TextExample("a short text")])
-    assert calls == ["cpu"]
+    tm.predict([TextExample("a short text"), TextExample("another")], batch_size=1)
+    assert calls == [("steady", "cpu"), ("trim", "cpu")]
+    calls.clear()
+    tm.model.train()
+    monkeypatch.setattr(tm.model, "forward", lambda **kw: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        tm.predict([TextExample("a short text")])
+    assert calls == [("steady", "cpu"), ("trim", "cpu")] and tm.model.training
+
+
+@pytest.mark.parametrize("bad", [0, -1])
+def test_a_bad_batch_size_is_refused(tiny_dir, bad):
+    """0 failed inside range(), and -1 made no batch at all, so every output was None and decoding crashed."""
+    tm = TaskModel.from_encoder(tiny_dir, TaskInfo("classify", ["a", "b"], max_length=16))
+    with pytest.raises(ValueError, match="batch_size must be >= 1 or None"):
+        tm.predict([TextExample("a short text")], batch_size=bad)
