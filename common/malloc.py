@@ -23,8 +23,8 @@ and 31.2 -> 34.7 pairs a second (`benchmarks/rerank_throughput.py --ours-only`; 
 still mapped and unmapped, and at most 64 MiB of free heap top is kept.
 
 Holes are what the thresholds cannot bound: a long-running process that searches and reranks one query after
-another (batches of ever other shapes) leaves free memory inside the heap that stays resident, 6 MB a query,
-1.09 GB after 60 claims of which 187 MB were in use (`benchmarks/search_memory.py`).  So inference also calls
+another (batches of ever other shapes) leaves free memory inside the heap that stays resident: 1.23 GB after 200
+SciFact claims in fp32, of which 193 MB were in use (`benchmarks/search_memory.py --trim-above inf`, CPU-D).  So inference also calls
 `trim_free_heap_for(device)` when it finishes: once the process's anonymous resident memory has grown by more
 than `TRIM_ABOVE` (256 MiB) over where it settled after the last trim, ``malloc_trim(0)`` hands the heap's free
 pages back (about 50 ms; the next forwards fault what they reuse back in).  "Settled" is the highest reading of
