@@ -75,7 +75,7 @@ from twotower.encoder.core.checkpoint import (
     split_prefix,
 )
 from twotower.encoder.core.config import EncoderConfig
-from twotower.encoder.core.encode import batch_spans, default_batch_tokens
+from twotower.encoder.core.encode import default_batch_tokens, length_batches
 from twotower.encoder.core.heads import BertForSequenceClassification
 from twotower.encoder.core.model import BertModel
 from twotower.encoder.core.tokenizer import Batch, Tokenizer
@@ -466,9 +466,8 @@ class CrossEncoder(nn.Module):
                 chunk = pairs[start:start + _CHUNK]
                 enc = self.encode_pairs([q for q, _ in chunk], [d for _, d in chunk])
                 lengths = enc.attention_mask.sum(dim=1)  # (N,)
-                order = torch.argsort(lengths, descending=True, stable=True)
-                for b, e in batch_spans(lengths[order].numpy(), batch_size, budget):
-                    idx = order[b:e]
+                for batch in length_batches(lengths.numpy(), batch_size, budget):  # longest first
+                    idx = torch.from_numpy(batch)
                     T = int(lengths[idx].max())
                     inputs = {k: v[idx, :T].to(self.device) for k, v in enc.model_inputs().items()}  # (b, T)
                     logits = net(**inputs).squeeze(-1)  # (b, 1) -> (b,)
