@@ -3,7 +3,8 @@
 A service answers one query after another for hours; this is that loop in one process
 (`SearchPipeline.search` with the index's reranker, SciFact claims in file order), reporting at a
 few points: resident memory (now, and the process's peak so far), what glibc's heap holds in use and
-free (``mallinfo2``), the minor page faults so far, the library's heap trims so far and the seconds so far.  Memory in use flat while free-in-heap climbs is fragmentation,
+free (``mallinfo2``), the minor page faults so far, the library's heap trims so far (and their mean
+duration) and the seconds so far.  Memory in use flat while free-in-heap climbs is fragmentation,
 not a leak.  Compare allocator settings by running it more than once: with ``TWOTOWER_MALLOC=default``
 (glibc left alone), with ``--trim-above inf`` (the library's fixed thresholds but no trimming), and as the
 library runs (fixed thresholds, and the heap trimmed once resident memory has grown by ``--trim-above`` MiB,
@@ -68,11 +69,19 @@ def main() -> None:
                          "library's)")
     args, bf16 = parse_search_args(ap)
     malloc.TRIM_ABOVE = args.trim_above * 2**20
-    trims: list[int] = []
-    libc = malloc._glibc()  # the library's handle (cached): count its trims
+    trims: list[float] = []  # seconds each of the library's trims took
+    libc = malloc._glibc()  # the library's handle (cached): count and time its trims
     if libc is not None:
         trim = libc.malloc_trim
-        libc.malloc_trim = lambda pad: trims.append(pad) or trim(pad)
+
+        def timed_trim(pad: int) -> int:
+            start = time.perf_counter()
+            try:
+                return trim(pad)
+            finally:
+                trims.append(time.perf_counter() - start)
+
+        libc.malloc_trim = timed_trim
     claims = list(read_beir_queries(os.path.join(args.data, "queries.jsonl")).values())[:args.queries]
     marks = {int(x) for x in args.report_at.split(",")} | {len(claims)}
     rows = []
@@ -84,6 +93,7 @@ def main() -> None:
                 row = {"queries": i, "seconds": round(time.perf_counter() - start, 1), "rss_mb": round(rss_mb()),
                        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),  # kB on Linux
                        "minor_faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0, "trims": len(trims),
+                       "trim_ms_mean": round(1000 * sum(trims) / len(trims), 1) if trims else None,
                        **{k: round(v) for k, v in heap_mb().items()}}
                 rows.append(row)
                 print(json.dumps(row), flush=True)

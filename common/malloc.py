@@ -27,9 +27,10 @@ another (batches of ever other shapes) leaves free memory inside the heap that s
 SciFact claims in fp32, of which 193 MB were in use (`benchmarks/search_memory.py --trim-above inf`, CPU-D).  So inference also calls
 `trim_free_heap_for(device)` when it finishes: once the process's anonymous resident memory has grown by more
 than `TRIM_ABOVE` (256 MiB) over where it settled after the last trim, ``malloc_trim(0)`` hands the heap's free
-pages back (about 50 ms; the next forwards fault what they reuse back in).  "Settled" is the highest reading of
-the first `SETTLE_CALLS` calls after a trim: right after one, a claim's reranking faults some 250 MB of holes back
-in, and a floor read before that (after the claim's query encoding) trimmed every few claims.
+pages back (the next forwards fault what they reuse back in: eight times the faults over that loop).  "Settled"
+is the highest reading of the first `SETTLE_CALLS` calls after a trim: a search's query encoding comes before its
+reranking, which faults the most back in, so a floor read after the encoding alone left little headroom and
+trimmed every few claims.
 
 ``TWOTOWER_MALLOC=default`` leaves the allocator alone.  A no-op where the C library is not glibc.
 """
