@@ -23,9 +23,11 @@ are compared with fp32's: the cheapest way to do less work a pair without retrai
 Each row also counts the minor page faults a pair (``getrusage``, the median pass): activations above
 glibc's largest mmap threshold (32 MiB) are mapped afresh and faulted in at every forward, which is
 why ours batches by a token budget.  ``--profile`` prints where our forward spends its time
-(`torch.profiler`, one pass, the heaviest operators), for the 2x question in docs/results.md.
-``--sdpa`` times ours a third way, attention through PyTorch's SDPA instead of `chunked_attention`
-(the same in fp32, which keeps SDPA), and compares the two's scores; ``--batch-tokens`` sets our
+(`torch.profiler`, one pass, the heaviest operators), for the 2x question in docs/results.md; each
+precision's row of ours then also gets ``matmul_share`` (the matrix products' share of that pass) and
+``only_matmuls_pairs_per_s``, our pairs/s if all else took no time: the ceiling of fusing the other
+kernels, against which the 2x is read.  ``--sdpa`` times ours a third way, attention through PyTorch's
+SDPA instead of `chunked_attention` (the same in fp32, which keeps SDPA), and compares the two's scores; ``--batch-tokens`` sets our
 token budget a forward (the previous default was 4096).  ``--ours-only`` leaves sentence-transformers
 out of the process, so that its allocations do not change ours (page faults depend on what the process
 freed before).
@@ -132,8 +134,19 @@ def alternate(runners: dict, repeats: int) -> tuple[dict[str, list[float]], dict
     return seconds, scores, faults
 
 
-def profile_ours(predict, top: int = 6) -> None:
-    """One pass of our `predict` under `torch.profiler`: the `top` operators by their own CPU time, with shares."""
+# The operators that do matrix products (the linear layers' addmm, attention's two batched matmuls); in fp32
+# attention runs inside SDPA's kernel, with its softmax, and is not counted.
+MATMUL_OPS = ("aten::addmm", "aten::mm", "aten::bmm", "aten::baddbmm")
+
+
+def profile_ours(predict, top: int = 6) -> float:
+    """One pass of our `predict` under `torch.profiler`: prints the `top` operators by their own CPU time, with
+    shares, and returns the share of the matrix products (`MATMUL_OPS`) in the pass.
+
+    Why the share: our pairs/s divided by it is how fast ours would be if everything else (softmax, GELU,
+    layer norms, copies) took no time at all, the ceiling that fusing those kernels could approach; a 2x
+    that lies above it cannot come from fusion, only from faster matmuls or less work a pair.
+    """
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -142,6 +155,9 @@ def profile_ours(predict, top: int = 6) -> None:
     total = sum(e.self_cpu_time_total for e in ops)
     for e in ops[:top]:
         print(f"  {e.key}: {e.self_cpu_time_total / 1e6:.3f} s, {100 * e.self_cpu_time_total / total:.1f} %")
+    share = sum(e.self_cpu_time_total for e in ops if e.key in MATMUL_OPS) / total
+    print(f"  matrix products ({', '.join(MATMUL_OPS)}): {100 * share:.1f} %")
+    return share
 
 
 def main() -> None:
@@ -227,7 +243,10 @@ def main() -> None:
             print(json.dumps(row), flush=True)
         if args.profile:
             print(f"where ours spends its time, {precision}:")
-            profile_ours(runners["ours"])
+            share = profile_ours(runners["ours"])
+            row = next(r for r in results["rows"] if r["precision"] == precision and r["library"] == "ours")
+            row["matmul_share"] = round(share, 3)
+            row["only_matmuls_pairs_per_s"] = round(row["pairs_per_s"] / share, 1)
     if args.int8:
         results["int8"] = int8_row(ce_dir, pairs, args.batch_size, args.repeats)
         print(json.dumps(results["int8"]), flush=True)
@@ -256,6 +275,10 @@ def print_table(results: dict, precisions: list[str], lengths: np.ndarray) -> No
         print(f"| {precision} | {o['pairs_per_s']} | {t['pairs_per_s']} | {o['pairs_per_s'] / t['pairs_per_s']:.2f}x "
               f"| {o['gflop_s']:.0f} | {t['gflop_s']:.0f} | {needed:.0f} | {o['matmul_peak_gflop_s']:.0f} "
               f"| {o['max_abs_score_diff_vs_other']:.2g} |")
+        if "only_matmuls_pairs_per_s" in o:
+            c = o["only_matmuls_pairs_per_s"]
+            print(f"| {precision}, ours if all but the matrix products ({100 * o['matmul_share']:.0f} % of its time) "
+                  f"took none | {c} | {t['pairs_per_s']} | {c / t['pairs_per_s']:.2f}x | | | | | |")
         if "ours, SDPA attention" in rows:
             a = rows["ours, SDPA attention"]
             print(f"| {precision}, ours with SDPA attention | {a['pairs_per_s']} | {t['pairs_per_s']} "

@@ -77,3 +77,57 @@ def a_few(names: Sequence[str], limit: int = 3) -> str:
     """
     shown = ", ".join(names[:limit])
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+# ---- refusals: one wording for every command that replaces a directory whole ---------------------------
+# (an index, a training run, a report, a tokenizer, a soup); each caller names its flag, what it writes and
+# an example, so that the user reads the same sentence from every command and a fix to it lands everywhere.
+
+
+def working_directory_refusal(
+    path: str | os.PathLike, given: str, what: str, example: str, overwrite: bool = False
+) -> str | None:
+    """The refusal of `path` as a directory `what` replaces whole, when it is or holds the working directory;
+    else None.
+
+    given: how the user named it ("--out run", or "out_dir='run'" for a Python call); what: the thing
+    swapped in ("the index", "a run"); example: a directory name to suggest below it; overwrite: it is
+    replaced on --overwrite, so it may hold the user's files (a run's --out), which would be lost too.
+
+    Example:
+        >>> here = os.getcwd()
+        >>> working_directory_refusal(".", "--out .", "the index", "--out my-index")[:70]
+        '--out .: the current directory; the index replaces its directory whole'
+        >>> working_directory_refusal(os.path.join(here, "sub"), "--out sub", "the index", "--out x") is None
+        True
+    """
+    where = holds_working_directory(path)
+    if where is None:
+        return None
+    when, lost = (" (--overwrite)", "delete your files there and leave") if overwrite else ("", "leave")
+    return (f"{given}: {where}; {what} replaces its directory whole{when}, which would {lost} your shell in a "
+            f"removed directory; give a directory below it, e.g. {example}")
+
+
+def beside_earlier_refusal(
+    given: str, earlier: str, theirs: Sequence[str], replaced: str = "--overwrite would remove with it",
+    another: str = "another --out",
+) -> str:
+    """The refusal of a directory that holds an earlier result (`earlier`: "an earlier run") and files of the
+    user's (`theirs`, from `foreign_entries`), which replacing the result would delete.
+
+    Example:
+        >>> beside_earlier_refusal("--out run", "an earlier run", ["notes.txt"])
+        '--out run: an earlier run and files of yours (notes.txt), which --overwrite would remove with it: move them out, or give another --out'
+    """
+    return f"{given}: {earlier} and files of yours ({a_few(theirs)}), which {replaced}: move them out, or give {another}"
+
+
+def not_ours_refusal(given: str, theirs: Sequence[str], what: str) -> str:
+    """The refusal of a directory of other files (`theirs`) where `what` ("a soup") would be written, replacing it.
+
+    Example:
+        >>> not_ours_refusal("--out r", ["a.txt", "b.txt"], "an earlier report")
+        '--out r: a directory holding other files (a.txt, b.txt), not an earlier report; give a new or empty directory'
+    """
+    return f"{given}: a directory holding other files ({a_few(theirs)}), not {what}; give a new or empty directory"

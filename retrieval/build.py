@@ -53,7 +53,7 @@ from tqdm.auto import tqdm
 from twotower.common.atomic import atomic_path, atomic_write_text, fsync_dir
 from twotower.common.distributed import from_main
 from twotower.common.file_lock import lock_note, try_lock
-from twotower.common.paths import holds_working_directory
+from twotower.common.paths import working_directory_refusal
 from twotower.indexing import IndexFormatError, IndexLockedError, IndexStore, document_text
 from twotower.indexing.integrity import file_sha256
 from twotower.indexing.milvus import MilvusSpec, check_target
@@ -568,9 +568,8 @@ def build_index(
     if batch_size is not None and (not is_count(batch_size) or batch_size < 1):  # numpy's integers too
         raise ValueError(f"batch_size must be a positive int or None (batches of about 2,048 tokens on a CPU), got {batch_size!r}")
     batch_size = None if batch_size is None else int(batch_size)  # recorded in the manifest's JSON
-    if where := holds_working_directory(out):
-        raise ValueError(f"{out}: {where}; the index is moved into place whole, which cannot replace the "
-                         "working directory: give a new directory")
+    if problem := working_directory_refusal(out, str(out), "the index", "'my-index'"):
+        raise ValueError(problem)
     _refuse_existing(out)
     if milvus is not None:
         milvus = replace(milvus, owner=os.path.abspath(out))

@@ -75,7 +75,7 @@ from twotower.common.atomic import (
 from twotower.common.device import autocast, default_device, resolve_bf16
 from twotower.common.errors import DataError, check_at_least, check_setting
 from twotower.common.malloc import retain_freed_memory_for
-from twotower.common.paths import a_few, foreign_entries, path_argument
+from twotower.common.paths import beside_earlier_refusal, foreign_entries, path_argument
 from twotower.encoder.core.checkpoint import CONFIG_NAME, WEIGHTS_NAME
 from twotower.encoder.core.tokenizer import TOKENIZER_FILES
 from twotower.encoder.finetuning.qa_decode import choose_null_threshold
@@ -307,9 +307,8 @@ def _work_dir(out_dir: str, model_dir: str, overwrite: bool) -> str:
         raise ValueError(f"out_dir={out_dir!r} holds files that are not a fine-tuning run; give a new or empty "
                          "directory (--out)")
     if state == "mixed":  # replacing the run would delete them with it
-        raise ValueError(f"out_dir={out_dir!r} holds an earlier fine-tuning run and files of yours "
-                         f"({a_few(foreign_entries(out_dir, RUN_NAMES))}): move them out, or give another "
-                         "directory (--out)")
+        raise ValueError(beside_earlier_refusal(f"out_dir={out_dir!r}", "an earlier fine-tuning run",
+                                                foreign_entries(out_dir, RUN_NAMES), another="another directory (--out)"))
     if not overwrite:
         stopped = locate_state(out_dir, STATE_DIR)
         also = (f" (or resume=True to continue the run stopped in {os.path.dirname(stopped)}: --resume)"

@@ -52,7 +52,7 @@ from twotower.common.distributed import (
 )
 from twotower.common.errors import DataError, check_at_least, check_setting
 from twotower.common.malloc import retain_freed_memory_for
-from twotower.common.paths import a_few, foreign_entries
+from twotower.common.paths import beside_earlier_refusal, foreign_entries, not_ours_refusal
 from twotower.encoder.core.checkpoint import (
     CONFIG_NAME,
     WEIGHTS_NAME,
@@ -390,11 +390,9 @@ def check_out_dir(args: PretrainArgs, work: str, config: EncoderConfig, budget: 
     is_run = os.path.isfile(run_file)
     foreign = foreign_entries(out, RUN_NAMES) if is_run else names
     if foreign and is_run:
-        raise ValueError(f"--out {out}: a directory holding a pretraining run and other files ({a_few(foreign)}), "
-                         "which --overwrite would remove with it: move them out, or give another --out")
+        raise ValueError(beside_earlier_refusal(f"--out {out}", "a pretraining run", foreign))
     if foreign:
-        raise ValueError(f"--out {out}: a directory holding other files, not a pretraining run ({a_few(foreign)}), "
-                         "which --overwrite would remove; give a new or empty directory")
+        raise ValueError(not_ours_refusal(f"--out {out}", foreign, "a pretraining run"))
     if names and not args.overwrite:
         stopped = resume_dir(out)
         resume = (f", or --resume to continue it from step {step} (saved in {stopped})"

@@ -42,6 +42,7 @@ import random
 
 from twotower.common.atomic import atomic_path, atomic_write_text
 from twotower.common.errors import check_setting
+from twotower.common.paths import not_ours_refusal
 
 DATA = str(importlib.resources.files("twotower.retrieval").joinpath("data"))  # the package data of twotower.retrieval
 BUNDLED_CORPUS = os.path.join(DATA, "scifact-sample.jsonl.gz")
@@ -130,10 +131,7 @@ def check_out(out: str) -> None:
     if state == "file":
         raise ValueError(f"--out {out}: a file; give a directory (a new one, or an empty one)")
     if state == "other":
-        names = sorted(os.listdir(out))
-        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-        raise ValueError(f"--out {out}: a directory holding other files ({shown}), not a demo-reranker run; give "
-                         "a new or empty directory")
+        raise ValueError(not_ours_refusal(f"--out {out}", sorted(os.listdir(out)), "a demo-reranker run"))
 
 
 def train_demo_reranker(

@@ -28,7 +28,13 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
-from twotower.common.paths import a_few, foreign_entries
+from twotower.common.paths import (
+    a_few,
+    beside_earlier_refusal,
+    foreign_entries,
+    not_ours_refusal,
+    working_directory_refusal,
+)
 from twotower.encoder.training.run_log import RunLog
 from twotower.indexing.integrity import file_sha256
 from twotower.retrieval.export import TRAINING_ARGS, write_model_dir, write_training_args
@@ -185,11 +191,9 @@ def _check_out(out: str, runs: Sequence[str], checkpoints: Sequence[str], overwr
     beside the user's own files (a README, an eval folder) was replaced with them. The working directory is
     refused: replacing it would leave the shell in a removed directory.
     """
-    from twotower.common.paths import holds_working_directory
 
-    if where := holds_working_directory(out):
-        raise ValueError(f"--out {out}: {where}; the soup replaces its directory whole, which would leave your "
-                         "shell in a removed directory; give a directory below it, e.g. --out soup")
+    if problem := working_directory_refusal(out, f"--out {out}", "the soup", "--out soup"):
+        raise ValueError(problem)
     real = os.path.realpath(out)
     for run, checkpoint in zip(runs, checkpoints):
         for path in {os.path.realpath(run), os.path.realpath(checkpoint)}:
@@ -200,13 +204,10 @@ def _check_out(out: str, runs: Sequence[str], checkpoints: Sequence[str], overwr
     args_path = os.path.join(out, TRAINING_ARGS)
     earlier = os.path.isfile(args_path) and "soup_of" in _read_json(args_path)
     if not earlier:
-        names = sorted(os.listdir(out))
-        raise ValueError(f"--out {out}: a directory holding other files ({', '.join(names[:3])}"
-                         f"{', ...' if len(names) > 3 else ''}), not a soup; give a new or empty directory")
+        raise ValueError(not_ours_refusal(f"--out {out}", sorted(os.listdir(out)), "a soup"))
     theirs = foreign_entries(out, _soup_names(checkpoints[0]))
     if theirs:
-        raise ValueError(f"--out {out}: an earlier soup and files of yours ({a_few(theirs)}), which --overwrite "
-                         "would remove with it: move them out, or give another --out")
+        raise ValueError(beside_earlier_refusal(f"--out {out}", "an earlier soup", theirs))
     if not overwrite:
         raise ValueError(f"--out {out} holds an earlier soup; pass --overwrite to replace it, or give another --out")
 

@@ -58,7 +58,7 @@ from twotower.common.atomic import (
     staging_dir,
     sweep_temporaries,
 )
-from twotower.common.paths import a_few, foreign_entries
+from twotower.common.paths import beside_earlier_refusal, foreign_entries
 
 RUN_OUTPUTS = ("best", "last", "summary.json")  # what marks a directory as holding an earlier run's results
 STATE_DIR = "trainer_state"  # a run under way's resumable state (`twotower.retrieval.training.resume`)
@@ -269,8 +269,7 @@ def beside_run(out: str) -> list[str]:
 
 def beside_run_message(out: str, theirs: list[str]) -> str:
     """The refusal of an --out holding an earlier run and the user's files (`beside_run`), in the CLI's words."""
-    return (f"--out {out}: an earlier run and files of yours ({a_few(theirs)}), which --overwrite would remove "
-            "with it: move them out, or give another --out")
+    return beside_earlier_refusal(f"--out {out}", "an earlier run", theirs)
 
 
 def _jsonable(obj: Any) -> Any:

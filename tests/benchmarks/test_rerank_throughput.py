@@ -1,4 +1,4 @@
-"""The FLOP count behind the reranking-throughput benchmark's GFLOP/s, on a worked example."""
+"""The FLOP count behind the reranking-throughput benchmark's GFLOP/s, on a worked example, and its profile's matmul share."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
 
-from rerank_throughput import pair_flops  # noqa: E402
+import torch  # noqa: E402
+from rerank_throughput import pair_flops, profile_ours  # noqa: E402
 
 from twotower.encoder.core.config import EncoderConfig  # noqa: E402
 from twotower.encoder.core.model import BertModel  # noqa: E402
@@ -40,3 +41,11 @@ def test_pair_flops_sums_over_pairs():
     bert, lengths = _bert(), np.array([3, 5, 2])
     each = sum(pair_flops(bert, np.array([t]), cls_only_last=True) for t in lengths)
     assert pair_flops(bert, lengths, cls_only_last=True) == pytest.approx(each)
+
+
+def test_profile_share_is_the_matrix_products_time():
+    """The ceiling `only_matmuls_pairs_per_s` divides by this share: a pass of matmuls alone is ~1, of softmax ~0."""
+    a = torch.randn(192, 192)
+    assert profile_ours(lambda: [torch.mm(a, a) for _ in range(30)]) > 0.9
+    assert profile_ours(lambda: [torch.bmm(a[None], a[None]) for _ in range(30)]) > 0.9
+    assert profile_ours(lambda: [torch.softmax(a, -1) for _ in range(30)]) < 0.05

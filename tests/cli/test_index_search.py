@@ -522,7 +522,7 @@ def test_build_out_the_current_directory_is_refused_before_any_work(tmp_path, ca
     monkeypatch.chdir(tmp_path / "here")
     rc, _, err = run_cli(capsys, "index", "build", "--corpus", corpus, "--out", ".", "--model", tiny_model_dir(),
                          "--no-progress")
-    assert rc == 2 and "--out .: the current directory; the index is moved into place whole" in err
+    assert rc == 2 and "--out .: the current directory; the index replaces its directory whole" in err
     monkeypatch.chdir(tmp_path / "here" / "below")
     rc, _, err = run_cli(capsys, "index", "build", "--corpus", corpus, "--out", "..", "--model", tiny_model_dir(),
                          "--no-progress")

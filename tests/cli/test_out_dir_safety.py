@@ -94,8 +94,8 @@ def test_finetune_refuses_the_working_directory_and_a_run_beside_the_users_files
     assert "--out .: the current directory; a run replaces its directory whole (--overwrite)" in err
     monkeypatch.chdir(tmp_path)
     err = _error(capsys, [*args, "proj"])
-    assert ("--out proj: an earlier fine-tuning run and files of yours (mycode.py): move them out, or give "
-            "another --out") in err
+    assert ("--out proj: an earlier fine-tuning run and files of yours (mycode.py), which --overwrite would remove "
+            "with it: move them out, or give another --out") in err
     assert _files(proj) == before
     (proj / "mycode.py").unlink()
     assert out_dir_state(str(proj)) == "run"

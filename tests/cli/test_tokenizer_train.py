@@ -90,7 +90,7 @@ def test_an_unrelated_directory_is_refused_even_with_overwrite(tmp_path, capsys)
     (other / "todo.md").write_text("keep me\n")
     for flags in ([], ["--overwrite"]):
         rc, _, err = _train(capsys, "--input", _corpus(tmp_path), "--vocab-size", "60", "--out", str(other), *flags)
-        assert rc == 2 and "a directory that holds other files (todo.md)" in err, err
+        assert rc == 2 and "a directory holding other files (todo.md), not a tokenizer" in err, err
         assert _snapshot(other) == {"todo.md": b"keep me\n"}
 
 
@@ -207,5 +207,5 @@ def test_out_is_checked_again_after_training(tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(Tokenizer, "train", train_and_save_a_note)
     rc, _, err = _train(capsys, "--input", corpus, "--vocab-size", "70", "--out", str(out), "--overwrite")
-    assert rc == 2 and "a directory that holds other files (notes.md)" in err, err
+    assert rc == 2 and "a directory holding other files (notes.md), not a tokenizer" in err, err
     assert (out / "notes.md").read_text() == "mine\n"

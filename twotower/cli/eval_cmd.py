@@ -40,7 +40,12 @@ from twotower.cli.checks import (
 )
 from twotower.cli.help_format import DefaultsRawDescriptionHelpFormatter
 from twotower.cli.rerank_weight import print_weight_origin
-from twotower.common.paths import a_few, foreign_entries, holds_working_directory
+from twotower.common.paths import (
+    beside_earlier_refusal,
+    foreign_entries,
+    not_ours_refusal,
+    working_directory_refusal,
+)
 
 if TYPE_CHECKING:
     from twotower.eval.report import ReportResult
@@ -137,11 +142,10 @@ def _refuse_not_a_report(out: str) -> None:
         return
     is_report, foreign = _earlier_report(out)
     if foreign and is_report:
-        raise CLIError(f"--out {out}: an earlier report and files of yours ({a_few(foreign)}), which the new report "
-                       "would replace whole: move them out, or give another --out")
-    if foreign:
-        raise CLIError(f"--out {out}: a directory holding other files ({a_few(foreign)}), not an earlier report, "
-                       "which the new report would replace whole; give a new or empty directory")
+        raise CLIError(beside_earlier_refusal(f"--out {out}", "an earlier report", foreign,
+                                              replaced="the new report would replace whole"))
+    if foreign:  # the new report would replace it whole
+        raise CLIError(not_ours_refusal(f"--out {out}", foreign, "an earlier report"))
 
 
 def _report_out(args: argparse.Namespace) -> None:
@@ -160,9 +164,8 @@ def _report_out(args: argparse.Namespace) -> None:
         raise CLIError(f"--out {out}: a file; give a directory for the report (a new one, or an earlier report)")
     parent_is_a_file("--out", out)
     here = os.path.realpath(out)
-    if where := holds_working_directory(out):
-        raise CLIError(f"--out {out}: {where}; the report replaces its directory whole, which would leave your "
-                       "shell in a removed directory; give a directory below it, e.g. --out report")
+    if problem := working_directory_refusal(out, f"--out {out}", "the report", "--out report"):
+        raise CLIError(problem)
     for flag, given in (("--index", args.index), ("--dataset", args.dataset), ("--run", args.run),
                         ("--qrels", args.qrels)):
         there = os.path.realpath(given) if given else None

@@ -196,7 +196,12 @@ def _check_out(args: argparse.Namespace, model_dir: str) -> None:
     """
     from twotower.cli import CLIError
     from twotower.common.atomic import staging_dir
-    from twotower.common.paths import a_few, foreign_entries, holds_working_directory
+    from twotower.common.paths import (
+        beside_earlier_refusal,
+        foreign_entries,
+        not_ours_refusal,
+        working_directory_refusal,
+    )
     from twotower.encoder.finetuning.finetune import (
         REPORT_NAME,
         RUN_NAMES,
@@ -210,10 +215,9 @@ def _check_out(args: argparse.Namespace, model_dir: str) -> None:
     # a run swaps its directory in whole (--overwrite, or resuming a run built in OUT.unfinished); resumed in
     # its own directory it replaces nothing
     swaps = not args.resume or os.path.isdir(os.path.join(staging_dir(out), STATE_DIR))
-    if swaps and (where := holds_working_directory(out)):
-        raise CLIError(f"--out {out}: {where}; a run replaces its directory whole (--overwrite), which would "
-                       "delete your files there and leave your shell in a removed directory; give a directory "
-                       "below it, e.g. --out model")
+    if swaps and (problem := working_directory_refusal(out, f"--out {out}", "a run", "--out model",
+                                                        overwrite=True)):
+        raise CLIError(problem)
     if args.resume:  # the run's own directory: there must be a state to continue from (what else: in its words)
         from twotower.encoder.finetuning.finetune import find_state
 
@@ -226,11 +230,10 @@ def _check_out(args: argparse.Namespace, model_dir: str) -> None:
         raise CLIError(f"--out {out}: the --model directory itself; give another directory for the fine-tuned "
                        "model")
     if state == "other":
-        raise CLIError(f"--out {out}: a directory holding other files ({a_few(sorted(os.listdir(out)))}), not a "
-                       "fine-tuning run; give a new or empty directory")
+        raise CLIError(not_ours_refusal(f"--out {out}", sorted(os.listdir(out)), "a fine-tuning run"))
     if state == "mixed":  # --overwrite would delete them with the earlier run
-        raise CLIError(f"--out {out}: an earlier fine-tuning run and files of yours "
-                       f"({a_few(foreign_entries(out, RUN_NAMES))}): move them out, or give another --out")
+        raise CLIError(beside_earlier_refusal(f"--out {out}", "an earlier fine-tuning run",
+                                              foreign_entries(out, RUN_NAMES)))
     if state == "run" and not args.overwrite:
         what = "an unfinished fine-tuning run" if run_finished(out) is False else "an earlier fine-tuning run"
         stopped = locate_state(out, STATE_DIR)

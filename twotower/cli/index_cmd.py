@@ -30,7 +30,7 @@ from twotower.cli.checks import (
 from twotower.cli.help_format import DefaultsHelpFormatter
 from twotower.common.errors import flags_need
 from twotower.common.file_lock import LOCK_WAIT_S, check_lock_wait
-from twotower.common.paths import holds_working_directory
+from twotower.common.paths import working_directory_refusal
 
 if TYPE_CHECKING:
     from twotower.indexing import IndexStore
@@ -200,9 +200,8 @@ def run_build(args: argparse.Namespace) -> int:
                                                      "--passage-stride": args.passage_stride}, "--passages")):
         raise CLIError(problem)
     input_file("--corpus", args.corpus, inside="corpus.jsonl")
-    if where := holds_working_directory(args.out):
-        raise CLIError(f"--out {args.out}: {where}; the index is moved into place whole, which cannot replace the "
-                       "directory your shell is in: give a new directory, e.g. --out my-index")
+    if problem := working_directory_refusal(args.out, f"--out {args.out}", "the index", "--out my-index"):
+        raise CLIError(problem)
     _new_index_directory(args.out, args.corpus)
     if args.model:
         args.model = encoder_directory("--model", args.model, dual=True)

@@ -84,15 +84,14 @@ def run(args: argparse.Namespace) -> int:
     import time
 
     from twotower.cli import CLIError, resumable
-    from twotower.common.paths import holds_working_directory
+    from twotower.common.paths import working_directory_refusal
     from twotower.encoder.pretraining.pretrain import resume_dir
 
     # --overwrite swaps the new run in for it whole (a resumed one too, when built in OUT.unfinished); a run
     # resumed in its own directory replaces nothing
-    if (not args.resume or resume_dir(args.out) != args.out) and (where := holds_working_directory(args.out)):
-        raise CLIError(f"--out {args.out}: {where}; a run replaces its directory whole (--overwrite), which "
-                       "would delete your files there and leave your shell in a removed directory; give a "
-                       "directory below it, e.g. --out run")
+    if (not args.resume or resume_dir(args.out) != args.out) and (problem := working_directory_refusal(
+            args.out, f"--out {args.out}", "a run", "--out run", overwrite=True)):
+        raise CLIError(problem)
     from twotower.encoder.pretraining.pretrain import (
         FIRST_SAVE,
         RUN_FILE,

@@ -102,14 +102,13 @@ def _check_out(out: str, overwrite: bool) -> None:
     replacing the directory as a unit would delete them.
     """
     from twotower.cli import CLIError
-    from twotower.common.paths import a_few, foreign_entries, holds_working_directory
+    from twotower.common.paths import foreign_entries, not_ours_refusal, working_directory_refusal
     from twotower.encoder.core.tokenizer import TOKENIZER_FILES
 
     if not os.path.exists(out):
         return
-    if where := holds_working_directory(out):
-        raise CLIError(f"--out {out}: {where}; the tokenizer replaces its directory whole, which would leave your "
-                       "shell in a removed directory; give a directory below it, e.g. --out tok")
+    if problem := working_directory_refusal(out, f"--out {out}", "the tokenizer", "--out tok"):
+        raise CLIError(problem)
     if not os.path.isdir(out):
         raise CLIError(f"--out {out}: a file; give a new or empty directory")
     names = sorted(os.listdir(out))
@@ -123,8 +122,7 @@ def _check_out(out: str, overwrite: bool) -> None:
     if model:
         raise CLIError(f"--out {out}: a model directory (it has {model[0]}); a new tokenizer there would no longer "
                        "match the model's embeddings; give a new or empty directory")
-    raise CLIError(f"--out {out}: a directory that holds other files ({a_few(others)}); give a new or empty "
-                   "directory")
+    raise CLIError(not_ours_refusal(f"--out {out}", others, "a tokenizer"))
 
 
 def _single_pieces(tok: Tokenizer) -> list[str]:

@@ -335,16 +335,15 @@ def _check_run_out(args) -> None:
     later) then loses for good."""
     _check_out(args.out)
     from twotower.common.atomic import recover_replaced_dir, staging_dir
-    from twotower.common.paths import holds_working_directory
+    from twotower.common.paths import working_directory_refusal
     from twotower.retrieval.training.training_run import STATE_DIR, beside_run, beside_run_message
 
     # only a run that will swap its directory in for --out (--overwrite, or resuming such a run) replaces it:
     # an in-place run, resumed in its own directory beside the user's notes, replaces nothing
     swaps = args.overwrite or (args.resume and os.path.isdir(os.path.join(staging_dir(args.out), STATE_DIR)))
-    if swaps and (where := holds_working_directory(args.out)):
-        raise ValueError(f"--out {args.out}: {where}; a run replaces its directory whole (--overwrite), which "
-                         "would delete your files there and leave your shell in a removed directory; give a "
-                         "directory below it, e.g. --out run")
+    if swaps and (problem := working_directory_refusal(args.out, f"--out {args.out}", "a run",
+                                                        "--out run", overwrite=True)):
+        raise ValueError(problem)
     recover_replaced_dir(os.path.join(args.out, "best"))  # a save killed mid-swap left it moved aside
     if swaps and (theirs := beside_run(args.out)):  # the swap would delete them with the earlier run
         raise ValueError(beside_run_message(args.out, theirs))

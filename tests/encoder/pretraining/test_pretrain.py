@@ -569,7 +569,7 @@ def test_overwrite_never_removes_files_that_are_not_a_runs(setup, tiny_tokenizer
     before = _snapshot(str(d))
     assert main(_args(setup, tiny_tokenizer_dir, str(d), "--steps", "2")) == 2
     err = capsys.readouterr().err
-    assert "holding other files, not a pretraining run (mycorpus.txt, notes.md)" in err and "--resume" not in err
+    assert "holding other files (mycorpus.txt, notes.md), not a pretraining run" in err and "--resume" not in err
     args = _args(setup, tiny_tokenizer_dir, str(d), "--steps", "2", "--overwrite")
     args[args.index("--corpus") + 1] = str(mine)
     assert main(args) == 2
@@ -580,7 +580,7 @@ def test_overwrite_never_removes_files_that_are_not_a_runs(setup, tiny_tokenizer
     assert main(_args(setup, tiny_tokenizer_dir, run, "--steps", "2")) == 0
     (setup["tmp"] / "run" / "notes.md").write_text("notes\n")
     assert main(_args(setup, tiny_tokenizer_dir, run, "--steps", "2", "--overwrite")) == 2
-    assert "a pretraining run and other files (notes.md)" in capsys.readouterr().err
+    assert "a pretraining run and files of yours (notes.md)" in capsys.readouterr().err
     assert (setup["tmp"] / "run" / "notes.md").read_text() == "notes\n"
     # what a killed save left (a state moved aside, a temporary copy) is the run's own, not a user's file
     (setup["tmp"] / "run" / "notes.md").unlink()
