@@ -538,8 +538,8 @@ class Snapshot:
         k = check_k(k, "search_bm25: ")  # k=True reached numpy's TypeError
         bm = self.bm25
         if bm is None:
-            raise ValueError(f"{self.directory}: created without BM25, which BM25 search (search_bm25, and hybrid "
-                             "search) needs; build it with bm25=True (SearchPipeline.build(..., bm25=True) or "
+            raise ValueError(f"{self.directory}: created without BM25, which BM25 search (search_bm25, and BM25 or hybrid "
+                             "recall) needs; build it with bm25=True (SearchPipeline.build(..., bm25=True) or "
                              "IndexStore.create(..., bm25=True); on the command line `twotower index build --bm25`)")
         flt = as_filter(filter)
         return bm.search(queries, k, allowed=None if flt is None else self.allowed_ids(flt))

@@ -1,7 +1,7 @@
 """twotower.retrieval: dual encoder, cross-encoder, fusion, and the SearchPipeline that ties recall and rerank.
 
 * ``DualEncoder`` — query and document towers (shared or separate), prefixes, fingerprint.
-* ``SearchPipeline`` — build / load an index directory, ``search`` (dense or hybrid recall,
+* ``SearchPipeline`` — build / load an index directory, ``search`` (dense, BM25 or hybrid recall,
   cross-encoder rerank) returning ``Hit``s, ``add`` / ``delete`` / ``save``.
 * ``CrossEncoder`` — (query, document) scoring in one input; ``train_reranker``, ``train_dual``,
   ``mine_hard_negatives`` and the sentence-transformers exports train and ship the towers.

@@ -568,7 +568,7 @@ def build_index(
     if batch_size is not None and (not is_count(batch_size) or batch_size < 1):  # numpy's integers too
         raise ValueError(f"batch_size must be a positive int or None (batches of about 2,048 tokens on a CPU), got {batch_size!r}")
     batch_size = None if batch_size is None else int(batch_size)  # recorded in the manifest's JSON
-    if problem := working_directory_refusal(out, str(out), "the index", "'my-index'"):
+    if problem := working_directory_refusal(out, f"directory={os.fspath(out)!r}", "the index", "'my-index'"):
         raise ValueError(problem)
     _refuse_existing(out)
     if milvus is not None:

@@ -18,7 +18,7 @@ class Candidate(NamedTuple):
     """A recalled document: a NamedTuple because a search builds thousands and reads them by field."""
 
     id: str
-    score: float  # the first stage's score: dense similarity, or the fused score for hybrid search
+    score: float  # the first stage's score: dense similarity, BM25 score, or the fused score for hybrid search
     rank: int  # 1-based rank in the first stage; reranking breaks score ties by it
     dense: float | None = None  # hybrid only: the dense score, None when dense search did not retrieve it
     bm25: float | None = None  # hybrid only: the BM25 score, None when BM25 did not retrieve it
@@ -26,7 +26,7 @@ class Candidate(NamedTuple):
 
 
 def dense_candidates(res: SearchResult) -> list[list[Candidate]]:
-    """Candidates per query from one index search, padding dropped."""
+    """Candidates per query from one index search (dense, or BM25 alone: the same `SearchResult`), padding dropped."""
     return [[Candidate(d, s, r) for r, (d, s) in enumerate(zip(ids, scores), start=1) if d != MISSING_ID]
             for ids, scores in zip(res.ids, res.scores.tolist())]
 

@@ -38,6 +38,24 @@ from twotower.retrieval.fusion import normalize_scores
 ALPHA_FILE = "rerank_interpolation.json"
 
 
+def first_stage_name(hybrid: bool = False, bm25: bool = False) -> str:
+    """"dense", "bm25" or "hybrid": the recall a search runs, named as the reranker trainer names the first
+    stage it chose a weight over (`twotower train reranker --first-stage`); both flags at once are refused.
+
+    Why one name: the stored interpolation weights are looked up by it, and the command line, the service
+    and the Python API each take the two switches their own way.
+    """
+    if hybrid and bm25:
+        raise ValueError(both_recalls("bm25=True", "hybrid=True"))
+    return "hybrid" if hybrid else "bm25" if bm25 else "dense"
+
+
+def both_recalls(bm25: str, hybrid: str) -> str:
+    """The refusal of BM25-alone and hybrid recall asked for at once, with each named as the caller's user wrote
+    it (``--bm25`` on the command line, ``bm25=true`` to the service, ``bm25=True`` in Python)."""
+    return f"{bm25} recalls by BM25 alone and {hybrid} fuses BM25 with dense recall: give one, not both"
+
+
 def _check_alpha(alpha: float) -> None:
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"interpolation weight alpha must be in [0, 1], got {alpha}")

@@ -369,8 +369,9 @@ def document_candidates(
 
     `first_stage(n)` gives each query's top ``n`` rows.  Without passages (`split` False, the
     aggregation "max") a row is a document and one call of ``recall_k`` is all.  Otherwise rows
-    are fetched (twice ``recall_k`` first, doubling) until every query has `recall_k` documents or
-    all `rows` of the index were fetched.
+    are fetched (twice ``recall_k`` first, doubling) until every query has `recall_k` documents, or
+    has had every row its first stage can give (it returned fewer than asked: BM25 returns only the
+    rows that share a word with the query), or all `rows` of the index were fetched.
     """
     if how not in AGGREGATIONS:
         raise ValueError(f"aggregate={how!r}; choose one of {AGGREGATIONS}")
@@ -380,6 +381,6 @@ def document_candidates(
     while True:
         per_query = first_stage(max(1, fetch))
         out = [aggregate(r, how, recall_k) for r in per_query]
-        if fetch >= rows or all(len(c) >= recall_k for c in out):
+        if fetch >= rows or all(len(c) >= recall_k or len(r) < fetch for c, r in zip(out, per_query)):
             return out
         fetch = min(rows, math.ceil(fetch * 2))

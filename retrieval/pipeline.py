@@ -60,7 +60,7 @@ from twotower.retrieval.corpus import (
 from twotower.retrieval.dual_encoder import DualEncoder
 from twotower.retrieval.fusion import DEFAULT_FUSION, RRF_K
 from twotower.retrieval.hit import Hit, gc_paused
-from twotower.retrieval.interpolation import interpolate
+from twotower.retrieval.interpolation import first_stage_name, interpolate
 from twotower.retrieval.manifest import (
     PIPELINE_FORMAT,
     PIPELINE_KEY,
@@ -207,7 +207,7 @@ def _refuse_ignored_fusion(hybrid: bool, fusion: str | None, rrf_k: float | None
 
 
 class SearchPipeline:
-    """Dense (or hybrid) recall over an index directory, optionally reranked by a cross-encoder.
+    """Dense, BM25 or hybrid recall over an index directory, optionally reranked by a cross-encoder.
 
     Use `build` (new index from a corpus) or `load` (existing index); the
     constructor is for already-open parts.
@@ -268,7 +268,7 @@ class SearchPipeline:
             reranker: a default cross-encoder directory recorded in the manifest.
             factory: FAISS factory string; None = `indexing.auto_factory` for the corpus size.
             metric: "cosine" / "ip" / "l2"; None = cosine for normalised encoders, else ip.
-            bm25: also build a BM25 index (needed for hybrid search).
+            bm25: also build a BM25 index (needed for BM25 and hybrid search).
             on_duplicate: "error" | "skip" (keep the first) | "replace" (keep the last).
             shard_size: documents per embedding shard (the unit of resume and of distribution).
             keep_shards: keep ``<directory>.build`` (the .npy shards) after success.
@@ -535,6 +535,7 @@ class SearchPipeline:
         classifier: Any = None,
         aggregate: str | None = None,
         filter: Filter | str | None = None,
+        bm25: bool = False,
     ) -> list[Hit] | list[list[Hit]]:
         """Top-`k` hits for one query (a list of Hit) or for each of several (a list of lists).
 
@@ -544,6 +545,9 @@ class SearchPipeline:
                 max(DEFAULT_RECALL_K (100), k), so a large k alone is not refused.
             rerank: rerank the candidates with the cross-encoder, when the pipeline has one.
             hybrid: fuse dense and BM25 candidates (the index must have been built with BM25).
+            bm25: recall by BM25 alone (the index must have been built with BM25), Pyserini's BM25-then-rerank:
+                the query encoder is not run, and the reranker applies the weight it stored for "bm25" (the
+                first stage `twotower train reranker` chooses over without a teacher). Not with `hybrid`.
             fusion: with `hybrid`: "rrf" (reciprocal rank, k=`rrf_k`, default 60; the default), or "minmax" /
                 "zscore" normalised score fusion; `weights` are (dense, bm25). `fusion`, `rrf_k` and `weights`
                 are refused without `hybrid` (and `rrf_k` with another fusion than "rrf"): they would be ignored.
@@ -593,6 +597,7 @@ class SearchPipeline:
             raise ValueError(f"fusion={fusion!r}; choose one of {FUSIONS}")
         if aggregate is not None and aggregate not in AGGREGATIONS:
             raise ValueError(f"aggregate={aggregate!r}; choose one of {AGGREGATIONS}")
+        stage = first_stage_name(hybrid, bm25)
         self._refuse_ignored(rerank, rerank_k, rerank_alpha, aggregate)
         aggregate = aggregate or "max"
         _refuse_ignored_fusion(hybrid, fusion, rrf_k, weights)
@@ -604,12 +609,16 @@ class SearchPipeline:
         flt = as_filter(filter)
         if not queries:
             return []
-        self._warn_long(queries)
-        qvecs = self.encoder.encode_queries(queries, batch_size=batch_size, progress=progress)  # (Q, D)
+        qvecs = None
+        if stage != "bm25":  # BM25 alone needs no query vectors
+            self._warn_long(queries)
+            qvecs = self.encoder.encode_queries(queries, batch_size=batch_size, progress=progress)  # (Q, D)
         with self._one_commit() as view:  # vectors, BM25 and documents of one commit, whatever other threads do
             rows = len(view) if flt is None else len(view.allowed_ids(flt))  # FilterError before any search
 
             def first_stage(n: int) -> list[list[Candidate]]:  # the top n rows: documents, or passages
+                if stage == "bm25":
+                    return dense_candidates(view.search_bm25(queries, n, filter=flt))
                 dense = view.search(qvecs, n, filter=flt)
                 if hybrid:
                     lexical = view.search_bm25(queries, n, filter=flt)
@@ -622,7 +631,7 @@ class SearchPipeline:
             candidates = document_candidates(first_stage, depth_k, rows, aggregate, self.passages is not None)
             cross_scores = final_scores = None
             if rerank and self.reranker is not None:
-                alpha = self.rerank_alpha(rerank_alpha, hybrid=hybrid)
+                alpha = self.rerank_alpha(rerank_alpha, hybrid=hybrid, bm25=bm25)
                 if alpha > 0.0:  # alpha 0 keeps the first-stage ranking: scoring pairs would change nothing
                     depth = min(rerank_depth(rerank_k, recall_k), depth_k)
                     candidates, cross_scores, final_scores = self._rerank(queries, candidates, k, batch_size,
@@ -653,6 +662,7 @@ class SearchPipeline:
         recall_k: int | None = None,
         rerank: bool = True,
         hybrid: bool = False,
+        bm25: bool = False,
         max_answers: int = 3,
         retrieval_weight: float = 0.0,
         classifier: Any = None,
@@ -667,6 +677,7 @@ class SearchPipeline:
                 when none does, the result's only answer is an explicit ``no_answer=True``.
             k: passages read per question (the hits returned with the answers).
             recall_k: first-stage candidates, as in `search` (None: max(100, k)).
+            hybrid, bm25: fused dense + BM25, or BM25 alone, for recall (`search`); dense by default.
             max_answers: at most this many answers per question, from distinct passages.
             retrieval_weight: rank answers by span score + this * the passage's hit score
                 (BERTserini); 0 ranks by the reader alone. Choose it on dev for the index and
@@ -681,7 +692,7 @@ class SearchPipeline:
         """
         questions, single = check_queries(question)
         qa = self._task_model(reader, "qa", "reader")
-        hits = self.search(questions, k=k, recall_k=recall_k, rerank=rerank, hybrid=hybrid,
+        hits = self.search(questions, k=k, recall_k=recall_k, rerank=rerank, hybrid=hybrid, bm25=bm25,
                            classifier=classifier, filter=filter)
         results = [AnswerResult(q, read_answers(qa, q, h, max_answers=max_answers, batch_size=batch_size,
                                                 retrieval_weight=retrieval_weight), h)
@@ -781,31 +792,36 @@ class SearchPipeline:
             out_f.append([float(final[j]) for j in order] + [floor - i for i in range(1, len(tail) + 1)])
         return out_c, out_s, out_f
 
-    def rerank_alpha(self, override: float | None = None, hybrid: bool = False) -> float:
+    def rerank_alpha(self, override: float | None = None, hybrid: bool = False, *, bm25: bool = False) -> float:
         """The interpolation weight a search uses: `override`, else the one the reranker stored for this
-        first stage ("hybrid" or "dense"), else its general one, else 1.0."""
+        first stage ("dense", "hybrid" or, with `bm25`, "bm25"), else its general one, else 1.0."""
+        stage = first_stage_name(hybrid, bm25)
         alpha = override
         if alpha is None:
             table = getattr(self.reranker, "interpolation_by_first_stage", None) or {}
-            alpha = table.get("hybrid" if hybrid else "dense", getattr(self.reranker, "interpolation", None))
+            alpha = table.get(stage, getattr(self.reranker, "interpolation", None))
         alpha = 1.0 if alpha is None else float(alpha)
         if not 0.0 <= alpha <= 1.0:
             raise ValueError(f"rerank_alpha must be in [0, 1], got {alpha}")
         return alpha
 
-    def rerank_alpha_chosen_over(self, hybrid: bool = False) -> str | None:
-        """The first stage over whose dev ranking the stored weight a search uses was chosen: "hybrid" or
-        "dense" when the reranker stored one for this search's first stage, else the one(s) it stored
-        (e.g. "bm25": `twotower train reranker` without a teacher), else None (not recorded).
+    def rerank_alpha_chosen_over(self, hybrid: bool = False, *, bm25: bool = False) -> str | None:
+        """The first stage over whose dev ranking the stored weight a search uses was chosen: this search's
+        ("dense", "hybrid", "bm25") when the reranker stored one for it, else the one(s) it stored (e.g.
+        "bm25": `twotower train reranker` without a teacher), else None (not recorded).
 
         Why: a weight suits the first stage it was chosen over; a caller can tell its user when a search
         applies one chosen over another (`twotower search` does).
         """
         table = getattr(self.reranker, "interpolation_by_first_stage", None) or {}
-        want = "hybrid" if hybrid else "dense"
+        want = first_stage_name(hybrid, bm25)
         if want in table:
             return want
-        return "/".join(sorted(table)) or None
+        # the general weight applies: the stage(s) it was stored for ({"dense": 0.7, "hybrid": 0.2} applies the
+        # dense 0.7 to a BM25 search), else all that are stored
+        general = getattr(self.reranker, "interpolation", None)
+        same = [name for name in sorted(table) if general is not None and table[name] == general]
+        return "/".join(same or sorted(table)) or None
 
     def _documents(self, candidates: list[list[Candidate]], rows: bool = False) -> dict[str, Document | None]:
         """The documents of all queries' candidates, each read once (`rows`: their best passages' rows)."""

@@ -75,7 +75,7 @@ from twotower.common.atomic import (
 from twotower.common.device import autocast, default_device, resolve_bf16
 from twotower.common.errors import DataError, check_at_least, check_setting
 from twotower.common.malloc import retain_freed_memory_for
-from twotower.common.paths import beside_earlier_refusal, foreign_entries, path_argument
+from twotower.common.paths import beside_earlier_refusal, foreign_entries, not_ours_refusal, path_argument
 from twotower.encoder.core.checkpoint import CONFIG_NAME, WEIGHTS_NAME
 from twotower.encoder.core.tokenizer import TOKENIZER_FILES
 from twotower.encoder.finetuning.qa_decode import choose_null_threshold
@@ -304,11 +304,12 @@ def _work_dir(out_dir: str, model_dir: str, overwrite: bool) -> str:
     if state == "model":
         raise ValueError(f"out_dir={out_dir!r} is the model directory being fine-tuned; give another (--out)")
     if state == "other":
-        raise ValueError(f"out_dir={out_dir!r} holds files that are not a fine-tuning run; give a new or empty "
-                         "directory (--out)")
+        raise ValueError(not_ours_refusal(f"out_dir={out_dir!r}", sorted(os.listdir(out_dir)), "a fine-tuning run"))
     if state == "mixed":  # replacing the run would delete them with it
         raise ValueError(beside_earlier_refusal(f"out_dir={out_dir!r}", "an earlier fine-tuning run",
-                                                foreign_entries(out_dir, RUN_NAMES), another="another directory (--out)"))
+                                                foreign_entries(out_dir, RUN_NAMES),
+                                                replaced="overwrite=True (--overwrite) would remove with it",
+                                                another="another directory (--out)"))
     if not overwrite:
         stopped = locate_state(out_dir, STATE_DIR)
         also = (f" (or resume=True to continue the run stopped in {os.path.dirname(stopped)}: --resume)"

@@ -390,7 +390,7 @@ def check_out_dir(args: PretrainArgs, work: str, config: EncoderConfig, budget: 
     is_run = os.path.isfile(run_file)
     foreign = foreign_entries(out, RUN_NAMES) if is_run else names
     if foreign and is_run:
-        raise ValueError(beside_earlier_refusal(f"--out {out}", "a pretraining run", foreign))
+        raise ValueError(beside_earlier_refusal(f"--out {out}", "an earlier pretraining run", foreign))
     if foreign:
         raise ValueError(not_ours_refusal(f"--out {out}", foreign, "a pretraining run"))
     if names and not args.overwrite:

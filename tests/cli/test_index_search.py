@@ -54,6 +54,30 @@ def test_search_table_and_json(built, capsys):
     assert [h["rank"] for h in res[0]["hits"]] == [1, 2, 3]
 
 
+def test_search_bm25_is_the_pipelines_bm25_recall(built, tmp_path, capsys):
+    from twotower.retrieval import SearchPipeline
+
+    rc, out, _ = run_cli(capsys, "search", "--index", str(built / "idx"), "-k", "4", "--json", "--bm25", "tea coffee")
+    assert rc == 0
+    with SearchPipeline.load(built / "idx", use_default_reranker=False) as pipe:
+        want = pipe.search("tea coffee", k=4, bm25=True)
+        dense = [h.id for h in pipe.search("tea coffee", k=4)]
+    got = json.loads(out)[0]["hits"]
+    assert [h["id"] for h in got] == [h.id for h in want] and len(got) == 4 and dense != [h.id for h in want]
+    assert [h["first_stage_score"] for h in got] == pytest.approx([h.first_stage_score for h in want])
+    rc, out, _ = run_cli(capsys, "search", "--index", str(built / "idx"), "-k", "2", "--bm25", "tea coffee")
+    assert rc == 0 and out.startswith("# BM25 recall of 40, recall only (no reranker)")
+    rc, _, err = run_cli(capsys, "search", "--index", str(built / "idx"), "--bm25", "--hybrid", "tea")
+    assert rc == 2 and "--bm25 recalls by BM25 alone and --hybrid fuses BM25 with dense recall: give one, not both" in err
+    rc, _, err = run_cli(capsys, "search", "--index", str(built / "idx"), "--bm25", "--fusion", "rrf", "tea")
+    assert rc == 2 and "--bm25 recalls by BM25 alone and fuses nothing; leave --fusion out" in err
+    rc, _, err = run_cli(capsys, "search", "--index", str(built / "idx"), "--bm25", "--model", tiny_model_dir(), "tea")
+    assert rc == 2 and "--model names the query encoder, which --bm25 recall does not run" in err
+    plain = build_index(tmp_path, 5)  # no --bm25
+    rc, _, err = run_cli(capsys, "search", "--index", str(plain / "idx"), "--bm25", "tea")
+    assert rc == 2 and f"--bm25: the index {plain / 'idx'} was built without BM25" in err and "without --bm25" in err
+
+
 def test_batch_run_in_trec_format(built, tmp_path, capsys):
     queries = tmp_path / "queries.jsonl"
     queries.write_text("".join(json.dumps({"_id": f"Q{i}", "text": t}) + "\n"
@@ -411,6 +435,11 @@ def test_search_says_when_the_weight_was_chosen_over_another_first_stage(built, 
     write_alpha(str(tmp_path / "ce"), 0.4, {"dense": 0.4, "hybrid": 0.2})
     rc, out, err = run_cli(capsys, *base)
     assert rc == 0 and "chosen over" not in err
+    rc, out, err = run_cli(capsys, *base, "--bm25")  # BM25 recall: the general weight, dense's, applies
+    assert rc == 0 and ("weight 0.4 was chosen over dense's ranking of its dev queries, and this search's first stage "
+                        "is BM25") in err and "`twotower train reranker` without --teacher" in err
+    rc, out, _ = run_cli(capsys, *[a for a in base if a != "--json"], "--bm25")  # the table's header says so too
+    assert rc == 0 and "# BM25 recall of 8, top 8 reranked by the cross-encoder, weight 0.4 (chosen on dev over dense)" in out
 
 
 def test_rerank_uses_the_shipped_reranker_when_the_index_has_none(built, capsys, monkeypatch):
@@ -527,6 +556,6 @@ def test_build_out_the_current_directory_is_refused_before_any_work(tmp_path, ca
     rc, _, err = run_cli(capsys, "index", "build", "--corpus", corpus, "--out", "..", "--model", tiny_model_dir(),
                          "--no-progress")
     assert rc == 2 and "--out ..: one above the current directory" in err
-    with pytest.raises(ValueError, match=r"^\.: the current directory"):
+    with pytest.raises(ValueError, match=r"^directory='\.': the current directory"):
         SearchPipeline.build(corpus, ".", model=tiny_model_dir())  # Python callers too
     assert sorted(os.listdir(tmp_path / "here")) == ["below"] and not os.listdir(tmp_path / "here" / "below")

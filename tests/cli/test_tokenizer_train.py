@@ -207,5 +207,5 @@ def test_out_is_checked_again_after_training(tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(Tokenizer, "train", train_and_save_a_note)
     rc, _, err = _train(capsys, "--input", corpus, "--vocab-size", "70", "--out", str(out), "--overwrite")
-    assert rc == 2 and "a directory holding other files (notes.md), not a tokenizer" in err, err
+    assert rc == 2 and "an earlier tokenizer and files of yours (notes.md), which --overwrite would remove" in err, err
     assert (out / "notes.md").read_text() == "mine\n"

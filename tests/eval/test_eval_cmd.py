@@ -232,10 +232,10 @@ class _FakePipeline:
         cls.instance = cls(reranker)
         return cls.instance
 
-    def rerank_alpha(self, override=None, hybrid=False):
+    def rerank_alpha(self, override=None, hybrid=False, *, bm25=False):
         return 1.0 if override is None else override
 
-    def rerank_alpha_chosen_over(self, hybrid=False):
+    def rerank_alpha_chosen_over(self, hybrid=False, *, bm25=False):
         return None
 
     def contains(self, ids):
@@ -249,7 +249,7 @@ class _FakePipeline:
         return {"generation": 3, "documents": 11, "extra": {"pipeline": {"format": 1, "encoder": encoder}}}
 
     def search(self, queries, k=10, recall_k=100, rerank=True, hybrid=False, *, rerank_k=None, rerank_alpha=None,
-               fetch_documents=True, progress=False):
+               fetch_documents=True, progress=False, bm25=False):
         self.calls.append(("search", len(queries), k, recall_k, rerank, hybrid, fetch_documents))
         out = []
         for q in queries:

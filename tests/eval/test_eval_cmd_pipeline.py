@@ -99,6 +99,25 @@ def test_index_mode_with_the_real_pipeline(tmp_path, capsys):
     settings = json.loads((tmp_path / "rep2" / "metrics.json").read_text())["settings"]
     assert (settings["rerank_alpha"], settings["rerank_alpha_chosen_over"]) == (0.3, "bm25")
 
+    # --bm25 adds a BM25 system, and without --hybrid the reranked system reranks BM25's candidates with the
+    # weight chosen over BM25 (no note: the stages agree)
+    write_alpha(str(tmp_path / "ce"), 0.5, {"dense": 0.5, "bm25": 0.3})  # the general weight is dense's 0.5
+    bm25_argv = [a for a in base if a != "--hybrid"]
+    bm25_argv[bm25_argv.index(str(tmp_path / "rep2"))] = str(tmp_path / "rep3")
+    assert main([*bm25_argv, "--bm25"]) == 0
+    out = capsys.readouterr()
+    assert list(json.loads(out.out)) == ["dense", "bm25", "bm25+rerank"] and "chosen over" not in out.err
+    with pipeline.SearchPipeline.load(tmp_path / "idx", model, reranker=str(tmp_path / "ce")) as pipe:  # as eval loads
+        lexical = pipe.search(list(queries.values()), k=10, recall_k=100, rerank=False, bm25=True)
+        reranked = pipe.search(list(queries.values()), k=10, recall_k=100, bm25=True)
+    runs = {name: read_trec_run(tmp_path / "rep3" / "runs" / f"{name}.trec") for name in ("bm25", "bm25+rerank")}
+    for qid, plain, ranked in zip(queries, lexical, reranked):
+        assert list(runs["bm25"][qid]) == [h.id for h in plain]
+        assert runs["bm25+rerank"][qid] == pytest.approx({h.id: h.score for h in ranked}, abs=1e-5)
+        assert any(h.rerank_score is not None for h in ranked)
+    settings = json.loads((tmp_path / "rep3" / "metrics.json").read_text())["settings"]
+    assert (settings["rerank_alpha"], settings["rerank_alpha_chosen_over"]) == (0.3, "bm25")
+
 
 @pytest.mark.parametrize("flags, message", [
     (["--rerank-k", "5"], "--rerank-k sets how the reranked system reranks: add --reranker DIR"),

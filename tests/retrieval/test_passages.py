@@ -159,6 +159,11 @@ def test_document_candidates_fetch_more_rows_until_recall_k_documents():
     assert [c.id for c in out[0]] == [f"d{i}" for i in range(12)]
     assert asked[0] == 24 and asked[-1] >= 120
     assert len(document_candidates(first_stage, 50, len(ranked))[0]) == 30  # fewer exist: all of them
+    # a first stage that has no more rows to give (BM25: only rows sharing a word with the query) is not asked
+    # again and again up to every row of the index
+    asked.clear()
+    out = document_candidates(lambda n: asked.append(n) or [ranked[:min(n, 35)]], 12, 100_000)
+    assert [c.id for c in out[0]] == ["d0", "d1", "d2", "d3"] and asked == [24, 48]
 
 
 # ---------------------------------------------------------------------- an index with passages
@@ -224,6 +229,15 @@ def test_build_stores_passages_and_gives_documents_back_whole(built, encoder):
         got = pipe.get(["long1", "d0", "nope"])
         assert got[0]["text"] == docs["long1"]["text"] and got[0]["title"] == "a long one"
         assert "passages" not in got[1] and got[1]["text"] == docs["d0"]["text"] and got[2] is None
+
+
+def test_bm25_recall_over_passages_gives_documents_with_their_best_passage(built, encoder):
+    with SearchPipeline.load(built, encoder) as pipe:
+        for how in ("max", "sum"):  # the only "zorbania" is in the middle of long1
+            (hit,) = pipe.search("zorbania", k=3, bm25=True, aggregate=how)
+            assert hit.id == "long1" and "zorbania" in hit.text[hit.passage["start"]:hit.passage["end"]]
+        assert pipe.search("zorbania", k=3, bm25=True, aggregate="first") == []  # not in long1's first passage
+        assert pipe.search("qqqxv zzzyx", k=3, bm25=True) == []  # no word in the index: no hits
 
 
 @pytest.mark.parametrize("hybrid", [False, True])

@@ -1,4 +1,4 @@
-"""SearchPipeline: search against a brute-force reference, hybrid fusion, rerank, add/delete, save/load."""
+"""SearchPipeline: search against a brute-force reference, BM25 recall, hybrid fusion, rerank, add/delete, save/load."""
 
 from __future__ import annotations
 
@@ -123,6 +123,59 @@ def test_hybrid_needs_bm25(tmp_path, encoder, docs):
                               progress=False) as pipe:
         with pytest.raises(ValueError, match="without BM25"):
             pipe.search("tea", hybrid=True)
+        with pytest.raises(ValueError, match="without BM25"):
+            pipe.search("tea", bm25=True)
+
+
+def test_bm25_recall_is_bm25s_ranking_without_the_query_encoder(built, monkeypatch):
+    """bm25=True: the first stage is the index's BM25 list, scores and ranks, and no query vector is computed."""
+    query = "green tea leaf drink"
+    lex = built.store.search_bm25([query], 30)
+    ids = [i for i in lex.ids[0] if i]
+
+    def no_encoding(*args, **kwargs):
+        raise AssertionError("BM25 recall ran the query encoder")
+
+    monkeypatch.setattr(built.encoder, "encode_queries", no_encoding)
+    hits = built.search(query, k=10, recall_k=30, bm25=True)
+    assert [h.id for h in hits] == ids[:10]
+    np.testing.assert_allclose([h.first_stage_score for h in hits], lex.scores[0][:10], rtol=1e-6)
+    assert [h.first_stage_rank for h in hits] == list(range(1, 11)) and [h.rank for h in hits] == list(range(1, 11))
+    assert built.search([query, "gene cell"], k=3, bm25=True)[0] == built.search(query, k=3, bm25=True)  # batched
+    with pytest.raises(ValueError, match="bm25=True recalls by BM25 alone and hybrid=True fuses BM25 with dense"):
+        built.search(query, hybrid=True, bm25=True)
+
+
+def test_bm25_recall_reranks_with_the_weight_chosen_over_bm25(built, reranker_dir, encoder, tmp_path):
+    """A reranker that stored a weight for "bm25" (`twotower train reranker` without --teacher) applies it to
+    BM25 recall, and reorders BM25's candidates by its scores."""
+    import shutil
+
+    from twotower.retrieval.cross_encoder import CrossEncoder
+    from twotower.retrieval.interpolation import write_alpha
+
+    staged = str(tmp_path / "ce")
+    shutil.copytree(reranker_dir, staged)
+    write_alpha(staged, 0.0, {"dense": 0.0, "bm25": 1.0})
+    query = "coffee cup hot milk sugar"
+    with SearchPipeline.load(built.directory, encoder, reranker=staged, bf16=False) as pipe:
+        assert (pipe.rerank_alpha(bm25=True), pipe.rerank_alpha()) == (1.0, 0.0)
+        assert pipe.rerank_alpha_chosen_over(bm25=True) == "bm25" and pipe.rerank_alpha_chosen_over() == "dense"
+        recall = pipe.search(query, k=20, recall_k=20, rerank=False, bm25=True)
+        hits = pipe.search(query, k=5, recall_k=20, bm25=True)
+        scores = CrossEncoder.from_pretrained(staged, bf16=False, device="cpu").predict(
+            [(query, document_text({"title": h.title, "text": h.text})) for h in recall])
+        assert_ranked_by_scores(hits, [h.id for h in recall], scores)
+        first = {h.id: h for h in recall}
+        assert all((h.first_stage_rank, h.first_stage_score) == (first[h.id].rank, first[h.id].score) for h in hits)
+        assert all(h.rerank_score is None for h in pipe.search(query, k=5, recall_k=20))  # dense: weight 0
+        # a query no document shares a word with: BM25 recalls nothing, and nothing is reranked
+        assert pipe.search(["qqqxv zzzyx", query], k=5, bm25=True)[0] == []
+    # A reranker without a "bm25" weight applies its general one, and names the stage that was chosen over.
+    write_alpha(staged, 0.7, {"dense": 0.7, "hybrid": 0.2})
+    with SearchPipeline.load(built.directory, encoder, reranker=staged, bf16=False) as pipe:
+        assert pipe.rerank_alpha(bm25=True) == 0.7 and pipe.rerank_alpha_chosen_over(bm25=True) == "dense"
+        assert pipe.rerank_alpha(hybrid=True) == 0.2 and pipe.rerank_alpha_chosen_over(hybrid=True) == "hybrid"
 
 
 def test_rerank_orders_candidates_by_cross_encoder(built, reranker_dir, encoder):

@@ -1,4 +1,4 @@
-"""SearchPipeline.search(filter=...): dense, hybrid and reranked search see only matching documents."""
+"""SearchPipeline.search(filter=...): dense, BM25, hybrid and reranked search see only matching documents."""
 
 from __future__ import annotations
 
@@ -66,6 +66,16 @@ def test_hybrid_fuses_filtered_dense_and_filtered_bm25(pipe, docs):
     lex = pipe.store.search_bm25([query], 20, filter=text)
     fused = reciprocal_rank_fusion([[i for i in dense.ids[0] if i], [i for i in lex.ids[0] if i]], k=60, limit=8)
     assert [h.id for h in hits] == [i for i, _ in fused]
+
+
+def test_bm25_filter_is_the_unfiltered_bm25_ranking_restricted(pipe, docs):
+    text = 'lang == "en" or year == 2003'
+    allowed = matching(docs, text)
+    query = "coffee cup hot water"
+    full = [i for i in pipe.store.search_bm25([query], N_DOCS).ids[0] if i]  # BM25's own unfiltered ranking
+    hits = pipe.search(query, k=5, recall_k=20, rerank=False, bm25=True, filter=text)
+    assert len(hits) == 5 and [h.id for h in hits] == [i for i in full if i in allowed][:5]
+    assert [h.id for h in hits] != [h.id for h in pipe.search(query, k=5, recall_k=20, rerank=False, filter=text)]
 
 
 def test_reranked_search_sees_only_matching_documents(index_dir, docs, reranker_dir):  # noqa: F811

@@ -173,6 +173,30 @@ def test_answer_cli_end_to_end(reader, tiny_dir, index_dir, tmp_path, capsys):
         assert message in capsys.readouterr().err
 
 
+def test_answer_reads_bm25s_passages_with_bm25(reader, index_dir, tmp_path, capsys):
+    """answer(..., bm25=True) and `answer --bm25` read the passages BM25 recalls; an index without BM25 is refused."""
+    from tests.retrieval.pipeline_fixtures import tiny_model_dir, write_corpus
+    from twotower.cli import main
+    from twotower.retrieval.pipeline import SearchPipeline
+
+    corpus = write_corpus(str(tmp_path / "c.jsonl"), [{"_id": p["id"], "title": p.get("title", ""),
+                                                       "text": p["text"]} for p in PASSAGES])
+    SearchPipeline.build(corpus, tmp_path / "bm", tiny_model_dir(), bm25=True, progress=False, bf16=False).close()
+    reader.info.null_threshold = None
+    reader.save(str(tmp_path / "reader"))
+    q = "capital of france river"  # only p2 shares a word with it: BM25 recalls p2 alone, dense recall ranks all
+    with SearchPipeline.load(tmp_path / "bm") as pipe:
+        want = [h.id for h in pipe.search(q, k=2, bm25=True)]
+        assert want == [i for i in pipe.store.search_bm25([q], 2).ids[0] if i]  # BM25's own top 2
+        assert want == ["p2"] and len(pipe.search(q, k=2)) == 2  # not the dense ranking
+        assert [h.id for h in pipe.answer(q, reader, k=2, bm25=True).hits] == want
+    assert main(["answer", "--index", str(tmp_path / "bm"), "--reader", str(tmp_path / "reader"), "-k", "2", "--bm25",
+                 "--json", q]) == 0
+    assert [h["id"] for h in json.loads(capsys.readouterr().out)[0]["hits"]] == want
+    assert main(["answer", "--index", str(index_dir), "--reader", str(tmp_path / "reader"), "--bm25", q]) == 2
+    assert "--bm25: the index" in capsys.readouterr().err
+
+
 def test_answer_reads_only_documents_the_filter_allows(reader, tmp_path, capsys):
     from tests.retrieval.pipeline_fixtures import tiny_model_dir, write_corpus
     from twotower.cli import main

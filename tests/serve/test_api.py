@@ -45,7 +45,7 @@ def test_get_search_returns_the_pipelines_hits_with_the_cli_json_fields(index_te
             want = ref.search(q, k=7, recall_k=100)
             _same(body["hits"], want)
             assert set(body["hits"][0]) == set(want[0].to_dict())  # the `twotower search --json` record
-            assert (body["query"], body["reranked"], body["hybrid"]) == (q, False, False)
+            assert (body["query"], body["reranked"], body["hybrid"], body["bm25"]) == (q, False, False, False)
             assert body["generation"] == ref.store.generation
 
 
@@ -75,6 +75,33 @@ def test_hybrid_and_rerank_match_the_pipeline(index_template, reranker_dir):
         assert all(h["rerank_score"] is not None for h in default["hits"])
 
 
+def _ids(hits) -> list[str]:
+    return [h["id"] if isinstance(h, dict) else h.id for h in hits]
+
+
+def test_bm25_recall_and_rerank_match_the_pipeline(index_template, reranker_dir):
+    """bm25=true recalls by BM25 alone (the pipeline's `search(bm25=True)`), reranked or not, and says so."""
+    with client(index_template, reranker=reranker_dir) as c, _reference(index_template, reranker_dir) as ref:
+        for q in QUERIES:
+            # the index's own BM25 ranking, not the dense one the tiny random encoder gives
+            lexical = ref.search(q, k=5, recall_k=20, bm25=True, rerank=False)
+            assert _ids(lexical) != _ids(ref.search(q, k=5, recall_k=20, rerank=False)), q
+            for rerank in (False, True):
+                r = c.get("/search", params={"q": q, "k": 5, "recall_k": 20, "bm25": True, "rerank": rerank})
+                assert r.status_code == 200, r.text
+                body = r.json()
+                _same(body["hits"], ref.search(q, k=5, recall_k=20, bm25=True, rerank=rerank))
+                assert (body["bm25"], body["hybrid"], body["reranked"]) == (True, False, rerank)
+            assert _ids(c.get("/search", params={"q": q, "k": 5, "recall_k": 20, "bm25": "true", "rerank": "false"})
+                        .json()["hits"]) == _ids(lexical)
+        body = c.post("/search", json={"queries": QUERIES, "k": 4, "recall_k": 12, "bm25": True}).json()
+        for res, w in zip(body["results"], ref.search(QUERIES, k=4, recall_k=12, bm25=True)):
+            _same(res["hits"], w)
+        assert (body["bm25"], body["hybrid"], body["reranked"]) == (True, False, True)
+        dense = c.post("/search", json={"queries": QUERIES[:1], "k": 4, "recall_k": 12, "rerank": False}).json()
+        assert (dense["bm25"], dense["hybrid"]) == (False, False)
+
+
 def test_post_search_answers_a_batch_in_order(index_template, reranker_dir):
     with client(index_template, reranker=reranker_dir) as c, _reference(index_template, reranker_dir) as ref:
         r = c.post("/search", json={"queries": QUERIES, "k": 4, "recall_k": 12, "hybrid": True})
@@ -84,7 +111,7 @@ def test_post_search_answers_a_batch_in_order(index_template, reranker_dir):
         assert [x["query"] for x in body["results"]] == QUERIES
         for res, w in zip(body["results"], want):
             _same(res["hits"], w)
-        assert body["reranked"] is True and body["hybrid"] is True
+        assert body["reranked"] is True and body["hybrid"] is True and body["bm25"] is False
 
 
 def test_get_document_by_id(index_template, docs):
@@ -133,6 +160,7 @@ def test_health_and_stats(index_template):
         h = c.get("/health")
         assert h.status_code == 200
         assert h.json()["status"] == "ok" and h.json()["hybrid"] is True and h.json()["reranker"] is False
+        assert h.json()["bm25"] is True  # the page's BM25-only switch
         for q in QUERIES:
             assert c.get("/search", params={"q": q}).status_code == 200
         assert c.get("/search", params={"q": " "}).status_code == 400
@@ -185,6 +213,7 @@ def test_page_and_api_reference_load_nothing_from_elsewhere(index_template):
         page = c.get("/")
         assert page.status_code == 200 and "text/html" in page.headers["content-type"]
         assert 'id="q"' in page.text and 'id="hybrid"' in page.text and 'id="rerank"' in page.text
+        assert 'id="bm25"' in page.text
         for name in sorted(os.listdir(STATIC)):
             r = c.get(f"/static/{name}")
             assert r.status_code == 200, name
@@ -208,11 +237,30 @@ def test_a_reranker_with_weight_zero_is_skipped_and_not_reported_as_reranking(in
     with client(index_template, reranker=zero) as c, _reference(index_template) as ref:
         # /stats names the weight each first stage's searches apply and where it was chosen
         assert stats(c)["reranker"]["weights"] == {"dense": {"alpha": 0.0, "chosen_over": "bm25"},
-                                                   "hybrid": {"alpha": 0.0, "chosen_over": "bm25"}}
+                                                   "hybrid": {"alpha": 0.0, "chosen_over": "bm25"},
+                                                   "bm25": {"alpha": 0.0, "chosen_over": "bm25"}}
         body = c.get("/search", params={"q": QUERIES[0], "k": 5, "recall_k": 20}).json()
         assert body["reranked"] is False  # the final ranking is the first stage's: no cross-encoder was run
         assert all(h["rerank_score"] is None for h in body["hits"])
         _same(body["hits"], ref.search(QUERIES[0], k=5, recall_k=20))
+
+
+def test_a_bm25_search_applies_and_reports_the_weight_stored_for_bm25(index_template, reranker_dir, tmp_path):
+    """/stats lists the "bm25" first stage's weight beside dense's and hybrid's, and a bm25=true search applies it:
+    here 0, so it keeps BM25's ranking while a dense search with the same reranker is reranked."""
+    ce = str(tmp_path / "ce-by-stage")
+    shutil.copytree(reranker_dir, ce)
+    write_alpha(ce, 0.5, {"dense": 0.7, "hybrid": 0.6, "bm25": 0.0})
+    with client(index_template, reranker=ce) as c, _reference(index_template, ce) as ref:
+        assert stats(c)["reranker"]["weights"] == {"dense": {"alpha": 0.7, "chosen_over": "dense"},
+                                                   "hybrid": {"alpha": 0.6, "chosen_over": "hybrid"},
+                                                   "bm25": {"alpha": 0.0, "chosen_over": "bm25"}}
+        body = c.get("/search", params={"q": QUERIES[0], "k": 5, "recall_k": 20, "bm25": True}).json()
+        assert body["reranked"] is False and all(h["rerank_score"] is None for h in body["hits"])
+        _same(body["hits"], ref.search(QUERIES[0], k=5, recall_k=20, bm25=True))
+        assert _ids(body["hits"]) == _ids(ref.search(QUERIES[0], k=5, recall_k=20, bm25=True, rerank=False))
+        dense = c.get("/search", params={"q": QUERIES[0], "k": 5, "recall_k": 20}).json()
+        assert dense["reranked"] is True
 
 
 # ---------------------------------------------------------------------- availability: back-pressure, deadlines, writes

@@ -32,6 +32,11 @@ SEARCH_CASES = [
     ("POST", "/search", {}, {"queries": ["tea"], "recall_k": 20, "rerank_k": 30}, 400, "rerank_k", "got 30"),
     ("GET", "/search", {"q": "tea", "colour": "red"}, None, 400, "colour", "unknown parameter"),
     ("GET", "/search", {"q": "tea", "hybrid": "maybe"}, None, 400, "hybrid", "boolean"),
+    ("GET", "/search", {"q": "tea", "bm25": "maybe"}, None, 400, "bm25", "boolean"),
+    # BM25 alone and BM25 fused with dense recall: one first stage or the other
+    ("GET", "/search", {"q": "tea", "hybrid": "true", "bm25": "true"}, None, 400, "bm25", "give one, not both"),
+    ("POST", "/search", {}, {"queries": ["tea"], "hybrid": True, "bm25": True}, 400, "bm25",
+     "bm25=true recalls by BM25 alone and hybrid=true fuses BM25 with dense recall"),
     ("GET", "/search", {"q": "tea", "rerank": "true"}, None, 400, "rerank", "no reranker"),
     ("GET", "/search", {"q": "tea", "rerank_k": 5}, None, 400, "rerank_k", "but no reranker is loaded"),
     ("POST", "/search", {}, {"queries": ["tea"], "rerank_k": 5}, 400, "rerank_k", "but no reranker is loaded"),
@@ -53,6 +58,7 @@ SEARCH_CASES = [
     ("POST", "/search", {}, {"queries": ["tea"], "k": True}, 400, "k", "integer"),
     ("POST", "/search", {}, {"queries": ["tea"], "k": "3"}, 400, "k", "integer"),
     ("POST", "/search", {}, {"queries": ["tea"], "hybrid": "yes"}, 400, "hybrid", "boolean"),
+    ("POST", "/search", {}, {"queries": ["tea"], "bm25": 1}, 400, "bm25", "boolean"),
     # text that is not text: before, a lone surrogate reached the tokenizer (a 500 for the whole batch) and
     # invisible queries returned arbitrary hits
     ("POST", "/search", {}, b'{"queries": ["tea", "tea \\ud800"]}', 400, "queries[1]", "lone surrogate"),
@@ -235,6 +241,15 @@ def test_hybrid_on_an_index_without_bm25(dense_only_template):
     with client(dense_only_template) as c:
         _check(c.get("/search", params={"q": "tea", "hybrid": "true"}), 400, "hybrid", "no BM25")
         assert c.get("/search", params={"q": "tea"}).status_code == 200
+
+
+def test_bm25_on_an_index_without_bm25(dense_only_template):
+    with client(dense_only_template) as c:
+        for r in (c.get("/search", params={"q": "tea", "bm25": "true"}),
+                  c.post("/search", json={"queries": ["tea"], "bm25": True})):
+            _check(r, 400, "bm25", "this index has no BM25 (build it with `twotower index build --bm25`)")
+        assert c.get("/search", params={"q": "tea", "bm25": "false"}).json()["bm25"] is False
+        assert c.get("/health").json()["bm25"] is False  # the page's BM25-only switch is off
 
 
 def test_unexpected_errors_are_a_plain_500_without_a_trace(index_template, monkeypatch, caplog):

@@ -49,6 +49,30 @@ def test_queued_searches_share_a_batch_and_match_single_searches(index_template,
         owner.stop()
 
 
+def test_a_bm25_search_is_not_batched_with_a_dense_or_hybrid_one(index_template):
+    """Queued with dense and hybrid searches asking for the same otherwise, a bm25 search is its own pipeline call
+    (BM25's hits, not the dense ones of the batch it would have joined), and equal bm25 searches share one."""
+    owner = ModelOwner(_loader(index_template), threads=1, max_wait_ms=0).start()
+    try:
+        assert owner.wait_ready(60)
+        kinds = {"dense": SearchParams(k=4, recall_k=12), "hybrid": SearchParams(k=4, recall_k=12, hybrid=True),
+                 "bm25": SearchParams(k=4, recall_k=12, bm25=True)}
+        assert len({p.group for p in kinds.values()}) == 3
+        release = hold(owner)
+        futures = {(name, q): owner.search([q], p) for q in QUERIES[:2] for name, p in kinds.items()}
+        release.set()
+        answers = {key: f.result(30).hits[0] for key, f in futures.items()}
+        assert owner.batches == 3  # one pipeline search per first stage, each holding both queries
+        with _loader(index_template)() as ref:
+            for (name, q), hits in answers.items():
+                want = ref.search(q, k=4, recall_k=12, hybrid=name == "hybrid", bm25=name == "bm25")
+                assert [h.id for h in hits] == [h.id for h in want], (name, q)
+            lexical = [h.id for h in ref.search(QUERIES[0], k=4, recall_k=12, bm25=True)]
+        assert lexical != [h.id for h in answers["dense", QUERIES[0]]]  # the test could tell them apart
+    finally:
+        owner.stop()
+
+
 def test_a_request_that_fails_its_batch_fails_alone(index_template):
     """One request whose query the pipeline refuses, queued with others asking the same: the others get their
     hits (as one batch would have given them) and only that request gets the error. Before, every request of

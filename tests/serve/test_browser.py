@@ -406,7 +406,8 @@ def test_the_url_holds_the_search_and_going_back_or_loading_it_searches_again(se
     wait.until(lambda d: _shown(d) == first)
     url = driver.current_url
     assert parse_qs(urlsplit(url).query) == {"q": [QUERY], "k": ["10"], "recall_k": ["50"], "hybrid": ["true"],
-                                             "rerank": ["true"], "rerank_k": ["10"], "filter": ["half == 1"]}
+                                             "bm25": ["false"], "rerank": ["true"], "rerank_k": ["10"],
+                                             "filter": ["half == 1"]}
     _submit(driver, SECOND)
     wait.until(lambda d: _shown(d) == second)
     assert parse_qs(urlsplit(driver.current_url).query)["q"] == [SECOND]
@@ -419,7 +420,7 @@ def test_the_url_holds_the_search_and_going_back_or_loading_it_searches_again(se
                                              "rerank": "false"}))
     wait.until(lambda d: _shown(d) == _api_ids(server, SECOND, k=5, recall_k=20, rerank=False))
     assert driver.find_element(By.ID, "q").get_attribute("value") == SECOND
-    assert not any(driver.find_element(By.ID, name).is_selected() for name in ("hybrid", "rerank"))
+    assert not any(driver.find_element(By.ID, name).is_selected() for name in ("hybrid", "bm25", "rerank"))
     assert Select(driver.find_element(By.ID, "k")).first_selected_option.text == "5"
     assert not driver.find_element(By.ID, "rerank_k").is_enabled()  # means nothing without the reranker
     assert driver.find_element(By.ID, "filter").get_attribute("value") == ""
@@ -428,6 +429,99 @@ def test_the_url_holds_the_search_and_going_back_or_loading_it_searches_again(se
     wait.until(lambda d: _shown(d) == _api_ids(server, SECOND, k=5, recall_k=20))
     assert parse_qs(urlsplit(driver.current_url).query)["rerank"] == ["true"]
     assert "token" not in driver.current_url
+    assert not _severe(driver)
+
+
+def _sent_searches(driver) -> list[dict]:
+    """The query parameters of each /search the page has fetched, in order."""
+    from urllib.parse import parse_qs, urlsplit
+
+    urls = driver.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
+    return [parse_qs(urlsplit(u).query) for u in urls if urlsplit(u).path == "/search"]
+
+
+def test_the_bm25_only_switch_excludes_hybrid_and_searches_by_bm25_alone(server, browser):
+    """The page recalled densely or by hybrid fusion only.  "BM25 only" sends bm25=true; it and Hybrid exclude
+    each other (turning one on turns the other off), and each change searches again."""
+    from urllib.parse import parse_qs, urlencode, urlsplit
+
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver = browser
+    _open(driver, server + "/")
+    wait = WebDriverWait(driver, 20)
+    bm25, hybrid = driver.find_element(By.ID, "bm25"), driver.find_element(By.ID, "hybrid")
+    bm25_label = driver.find_element(By.CSS_SELECTOR, "label.switch:has(#bm25)")
+    assert bm25_label.text.strip() == "BM25 only" and bm25.is_enabled() and not bm25.is_selected()
+    lexical, fused = _api_ids(server, QUERY, bm25=True), _api_ids(server, QUERY, hybrid=True)
+    assert lexical != fused and lexical != _api_ids(server, QUERY)  # the test can tell the three apart
+
+    driver.find_element(By.CSS_SELECTOR, "label.switch:has(#hybrid)").click()
+    _submit(driver, QUERY)
+    wait.until(lambda d: _shown(d) == fused)
+    bm25_label.click()  # Hybrid goes off, and the page searches again by BM25 alone
+    assert bm25.is_selected() and not hybrid.is_selected()
+    wait.until(lambda d: _shown(d) == lexical)
+    last = _sent_searches(driver)[-1]
+    assert (last["bm25"], last["hybrid"], last["q"]) == (["true"], ["false"], [QUERY])
+    assert parse_qs(urlsplit(driver.current_url).query)["bm25"] == ["true"]
+    assert "BM25 recall, reranked" in driver.find_element(By.ID, "summary").text
+    first_stage = driver.find_element(By.CSS_SELECTOR, "#results .hit .chip.plain")
+    assert "BM25 score" in first_stage.get_attribute("title")
+    bm25_url = driver.current_url
+
+    driver.find_element(By.CSS_SELECTOR, "label.switch:has(#hybrid)").click()  # and back: BM25 only goes off
+    assert hybrid.is_selected() and not bm25.is_selected()
+    wait.until(lambda d: _shown(d) == fused)
+    last = _sent_searches(driver)[-1]
+    assert (last["bm25"], last["hybrid"]) == (["false"], ["true"])
+    assert "hybrid (dense + BM25) recall" in driver.find_element(By.ID, "summary").text
+
+    driver.back()  # the BM25 search's URL sets the switches again
+    wait.until(lambda d: _shown(d) == lexical)
+    assert driver.current_url == bm25_url and bm25.is_selected() and not hybrid.is_selected()
+    bm25_label.click()  # off: dense recall
+    wait.until(lambda d: _shown(d) == _api_ids(server, QUERY))
+    assert not bm25.is_selected() and not hybrid.is_selected()
+    assert "dense recall" in driver.find_element(By.ID, "summary").text
+    # a hand-written URL asking for both (the service refuses that): the page searches the hybrid, which has BM25 in it
+    _open(driver, server + "/?" + urlencode({"q": QUERY, "hybrid": "true", "bm25": "true"}))
+    wait.until(lambda d: _shown(d) == fused)
+    hybrid, bm25 = driver.find_element(By.ID, "hybrid"), driver.find_element(By.ID, "bm25")
+    assert hybrid.is_selected() and not bm25.is_selected()
+    assert (_sent_searches(driver)[-1]["hybrid"], _sent_searches(driver)[-1]["bm25"]) == (["true"], ["false"])
+    assert not _severe(driver)
+
+
+@pytest.fixture(scope="module")
+def dense_server(tmp_path_factory, encoder):
+    """`twotower serve` over an index without BM25 (and no reranker)."""
+    from twotower.retrieval import SearchPipeline
+
+    root = tmp_path_factory.mktemp("dense")
+    SearchPipeline.build(write_corpus(str(root / "c.jsonl"), page_index_docs()[:8]), str(root / "idx"), encoder,
+                         progress=False).close()
+    yield from _serve(str(root / "idx"), root)
+
+
+def test_without_bm25_the_hybrid_and_bm25_only_switches_are_off_and_say_why(dense_server, browser):
+    """A URL asking for BM25 over an index without it leaves the switch off and searches densely (not a 400)."""
+    from urllib.parse import urlencode
+
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver = browser
+    _open(driver, dense_server + "/?" + urlencode({"q": QUERY, "bm25": "true"}))
+    WebDriverWait(driver, 20).until(lambda d: len(_shown(d) or []) == 8)
+    assert "dense recall" in driver.find_element(By.ID, "summary").text
+    assert _sent_searches(driver)[-1]["bm25"] == ["false"]
+    for name in ("hybrid", "bm25"):
+        box = driver.find_element(By.ID, name)
+        label = driver.find_element(By.CSS_SELECTOR, f"label.switch:has(#{name})")
+        assert not box.is_enabled() and not box.is_selected(), name
+        assert label.get_attribute("title") == "this index has no BM25" and "off" in label.get_attribute("class")
     assert not _severe(driver)
 
 

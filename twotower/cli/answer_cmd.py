@@ -14,14 +14,15 @@ import sys
 
 from twotower.cli import CLIError
 from twotower.cli.checks import (
+    BM25_HELP,
     argument_text_problem,
     error_prefix,
     filter_option,
+    first_stage_flags,
     index_directory,
     model_directory,
     positive,
     refuse_reranker_with_no_rerank,
-    require_bm25,
     reranker_directory,
 )
 from twotower.cli.help_format import DefaultsRawDescriptionHelpFormatter
@@ -38,6 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-rerank", action="store_true",
                    help="first-stage ranking only: no reranker, not even the index's")
     p.add_argument("--hybrid", action="store_true", help="fuse dense and BM25 recall")
+    p.add_argument("--bm25", action="store_true", help=BM25_HELP)
     p.add_argument("--filter", metavar="EXPR",
                    help="read only documents whose metadata matches, e.g. 'lang == \"en\"' (as in `twotower search`)")
     p.add_argument("-k", "--passages", type=int, default=5, metavar="N", help="passages read per question")
@@ -73,8 +75,7 @@ def run_answer(args: argparse.Namespace) -> int:
         reranker_directory("--reranker", args.reranker)
     flt = filter_option(args.filter, "answer")
     index_directory("--index", args.index)
-    if args.hybrid:
-        require_bm25(args.index)
+    first_stage_flags(args.hybrid, args.bm25, args.index)
     from twotower.encoder.finetuning.task_model import TaskModel
     from twotower.indexing.filters import FilterError
     from twotower.retrieval.pipeline import SearchPipeline
@@ -95,7 +96,8 @@ def run_answer(args: argparse.Namespace) -> int:
                              device=args.device) as pipe:
         try:
             results = pipe.answer(args.questions, reader, k=args.passages, recall_k=args.recall_k,
-                                  rerank=not args.no_rerank, hybrid=args.hybrid, max_answers=args.answers,
+                                  rerank=not args.no_rerank, hybrid=args.hybrid, bm25=args.bm25,
+                                  max_answers=args.answers,
                                   retrieval_weight=args.retrieval_weight, classifier=classifier, filter=flt)
         except FilterError as e:  # a field no document of the index has
             raise CLIError(str(e.renamed("--filter", indent=len(error_prefix("answer"))))) from None

@@ -258,14 +258,28 @@ def refuse_reranker_with_no_rerank(reranker: str | None, no_rerank: bool) -> Non
         raise CLIError("--reranker names a reranker, but --no-rerank turns reranking off; give one of them")
 
 
-def require_bm25(index: str) -> None:
-    """Refuse ``--hybrid`` on an index built without BM25, saying how to build one that has it."""
+BM25_HELP = "recall by BM25 alone, without running the query encoder (index built with --bm25)"
+
+
+def require_bm25(index: str, flag: str = "--hybrid") -> None:
+    """Refuse `flag` (``--hybrid``, ``--bm25``) on an index built without BM25, saying how to build one that has it."""
     from twotower.indexing import Manifest
     from twotower.indexing.manifest import MANIFEST_NAME
 
     if Manifest.read(os.path.join(index, MANIFEST_NAME)).bm25 is None:
-        raise CLIError(f"--hybrid: the index {index} was built without BM25; rebuild it with "
-                       "`twotower index build --bm25 --corpus CORPUS --out DIR`, or search without --hybrid")
+        raise CLIError(f"{flag}: the index {index} was built without BM25; rebuild it with "
+                       f"`twotower index build --bm25 --corpus CORPUS --out DIR`, or search without {flag}")
+
+
+def first_stage_flags(hybrid: bool, bm25: bool, index: str) -> None:
+    """``--hybrid`` and ``--bm25`` (search, answer): not both, and either only on an index with BM25.
+    (`eval` takes both, as two systems, and checks BM25 itself.)"""
+    from twotower.retrieval.interpolation import both_recalls
+
+    if hybrid and bm25:
+        raise CLIError(both_recalls("--bm25", "--hybrid"))
+    if hybrid or bm25:
+        require_bm25(index, "--hybrid" if hybrid else "--bm25")
 
 
 def filter_option(text: str | None, command: str):

@@ -9,10 +9,12 @@ Two modes:
   "missing_from_run", "drop_self_hits", "per_query": {qid: {metric: value}}}.
   --out DIR also writes the full report (runs, metrics.json, report.md, Recall@k plot).
 * --index IDX --dataset BEIR_DIR --split test --out DIR: search the index
-  with the split's queries (dense recall), plus --hybrid and/or
+  with the split's queries (dense recall), plus --bm25, --hybrid and/or
   --reranker DIR systems, and write one report comparing them
   (significance against the first system).  A reranked system is added
-  only for --reranker; an index's default reranker is not loaded.
+  only for --reranker; an index's default reranker is not loaded.  It
+  reranks the hybrid's candidates with --hybrid, else BM25's with --bm25,
+  else the dense ones.
 
 Means are over every judged query, as trec_eval -c computes them.
 """  # plain text, not reStructuredText: it is `twotower eval --help`'s description
@@ -76,6 +78,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     searched.add_argument("--reranker", help='cross-encoder directory, or "default" (the reranker twotower ships): '
                                              'adds a reranked system')
     searched.add_argument("--hybrid", action="store_true", help="add a hybrid (dense + BM25) system")
+    searched.add_argument("--bm25", action="store_true", help="add a BM25 system (index built with --bm25)")
     searched.add_argument("--rerank-k", type=int, default=None, metavar="N",
                           help="with --reranker: candidates the cross-encoder scores (default 20, as search)")
     searched.add_argument("--rerank-alpha", type=float, default=None, metavar="A",
@@ -105,7 +108,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 # The flags of the --index mode (dest, flag): a scored run was made elsewhere, so with --run they
 # would be ignored; they default to None so that "given" can be told from "left at its default".
 _SEARCH_FLAGS = (("dataset", "--dataset"), ("split", "--split"), ("reranker", "--reranker"),
-                 ("hybrid", "--hybrid"), ("rerank_k", "--rerank-k"), ("rerank_alpha", "--rerank-alpha"),
+                 ("hybrid", "--hybrid"), ("bm25", "--bm25"), ("rerank_k", "--rerank-k"), ("rerank_alpha", "--rerank-alpha"),
                  ("k", "-k"), ("recall_k", "--recall-k"), ("batch_size", "--batch-size"))
 
 
@@ -383,8 +386,8 @@ def _search_and_report(args: argparse.Namespace) -> int:
     _report_out(args)  # before the search: a bad --out failed after it
     if args.reranker:
         reranker_directory("--reranker", args.reranker)
-    if args.hybrid:
-        require_bm25(args.index)
+    if args.hybrid or args.bm25:
+        require_bm25(args.index, "--hybrid" if args.hybrid else "--bm25")
     from twotower.retrieval.pipeline import SearchPipeline
     from twotower.retrieval.rerank import rerank_depth
 
@@ -392,31 +395,37 @@ def _search_and_report(args: argparse.Namespace) -> int:
     pipeline = SearchPipeline.load(args.index, reranker=args.reranker, use_default_reranker=False)
     unreachable = _warn_unreachable(args, pipeline, dataset.qrels, queries)
     index_record = _index_record(args, pipeline)
-    systems: list[tuple[str, bool, bool]] = [("dense", False, False)]  # (name, rerank, hybrid)
+    systems: list[tuple[str, bool, str]] = [("dense", False, "dense")]  # (name, rerank, first stage)
+    if args.bm25:
+        systems.append(("bm25", False, "bm25"))
     if args.hybrid:
-        systems.append(("hybrid", False, True))
+        systems.append(("hybrid", False, "hybrid"))
+    # the reranked system reranks the strongest first stage asked for: the hybrid, else BM25, else dense
+    reranked_over = "hybrid" if args.hybrid else "bm25" if args.bm25 else "dense"
     if args.reranker:
-        systems.append(("hybrid+rerank" if args.hybrid else "rerank", True, args.hybrid))
+        systems.append(("rerank" if reranked_over == "dense" else f"{reranked_over}+rerank", True, reranked_over))
+    over = {"hybrid": reranked_over == "hybrid", "bm25": reranked_over == "bm25"}
 
     qids, texts = list(queries), list(queries.values())
     runs: dict[str, dict[str, dict[str, float]]] = {}
     weight: dict = {}
     if args.reranker:  # the weight the reranked system applies, and the first stage it was chosen over
         weight = {"rerank_k": rerank_depth(args.rerank_k, recall_k),
-                  "rerank_alpha": pipeline.rerank_alpha(args.rerank_alpha, hybrid=args.hybrid),
+                  "rerank_alpha": pipeline.rerank_alpha(args.rerank_alpha, **over),
                   "rerank_alpha_chosen_over": "--rerank-alpha" if args.rerank_alpha is not None
-                  else pipeline.rerank_alpha_chosen_over(args.hybrid)}
+                  else pipeline.rerank_alpha_chosen_over(**over)}
         if args.rerank_alpha is None:
-            print_weight_origin(pipeline, args.hybrid)
+            print_weight_origin(pipeline, **over)
     with pipeline:
-        for name, rerank, hybrid in systems:
+        for name, rerank, stage in systems:
             run: dict[str, dict[str, float]] = {}
             starts = range(0, len(texts), args.batch_size)
             for start in tqdm(
                 starts, desc=f"eval {name}", unit="batch", disable=args.no_progress, file=sys.stderr
             ):
                 batch = texts[start : start + args.batch_size]
-                results = pipeline.search(batch, k=args.k, recall_k=recall_k, rerank=rerank, hybrid=hybrid,
+                results = pipeline.search(batch, k=args.k, recall_k=recall_k, rerank=rerank,
+                                          hybrid=stage == "hybrid", bm25=stage == "bm25",
                                           rerank_k=args.rerank_k if rerank else None,
                                           rerank_alpha=args.rerank_alpha if rerank else None,
                                           fetch_documents=False, progress=False)

@@ -58,7 +58,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     b.add_argument("--factory", help="FAISS index-factory string, e.g. Flat, HNSW32, IVF1024,PQ48 (default: auto); "
                                      "with --backend milvus the Milvus index type FLAT (default), IVF_FLAT or HNSW")
     b.add_argument("--metric", choices=["cosine", "ip", "l2"], help="default: cosine for normalised models, else ip")
-    b.add_argument("--bm25", action="store_true", help="also build a BM25 index (needed for --hybrid search)")
+    b.add_argument("--bm25", action="store_true", help="also build a BM25 index (needed for --hybrid and --bm25 search)")
     b.add_argument("--reranker", help='cross-encoder directory, or "default" (the reranker twotower ships), '
                                       "recorded as the index's default reranker")
     b.add_argument("--on-duplicate", choices=["error", "skip", "replace"], default="error",

@@ -1,7 +1,8 @@
 """twotower search: query an index — a table for a person, JSON for programs, a TREC run for evaluation.
 
 Recall takes the top --recall-k documents by dense similarity (with
---hybrid: dense and BM25 fused by reciprocal rank, k=60); a cross-encoder
+--hybrid: dense and BM25 fused by reciprocal rank, k=60; with --bm25:
+by BM25 alone, the query encoder not run); a cross-encoder
 (--reranker DIR, or the index's default) reranks them and the top -k
 are shown.  --queries FILE reads BEIR queries.jsonl ({_id, text}) or a
 TSV of qid<TAB>text; --run FILE writes "qid Q0 docid rank score tag".
@@ -17,16 +18,17 @@ import textwrap
 from twotower.cli import CLIError
 from twotower.cli.checks import (
     BATCH_HELP,
+    BM25_HELP,
     argument_text_problem,
     error_prefix,
     filter_option,
+    first_stage_flags,
     index_directory,
     input_file,
     model_directory,
     output_file,
     positive,
     refuse_reranker_with_no_rerank,
-    require_bm25,
     reranker_directory,
     searchable_queries,
 )
@@ -50,6 +52,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="how many of the first stage's top candidates the cross-encoder scores; the rest follow "
                         "in first-stage order (default 20, at most --recall-k)")
     p.add_argument("--hybrid", action="store_true", help="fuse dense and BM25 recall (index built with --bm25)")
+    p.add_argument("--bm25", action="store_true", help=BM25_HELP)
     p.add_argument("--fusion", choices=["rrf", "minmax", "zscore"],
                    help="with --hybrid: reciprocal-rank fusion (default, k=60) or a normalised score sum")
     p.add_argument("--rerank", action="store_true",
@@ -132,7 +135,11 @@ def run_search(args: argparse.Namespace) -> int:
         raise CLIError(f"{' and '.join(rerank_flags)} {'set' if len(rerank_flags) > 1 else 'sets'} how the reranker "
                        "reranks, but --no-rerank turns reranking off; give one of them")
     if args.fusion is not None and not args.hybrid:
-        raise CLIError("--fusion sets how --hybrid fuses dense and BM25 recall: add --hybrid, or leave it out")
+        raise CLIError("--fusion sets how --hybrid fuses dense and BM25 recall: "
+                       + ("--bm25 recalls by BM25 alone and fuses nothing; leave --fusion out" if args.bm25 else
+                          "add --hybrid, or leave it out"))
+    if args.model and args.bm25:
+        raise CLIError("--model names the query encoder, which --bm25 recall does not run: leave --model out")
     if args.tag is not None and not args.run:
         raise CLIError("--tag names the run that --run writes: add --run FILE, or leave it out")
     if args.tag is not None:  # before the search: `--tag ""` became "twotower", and "my tag" failed after it
@@ -174,8 +181,7 @@ def run_search(args: argparse.Namespace) -> int:
         model_directory("--model", args.model, dual=True)
     if args.reranker:
         reranker_directory("--reranker", args.reranker)
-    if args.hybrid:
-        require_bm25(args.index)
+    first_stage_flags(args.hybrid, args.bm25, args.index)
     from tqdm.auto import tqdm
 
     from twotower.indexing.filters import FilterError
@@ -193,13 +199,14 @@ def run_search(args: argparse.Namespace) -> int:
             raise CLIError(f"--aggregate: the index {args.index} stores documents whole (built without --passages), "
                            "so there are no passage scores to combine; leave it out")
         reranked = pipe.reranker is not None and not args.no_rerank
-        skipped = reranked and pipe.rerank_alpha(args.rerank_alpha, hybrid=args.hybrid) == 0.0  # the pipeline skips the cross-encoder
+        stage = {"hybrid": args.hybrid, "bm25": args.bm25}
+        skipped = reranked and pipe.rerank_alpha(args.rerank_alpha, **stage) == 0.0  # the pipeline skips the cross-encoder
         reranked = reranked and not skipped
-        weight = pipe.rerank_alpha(args.rerank_alpha, hybrid=args.hybrid) if reranked else None
+        weight = pipe.rerank_alpha(args.rerank_alpha, **stage) if reranked else None
         chosen = "--rerank-alpha" if args.rerank_alpha is not None else (
-            f"chosen on dev over {pipe.rerank_alpha_chosen_over(args.hybrid) or 'an unrecorded first stage'}")
+            f"chosen on dev over {pipe.rerank_alpha_chosen_over(**stage) or 'an unrecorded first stage'}")
         if pipe.reranker is not None and not args.no_rerank and args.rerank_alpha is None:
-            print_weight_origin(pipe, args.hybrid)
+            print_weight_origin(pipe, args.hybrid, args.bm25)
         recall = min(args.recall_k, len(pipe))  # the first stage cannot return more than the index holds
         results = []
         show = not args.no_progress and len(items) > QUERY_BATCH
@@ -207,7 +214,8 @@ def run_search(args: argparse.Namespace) -> int:
             batch = [text for _, text in items[s:s + QUERY_BATCH]]
             try:
                 results += pipe.search(batch, k=args.k, recall_k=args.recall_k, rerank=not args.no_rerank,
-                                       hybrid=args.hybrid, fusion=args.fusion, batch_size=args.batch_size,
+                                       hybrid=args.hybrid, bm25=args.bm25, fusion=args.fusion,
+                                       batch_size=args.batch_size,
                                        rerank_alpha=args.rerank_alpha, rerank_k=args.rerank_k, filter=flt,
                                        aggregate=args.aggregate)
             except FilterError as e:  # a field no document of the index has
@@ -225,7 +233,7 @@ def run_search(args: argparse.Namespace) -> int:
         print(json.dumps([{"qid": qid, "query": text, "hits": [h.to_dict() for h in hits]}
                           for (qid, text), hits in zip(items, results)], ensure_ascii=False))
         return 0
-    mode = "hybrid (dense + BM25, " + (args.fusion or "rrf") + ")" if args.hybrid else "dense"
+    mode = "hybrid (dense + BM25, " + (args.fusion or "rrf") + ")" if args.hybrid else "BM25" if args.bm25 else "dense"
     if skipped and args.rerank_alpha is not None:  # the user's 0, not the reranker's stored weight
         note = "recall only: --rerank-alpha 0 gives the reranker no weight, so it was not run"
     elif skipped:

@@ -102,7 +102,12 @@ def _check_out(out: str, overwrite: bool) -> None:
     replacing the directory as a unit would delete them.
     """
     from twotower.cli import CLIError
-    from twotower.common.paths import foreign_entries, not_ours_refusal, working_directory_refusal
+    from twotower.common.paths import (
+        beside_earlier_refusal,
+        foreign_entries,
+        not_ours_refusal,
+        working_directory_refusal,
+    )
     from twotower.encoder.core.tokenizer import TOKENIZER_FILES
 
     if not os.path.exists(out):
@@ -122,6 +127,8 @@ def _check_out(out: str, overwrite: bool) -> None:
     if model:
         raise CLIError(f"--out {out}: a model directory (it has {model[0]}); a new tokenizer there would no longer "
                        "match the model's embeddings; give a new or empty directory")
+    if len(others) < len(names):  # some of the tokenizer's files beside the user's: --overwrite would remove them
+        raise CLIError(beside_earlier_refusal(f"--out {out}", "an earlier tokenizer", others))
     raise CLIError(not_ours_refusal(f"--out {out}", others, "a tokenizer"))
 
 

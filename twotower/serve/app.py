@@ -1,8 +1,8 @@
 """The HTTP routes of ``twotower serve`` (FastAPI): search, documents, health, stats, and the page.
 
-    GET    /search?q=&k=&recall_k=&hybrid=&rerank=&rerank_k=&filter=&aggregate=   one query
-    POST   /search            {"queries": [...], "k", "recall_k", "hybrid", "rerank", "rerank_k", "filter",
-                               "aggregate"}
+    GET    /search?q=&k=&recall_k=&hybrid=&bm25=&rerank=&rerank_k=&filter=&aggregate=   one query
+    POST   /search            {"queries": [...], "k", "recall_k", "hybrid", "bm25", "rerank", "rerank_k",
+                               "filter", "aggregate"}
     POST   /documents         {"documents": [{"_id", "title", "text", "metadata"}], "replace": false}
     DELETE /documents         {"ids": [...]}
     GET    /documents/{id}
@@ -56,7 +56,7 @@ from twotower.serve.writer import IndexWriter
 
 logger = logging.getLogger(__name__)
 STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
-SEARCH_PARAMS = ("q", "k", "recall_k", "hybrid", "rerank", "rerank_k", "filter", "aggregate")
+SEARCH_PARAMS = ("q", "k", "recall_k", "hybrid", "bm25", "rerank", "rerank_k", "filter", "aggregate")
 FILTER_HELP = 'metadata filter, e.g. lang == "en" and year >= 2010 (the filter language of the docs)'
 AGGREGATE_HELP = ("an index built with --passages: a document's score from its passages' first-stage scores: max "
                   "(its best passage), sum (of its passages among the fetched rows) or first (its first passage)")
@@ -137,6 +137,8 @@ class BatchSearchBody(_Strict):
     recall_k: int | None = Field(None, description="first-stage candidates (reranked); default max(100, k)",
                                  strict=True)
     hybrid: bool = Field(False, description="fuse dense and BM25 recall (index built with --bm25)", strict=True)
+    bm25: bool = Field(False, description="recall by BM25 alone, no dense recall (index built with --bm25; not "
+                                          "with hybrid)", strict=True)
     rerank: bool | None = Field(None, description="rerank with the cross-encoder; default: when one is loaded",
                                 strict=True)
     rerank_k: int | None = Field(None, description=RERANK_K_HELP, strict=True)
@@ -160,6 +162,7 @@ class SearchOut(BaseModel):
     generation: int
     reranked: bool
     hybrid: bool
+    bm25: bool
     took_ms: float
 
 
@@ -168,6 +171,7 @@ class BatchSearchOut(BaseModel):
     generation: int
     reranked: bool
     hybrid: bool
+    bm25: bool
     took_ms: float
 
 
@@ -261,7 +265,8 @@ class SearchService:
         return q
 
     def params(self, k: int, recall_k: int | None, hybrid: bool, rerank: bool | None,
-               rerank_k: int | None = None, filter: str | None = None, aggregate: str | None = None) -> SearchParams:
+               rerank_k: int | None = None, filter: str | None = None, aggregate: str | None = None, *,
+               bm25: bool = False) -> SearchParams:
         lim, owner = self.limits, self.owner
         flt = None
         if filter is not None and filter.strip():  # blank (an empty form field): no filter
@@ -277,10 +282,16 @@ class SearchService:
                            "recall_k")
         if rerank_k is not None and not 1 <= rerank_k <= recall_k:
             raise ApiError(400, f"rerank_k must be between 1 and recall_k ({recall_k}), got {rerank_k}", "rerank_k")
+        if hybrid and bm25:
+            from twotower.retrieval.interpolation import both_recalls
+
+            raise ApiError(400, both_recalls("bm25=true", "hybrid=true"), "bm25")
         owner.check_ready()
         if hybrid and not owner.has_bm25:
             raise ApiError(400, "hybrid: this index has no BM25 (build it with `twotower index build --bm25`)",
                            "hybrid")
+        if bm25 and not owner.has_bm25:
+            raise ApiError(400, "bm25: this index has no BM25 (build it with `twotower index build --bm25`)", "bm25")
         if rerank is None:
             rerank = owner.reranker_loaded
         elif rerank and not owner.reranker_loaded:
@@ -298,8 +309,8 @@ class SearchService:
                                     "leave aggregate out", "aggregate")
         if aggregate is None and owner.has_passages:  # the default, spelled out: one batch with those saying "max"
             aggregate = "max"
-        return SearchParams(k=k, recall_k=recall_k, hybrid=hybrid, rerank=rerank, rerank_k=rerank_k, filter=flt,
-                            aggregate=aggregate)
+        return SearchParams(k=k, recall_k=recall_k, hybrid=hybrid, bm25=bm25, rerank=rerank, rerank_k=rerank_k,
+                            filter=flt, aggregate=aggregate)
 
     async def answer(self, request: Request, future: Future[T], what: str) -> T:
         """The owner's answer to `future`, awaited while watching the client: if it disconnects, or the answer
@@ -343,7 +354,7 @@ class SearchService:
                                 "auth_required": self.access.auth_required, "read_only": self.access.read_only,
                                 "writable": self.access.writable}
         if o.state == "ready":
-            body.update(reranker=o.reranker_loaded, hybrid=o.has_bm25, passages=o.has_passages,
+            body.update(reranker=o.reranker_loaded, hybrid=o.has_bm25, bm25=o.has_bm25, passages=o.has_passages,
                         limits=asdict(self.limits))
         if o.error:
             body["error"] = o.error
@@ -468,7 +479,7 @@ def create_app(config: ServeConfig) -> FastAPI:
 
     app = FastAPI(title="twotower search", version=__version__, lifespan=lifespan, docs_url=None,
                   redoc_url=None, openapi_url="/openapi.json",
-                  description="Dense and hybrid search with cross-encoder reranking over one twotower index.")
+                  description="Dense, BM25 and hybrid search with cross-encoder reranking over one twotower index.")
     app.router.route_class = _StrictJSONRoute  # before the routes below are declared
     app.state.service = service
     install_handlers(app)
@@ -484,6 +495,7 @@ def create_app(config: ServeConfig) -> FastAPI:
         k: int = Query(10, description="hits to return"),
         recall_k: int | None = Query(None, description="first-stage candidates (reranked); default max(100, k)"),
         hybrid: bool = Query(False, description="fuse dense and BM25 recall"),
+        bm25: bool = Query(False, description="recall by BM25 alone, no dense recall (not with hybrid)"),
         rerank: bool | None = Query(None, description="rerank with the cross-encoder; default: when loaded"),
         rerank_k: int | None = Query(None, description=RERANK_K_HELP),
         filter: str | None = Query(None, description=FILTER_HELP),
@@ -492,10 +504,11 @@ def create_app(config: ServeConfig) -> FastAPI:
         start = time.perf_counter()
         _reject_unknown(request, SEARCH_PARAMS)
         q = service.query(q, "q")
-        params = service.params(k, recall_k, hybrid, rerank, rerank_k, filter, aggregate)
+        params = service.params(k, recall_k, hybrid, rerank, rerank_k, filter, aggregate, bm25=bm25)
         rows, generation = await service.search(request, [q], params)
         return JSONResponse({"query": q, "hits": rows[0], "generation": generation, "reranked": _cross_encoder_ran(rows),
-                             "hybrid": params.hybrid, "took_ms": round((time.perf_counter() - start) * 1000, 3)})
+                             "hybrid": params.hybrid, "bm25": params.bm25,
+                             "took_ms": round((time.perf_counter() - start) * 1000, 3)})
 
     @app.post("/search", response_model=BatchSearchOut, dependencies=[reader], summary="Search with a batch of queries")
     async def search_batch(request: Request, body: BatchSearchBody) -> JSONResponse:
@@ -508,11 +521,11 @@ def create_app(config: ServeConfig) -> FastAPI:
                                 f"{service.limits.max_batch_queries} per request", "queries")
         queries = [service.query(q, f"queries[{i}]") for i, q in enumerate(body.queries)]
         params = service.params(body.k, body.recall_k, body.hybrid, body.rerank, body.rerank_k, body.filter,
-                                body.aggregate)
+                                body.aggregate, bm25=body.bm25)
         rows, generation = await service.search(request, queries, params)
         return JSONResponse({"results": [{"query": q, "hits": r} for q, r in zip(queries, rows)],
                              "generation": generation, "reranked": _cross_encoder_ran(rows), "hybrid": params.hybrid,
-                             "took_ms": round((time.perf_counter() - start) * 1000, 3)})
+                             "bm25": params.bm25, "took_ms": round((time.perf_counter() - start) * 1000, 3)})
 
     @app.post("/documents", dependencies=[writer], summary="Add documents (or replace them with replace=true)")
     async def add_documents(request: Request, body: AddDocumentsBody) -> dict[str, Any]:

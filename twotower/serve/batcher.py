@@ -8,7 +8,7 @@ every request that needs a model or the index is a job for this thread:
   (up to ``max_batch`` queries); when fewer are waiting than the last batch held, it
   waits up to ``max_wait_ms`` for the rest to arrive, so a steady load of N clients is
   served N queries per forward instead of one.  A single client never waits (its last
-  batch held one query).  Queries asking for the same (recall_k, hybrid, rerank, rerank_k, ...) are
+  batch held one query).  Queries asking for the same (recall_k, hybrid, bm25, rerank, rerank_k, ...) are
   encoded together and their candidates reranked in one cross-encoder call; ``k``
   differs freely (the batch searches for the largest and cuts each list).
 * **other jobs** (a document lookup, encoding a chunk of documents for a write,
@@ -83,21 +83,22 @@ def default_threads(bf16: bool | None = None) -> int:
 
 @dataclass(frozen=True)
 class SearchParams:
-    """What a search asks for; queries with equal (recall_k, hybrid, rerank, rerank_k, filter, aggregate) share
-    one batch."""
+    """What a search asks for; queries with equal (recall_k, hybrid, bm25, rerank, rerank_k, filter, aggregate)
+    share one batch."""
 
     k: int = 10
     recall_k: int = DEFAULT_RECALL_K
     hybrid: bool = False
+    bm25: bool = False  # recall by BM25 alone (not with hybrid: `SearchService.params` refuses both)
     rerank: bool = False
     rerank_k: int | None = None  # candidates the cross-encoder scores (None: the pipeline's default)
     filter: Any = None  # a parsed metadata filter (twotower.indexing.filters.Filter), or None
     aggregate: str | None = None  # an index with passages: a document's score from its passages' (None: max)
 
     @property
-    def group(self) -> tuple[int, bool, bool, int | None, Any, str | None]:
-        return (self.recall_k, self.hybrid, self.rerank, self.rerank_k if self.rerank else None, self.filter,
-                self.aggregate)
+    def group(self) -> tuple[int, bool, bool, bool, int | None, Any, str | None]:
+        return (self.recall_k, self.hybrid, self.bm25, self.rerank, self.rerank_k if self.rerank else None,
+                self.filter, self.aggregate)
 
 
 @dataclass(frozen=True)
@@ -197,7 +198,7 @@ class ModelOwner:
         self.encoder_source: str | None = None
         self.encoder_name: str | None = None  # what /stats and the page call it (`model_name`), worked out once
         self.reranker_loaded = False
-        self.rerank_weights: dict[str, dict[str, Any]] = {}  # {"dense"|"hybrid": {"alpha", "chosen_over"}}
+        self.rerank_weights: dict[str, dict[str, Any]] = {}  # {"dense"|"hybrid"|"bm25": {"alpha", "chosen_over"}}
         self.has_bm25 = False
         self.has_passages = False
         self._cond = threading.Condition()
@@ -329,9 +330,12 @@ class ModelOwner:
             self.encoder = enc  # writers read its tokenizer (passages); its forwards stay in this thread
             self.reranker_loaded = self._pipe.reranker is not None
             if self.reranker_loaded:  # the stored weight each first stage's searches apply, and where it was chosen
-                self.rerank_weights = {name: {"alpha": self._pipe.rerank_alpha(None, hybrid=hybrid),
-                                              "chosen_over": self._pipe.rerank_alpha_chosen_over(hybrid)}
-                                       for name, hybrid in (("dense", False), ("hybrid", True))}
+                from twotower.retrieval.interpolation import first_stage_name
+
+                self.rerank_weights = {first_stage_name(hybrid, bm25): {
+                    "alpha": self._pipe.rerank_alpha(None, hybrid=hybrid, bm25=bm25),
+                    "chosen_over": self._pipe.rerank_alpha_chosen_over(hybrid, bm25=bm25)}
+                    for hybrid, bm25 in ((False, False), (True, False), (False, True))}  # dense, hybrid, bm25
             self.has_bm25 = self._pipe.store.manifest.bm25 is not None
             self.has_passages = self._pipe.passages is not None
             self._set_view()
@@ -516,8 +520,8 @@ class ModelOwner:
         start = time.perf_counter()
         try:
             hits = self._pipe.search(queries, k=k, recall_k=params.recall_k, rerank=params.rerank,
-                                     hybrid=params.hybrid, rerank_k=params.rerank_k, filter=params.filter,
-                                     aggregate=params.aggregate)
+                                     hybrid=params.hybrid, bm25=params.bm25, rerank_k=params.rerank_k,
+                                     filter=params.filter, aggregate=params.aggregate)
         except Exception as exc:
             if len(jobs) == 1:
                 _settle(jobs[0].future, exc=exc)

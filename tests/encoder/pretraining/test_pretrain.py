@@ -580,7 +580,7 @@ def test_overwrite_never_removes_files_that_are_not_a_runs(setup, tiny_tokenizer
     assert main(_args(setup, tiny_tokenizer_dir, run, "--steps", "2")) == 0
     (setup["tmp"] / "run" / "notes.md").write_text("notes\n")
     assert main(_args(setup, tiny_tokenizer_dir, run, "--steps", "2", "--overwrite")) == 2
-    assert "a pretraining run and files of yours (notes.md)" in capsys.readouterr().err
+    assert "an earlier pretraining run and files of yours (notes.md)" in capsys.readouterr().err
     assert (setup["tmp"] / "run" / "notes.md").read_text() == "notes\n"
     # what a killed save left (a state moved aside, a temporary copy) is the run's own, not a user's file
     (setup["tmp"] / "run" / "notes.md").unlink()

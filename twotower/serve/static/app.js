@@ -9,9 +9,9 @@ const $ = (id) => document.getElementById(id);
 const state = { health: null, seq: 0, inflight: null, searched: false };
 // The options a search puts in the page's URL, under the names /search takes: a search can be bookmarked,
 // shared and gone back to.  Never the token: URLs end up in histories, logs and Referer headers.
-const URL_PARAMS = ["q", "k", "recall_k", "hybrid", "rerank", "rerank_k", "filter", "aggregate"];
+const URL_PARAMS = ["q", "k", "recall_k", "hybrid", "bm25", "rerank", "rerank_k", "filter", "aggregate"];
 // Changing one of these after a search searches again (the filter box waits for Enter, as the query box does).
-const RERUN_ON_CHANGE = ["hybrid", "rerank", "k", "recall_k", "rerank_k", "aggregate"];
+const RERUN_ON_CHANGE = ["hybrid", "bm25", "rerank", "k", "recall_k", "rerank_k", "aggregate"];
 
 function escapeHtml(s) {
   return String(s).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
@@ -118,7 +118,8 @@ function chip(cls, text, title) {
 function scoreChips(h, data) {
   const reranked = data.reranked && h.rerank_score !== null && h.rerank_score !== undefined;
   const first = data.hybrid ? "reciprocal rank fusion (RRF) of the dense and BM25 lists"
-                           : "dense similarity of query and document (the index's metric)";
+    : data.bm25 ? "BM25 score of the query's words in the document (no dense recall)"
+      : "dense similarity of query and document (the index's metric)";
   const chips = [
     chip("", `score ${fmt(h.score)}`, reranked
       ? "final score: the cross-encoder score interpolated with the first-stage score (each z-scored, weighted by " +
@@ -205,7 +206,8 @@ function renderHits(data) {
     li.querySelector(".body").append(documentView(h, data.generation));
     list.appendChild(li);
   }
-  const how = (data.hybrid ? "hybrid (dense + BM25)" : "dense") + " recall" + (data.reranked ? ", reranked" : "");
+  const how = (data.hybrid ? "hybrid (dense + BM25)" : data.bm25 ? "BM25" : "dense") + " recall" +
+    (data.reranked ? ", reranked" : "");
   const what = `for “${data.query}”`;  // the query these hits answer, whatever the box says now
   const took = `${data.took_ms.toFixed(1)} ms`;
   $("summary").textContent = data.hits.length
@@ -216,7 +218,8 @@ function renderHits(data) {
 // The /search parameters of the options now set; the page's URL holds the same.
 function searchParams(q) {
   const params = new URLSearchParams({ q, k: $("k").value, recall_k: $("recall_k").value,
-                                       hybrid: $("hybrid").checked, rerank: $("rerank").checked });
+                                       hybrid: $("hybrid").checked, bm25: $("bm25").checked,
+                                       rerank: $("rerank").checked });
   if ($("filter").value.trim()) params.set("filter", $("filter").value);
   if (state.health && state.health.passages) params.set("aggregate", $("aggregate").value);
   if (Number($("recall_k").value) < Number($("k").value)) params.set("recall_k", $("k").value);
@@ -271,9 +274,10 @@ function fillControls(p) {
   $("q").value = p.get("q") || "";
   $("filter").value = p.get("filter") || "";
   for (const id of ["k", "recall_k", "rerank_k", "aggregate"]) if (p.has(id)) choose(id, p.get(id));
-  for (const id of ["hybrid", "rerank"]) {  // as /search reads a boolean
+  for (const id of ["hybrid", "bm25", "rerank"]) {  // as /search reads a boolean
     if (p.has(id)) $(id).checked = ["true", "1", "yes", "on", "t", "y"].includes(p.get(id).toLowerCase()) && !$(id).disabled;
   }
+  if ($("hybrid").checked && $("bm25").checked) $("bm25").checked = false;  // a URL asking for both: the hybrid (BM25 in it)
   syncRerankK();
 }
 
@@ -353,6 +357,7 @@ async function connect(delay = 1000) {
   state.health = r.body;
   $("token-row").hidden = !r.body.auth_required;
   setSwitch("hybrid", r.body.hybrid, "this index has no BM25");
+  setSwitch("bm25", r.body.bm25, "this index has no BM25");
   setSwitch("rerank", r.body.reranker, "no reranker is loaded");
   $("aggregate-row").hidden = !r.body.passages;
   $("rerank").checked = r.body.reranker;
@@ -371,6 +376,11 @@ function init() {
   });
   $("search-form").addEventListener("submit", search);
   $("rerank").addEventListener("change", syncRerankK);
+  // Hybrid fuses BM25 with dense recall, "BM25 only" drops dense recall: turning one on turns the other off
+  // (before the search below reads them: a property set by script fires no change of its own).
+  for (const [id, other] of [["hybrid", "bm25"], ["bm25", "hybrid"]]) {
+    $(id).addEventListener("change", () => { if ($(id).checked) $(other).checked = false; });
+  }
   for (const id of RERUN_ON_CHANGE) {
     $(id).addEventListener("change", () => { if (state.searched && $("q").value.trim()) search(); });
   }
