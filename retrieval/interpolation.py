@@ -38,6 +38,9 @@ from twotower.retrieval.fusion import normalize_scores
 ALPHA_FILE = "rerank_interpolation.json"
 
 
+FIRST_STAGES = ("dense", "hybrid", "bm25")  # the recalls a search runs, as stored weights name them
+
+
 def first_stage_name(hybrid: bool = False, bm25: bool = False) -> str:
     """"dense", "bm25" or "hybrid": the recall a search runs, named as the reranker trainer names the first
     stage it chose a weight over (`twotower train reranker --first-stage`); both flags at once are refused.
@@ -48,6 +51,18 @@ def first_stage_name(hybrid: bool = False, bm25: bool = False) -> str:
     if hybrid and bm25:
         raise ValueError(both_recalls("bm25=True", "hybrid=True"))
     return "hybrid" if hybrid else "bm25" if bm25 else "dense"
+
+
+def first_stage_switches(stage: str) -> dict[str, bool]:
+    """The ``hybrid`` / ``bm25`` keywords of `SearchPipeline.search` that run `stage` (`first_stage_name`'s inverse).
+
+    Example:
+        >>> first_stage_switches("bm25")
+        {'hybrid': False, 'bm25': True}
+    """
+    if stage not in FIRST_STAGES:
+        raise ValueError(f"first stage {stage!r}; choose one of {FIRST_STAGES}")
+    return {"hybrid": stage == "hybrid", "bm25": stage == "bm25"}
 
 
 def both_recalls(bm25: str, hybrid: str) -> str:

@@ -620,7 +620,7 @@ class SearchPipeline:
                 if stage == "bm25":
                     return dense_candidates(view.search_bm25(queries, n, filter=flt))
                 dense = view.search(qvecs, n, filter=flt)
-                if hybrid:
+                if stage == "hybrid":
                     lexical = view.search_bm25(queries, n, filter=flt)
                     return [fused_candidates(dense, lexical, qi, n, fusion, rrf_k, weights)
                             for qi in range(len(queries))]

@@ -139,3 +139,14 @@ def test_pipeline_applies_the_stored_alpha(tmp_path):
         assert all(h.rerank_score is None for h in pipe.search(query, k=5, recall_k=10))
         hybrid = pipe.search(query, k=5, recall_k=10, hybrid=True)
         assert all(h.rerank_score is not None and h.score == h.rerank_score for h in hybrid)
+
+
+def test_first_stage_names_and_switches_are_inverse():
+    from twotower.retrieval.interpolation import FIRST_STAGES, first_stage_name, first_stage_switches
+
+    assert [first_stage_name(**first_stage_switches(stage)) for stage in FIRST_STAGES] == list(FIRST_STAGES)
+    assert first_stage_switches("dense") == {"hybrid": False, "bm25": False}
+    with pytest.raises(ValueError, match="first stage 'bm-25'"):
+        first_stage_switches("bm-25")
+    with pytest.raises(ValueError, match="give one, not both"):
+        first_stage_name(hybrid=True, bm25=True)

@@ -271,12 +271,12 @@ def require_bm25(index: str, flag: str = "--hybrid") -> None:
                        f"`twotower index build --bm25 --corpus CORPUS --out DIR`, or search without {flag}")
 
 
-def first_stage_flags(hybrid: bool, bm25: bool, index: str) -> None:
-    """``--hybrid`` and ``--bm25`` (search, answer): not both, and either only on an index with BM25.
-    (`eval` takes both, as two systems, and checks BM25 itself.)"""
+def first_stage_flags(hybrid: bool, bm25: bool, index: str, exclusive: bool = True) -> None:
+    """``--hybrid`` and ``--bm25``: either only on an index with BM25, and not both where they choose one recall
+    (search, answer; `eval` takes both as two systems: ``exclusive=False``)."""
     from twotower.retrieval.interpolation import both_recalls
 
-    if hybrid and bm25:
+    if exclusive and hybrid and bm25:
         raise CLIError(both_recalls("--bm25", "--hybrid"))
     if hybrid or bm25:
         require_bm25(index, "--hybrid" if hybrid else "--bm25")

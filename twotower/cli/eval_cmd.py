@@ -32,11 +32,11 @@ from typing import TYPE_CHECKING, Any
 
 from twotower.cli import CLIError
 from twotower.cli.checks import (
+    first_stage_flags,
     index_directory,
     input_file,
     parent_is_a_file,
     positive,
-    require_bm25,
     reranker_directory,
     searchable_queries,
 )
@@ -386,8 +386,8 @@ def _search_and_report(args: argparse.Namespace) -> int:
     _report_out(args)  # before the search: a bad --out failed after it
     if args.reranker:
         reranker_directory("--reranker", args.reranker)
-    if args.hybrid or args.bm25:
-        require_bm25(args.index, "--hybrid" if args.hybrid else "--bm25")
+    first_stage_flags(args.hybrid, args.bm25, args.index, exclusive=False)  # both: two systems
+    from twotower.retrieval.interpolation import first_stage_switches
     from twotower.retrieval.pipeline import SearchPipeline
     from twotower.retrieval.rerank import rerank_depth
 
@@ -404,7 +404,7 @@ def _search_and_report(args: argparse.Namespace) -> int:
     reranked_over = "hybrid" if args.hybrid else "bm25" if args.bm25 else "dense"
     if args.reranker:
         systems.append(("rerank" if reranked_over == "dense" else f"{reranked_over}+rerank", True, reranked_over))
-    over = {"hybrid": reranked_over == "hybrid", "bm25": reranked_over == "bm25"}
+    over = first_stage_switches(reranked_over)
 
     qids, texts = list(queries), list(queries.values())
     runs: dict[str, dict[str, dict[str, float]]] = {}
@@ -425,7 +425,7 @@ def _search_and_report(args: argparse.Namespace) -> int:
             ):
                 batch = texts[start : start + args.batch_size]
                 results = pipeline.search(batch, k=args.k, recall_k=recall_k, rerank=rerank,
-                                          hybrid=stage == "hybrid", bm25=stage == "bm25",
+                                          **first_stage_switches(stage),
                                           rerank_k=args.rerank_k if rerank else None,
                                           rerank_alpha=args.rerank_alpha if rerank else None,
                                           fetch_documents=False, progress=False)

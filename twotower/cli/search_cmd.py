@@ -199,12 +199,12 @@ def run_search(args: argparse.Namespace) -> int:
             raise CLIError(f"--aggregate: the index {args.index} stores documents whole (built without --passages), "
                            "so there are no passage scores to combine; leave it out")
         reranked = pipe.reranker is not None and not args.no_rerank
-        stage = {"hybrid": args.hybrid, "bm25": args.bm25}
-        skipped = reranked and pipe.rerank_alpha(args.rerank_alpha, **stage) == 0.0  # the pipeline skips the cross-encoder
+        switches = {"hybrid": args.hybrid, "bm25": args.bm25}
+        skipped = reranked and pipe.rerank_alpha(args.rerank_alpha, **switches) == 0.0  # the pipeline skips the cross-encoder
         reranked = reranked and not skipped
-        weight = pipe.rerank_alpha(args.rerank_alpha, **stage) if reranked else None
+        weight = pipe.rerank_alpha(args.rerank_alpha, **switches) if reranked else None
         chosen = "--rerank-alpha" if args.rerank_alpha is not None else (
-            f"chosen on dev over {pipe.rerank_alpha_chosen_over(**stage) or 'an unrecorded first stage'}")
+            f"chosen on dev over {pipe.rerank_alpha_chosen_over(**switches) or 'an unrecorded first stage'}")
         if pipe.reranker is not None and not args.no_rerank and args.rerank_alpha is None:
             print_weight_origin(pipe, args.hybrid, args.bm25)
         recall = min(args.recall_k, len(pipe))  # the first stage cannot return more than the index holds

@@ -330,12 +330,12 @@ class ModelOwner:
             self.encoder = enc  # writers read its tokenizer (passages); its forwards stay in this thread
             self.reranker_loaded = self._pipe.reranker is not None
             if self.reranker_loaded:  # the stored weight each first stage's searches apply, and where it was chosen
-                from twotower.retrieval.interpolation import first_stage_name
+                from twotower.retrieval.interpolation import FIRST_STAGES, first_stage_switches
 
-                self.rerank_weights = {first_stage_name(hybrid, bm25): {
-                    "alpha": self._pipe.rerank_alpha(None, hybrid=hybrid, bm25=bm25),
-                    "chosen_over": self._pipe.rerank_alpha_chosen_over(hybrid, bm25=bm25)}
-                    for hybrid, bm25 in ((False, False), (True, False), (False, True))}  # dense, hybrid, bm25
+                self.rerank_weights = {stage: {
+                    "alpha": self._pipe.rerank_alpha(None, **first_stage_switches(stage)),
+                    "chosen_over": self._pipe.rerank_alpha_chosen_over(**first_stage_switches(stage))}
+                    for stage in FIRST_STAGES}
             self.has_bm25 = self._pipe.store.manifest.bm25 is not None
             self.has_passages = self._pipe.passages is not None
             self._set_view()
